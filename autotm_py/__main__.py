@@ -1,0 +1,3 @@
+from autotm_py.cli import main
+
+raise SystemExit(main())

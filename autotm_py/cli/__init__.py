@@ -1,0 +1,72 @@
+"""The `autotm` command line: a thin layer over `autotm_py.api`.
+
+One handler turns `AutoTMError` into ``error: <message>`` on stderr and its exit code; a
+traceback is printed only with ``-v``. Each command family lives in its own module and
+registers itself on `cli` when imported by `_register_commands`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import traceback
+from collections.abc import Sequence
+
+import click
+
+from autotm_py.errors import AutoTMError
+
+COMMAND_MODULES = ("inspect", "zoo", "optimize", "device", "report")
+
+
+@click.group(
+    name="autotm",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log details; print tracebacks on errors.")
+@click.version_option(package_name="autotm_py", prog_name="autotm")
+def cli(verbose: bool) -> None:
+    """Plan where every tensor of a model lives (fast or slow memory) and when it moves.
+
+    Typical use: `autotm optimize resnet50 --training --ratio 1:4 -o plan.json`.
+    """
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+def _register_commands() -> None:
+    for module in COMMAND_MODULES:
+        try:
+            importlib.import_module(f"autotm_py.cli.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"autotm_py.cli.{module}":
+                raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `autotm` script; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    _register_commands()
+    verbose = "-v" in args or "--verbose" in args
+    try:
+        result = cli.main(args=args, prog_name="autotm", standalone_mode=False)
+    except AutoTMError as exc:
+        return _report(exc, exc.exit_code, verbose)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return int(exc.exit_code)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(result) if isinstance(result, int) else 0
+
+
+def _report(exc: BaseException, code: int, verbose: bool) -> int:
+    if verbose:
+        traceback.print_exc()
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    print(f"error: {message}", file=sys.stderr)
+    return code

@@ -1,0 +1,63 @@
+"""`PlanConfig`: every planning option in one frozen object, built by the CLI or an API caller."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+from autotm_py.errors import ConfigError
+from autotm_py.memory.budget import Ratio, parse_ratio
+
+Strategy = Literal["static", "sync", "async"]
+STRATEGIES: tuple[str, ...] = ("static", "sync", "async")
+DEFAULT_SOLVER = "cbc"
+DEFAULT_GAP = 0.01
+DEFAULT_ASYNC_WINDOW = 15
+# Which memory system a device plans for unless --memory says otherwise.
+DEFAULT_MEMORY = {"cuda": "h100-pcie5", "cpu": "optane"}
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """How to plan: strategy, budget (ratio or bytes), memory system, solver settings."""
+
+    strategy: str = "sync"
+    ratio: Ratio | None = None
+    fast_mem_bytes: int | None = None
+    device: str = "cuda"
+    memory: str | None = None  # preset name or memory-system file; None: DEFAULT_MEMORY[device]
+    solver: str = DEFAULT_SOLVER
+    gap: float = DEFAULT_GAP
+    time_limit_s: float | None = None
+    async_window: int = DEFAULT_ASYNC_WINDOW
+    pin_weights: bool = False
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"--strategy {self.strategy!r}: choose one of "
+                              f"{', '.join(STRATEGIES)}")
+        if self.ratio is not None and self.fast_mem_bytes is not None:
+            raise ConfigError("give either --ratio or --fast-mem, not both")
+        if self.device not in DEFAULT_MEMORY:
+            raise ConfigError(f"--device {self.device!r}: choose cuda (GPU mode) or cpu (host "
+                              "mode)")
+        if not 0 <= self.gap < 1:
+            raise ConfigError(f"--gap {self.gap}: a relative gap in [0, 1), e.g. 0.01 for 1%")
+        if self.time_limit_s is not None and self.time_limit_s <= 0:
+            raise ConfigError(f"--time-limit {self.time_limit_s}: must be positive seconds")
+        if self.async_window < 0:
+            raise ConfigError(f"--async-window {self.async_window}: must be >= 0")
+
+    @property
+    def memory_name(self) -> str:
+        return self.memory or DEFAULT_MEMORY[self.device]
+
+    def with_ratio(self, text: str) -> PlanConfig:
+        return replace(self, ratio=parse_ratio(text), fast_mem_bytes=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ratio"] = None if self.ratio is None else str(self.ratio)
+        return d
+

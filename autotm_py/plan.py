@@ -1,0 +1,253 @@
+"""The Plan: one versioned JSON document, a header and an ordered list of small records.
+
+Records (executed in order by `runtime.interpreter.PlanInterpreter` subclasses):
+
+- ``Compute(kernel, placement)``: run a kernel. `placement` gives the tier of each IO slot
+  (inputs then outputs, as in `Kernel.io`); every input must be resident there, and each output
+  is created there. In GPU mode every slot is ``fast``.
+- ``Move(tensor, to, mode, overlaps)``: copy a tensor into tier `to` from the other tier, where it
+  must be resident. Afterwards it is resident in both tiers; an eviction is a Move to ``slow``
+  followed by a Free of the fast copy. ``mode="sync"`` blocks compute until done.
+  ``mode="async"`` starts the copy on its direction's copy stream when kernel `overlaps` starts
+  (the record stands before that Compute) and runs beside it; the next reader of the copy waits
+  for it. Fast memory for a copy to ``fast`` is taken when the copy is issued.
+- ``Free(tensor, tier)``: drop that tier's copy. After an async Move of the same tensor, the
+  memory is released only when the copy has finished.
+
+Tensors without a producer (inputs, weights, optimizer state, constants) start where
+`initial` says. Carried tensors (training: W -> W') must end the iteration where their
+first version starts, so the next iteration can run the same plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from autotm_py.errors import PlanError
+from autotm_py.fileio import atomic_write_text
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import TensorGraph
+
+FORMAT_VERSION = 1
+TIER_CODES = {"fast": "F", "slow": "S"}
+CODE_TIERS = {v: k for k, v in TIER_CODES.items()}
+MoveMode = Literal["sync", "async"]
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    kernel: int
+    placement: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    tensor: int
+    to: str
+    mode: MoveMode = "sync"
+    overlaps: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    tensor: int
+    tier: str
+
+
+Record = Compute | Move | Free
+
+
+@dataclass(frozen=True)
+class SolverStats:
+    """How the plan was found. Zeros for plans that need no solver (baselines)."""
+
+    solver: str = "none"
+    status: str = "none"  # optimal | feasible (time limit or gap) | infeasible | none
+    objective_s: float | None = None
+    gap: float | None = None
+    variables: int = 0
+    constraints: int = 0
+    build_s: float = 0.0
+    solve_s: float = 0.0
+    time_limit_s: float | None = None
+    hit_time_limit: bool = False
+
+
+@dataclass(frozen=True)
+class PlanHeader:
+    model_hash: str
+    model_name: str
+    strategy: str
+    budget_bytes: int | None
+    memory_system: Mapping[str, Any]
+    predicted_time_s: float | None = None
+    solver: SolverStats = field(default_factory=SolverStats)
+    graph_summary: Mapping[str, Any] = field(default_factory=dict)
+    counts: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    format_version: int = FORMAT_VERSION
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A header, where each given tensor starts, and the ordered records of one iteration."""
+
+    header: PlanHeader
+    initial: Mapping[int, tuple[str, ...]]
+    records: tuple[Record, ...]
+    names: Mapping[str, Any] = field(default_factory=dict)  # tensor/kernel tables for readers
+
+    # ---- queries -------------------------------------------------------------------------
+    def computes(self) -> Iterable[Compute]:
+        return (r for r in self.records if isinstance(r, Compute))
+
+    def moves(self) -> Iterable[Move]:
+        return (r for r in self.records if isinstance(r, Move))
+
+    def with_header(self, **changes: Any) -> Plan:
+        return replace(self, header=replace(self.header, **changes))
+
+    # ---- JSON ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        header = asdict(self.header)
+        return {
+            "format": "autotm-plan",
+            "format_version": self.header.format_version,
+            "header": header,
+            "initial": {str(t): "".join(TIER_CODES[x] for x in tiers)
+                        for t, tiers in sorted(self.initial.items())},
+            "records": [_record_to_json(r) for r in self.records],
+            "names": dict(self.names),
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, separators=(",", ":") if indent is None
+                          else None)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, origin: str = "plan") -> Plan:
+        if not isinstance(data, Mapping) or data.get("format") != "autotm-plan":
+            raise PlanError(f"{origin}: not an autotm plan (missing \"format\": \"autotm-plan\"); "
+                            "write plans with `autotm optimize -o plan.json`")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise PlanError(f"{origin}: plan format version {version} is not supported (this "
+                            f"autotm reads version {FORMAT_VERSION}); re-run `autotm optimize`")
+        try:
+            h = dict(data["header"])
+            h["solver"] = SolverStats(**h.get("solver", {}))
+            h["notes"] = tuple(h.get("notes", ()))
+            header = PlanHeader(**h)
+            initial = {int(t): tuple(CODE_TIERS[c] for c in code)
+                       for t, code in data["initial"].items()}
+            records = tuple(_record_from_json(r) for r in data["records"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError(f"{origin}: malformed plan ({type(exc).__name__}: {exc})") from None
+        return cls(header, initial, records, dict(data.get("names", {})))
+
+    @classmethod
+    def from_json(cls, text: str, *, origin: str = "plan") -> Plan:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"{origin}: not valid JSON ({exc}); was the file truncated?") from None
+        return cls.from_dict(data, origin=origin)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        return atomic_write_text(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise PlanError(f"cannot read plan {p}: {exc.strerror or exc}") from None
+        return cls.from_json(text, origin=str(p))
+
+    # ---- checks --------------------------------------------------------------------------
+    def validate(self, graph: TensorGraph) -> Plan:
+        """Check that the plan belongs to `graph` and is well formed (not its memory rules:
+        that is the simulator's strict mode). Raise `PlanError` naming the first problem."""
+        if self.header.model_hash != graph.model_hash:
+            raise PlanError(
+                f"plan was made for model {self.header.model_name!r} (hash "
+                f"{self.header.model_hash}), not for {graph.name!r} (hash {graph.model_hash}); "
+                "re-run `autotm optimize` with the same model, --batch, --dim and --training")
+        n_k, n_t = len(graph.kernels), len(graph.tensors)
+        seen: set[int] = set()
+        for i, rec in enumerate(self.records):
+            _check_record(rec, i, graph, n_k, n_t)
+            if isinstance(rec, Compute):
+                if rec.kernel in seen:
+                    raise PlanError(f"record #{i}: kernel #{rec.kernel} is computed twice")
+                seen.add(rec.kernel)
+        if len(seen) != n_k:
+            missing = sorted(set(range(n_k)) - seen)[:5]
+            raise PlanError(f"plan computes {len(seen)} of {n_k} kernels; missing e.g. {missing}")
+        return self
+
+
+def _check_record(rec: Record, i: int, graph: TensorGraph, n_k: int, n_t: int) -> None:
+    if isinstance(rec, Compute):
+        if not 0 <= rec.kernel < n_k:
+            raise PlanError(f"record #{i}: kernel #{rec.kernel} does not exist")
+        if len(rec.placement) != len(graph.kernels[rec.kernel].io):
+            raise PlanError(f"record #{i}: placement of kernel #{rec.kernel} has "
+                            f"{len(rec.placement)} slots, the kernel has "
+                            f"{len(graph.kernels[rec.kernel].io)} inputs+outputs")
+        tiers: Sequence[str] = rec.placement
+    elif isinstance(rec, Move):
+        tiers = (rec.to,)
+        if rec.mode not in ("sync", "async"):
+            raise PlanError(f"record #{i}: move mode {rec.mode!r} is not sync or async")
+        if rec.mode == "async" and rec.overlaps is None:
+            raise PlanError(f"record #{i}: async move of tensor #{rec.tensor} overlaps no kernel")
+    else:
+        tiers = (rec.tier,)
+    tensor = getattr(rec, "tensor", None)
+    if tensor is not None and not 0 <= tensor < n_t:
+        raise PlanError(f"record #{i}: tensor #{tensor} does not exist")
+    bad = [t for t in tiers if t not in TIER_CODES]
+    if bad:
+        raise PlanError(f"record #{i}: unknown tier {bad[0]!r} (tiers: fast, slow)")
+
+
+def _record_to_json(rec: Record) -> dict[str, Any]:
+    if isinstance(rec, Compute):
+        return {"op": "compute", "kernel": rec.kernel,
+                "placement": "".join(TIER_CODES[t] for t in rec.placement)}
+    if isinstance(rec, Move):
+        out: dict[str, Any] = {"op": "move", "tensor": rec.tensor, "to": rec.to, "mode": rec.mode}
+        if rec.overlaps is not None:
+            out["overlaps"] = rec.overlaps
+        return out
+    return {"op": "free", "tensor": rec.tensor, "tier": rec.tier}
+
+
+def _record_from_json(data: Mapping[str, Any]) -> Record:
+    op = data["op"]
+    if op == "compute":
+        return Compute(int(data["kernel"]), tuple(CODE_TIERS[c] for c in data["placement"]))
+    if op == "move":
+        overlaps = data.get("overlaps")
+        return Move(int(data["tensor"]), str(data["to"]), data.get("mode", "sync"),
+                    None if overlaps is None else int(overlaps))
+    if op == "free":
+        return Free(int(data["tensor"]), str(data["tier"]))
+    raise ValueError(f"unknown record op {op!r}")
+
+
+def names_table(graph: TensorGraph) -> dict[str, Any]:
+    """Tensor and kernel tables stored in a plan so readers (plots, Julia) need no graph."""
+    return {
+        "tensors": [[t.id, t.name, t.nbytes, t.role.value] for t in graph.tensors],
+        "kernels": [[k.id, k.name, k.op_type] for k in graph.kernels],
+    }
