@@ -15,6 +15,7 @@ from autotm_py.errors import ConfigError
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
+    from autotm_py.memory.tiers import MemorySystem
     from autotm_py.plan import Plan
     from autotm_py.planning.solve import PlanResult
     from autotm_py.profiling.costs import KernelCosts
@@ -71,6 +72,13 @@ def load_costs(graph: TensorGraph, *, device: str = "cuda",
     from autotm_py.profiling.profile import load_costs as _load
 
     return _load(graph, device=device, profiles_dir=profiles_dir)
+
+
+def calibrate(*, device: str = "cuda", **options: Any) -> MemorySystem:
+    """Measure the host<->GPU link of this machine into a GPU-mode memory system."""
+    from autotm_py.profiling.calibrate import calibrate as _calibrate
+
+    return _calibrate(device, **options)
 
 
 def optimize(graph: TensorGraph, config: PlanConfig | None = None, *,

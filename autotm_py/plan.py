@@ -250,4 +250,6 @@ def names_table(graph: TensorGraph) -> dict[str, Any]:
     return {
         "tensors": [[t.id, t.name, t.nbytes, t.role.value] for t in graph.tensors],
         "kernels": [[k.id, k.name, k.op_type] for k in graph.kernels],
+        # [inputs, outputs] tensor ids per kernel: lets reports rebuild residency without a graph
+        "kernel_io": [[list(k.inputs), list(k.outputs)] for k in graph.kernels],
     }

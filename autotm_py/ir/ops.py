@@ -6,8 +6,37 @@ kernel (`runtime/kernels.py`); tests check the three lists agree.
 Canonical form (what a `Kernel` of domain "" looks like, whatever the ONNX opset of the file):
 - `inputs` are the op's *data* slots below, in order; trailing absent optionals are dropped.
 - The op's *parameter* operands (constants that parametrize it, inputs in newer opsets and
-  attributes in older ones) are stored in `attrs` under the names below.
-- Other ONNX attributes keep their ONNX names; defaults are filled in by the importer.
+  attributes in older ones) are stored in `attrs` under the names in `params`.
+- The ONNX attributes in `attrs` keep their ONNX names with ONNX defaults filled in. Every
+  kernel's attrs hold exactly `params + attrs` of its op, nothing else.
+- Shapes are static, so values are explicit: axes are non-negative, `auto_pad` is resolved into
+  `pads` (and dropped), `kernel_shape` is filled from the weight. Details per op below and in
+  docs/import.md.
+
+Per-op notes (the training rules and torch kernels rely on these):
+- Conv/ConvTranspose/MaxPool/AveragePool: `pads` is [x1_begin, x2_begin, ..., x1_end, ...]
+  and may be asymmetric; ConvTranspose's `output_shape` is folded into `pads`/`output_padding`.
+- Gemm keeps `alpha beta transA transB`; C (optional) broadcasts to (M, N).
+- Softmax/LogSoftmax have opset-13 semantics (one `axis`) at every opset: older files whose
+  axis is not the last dimension are imported as Reshape -> Softmax(axis=1) -> Reshape.
+- Max/Min are binary: an n-ary ONNX node becomes a chain of binary kernels. Sum takes 2..8
+  inputs (longer sums become a chain of Sums).
+- Cast: `to` is the target dtype as a string of `DTYPE_SIZES` ("float16", "int64"...).
+- Clip: `min`/`max` are floats, or None when absent.
+- Dropout: `ratio` (float), `training_mode` (0/1). Dropout, BatchNormalization, MaxPool and
+  LayerNormalization have exactly one output (Y); optional extra outputs are dropped.
+- ReduceMean/ReduceSum: `axes` is explicit (all axes when the file gave none), `keepdims` 0/1.
+- Reshape and Expand: `shape` is the explicit output shape (no 0 or -1 left).
+- Squeeze/Unsqueeze: `axes` sorted, non-negative (Unsqueeze's relative to the output rank).
+- Split: `split` lists every output's size along `axis`.
+- Slice: `starts ends axes steps` all explicit, clamped as ONNX defines (for a negative step
+  `end` may be -1, meaning "through index 0").
+- Gather: `axis` non-negative; constant indices are a CONSTANT tensor with non-negative values.
+- Pad: `pads` covers every axis (2 * rank values), `axes` lists all axes, `constant_value` is
+  a number, `mode` is constant|reflect|edge|wrap.
+- Resize (and opset-9 Upsample): `sizes` is the output shape, `scales` one float per axis
+  (given, or sizes / input), `roi` a tuple (empty unless tf_crop_and_resize).
+- Trilu: `k` (int) and `upper` (0/1).
 """
 
 from __future__ import annotations
@@ -17,22 +46,32 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class OpInfo:
-    """`data`: names of the tensor slots; `params`: operands folded into attrs."""
+    """`data`: names of the tensor slots; `params`: operands folded into attrs; `attrs`: the
+    ONNX attributes a kernel carries (defaults filled)."""
 
     data: tuple[str, ...]
     params: tuple[str, ...] = ()
     optional_data: int = 0  # how many trailing data slots may be absent
+    attrs: tuple[str, ...] = ()
+
+    @property
+    def attr_names(self) -> frozenset[str]:
+        """Every key of a canonical kernel's attrs."""
+        return frozenset(self.params + self.attrs)
 
 
-def _op(data: str, params: str = "", optional: int = 0) -> OpInfo:
-    return OpInfo(tuple(data.split()), tuple(params.split()), optional)
+def _op(data: str, params: str = "", optional: int = 0, attrs: str = "") -> OpInfo:
+    return OpInfo(tuple(data.split()), tuple(params.split()), optional, tuple(attrs.split()))
 
+
+_CONV = "dilations group kernel_shape pads strides"
+_NONE = _op("X")
 
 FORWARD_OPS: dict[str, OpInfo] = {
     # convolution, matrix products
-    "Conv": _op("X W B", optional=1),
-    "ConvTranspose": _op("X W B", optional=1),
-    "Gemm": _op("A B C", optional=1),
+    "Conv": _op("X W B", optional=1, attrs=_CONV),
+    "ConvTranspose": _op("X W B", optional=1, attrs=f"{_CONV} output_padding"),
+    "Gemm": _op("A B C", optional=1, attrs="alpha beta transA transB"),
     "MatMul": _op("A B"),
     # elementwise, binary with broadcasting
     "Add": _op("A B"), "Sub": _op("A B"), "Mul": _op("A B"), "Div": _op("A B"),
@@ -40,35 +79,43 @@ FORWARD_OPS: dict[str, OpInfo] = {
     "Where": _op("condition X Y"),
     "Sum": _op("data_0 data_1 data_2 data_3 data_4 data_5 data_6 data_7", optional=6),
     # elementwise, unary
-    "Relu": _op("X"), "LeakyRelu": _op("X"), "Sigmoid": _op("X"), "Tanh": _op("X"),
-    "Erf": _op("X"), "Gelu": _op("X"), "Sqrt": _op("X"), "Reciprocal": _op("X"),
-    "Neg": _op("X"), "Exp": _op("X"), "Log": _op("X"), "Abs": _op("X"),
-    "Identity": _op("input"), "Cast": _op("input"),
+    "Relu": _NONE, "LeakyRelu": _op("X", attrs="alpha"), "Sigmoid": _NONE, "Tanh": _NONE,
+    "Erf": _NONE, "Gelu": _op("X", attrs="approximate"), "Sqrt": _NONE, "Reciprocal": _NONE,
+    "Neg": _NONE, "Exp": _NONE, "Log": _NONE, "Abs": _NONE,
+    "Identity": _op("input"), "Cast": _op("input", attrs="to"),
     "Clip": _op("input", "min max"),
     "Dropout": _op("data", "ratio training_mode"),
     # normalization, softmax
-    "BatchNormalization": _op("X scale B input_mean input_var"),
-    "LayerNormalization": _op("X Scale B", optional=1),
-    "LRN": _op("X"),
-    "Softmax": _op("input"), "LogSoftmax": _op("input"),
+    "BatchNormalization": _op("X scale B input_mean input_var",
+                              attrs="epsilon momentum training_mode"),
+    "LayerNormalization": _op("X Scale B", optional=1, attrs="axis epsilon stash_type"),
+    "LRN": _op("X", attrs="alpha beta bias size"),
+    "Softmax": _op("input", attrs="axis"), "LogSoftmax": _op("input", attrs="axis"),
     # pooling
-    "MaxPool": _op("X"), "AveragePool": _op("X"),
-    "GlobalAveragePool": _op("X"), "GlobalMaxPool": _op("X"),
+    "MaxPool": _op("X", attrs=f"ceil_mode {_CONV.replace('group ', '')} storage_order"),
+    "AveragePool": _op("X", attrs="ceil_mode count_include_pad dilations kernel_shape pads "
+                                  "strides"),
+    "GlobalAveragePool": _NONE, "GlobalMaxPool": _NONE,
     # reductions
-    "ReduceMean": _op("data", "axes"), "ReduceSum": _op("data", "axes"),
+    "ReduceMean": _op("data", "axes", attrs="keepdims"),
+    "ReduceSum": _op("data", "axes", attrs="keepdims"),
     # shape and data movement
-    "Reshape": _op("data", "shape"), "Flatten": _op("input"), "Transpose": _op("data"),
+    "Reshape": _op("data", "shape"), "Flatten": _op("input", attrs="axis"),
+    "Transpose": _op("data", attrs="perm"),
     "Squeeze": _op("data", "axes"), "Unsqueeze": _op("data", "axes"),
-    "Concat": _op("inputs"),  # variadic: every input is a data slot
-    "Split": _op("input", "split"),
+    "Concat": _op("inputs", attrs="axis"),  # variadic: every input is a data slot
+    "Split": _op("input", "split", attrs="axis"),
     "Slice": _op("data", "starts ends axes steps"),
-    "Gather": _op("data indices"),
+    "Gather": _op("data indices", attrs="axis"),
     "Expand": _op("input", "shape"), "Tile": _op("input", "repeats"),
-    "Pad": _op("data", "pads constant_value axes"),
-    "Resize": _op("X", "roi scales sizes"),
-    "Trilu": _op("input", "k"),
+    "Pad": _op("data", "pads constant_value axes", attrs="mode"),
+    "Resize": _op("X", "roi scales sizes",
+                  attrs="antialias coordinate_transformation_mode cubic_coeff_a "
+                        "exclude_outside extrapolation_value mode nearest_mode"),
+    "Trilu": _op("input", "k", attrs="upper"),
     # a loss that a graph may already contain
-    "SoftmaxCrossEntropyLoss": _op("scores labels weights", optional=1),
+    "SoftmaxCrossEntropyLoss": _op("scores labels weights", optional=1,
+                                   attrs="ignore_index reduction"),
 }
 
 VARIADIC_OPS = frozenset({"Concat", "Sum"})

@@ -74,10 +74,73 @@ class MemorySystem:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the system as a memory-system JSON file (atomically)."""
+        from autotm_py.fileio import atomic_write_text
+
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+
+    # ---- copy timing rules shared by the planner and the simulator ------------------------
+    def copy_time(self, nbytes: int, to_tier: str, mode: str) -> float:
+        """Seconds to copy `nbytes` into `to_tier` (latency + bytes / bandwidth)."""
+        return self.link.copy_time(nbytes, to_tier, mode == "async")
+
+    def stream_of(self, to_tier: str) -> str:
+        """The copy stream an overlapped copy runs on. GPU: one engine per direction; host:
+        one copy thread for both directions (AutoTM's runtime), so their copies add up."""
+        if self.mode == "gpu":
+            return "h2d" if to_tier == FAST else "d2h"
+        return "copy"
+
+    def async_terms(self, nbytes: int, to_tier: str) -> tuple[tuple[str, float], ...]:
+        """What one overlapped copy adds to each lower bound of its kernel's step time.
+
+        A step lasts max(kernel, and per term the sum over the step's copies): the copy's own
+        stream time, and in GPU mode with a both-directions bandwidth its share of that shared
+        link (``bytes / both_directions_bw``). The ILP's epigraph rows and the simulator both
+        call this one function, so they agree by construction."""
+        terms = [(self.stream_of(to_tier), self.copy_time(nbytes, to_tier, "async"))]
+        both = self.link.both_directions_bw
+        if self.mode == "gpu" and both:
+            terms.append(("link", nbytes / both))
+        return tuple(terms)
+
+    def validate(self, origin: str = "memory system") -> MemorySystem:
+        """Raise `ConfigError` unless bandwidths are positive and latencies non-negative."""
+        link = self.link
+        bws = {"fast.read_bw": self.fast.read_bw, "fast.write_bw": self.fast.write_bw,
+               "slow.read_bw": self.slow.read_bw, "slow.write_bw": self.slow.write_bw,
+               "link.read_bw": link.read_bw, "link.write_bw": link.write_bw,
+               "link.async_read_bw": link.async_read_bw,
+               "link.async_write_bw": link.async_write_bw}
+        if link.both_directions_bw is not None:
+            bws["link.both_directions_bw"] = link.both_directions_bw
+        for key, value in bws.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(f"{origin}: {key} must be a positive number of bytes/s, "
+                                  f"not {value!r}")
+        lats = {"fast.latency_s": self.fast.latency_s, "slow.latency_s": self.slow.latency_s,
+                "link.latency_s": link.latency_s}
+        for key, value in lats.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigError(f"{origin}: {key} must be >= 0 seconds, not {value!r}")
+        return self
+
+    def describe(self) -> str:
+        """One line: name, mode, the slow tier and the copy bandwidths in GB/s."""
+        link = self.link
+        return (f"{self.name} ({self.mode} mode): {self.fast.name} + {self.slow.name} "
+                f"(direct {self.slow.read_bw / GB:g}/{self.slow.write_bw / GB:g} GB/s r/w); "
+                f"copies {link.read_bw / GB:g}/{link.write_bw / GB:g} GB/s in/out, overlapped "
+                f"{link.async_read_bw / GB:g}/{link.async_write_bw / GB:g} GB/s")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, origin: str = "memory-system data") -> MemorySystem:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{origin}: a memory-system file holds one JSON object; see "
+                              "docs/memory-systems.md for the format")
         try:
-            return cls(
+            system = cls(
                 name=str(data["name"]),
                 mode=_check_mode(data["mode"], origin),
                 fast=TierSpec(**data["fast"]),
@@ -87,9 +150,10 @@ class MemorySystem:
                 budget_bytes=data.get("budget_bytes"),
                 measured=dict(data.get("measured", {})),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{origin}: not a valid memory-system file ({exc}); see "
                               "docs/memory-systems.md for the format") from None
+        return system.validate(origin)
 
 
 def _check_mode(mode: Any, origin: str) -> Mode:
@@ -107,7 +171,8 @@ _DRAM = TierSpec("dram", read_bw=105 * GB, write_bw=70 * GB, latency_s=81e-9)
 PRESETS: dict[str, MemorySystem] = {
     # Izraelevitz et al. 2019 (arXiv 1903.05714): six interleaved Optane DC PMM DIMMs,
     # about 39.4 GB/s read and 13.9 GB/s write, about 3x DRAM latency (305 ns random read).
-    # Overlapped copies use one thread in AutoTM's runtime: its constants were 2 / 2.5 GB/s.
+    # Copy rates are AutoTM's own constants (abstractoptimizer.jl BANDWIDTHS: 29/12 GB/s for
+    # blocking copies with several threads, 2/2.5 GB/s for its single-threaded overlapped copy).
     "optane": MemorySystem(
         name="optane",
         mode="host",
@@ -115,8 +180,8 @@ PRESETS: dict[str, MemorySystem] = {
         slow=TierSpec("optane", read_bw=39.4 * GB, write_bw=13.9 * GB, latency_s=305e-9),
         link=Link(read_bw=29 * GB, write_bw=12 * GB, async_read_bw=2.0 * GB,
                   async_write_bw=2.5 * GB, latency_s=2e-6),
-        source="Izraelevitz et al. 2019 (Optane DC PMM, 6 DIMMs); copy rates from AutoTM's "
-               "measured move kernels",
+        source="Izraelevitz et al. 2019 (Optane DC PMM, 6 interleaved DIMMs); copy rates are "
+               "AutoTM's constants (29/12 GB/s blocking, 2/2.5 GB/s overlapped)",
     ),
     # A CXL 2.0 Type-3 memory expander on a PCIe Gen5 x16 link: about 2x DRAM latency
     # (~250 ns loaded) and up to ~52 GB/s per direction in published expander measurements

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotm_py.memory.tiers import SLOW
 
@@ -37,6 +37,12 @@ class KernelCosts:
     estimated: tuple[bool, ...]
     # kernel id -> {placement string like "FFS": seconds}, where the slow tier was measured
     measured_placements: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+    # per kernel: time scaled from a profile measured at another batch (profiling/scaling.py)
+    scaled: tuple[bool, ...] = ()
+    # which profiles served these costs (fingerprints and files), for reports
+    source: str = ""
+    # counts: kernels, unique, exact, scaled, estimated (+ measured_now, failed after profile)
+    summary: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_times(cls, device: str, times_s: Sequence[float],
@@ -52,6 +58,10 @@ class KernelCosts:
     @property
     def n_estimated(self) -> int:
         return sum(self.estimated)
+
+    @property
+    def n_scaled(self) -> int:
+        return sum(self.scaled)
 
     def placement_time(self, graph: TensorGraph, memory: MemorySystem, kid: int,
                        placement: Sequence[str]) -> float:

@@ -1,0 +1,142 @@
+"""`autotm inspect MODEL`: what a model costs in memory before any planning.
+
+Prints the kernels (total, unique signatures), tensors and bytes by role, the peak live
+footprint and the kernel where it occurs, the largest kernel working set and its kernel, and
+the useful budget interval [largest working set, peak]; `--csv FILE` writes every kernel's
+working set beside the live footprint at that kernel, `--json` prints everything.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter
+from typing import Any
+
+import click
+
+from autotm_py.cli import cli
+from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
+from autotm_py.fileio import atomic_write_text
+from autotm_py.ir.graph import TensorGraph
+from autotm_py.memory.budget import format_bytes
+
+TOP_KERNELS = 8
+CSV_FIELDS = ("id", "name", "op", "working_set_bytes", "live_bytes")
+
+
+def _kernel_ref(graph: TensorGraph, kid: int) -> dict[str, Any]:
+    k = graph.kernels[kid]
+    return {"id": kid, "name": k.name, "op": k.op_type}
+
+
+def inspect_report(graph: TensorGraph) -> dict[str, Any]:
+    """Everything `autotm inspect` shows, as plain data (the `--json` document)."""
+    ws = graph.working_set_bytes
+    live = graph.live_bytes
+    ws_bytes, ws_kernel = graph.max_working_set
+    roles = {}
+    counts = Counter(t.role for t in graph.tensors)
+    for role, nbytes in sorted(graph.bytes_by_role().items(), key=lambda kv: kv[0].value):
+        roles[role.value] = {"tensors": counts[role], "bytes": nbytes}
+    kernels = [{**_kernel_ref(graph, k.id), "working_set_bytes": int(ws[k.id]),
+                "live_bytes": int(live[k.id])} for k in graph.kernels]
+    return {
+        "model": graph.name,
+        "source": graph.meta.get("source"),
+        "training": "training" in graph.meta,
+        "dims": graph.meta.get("dims", {}),
+        "kernels": len(graph.kernels),
+        "unique_kernels": graph.unique_signatures,
+        "ops": dict(Counter(k.op_type for k in graph.kernels).most_common()),
+        "tensors": len(graph.tensors),
+        "roles": roles,
+        "peak_live_bytes": graph.peak_live_bytes,
+        "peak_kernel": _kernel_ref(graph, graph.peak_kernel) if graph.kernels else None,
+        "max_working_set_bytes": ws_bytes,
+        "max_working_set_kernel": _kernel_ref(graph, ws_kernel) if graph.kernels else None,
+        "budget_interval_bytes": [ws_bytes, graph.peak_live_bytes],
+        "model_hash": graph.model_hash,
+        "per_kernel": kernels,
+    }
+
+
+def _text(report: dict[str, Any]) -> str:
+    peak, wsk = report["peak_kernel"], report["max_working_set_kernel"]
+    lo, hi = report["budget_interval_bytes"]
+    lines = [
+        f"model        {report['model']}" + (" (training iteration)" if report["training"]
+                                             else " (forward)"),
+        f"dims         {_dims(report['dims'])}",
+        f"kernels      {report['kernels']} ({report['unique_kernels']} unique signatures)",
+        f"tensors      {report['tensors']}",
+        "",
+        f"  {'role':<16} {'tensors':>8} {'bytes':>12}",
+    ]
+    for role, row in report["roles"].items():
+        lines.append(f"  {role:<16} {row['tensors']:>8} {format_bytes(row['bytes']):>12}")
+    lines += [
+        "",
+        f"peak live    {format_bytes(report['peak_live_bytes'])} at kernel #{peak['id']} "
+        f"{_short(peak['name'])} ({peak['op']})",
+        f"largest WS   {format_bytes(report['max_working_set_bytes'])} at kernel #{wsk['id']} "
+        f"{_short(wsk['name'])} ({wsk['op']})",
+        f"budget       [{format_bytes(lo)}, {format_bytes(hi)}]: useful fast-memory budgets "
+        "(below the largest",
+        "             working set no plan exists; at the peak everything fits)",
+        "",
+        f"largest working sets (of {report['kernels']} kernels; all of them with --csv):",
+        f"  {'#':>5} {'kernel':<40} {'op':<18} {'working set':>12} {'live':>12}",
+    ]
+    top = sorted(report["per_kernel"], key=lambda r: -r["working_set_bytes"])[:TOP_KERNELS]
+    for row in top:
+        lines.append(f"  {row['id']:>5} {_short(row['name'], 40):<40} {row['op'][:18]:<18} "
+                     f"{format_bytes(row['working_set_bytes']):>12} "
+                     f"{format_bytes(row['live_bytes']):>12}")
+    return "\n".join(lines)
+
+
+def _dims(dims: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in dims.items()) or "(all fixed in the file)"
+
+
+def _short(name: str, width: int = 48) -> str:
+    return name if len(name) <= width else "..." + name[-(width - 3):]
+
+
+def write_csv(path: str, report: dict[str, Any]) -> None:
+    """One row per kernel: id, name, op, working set bytes, live bytes (written atomically)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for row in report["per_kernel"]:
+        writer.writerow({k: row[k] for k in CSV_FIELDS})
+    atomic_write_text(path, buffer.getvalue())
+
+
+@cli.command("inspect")
+@model_options
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+              help="Write per-kernel working set and live bytes to this CSV file.")
+@json_option
+def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
+                    optimizer: str, csv_path: str | None, as_json: bool) -> None:
+    """Kernels, tensors by role, peak footprint and working sets of MODEL.
+
+    MODEL is an ONNX file or a zoo name. The peak live footprint is the memory one iteration
+    needs with no limit; the largest working set (a kernel's inputs + outputs + workspace) is
+    the smallest fast-memory budget any plan can meet.
+    """
+    graph = load_model_from_cli(model, batch, dims, training, optimizer)
+    report = inspect_report(graph)
+    if csv_path:
+        write_csv(csv_path, report)
+    if as_json:
+        print_json(report)
+    else:
+        click.echo(_text(report))
+        if csv_path:
+            click.echo(f"\nper-kernel table written to {csv_path}")
+
+
+__all__ = ["inspect_command", "inspect_report", "write_csv"]

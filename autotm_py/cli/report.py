@@ -1,0 +1,213 @@
+"""`autotm report` (figures, summary and trace of one plan) and `autotm bench` (sweeps)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autotm_py.cli import cli
+from autotm_py.cli.common import json_option, print_json
+from autotm_py.errors import ConfigError
+
+
+def read_json(path: str, what: str) -> Any:
+    """A JSON file, or a ConfigError that names it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not valid JSON ({exc}); was it truncated?") from None
+
+
+def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple[str, ...],
+                           training: bool, optimizer: str, device: str | None,
+                           profiles: str | None) -> tuple[Any, dict[str, Any]]:
+    from autotm_py import api
+    from autotm_py.cli.common import load_model_from_cli
+
+    graph = load_model_from_cli(model, batch, dims, training, optimizer)
+    plan.validate(graph)
+    mode = plan.header.memory_system.get("mode")
+    dev = device or plan.header.config.get("device") or ("cuda" if mode == "gpu" else "cpu")
+    costs = api.load_costs(graph, device=dev, profiles_dir=profiles)
+    return graph, api.simulate(graph, plan, costs=costs, strict=False).to_dict()
+
+
+@cli.command("report")
+@click.argument("plan_path", metavar="PLAN")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default="report",
+              show_default=True, help="Folder for the figures, summary.md and report.json.")
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None,
+              help="A saved simulation (`autotm simulate ... -o timeline.json`): time axis in "
+                   "seconds. Without it (or --model) the report shows plan order.")
+@click.option("--model", default=None,
+              help="Re-simulate the plan on this model (ONNX file or zoo name) for a time axis.")
+@click.option("--batch", "-b", type=int, default=None, help="With --model: the batch size.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+              help="With --model: bind a symbolic dimension (repeatable).")
+@click.option("--training", is_flag=True, help="With --model: one training iteration.")
+@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd",
+              show_default=True, help="With --model --training: the weight update.")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
+              help="With --model: whose kernel profiles to use (default: the plan's).")
+@click.option("--profiles", type=click.Path(file_okay=False), default=None,
+              help="With --model: profile folder (default: shipped and cached profiles).")
+@click.option("--measured", type=click.Path(dir_okay=False), default=None,
+              help="A measured run (`autotm run ... -o run.json`) to show beside the prediction.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write a Chrome/Perfetto trace (open in ui.perfetto.dev).")
+@click.option("--format", "formats", default="png,svg", show_default=True,
+              help="Figure formats, comma-separated (any matplotlib can write).")
+@click.option("--max-tensors", type=click.IntRange(min=1), default=300, show_default=True,
+              help="Rows of the residency heatmap (moved tensors first, then the largest).")
+@json_option
+def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: str | None,
+               batch: int | None, dims: tuple[str, ...], training: bool, optimizer: str,
+               device: str | None, profiles: str | None, measured: str | None,
+               trace_path: str | None, formats: str, max_tensors: int, as_json: bool) -> None:
+    """Figures (memory per tier with the budget, tensor x kernel residency, bytes moved), a
+    Markdown summary and optionally a trace of PLAN.
+
+    \b
+    Examples:
+      autotm report plan.json -o report/
+      autotm report plan.json --model resnet50 --training -o report/ --trace trace.json
+      autotm report plan.json --timeline timeline.json --measured run.json -o report/
+    """
+    from autotm_py.plan import Plan
+    from autotm_py.report.build import make_report
+    from autotm_py.report.timeline import load_measured
+
+    if timeline and model:
+        raise ConfigError("give either --timeline or --model, not both")
+    plan = Plan.load(plan_path)
+    graph, simulation = None, None
+    if model:
+        graph, simulation = _simulation_from_model(plan, model, batch, dims, training, optimizer,
+                                                   device, profiles)
+    elif timeline:
+        simulation = read_json(timeline, "timeline")
+    run = load_measured(read_json(measured, "measured run"), origin=measured) if measured \
+        else None
+    fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
+    result = make_report(plan, out_dir, graph=graph, simulation=simulation, measured=run,
+                         trace_path=trace_path, formats=fmts, max_tensors=max_tensors,
+                         origin={"timeline": timeline or "simulation", "measured": measured})
+    if as_json:
+        print_json({"files": [str(p) for p in result.files], "overview": result.overview,
+                    "metrics": result.metrics})
+        return
+    _print_report(result)
+
+
+def _print_report(result: Any) -> None:
+    from autotm_py.memory.budget import format_bytes
+
+    o, m = result.overview, result.metrics
+    click.echo(f"{o['model']}: {o['strategy']} plan, budget "
+               f"{'unlimited' if o['budget_bytes'] is None else format_bytes(o['budget_bytes'])}"
+               f", timeline {o['timeline']}")
+    click.echo(f"  moved slow->fast {format_bytes(m['bytes_to_fast'])} "
+               f"({m['moves_to_fast']} copies), fast->slow {format_bytes(m['bytes_to_slow'])} "
+               f"({m['moves_to_slow']} copies)")
+    click.echo(f"  kernel IO in fast memory: inputs {100 * m['input_fast_fraction']:.1f}%, "
+               f"outputs {100 * m['output_fast_fraction']:.1f}%")
+    if "prediction_error" in o:
+        click.echo(f"  measured {o['measured_median_s'] * 1e3:.3f} ms, prediction error "
+                   f"{100 * o['prediction_error']:+.1f}%")
+    for path in result.files:
+        click.echo(f"  wrote {path}")
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+@cli.command("bench")
+@click.option("--models", required=True,
+              help="Comma-separated ONNX files or zoo names, e.g. resnet50,vgg19.")
+@click.option("--ratios", required=True,
+              help="Comma-separated fast:slow ratios, e.g. 1:8,1:4,1:1 (1:4 = fast tier holds "
+                   "1/5 of the peak; the paper's PMM:DRAM 4:1).")
+@click.option("--strategies", default="static,sync,async", show_default=True,
+              help="Comma-separated: static, sync, async.")
+@click.option("--solvers", default="cbc", show_default=True, help="Comma-separated: cbc, highs.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cpu: host mode (DRAM + slow tier); cuda: GPU mode.")
+@click.option("--memory", default=None,
+              help="Memory-system preset or file (default: optane for cpu, h100-pcie5 for cuda).")
+@click.option("--training", is_flag=True, help="One training iteration instead of inference.")
+@click.option("--batch", "-b", type=int, default=None, help="Batch size of every model.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+              help="Bind a symbolic dimension (repeatable).")
+@click.option("--time-limit", type=float, default=None,
+              help="Solver time limit per plan, seconds (the best plan found is kept).")
+@click.option("--gap", type=float, default=0.01, show_default=True, help="Relative MIP gap.")
+@click.option("--pin-weights", is_flag=True, help="Keep weights in fast memory (the paper's rule).")
+@click.option("--profiles", type=click.Path(file_okay=False), default=None,
+              help="Profile folder (default: shipped and cached profiles).")
+@click.option("--execute", is_flag=True,
+              help="Also run every plan and baseline for real (GPU) and record measured times.")
+@click.option("--iterations", type=click.IntRange(min=1), default=5, show_default=True,
+              help="With --execute: timed iterations per plan.")
+@click.option("-o", "--output", default="bench.csv", show_default=True,
+              help="CSV to write; a JSON document with the same stem is written beside it. "
+                   "Rows already there are skipped (the sweep resumes).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@json_option
+def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: str,
+              memory: str | None, training: bool, batch: int | None, dims: tuple[str, ...],
+              time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
+              execute: bool, iterations: int, output: str, no_progress: bool,
+              as_json: bool) -> None:
+    """Sweep models x ratios x strategies x solvers; one row per plan (CSV + JSON).
+
+    \b
+    Example:
+      autotm bench --models resnet50,vgg19 --ratios 1:8,1:4,1:1 --strategies static,sync \\
+          --device cpu --training --batch 16 -o results/bench.csv
+    """
+    from autotm_py.cli.common import parse_dims
+    from autotm_py.report.bench import BenchSpec, run_bench
+
+    spec = BenchSpec(models=_split(models), ratios=_split(ratios),
+                     strategies=_split(strategies), solvers=_split(solvers), device=device,
+                     memory=memory, training=training, batch=batch, dims=parse_dims(dims),
+                     time_limit_s=time_limit, gap=gap, pin_weights=pin_weights,
+                     profiles_dir=profiles, execute=execute, iterations=iterations)
+    if no_progress or as_json:
+        result = run_bench(spec, output)
+    else:
+        result = _bench_with_progress(spec, output)
+    if as_json:
+        print_json({"ran": result.ran, "skipped": result.skipped, "failed": result.failed,
+                    "files": [str(p) for p in result.paths], "rows": result.rows})
+        return
+    click.echo(f"{result.ran} rows run, {result.skipped} already there, {result.failed} failed; "
+               f"wrote {result.paths[0]} and {result.paths[1]}")
+
+
+def _bench_with_progress(spec: Any, output: str) -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from autotm_py.report.bench import run_bench
+
+    columns = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.description}"))
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("", total=None)
+
+        def update(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=label)
+
+        return run_bench(spec, output, progress=update)

@@ -1,0 +1,95 @@
+"""ONNX shape inference on a weightless *skeleton* of the graph.
+
+The skeleton holds the nodes still to be imported, the bound graph inputs, small known values
+as initializers, and everything else that is constant (weights, large folded values) as typed
+graph inputs: shape inference sees every shape but no weight bytes, so it stays fast and never
+hits protobuf's 2 GB limit. Stale `value_info` and output shapes of the file are dropped, so
+the bound dimensions propagate everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from autotm_py.errors import ShapeError
+from autotm_py.frontend.onnx_graph import OnnxGraph, OnnxNode
+
+# Known values up to this many elements go into the skeleton as initializers (shape logic
+# needs them: data propagation, Reshape targets); larger ones only as typed inputs.
+INLINE_VALUE_ELEMENTS = 1 << 16
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What inference knows of a tensor: ONNX elem type and dims (None where unknown)."""
+
+    elem_type: int
+    shape: tuple[int | None, ...] | None
+
+    @property
+    def static(self) -> tuple[int, ...] | None:
+        """The shape if every dim is known, else None."""
+        if self.shape is None or any(d is None for d in self.shape):
+            return None
+        return self.shape  # type: ignore[return-value]
+
+
+def info_of(value: onnx.ValueInfoProto) -> TensorInfo | None:
+    if value.type.WhichOneof("value") != "tensor_type":
+        return None
+    ttype = value.type.tensor_type
+    if not ttype.HasField("shape"):
+        return TensorInfo(ttype.elem_type, None)
+    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim)
+    return TensorInfo(ttype.elem_type, dims)
+
+
+def infer_shapes(graph: OnnxGraph, nodes: Iterable[OnnxNode], input_shapes: Mapping[str, tuple],
+                 values: Mapping[str, np.ndarray], typed: Mapping[str, TensorInfo],
+                 *, ir_version: int, opsets: list[onnx.OperatorSetIdProto],
+                 hint: str = "") -> dict[str, TensorInfo]:
+    """Run ONNX shape inference once on the skeleton; return the info of every tensor."""
+    node_list = list(nodes)
+    used = {n for node in node_list for n in node.inputs if n}
+    inputs = [helper.make_tensor_value_info(n, graph.inputs[n].type.tensor_type.elem_type,
+                                            list(s)) for n, s in input_shapes.items()]
+    inits = []
+    for name in sorted(used):
+        if name in input_shapes:
+            continue
+        if name in values and values[name].size <= INLINE_VALUE_ELEMENTS:
+            inits.append(numpy_helper.from_array(np.array(values[name], order="C"), name))
+        elif name in typed:
+            info = typed[name]
+            inputs.append(helper.make_tensor_value_info(name, info.elem_type, info.shape))
+    produced = {o for node in node_list for o in node.outputs}
+    outputs = [onnx.ValueInfoProto(name=n) for n in graph.outputs if n in produced]
+    skeleton = helper.make_model(
+        helper.make_graph([n.proto for n in node_list], graph.name or "g", inputs, outputs,
+                          initializer=inits),
+        opset_imports=opsets)
+    skeleton.ir_version = max(ir_version, 4)  # IR >= 4: initializers need not be inputs
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        raise ShapeError(f"ONNX shape inference failed on model '{graph.source}': "
+                         f"{_first_line(str(exc))}{hint}") from None
+    found: dict[str, TensorInfo] = {}
+    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        info = info_of(value)
+        if info is not None:
+            found[value.name] = info
+    for init in inferred.graph.initializer:
+        found[init.name] = TensorInfo(init.data_type, tuple(init.dims))
+    return found
+
+
+def _first_line(text: str) -> str:
+    """ONNX packs several errors into one message; keep the first, on one line."""
+    lines = [ln.strip() for ln in text.replace("\\n", "\n").splitlines() if ln.strip()]
+    return " ".join(lines[:2])[:400] if lines else "unknown error"

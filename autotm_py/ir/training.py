@@ -1,0 +1,292 @@
+"""Training derivation: one iteration = forward + loss + backward + optimizer update.
+
+`derive_training(graph)` takes a forward graph in the importer's canonical form and returns a
+new `TensorGraph` with, in execution order:
+
+1. the forward kernels, same ids and order; ops that behave differently in training are
+   rewritten by their rule's `prepare` (BatchNormalization uses batch statistics and saves
+   them, LayerNormalization saves Mean/InvStdDev, Dropout saves a seeded mask);
+2. the loss: the graph's own SoftmaxCrossEntropyLoss if it has one, else our
+   `SoftmaxCrossEntropy` of the first float output against a new int64 LABEL tensor;
+3. backward kernels in reverse forward order (ops of domain "autotm", see `TRAINING_OPS`),
+   with partial gradients of tensors that have several users summed by `GradAccumulate` as
+   soon as the next partial arrives (as nGraph's and PyTorch's autodiff do);
+4. one optimizer update per trained weight (`SGDUpdate`, or `AdamStep` then `AdamUpdate`).
+
+Only gradients that reach a trainable weight are computed: weights are float WEIGHT tensors
+without a producer; INPUT, LABEL, CONSTANT and integer tensors get none. `carried` pairs each
+weight, Adam state tensor, BatchNorm running statistic and the Adam step with its next value;
+the graph outputs are the loss and those next values. Runs in O(kernels).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotm_py.errors import ConfigError, GraphError, UnsupportedOpError
+from autotm_py.ir.builder import GraphBuilder
+from autotm_py.ir.graph import Role, TensorGraph
+from autotm_py.ir.rules import RULES, TRAINING_OPS, KernelDraft, Tape, TensorDraft
+from autotm_py.ir.rules.base import BACKWARD_DOMAIN, FLOAT_DTYPES
+
+OPTIMIZERS = ("sgd", "adam")
+ADAM_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
+
+__all__ = ["ADAM_DEFAULTS", "OPTIMIZERS", "RULES", "TRAINING_OPS", "derive_training"]
+
+
+def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
+                    learning_rate: float = 0.01) -> TensorGraph:
+    """The training iteration of a forward graph (see the module docstring)."""
+    _check_arguments(graph, optimizer, learning_rate)
+    tape = _forward_drafts(graph)
+    for k in tape.kernels:
+        prepare = RULES[k.op_type].prepare
+        if prepare is not None:
+            prepare(tape, k)
+    loss_kernel, labels = _attach_loss(graph, tape)
+    n_forward = len(tape.kernels)
+    flow = _gradient_flow(tape, loss_kernel)
+    tape.expected.update(flow.expected)
+    weight_grads = _backward(tape, flow, loss_kernel)
+    _optimizer_updates(tape, weight_grads, optimizer, learning_rate)
+    loss = tape.kernels[loss_kernel].outputs[0]
+    meta = {
+        "optimizer": optimizer, "learning_rate": learning_rate,
+        "loss": loss, "labels": labels, "loss_kernel": loss_kernel,
+        "forward_kernels": n_forward, "weight_grads": tuple(sorted(weight_grads.items())),
+        **(ADAM_DEFAULTS if optimizer == "adam" else {}),
+    }
+    return _freeze(graph, tape, n_forward, [loss, *(new for _, new in tape.carried)], meta)
+
+
+# ---- checks and set-up ----------------------------------------------------------------------
+def _check_arguments(graph: TensorGraph, optimizer: str, learning_rate: float) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"optimizer {optimizer!r} is not supported; use one of "
+                          f"{', '.join(OPTIMIZERS)}")
+    if not (math.isfinite(learning_rate) and learning_rate > 0):
+        raise ConfigError(f"learning rate {learning_rate!r} must be a positive number")
+    if "training" in graph.meta:
+        raise GraphError(f"graph {graph.name!r} is already a training graph; derive training "
+                         "from the forward graph")
+    for k in graph.kernels:
+        if k.op_type not in RULES or k.domain not in ("", BACKWARD_DOMAIN):
+            raise UnsupportedOpError(k.op_type, domain=k.domain, node=k.name,
+                                     supported=tuple(RULES),
+                                     what="the training derivation (--training)")
+
+
+def _forward_drafts(graph: TensorGraph) -> Tape:
+    """Drafts of the forward tensors and kernels; forward outputs become activations."""
+    tensors = [TensorDraft(t.name, t.shape, t.dtype,
+                           Role.ACTIVATION if t.role == Role.OUTPUT else t.role)
+               for t in graph.tensors]
+    kernels = [KernelDraft(k.name, k.op_type, k.domain, k.attrs_dict, list(k.inputs),
+                           list(k.outputs), k.workspace_bytes) for k in graph.kernels]
+    return Tape(tensors, kernels)
+
+
+def _attach_loss(graph: TensorGraph, tape: Tape) -> tuple[int, int]:
+    """(loss kernel id, labels tensor id): the graph's own loss, or a new one."""
+    for kid in range(len(tape.kernels) - 1, -1, -1):
+        k = tape.kernels[kid]
+        if k.op_type == "SoftmaxCrossEntropyLoss":
+            tape.tensors[k.outputs[0]].role = Role.OUTPUT
+            if tape.tensors[k.inputs[1]].role == Role.INPUT:
+                tape.tensors[k.inputs[1]].role = Role.LABEL
+            return kid, k.inputs[1]
+    logits = next((t for t in graph.outputs if tape.dtype(t) in FLOAT_DTYPES), None)
+    if logits is None or not tape.shape(logits):
+        raise GraphError(f"graph {graph.name!r} has no float output of rank >= 1 to put a "
+                         "softmax cross-entropy loss on; add one, or a SoftmaxCrossEntropyLoss")
+    shape, dtype = tape.shape(logits), tape.dtype(logits)
+    labels = tape.new_tensor("labels", shape[:-1], "int64", Role.LABEL)
+    loss = tape.new_tensor("loss", (), dtype, Role.OUTPUT)
+    log_prob = tape.new_tensor(f"{tape.name(logits)}::log_prob", shape, dtype, Role.ACTIVATION)
+    tape.kernels.append(KernelDraft("loss", "SoftmaxCrossEntropy", BACKWARD_DOMAIN,
+                                    {"axis": -1, "reduction": "mean", "ignore_index": None},
+                                    [logits, labels], [loss, log_prob]))
+    return len(tape.kernels) - 1, labels
+
+
+# ---- which tensors get gradients ----------------------------------------------------------
+@dataclass(frozen=True)
+class _Flow:
+    has_grad: list[bool]  # the tensor gets a gradient
+    active: list[bool]  # the forward kernel gets a backward
+    expected: dict[int, int]  # partial gradients each tensor receives
+
+
+def _float_slots(tape: Tape, tids: list[int], slots: range | tuple[int, ...]) -> list[int]:
+    return [tids[i] for i in slots if i < len(tids) and tape.dtype(tids[i]) in FLOAT_DTYPES]
+
+
+def _gradient_flow(tape: Tape, loss_kernel: int) -> _Flow:
+    """Forward: which tensors depend on a trainable weight. Backward: which the loss reads."""
+    n = loss_kernel + 1
+    need = [t.role == Role.WEIGHT and t.dtype in FLOAT_DTYPES for t in tape.tensors]
+    blocked: dict[int, KernelDraft] = {}  # float outputs the rule cannot differentiate
+    for k in tape.kernels[:n]:
+        rule = RULES[k.op_type]
+        if any(need[t] for t in _float_slots(tape, k.inputs, rule.diff_inputs(k))):
+            diff = _float_slots(tape, k.outputs, rule.diff_outputs(k))
+            for t in diff:
+                need[t] = True
+            blocked.update((t, k) for t in _float_slots(tape, k.outputs, range(len(k.outputs)))
+                           if t not in diff)
+    reach = [False] * len(tape.tensors)
+    reach[tape.kernels[loss_kernel].outputs[0]] = True
+    active = [False] * n
+    expected: dict[int, int] = {}
+    for kid in range(n - 1, -1, -1):
+        k = tape.kernels[kid]
+        rule = RULES[k.op_type]
+        outs = _float_slots(tape, k.outputs, rule.diff_outputs(k))
+        if not any(reach[t] and need[t] for t in outs):
+            continue
+        active[kid] = True
+        for t in _float_slots(tape, k.inputs, rule.diff_inputs(k)):
+            if t in blocked:
+                _blocked_error(tape, blocked[t], t)
+            reach[t] = True
+            if need[t]:
+                expected[t] = expected.get(t, 0) + 1
+    has_grad = [a and b for a, b in zip(need, reach, strict=True)]
+    return _Flow(has_grad, active, expected)
+
+
+def _blocked_error(tape: Tape, k: KernelDraft, t: int) -> None:
+    raise UnsupportedOpError(
+        k.op_type, node=k.name, what=f"the training derivation: the loss depends on its output "
+        f"{tape.name(t)!r}, which has no gradient rule; do not use that output")
+
+
+# ---- the reverse pass -----------------------------------------------------------------------
+def _backward(tape: Tape, flow: _Flow, loss_kernel: int) -> dict[int, int]:
+    """Emit backward kernels in reverse order; return {weight: its final gradient}."""
+    pending: dict[int, int] = {}
+    received: dict[int, int] = {}
+    for kid in range(loss_kernel, -1, -1):
+        if not flow.active[kid]:
+            continue
+        k = tape.kernels[kid]
+        rule = RULES[k.op_type]
+        diff_in, diff_out = set(rule.diff_inputs(k)), set(rule.diff_outputs(k))
+        dys = [pending.get(t) if i in diff_out else None for i, t in enumerate(k.outputs)]
+        needs = [i in diff_in and flow.has_grad[t] for i, t in enumerate(k.inputs)]
+        grads = rule.backward(tape, k, dys, needs)
+        for slot, x in enumerate(k.inputs):
+            if needs[slot]:
+                _add_partial(tape, k, x, grads[slot], pending, received)
+    weights = {}
+    for t, g in pending.items():
+        if tape.tensors[t].role == Role.WEIGHT and tape.tensors[t].dtype in FLOAT_DTYPES:
+            tape.tensors[g].role = Role.WEIGHT_GRADIENT
+            weights[t] = g
+    return weights
+
+
+def _add_partial(tape: Tape, k: KernelDraft, x: int, g: int | None, pending: dict[int, int],
+                 received: dict[int, int]) -> None:
+    """Sum a new partial gradient of x into the running one (GradAccumulate), eagerly."""
+    if g is None or tape.shape(g) != tape.shape(x) or tape.dtype(g) != tape.dtype(x):
+        got = None if g is None else (tape.shape(g), tape.dtype(g))
+        raise GraphError(f"training rule of {k.op_type} ({k.name!r}) gave gradient {got} for "
+                         f"{tape.name(x)!r} of {(tape.shape(x), tape.dtype(x))}; a rule bug")
+    count = received.get(x, 0) + 1
+    received[x] = count
+    if x not in pending:
+        pending[x] = g
+        return
+    name = tape.name(x)
+    last = count == tape.expected.get(x, count)
+    role = tape.tensors[g].role
+    out = tape.new_tensor(f"grad::{name}" if last else f"grad::{name}::sum", tape.shape(x),
+                          tape.dtype(x), role)
+    tape.emit("GradAccumulate", [pending[x], g], [out], f"accumulate/{name}")
+    pending[x] = out
+
+
+# ---- optimizer ------------------------------------------------------------------------------
+def _optimizer_updates(tape: Tape, weight_grads: dict[int, int], optimizer: str,
+                       lr: float) -> None:
+    """One update kernel per trained weight, in weight order; Adam first bumps its step."""
+    step_next = None
+    if optimizer == "adam" and weight_grads:
+        step = tape.new_tensor("adam::step", (), "float32", Role.OPTIMIZER_STATE)
+        step_next = tape.new_tensor("adam::step::next", (), "float32", Role.OPTIMIZER_STATE)
+        tape.emit("AdamStep", [step], [step_next], "adam/step")
+        tape.carried.append((step, step_next))
+    for w, g in sorted(weight_grads.items()):
+        t = tape.tensors[w]
+        w_next = tape.new_tensor(f"{t.name}::next", t.shape, t.dtype, Role.WEIGHT)
+        tape.carried.append((w, w_next))
+        if step_next is None:
+            tape.emit("SGDUpdate", [w, g], [w_next], f"sgd/{t.name}", lr=lr)
+            continue
+        state = []
+        for which in ("m", "v"):
+            s = tape.new_tensor(f"adam::{which}::{t.name}", t.shape, t.dtype,
+                                Role.OPTIMIZER_STATE)
+            s_next = tape.new_tensor(f"adam::{which}::{t.name}::next", t.shape, t.dtype,
+                                     Role.OPTIMIZER_STATE)
+            tape.carried.append((s, s_next))
+            state.append((s, s_next))
+        (m, m_next), (v, v_next) = state
+        tape.emit("AdamUpdate", [w, g, m, v, step_next], [w_next, m_next, v_next],
+                  f"adam/{t.name}", lr=lr, **ADAM_DEFAULTS)
+
+
+# ---- pruning and freezing -------------------------------------------------------------------
+def _live_kernels(tape: Tape, n_forward: int, outputs: list[int]) -> list[bool]:
+    """Backward kernels none of whose outputs is read (or a graph output) are dropped."""
+    live = set(outputs)
+    keep = [True] * len(tape.kernels)
+    for kid in range(len(tape.kernels) - 1, -1, -1):
+        k = tape.kernels[kid]
+        if kid >= n_forward and not any(o in live for o in k.outputs):
+            keep[kid] = False
+            continue
+        live.update(k.inputs)
+    return keep
+
+
+def _freeze(graph: TensorGraph, tape: Tape, n_forward: int, outputs: list[int],
+            meta: dict[str, object]) -> TensorGraph:
+    """Renumber the kept tensors (forward ids unchanged) and build the frozen graph."""
+    keep = _live_kernels(tape, n_forward, outputs)
+    kernels = [k for k, kept in zip(tape.kernels, keep, strict=True) if kept]
+    used = set(outputs) | set(graph.inputs)
+    for k in kernels:
+        used.update(k.inputs)
+        used.update(k.outputs)
+    remap = {old: new for new, old in enumerate(sorted(used))}
+    b = GraphBuilder(f"{graph.name}/train")
+    for old in sorted(used):
+        t = tape.tensors[old]
+        b.add_tensor(t.name, t.shape, t.dtype, t.role)
+    for k in kernels:
+        b.add_kernel(k.op_type, [remap[t] for t in k.inputs], [remap[t] for t in k.outputs],
+                     name=k.name, domain=k.domain, attrs=k.attrs,
+                     workspace_bytes=k.workspace_bytes)
+    b.constants.update({remap[t]: v for t, v in graph.constants.items() if t in remap})
+    labels = meta["labels"]
+    b.inputs = [remap[t] for t in graph.inputs]
+    if remap[labels] not in b.inputs:  # type: ignore[index]
+        b.inputs.append(remap[labels])  # type: ignore[index]
+    b.outputs = [remap[t] for t in outputs]
+    b.carried = [(remap[a], remap[z]) for a, z in tape.carried]
+    meta = _remap_meta(meta, remap)
+    b.meta = {**graph.meta, "training": meta}
+    return b.build()
+
+
+def _remap_meta(meta: dict[str, object], remap: dict[int, int]) -> dict[str, object]:
+    out = dict(meta)
+    for key in ("loss", "labels"):
+        out[key] = remap[meta[key]]  # type: ignore[index]
+    out["weight_grads"] = tuple((remap[w], remap[g])
+                                for w, g in meta["weight_grads"])  # type: ignore[attr-defined]
+    return out

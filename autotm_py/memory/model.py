@@ -1,0 +1,156 @@
+"""`MachineModel`: what things cost on one memory system, for one graph.
+
+The ILP, the baselines and the simulator all price kernels, copies and memory through this one
+object, so that a plan's predicted time is the same number whoever computes it:
+
+- kernel time: GPU mode, the profiled all-fast time (every input and output must be in fast
+  memory); host mode, `KernelCosts.placement_time` for the tiers of its inputs and outputs;
+- copy time: latency + bytes / bandwidth of the link, per direction, blocking or overlapped;
+- step time of a kernel with overlapped copies: max(kernel time, each `MemorySystem.async_terms`
+  sum over its copies);
+- bytes: `accounting.aligned` sizes; pinned tensors outside the budget; the workspace of a
+  kernel counts while it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autotm_py.errors import ConfigError
+from autotm_py.memory import accounting
+from autotm_py.memory.tiers import FAST, SLOW
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import TensorGraph
+    from autotm_py.memory.tiers import MemorySystem
+    from autotm_py.profiling.costs import KernelCosts
+
+
+@dataclass(frozen=True)
+class MachineModel:
+    """A graph on a memory system with kernel costs; `memory.budget_bytes` is the budget."""
+
+    graph: TensorGraph
+    memory: MemorySystem
+    costs: KernelCosts
+    pin_weights: bool = False
+
+    def __post_init__(self) -> None:
+        n = len(self.graph.kernels)
+        if len(self.costs.times_s) != n:
+            raise ConfigError(f"kernel costs cover {len(self.costs.times_s)} kernels but graph "
+                              f"{self.graph.name!r} has {n}; profile this graph (same --batch, "
+                              "--dim and --training)")
+
+    # ---- bytes ---------------------------------------------------------------------------
+    @property
+    def budget(self) -> int | None:
+        return self.memory.budget_bytes
+
+    @property
+    def gpu(self) -> bool:
+        return self.memory.mode == "gpu"
+
+    @cached_property
+    def pinned(self) -> frozenset[int]:
+        return accounting.pinned_tensors(self.graph, self.pin_weights)
+
+    @cached_property
+    def sizes(self) -> np.ndarray:
+        """Accounted bytes per tensor: aligned, 0 for pinned tensors (outside the budget)."""
+        sizes = accounting.aligned_sizes(self.graph)
+        if self.pinned:
+            sizes[list(self.pinned)] = 0
+        return sizes
+
+    @cached_property
+    def workspace(self) -> np.ndarray:
+        return np.array([accounting.aligned(k.workspace_bytes) for k in self.graph.kernels],
+                        dtype=np.int64)
+
+    @cached_property
+    def live_ranges(self) -> tuple[tuple[int, int], ...]:
+        return accounting.live_ranges(self.graph)
+
+    @cached_property
+    def steady_pairs(self) -> tuple[tuple[int, int], ...]:
+        return tuple((a, z) for a, z in accounting.steady_pairs(self.graph)
+                     if a not in self.pinned)
+
+    @cached_property
+    def survivors(self) -> frozenset[int]:
+        """Tensors that must exist after the last kernel (outputs, persistent, carried ends)."""
+        last = len(self.graph.kernels) - 1
+        out = {t for t, (_, end) in enumerate(self.live_ranges)
+               if end == last and self.graph.survives_iteration(t)}
+        out.update(z for _, z in self.graph.carried)
+        return frozenset(out)
+
+    @cached_property
+    def peak(self) -> tuple[int, int]:
+        """(bytes, kernel) of the all-fast peak in accounted bytes, workspace included."""
+        n = len(self.graph.kernels)
+        if n == 0:
+            return 0, -1
+        delta = np.zeros(n + 1, dtype=np.int64)
+        for tid, (start, end) in enumerate(self.live_ranges):
+            delta[start] += self.sizes[tid]
+            delta[end + 1] -= self.sizes[tid]
+        live = np.cumsum(delta[:-1]) + self.workspace
+        kid = int(live.argmax())
+        return int(live[kid]), kid
+
+    def io_bytes(self, kid: int) -> int:
+        """Accounted bytes of a kernel's distinct inputs and outputs."""
+        return int(sum(self.sizes[t] for t in set(self.graph.kernels[kid].io)))
+
+    # ---- time ----------------------------------------------------------------------------
+    def kernel_time(self, kid: int, placement: Sequence[str]) -> float:
+        """Seconds of kernel `kid` with its IO slots in the given tiers."""
+        if self.gpu:
+            return self.costs.times_s[kid]
+        return self.costs.placement_time(self.graph, self.memory, kid, placement)
+
+    def fast_time(self, kid: int) -> float:
+        return self.costs.times_s[kid]
+
+    def copy_time(self, tid: int, to_tier: str, mode: str) -> float:
+        return self.memory.copy_time(int(self.graph.tensor_bytes[tid]), to_tier, mode)
+
+    def step_time(self, kernel_s: float, copies: Iterable[tuple[int, str]]) -> float:
+        """Length of a step: a kernel of `kernel_s` with overlapped copies (tensor, to_tier)."""
+        sums: dict[str, float] = {}
+        for tid, to_tier in copies:
+            for term, value in self.memory.async_terms(int(self.graph.tensor_bytes[tid]),
+                                                       to_tier):
+                sums[term] = sums.get(term, 0.0) + value
+        return max([kernel_s, *sums.values()])
+
+    @cached_property
+    def all_fast_time(self) -> float:
+        return float(sum(self.costs.times_s))
+
+    def slot_penalties(self, kid: int) -> list[float] | None:
+        """Host mode: extra seconds per IO slot when that slot alone is in the slow tier, if
+        the kernel's time is separable (t_fast + the sum over slow slots); None otherwise."""
+        kernel = self.graph.kernels[kid]
+        if kid in self.costs.measured_placements:
+            return None
+        base = self.costs.times_s[kid]
+        n = len(kernel.io)
+        out = []
+        for slot in range(n):
+            placement = [FAST] * n
+            placement[slot] = SLOW
+            out.append(self.kernel_time(kid, placement) - base)
+        # The documented model is separable when the slow tier is no faster than the fast one;
+        # check the all-slow placement so that a different model falls back to one-hot configs.
+        everything = self.kernel_time(kid, [SLOW] * n) - base
+        if abs(everything - sum(out)) > 1e-9 * max(base, 1e-9):
+            return None
+        return out

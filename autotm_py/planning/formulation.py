@@ -1,0 +1,340 @@
+"""The placement ILP in PuLP: one builder, strategies as flags, one function per family.
+
+Notation (docs/planning.md writes it out): x_e in {0,1} is the flow on edge e of a tensor's
+location graph (`paths.py`); D(t,j) and A(t,j) are sums of x saying "t is in fast memory during
+gadget j" and "after gadget j"; R(t,k) is D or A of the last gadget of t at or before kernel k.
+Units: times in milliseconds, sizes in MiB (exact multiples of 1/2048 after 512-byte alignment),
+so coefficients stay within a few orders of magnitude.
+
+Families, in build order:
+  (1) paths       flow conservation: each tensor takes one source-to-sink path;
+  (2) steady      start tier of W = end tier of W' for carried pairs (W -> W');
+  (3) capacity    one row per kernel: U_k = sum_t size_t R(t,k), U_k + workspace_k <= budget,
+                  written as U_k - U_{k-1} = (changes at k), so each tensor adds O(gadgets) terms;
+  (4) kernel time T_k = t_k (GPU) or t_k + sum of slot penalties for slow IO (host, separable),
+                  or one-hot IO configurations with marginal rows (host, measured tables);
+  (5) moves       sync reads/writes add their copy time; async ones feed the epigraph;
+  (6) epigraph    y_k >= T_k and y_k >= each async term sum of kernel k;
+  (7) objective   sum_k (y_k or T_k) + sync copy times.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pulp
+
+from autotm_py.memory.tiers import FAST, SLOW
+from autotm_py.planning.gadgets import ASYNC, SYNC, tensor_gadgets
+from autotm_py.planning.paths import F0, READ, SOURCE, WRITE, TensorPaths, build_paths
+
+if TYPE_CHECKING:
+    from autotm_py.memory.model import MachineModel
+
+MS = 1e3  # seconds -> objective units (milliseconds)
+MIB = 1.0 / 2**20  # bytes -> capacity units
+MAX_ONE_HOT_TENSORS = 8  # beyond this a measured kernel uses its separable model
+
+Expr = dict[Any, float]
+
+
+def _add(expr: Expr, var: Any, coef: float) -> None:
+    expr[var] = expr.get(var, 0.0) + coef
+
+
+@dataclass
+class Formulation:
+    """The ILP of one (model, strategy, window) and the maps needed to decode it."""
+
+    model: MachineModel
+    strategy: str
+    window: int
+    prob: pulp.LpProblem = field(default_factory=lambda: pulp.LpProblem("autotm", pulp.LpMinimize))
+    paths: list[TensorPaths | None] = field(default_factory=list)
+    x: list[list[Any]] = field(default_factory=list)  # edge variables per tensor
+    kernel_time: dict[int, tuple[float, Expr]] = field(default_factory=dict)  # seconds
+    async_terms: dict[int, dict[str, Expr]] = field(default_factory=dict)  # seconds
+    objective: Expr = field(default_factory=dict)  # milliseconds
+    objective_constant: float = 0.0
+    n_rows: int = 0
+    build_s: float = 0.0
+
+    # ---- helpers -------------------------------------------------------------------------
+    def var(self, name: str, low: float | None = 0, up: float | None = 1,
+            binary: bool = True) -> Any:
+        return self.prob.add_variable(name, low, up, pulp.LpBinary if binary else
+                                      pulp.LpContinuous)
+
+    def row(self, expr: Expr, sense: int, rhs: float) -> None:
+        terms = [(v, c) for v, c in expr.items() if c != 0.0]
+        self.n_rows += 1
+        self.prob.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), sense,
+                                                  f"r{self.n_rows}", rhs))
+
+    def flows(self, tid: int, edge_ids: tuple[int, ...]) -> Expr:
+        """The sum of the given edges' flows of tensor `tid` as an expression."""
+        xs = self.x[tid]
+        return {xs[i]: 1.0 for i in edge_ids}
+
+    def residency_at(self, tid: int, kid: int) -> Expr:
+        """R(t, k) for a kernel k in the live range of t."""
+        p = self.paths[tid]
+        assert p is not None
+        return self.flows(tid, residency_edges(p, kid))
+
+    @property
+    def n_vars(self) -> int:
+        return len(self.prob._variables)
+
+
+def residency_edges(p: TensorPaths, kid: int) -> tuple[int, ...]:
+    """Edges whose flow is R(t, k): during the gadget at k, else after the last gadget before
+    k; after its last gadget a tensor that dies stays where it was until its last use."""
+    kernels = p.gadgets.kernels
+    j = bisect.bisect_right(kernels, kid) - 1
+    if kernels[j] == kid or (j == len(kernels) - 1 and not p.gadgets.survives):
+        return p.during[j]
+    return p.after[j]
+
+
+def build(model: MachineModel, strategy: str, window: int) -> Formulation:
+    """Build the ILP: every family below, in order, then the objective."""
+    started = time.perf_counter()
+    f = Formulation(model, strategy, window)
+    add_paths(f)
+    add_steady_state(f)
+    add_capacity(f)
+    add_kernel_times(f)
+    add_moves(f)
+    add_epigraph(f)
+    set_objective(f)
+    f.build_s = time.perf_counter() - started
+    return f
+
+
+# ---- (1) paths ---------------------------------------------------------------------------
+def add_paths(f: Formulation) -> None:
+    """Flow conservation (AutoTM 1.5.1): out(SOURCE) = 1; in(v) = out(v) at inner vertices;
+    in(v) >= out(v) at terminal ones (the path may end there)."""
+    model = f.model
+    carried_ends = {z for _, z in model.steady_pairs}
+    for g in tensor_gadgets(model, f.strategy, f.window):
+        if g is None:
+            f.paths.append(None)
+            f.x.append([])
+            continue
+        p = build_paths(g, gpu=model.gpu, carried_end=g.tensor in carried_ends)
+        xs = [f.var(f"x{g.tensor}_{i}") for i in range(len(p.edges))]
+        f.paths.append(p)
+        f.x.append(xs)
+        balance: dict[int, Expr] = defaultdict(dict)
+        for e, v in zip(p.edges, xs, strict=True):
+            _add(balance[e.src], v, -1.0)
+            _add(balance[e.dst], v, 1.0)
+        f.row({v: -c for v, c in balance.pop(SOURCE).items()}, pulp.LpConstraintEQ, 1)
+        for vertex, expr in balance.items():
+            terminal = vertex in p.terminal
+            if terminal and all(c > 0 for c in expr.values()):
+                continue  # only in-edges: nothing to conserve
+            f.row(expr, pulp.LpConstraintGE if terminal else pulp.LpConstraintEQ, 0)
+
+
+# ---- (2) steady state --------------------------------------------------------------------
+def add_steady_state(f: Formulation) -> None:
+    """x(SOURCE -> k of W) = flow into end vertex k of W', for k in {F0, S}: the next
+    iteration starts each carried tensor where this one leaves it (one tier, no F1)."""
+    for first, last in f.model.steady_pairs:
+        p_first, p_last = f.paths[first], f.paths[last]
+        if p_first is None or p_last is None:
+            continue
+        for kind, edge in p_first.start.items():
+            expr = f.flows(first, (edge,))
+            for v, c in f.flows(last, p_last.end_in.get(kind, ())).items():
+                _add(expr, v, -c)
+            f.row(expr, pulp.LpConstraintEQ, 0)
+
+
+# ---- (3) capacity ------------------------------------------------------------------------
+def add_capacity(f: Formulation) -> None:
+    """One row per kernel k: U_k + workspace_k <= budget, U_k = sum_t size_t * R(t,k).
+
+    U_k is a continuous variable chained as U_k = U_{k-1} + (what changes at k): a tensor's
+    residency changes only at its gadgets, births and deaths, so the matrix stays sparse.
+    The LP relaxation equals that of the dense rows (the chain is a change of variables)."""
+    model = f.model
+    if model.budget is None:
+        return
+    n = len(model.graph.kernels)
+    changes: list[Expr] = [{} for _ in range(n + 1)]
+    for tid, p in enumerate(f.paths):
+        if p is not None and model.sizes[tid] > 0:
+            _residency_changes(f, tid, p, float(model.sizes[tid]) * MIB, changes)
+    budget = (model.budget // 512) * 512  # sums of aligned sizes are multiples of 512
+    prev = None
+    for k in range(n):
+        room = max(budget - int(model.workspace[k]), 0) * MIB
+        u = f.var(f"U{k}", 0, room, binary=False)
+        expr = {u: 1.0}
+        if prev is not None:
+            expr[prev] = -1.0
+        for v, c in changes[k].items():
+            _add(expr, v, -c)
+        f.row(expr, pulp.LpConstraintEQ, 0)
+        prev = u
+
+
+def _residency_changes(f: Formulation, tid: int, p: TensorPaths, size: float,
+                       changes: list[Expr]) -> None:
+    """Add size * (R(t,k) - R(t,k-1)) at every kernel k where R(t, .) may change."""
+    previous: tuple[int, ...] = ()
+    for k, edges in residency_pieces(p, f.model.live_ranges[tid][1]):
+        for v in f.flows(tid, edges):
+            _add(changes[k], v, size)
+        for v in f.flows(tid, previous):
+            _add(changes[k], v, -size)
+        previous = edges
+
+
+def residency_pieces(p: TensorPaths, last: int) -> list[tuple[int, tuple[int, ...]]]:
+    """R(t, .) as (first kernel, edges) pieces over the live range ending at kernel `last`,
+    closed by (last + 1, ()) when the tensor dies there."""
+    kernels = p.gadgets.kernels
+    pieces: list[tuple[int, tuple[int, ...]]] = []
+    for j, k in enumerate(kernels):
+        pieces.append((k, p.during[j]))
+        if j + 1 < len(kernels):
+            if k + 1 < kernels[j + 1]:
+                pieces.append((k + 1, p.after[j]))
+        elif p.gadgets.survives and k < last:
+            pieces.append((k + 1, p.after[j]))
+    if not p.gadgets.survives:
+        pieces.append((last + 1, ()))
+    return pieces
+
+
+# ---- (4) kernel times --------------------------------------------------------------------
+def add_kernel_times(f: Formulation) -> None:
+    """T_k in seconds as (constant, expression). GPU: t_k. Host: t_k + sum over IO slots of
+    penalty_slot * (1 - R(t_slot, k)) when separable, else the one-hot configurations."""
+    model = f.model
+    for kid, kernel in enumerate(model.graph.kernels):
+        base = model.fast_time(kid)
+        if model.gpu or all(f.paths[t] is None for t in kernel.io):
+            f.kernel_time[kid] = (base, {})
+            continue
+        penalties = model.slot_penalties(kid)
+        distinct = {t for t in kernel.io if f.paths[t] is not None}
+        if penalties is None and len(distinct) <= MAX_ONE_HOT_TENSORS:
+            f.kernel_time[kid] = add_io_configs(f, kid, sorted(distinct))
+            continue
+        penalties = penalties or _model_penalties(model, kid)
+        const, expr = base, {}
+        for slot, tid in enumerate(kernel.io):
+            if f.paths[tid] is None or penalties[slot] == 0.0:
+                continue
+            const += penalties[slot]
+            for v, c in f.residency_at(tid, kid).items():
+                _add(expr, v, -penalties[slot] * c)
+        f.kernel_time[kid] = (const, expr)
+
+
+def _model_penalties(model: MachineModel, kid: int) -> list[float]:
+    """Per-slot penalties of the bandwidth model, for kernels too wide for one-hot configs."""
+    n = len(model.graph.kernels[kid].io)
+    out = []
+    for slot in range(n):
+        placement = [FAST] * n
+        placement[slot] = SLOW
+        out.append(model.costs.placement_time(model.graph, model.memory, kid, placement)
+                   - model.fast_time(kid))
+    return [max(p, 0.0) for p in out]
+
+
+def add_io_configs(f: Formulation, kid: int, tensors: list[int]) -> tuple[float, Expr]:
+    """One-hot IO configurations c_kappa of kernel k (AutoTM 1.5.4), tied to residency by
+    marginals: sum_kappa c = 1 and, per tensor i, sum of c over configs with i fast = R(i,k).
+    Exact for binary R, and tighter than AutoTM's AND linearization."""
+    kernel = f.model.graph.kernels[kid]
+    configs = list(itertools.product((True, False), repeat=len(tensors)))
+    cs = [f.var(f"c{kid}_{i}") for i in range(len(configs))]
+    f.row(dict.fromkeys(cs, 1.0), pulp.LpConstraintEQ, 1)
+    for i, tid in enumerate(tensors):
+        expr: Expr = {c: 1.0 for c, conf in zip(cs, configs, strict=True) if conf[i]}
+        for v, coef in f.residency_at(tid, kid).items():
+            _add(expr, v, -coef)
+        f.row(expr, pulp.LpConstraintEQ, 0)
+    expr = {}
+    for c, conf in zip(cs, configs, strict=True):
+        fast = {t for t, is_fast in zip(tensors, conf, strict=True) if is_fast}
+        placement = [FAST if (t in fast or f.paths[t] is None) else SLOW for t in kernel.io]
+        expr[c] = f.model.kernel_time(kid, placement)
+    return 0.0, expr
+
+
+# ---- (5) moves ---------------------------------------------------------------------------
+def add_moves(f: Formulation) -> None:
+    """Sync reads and writes add their copy time to the objective; async ones add to the
+    terms of the kernel they overlap (`MemorySystem.async_terms`)."""
+    model = f.model
+    for tid, p in enumerate(f.paths):
+        if p is None:
+            continue
+        nbytes = int(model.graph.tensor_bytes[tid])
+        for e, v in zip(p.edges, f.x[tid], strict=True):
+            if e.kind not in (READ, WRITE):
+                continue
+            to = FAST if e.kind == READ else SLOW
+            mode = (p.gadgets.read if e.kind == READ else p.gadgets.write)[e.layer]
+            if mode == SYNC:
+                _add(f.objective, v, model.memory.copy_time(nbytes, to, "sync") * MS)
+            elif mode == ASYNC:
+                kid = p.gadgets.kernels[e.layer]
+                terms = f.async_terms.setdefault(kid, {})
+                for name, seconds in model.memory.async_terms(nbytes, to):
+                    _add(terms.setdefault(name, {}), v, seconds)
+
+
+# ---- (6) epigraph ------------------------------------------------------------------------
+def add_epigraph(f: Formulation) -> None:
+    """For each kernel with async copies: y_k >= T_k and y_k >= sum of each async term
+    (AutoTM 1.5.8, with one term per copy engine in GPU mode and the shared-link term)."""
+    for kid, terms in f.async_terms.items():
+        const, expr = f.kernel_time[kid]
+        y = f.var(f"y{kid}", const * MS, None, binary=False)
+        rows = [(const, expr)] + [(0.0, t) for t in terms.values()]
+        for rhs, term in rows:
+            if not term:
+                continue
+            row: Expr = {y: 1.0}
+            for v, c in term.items():
+                _add(row, v, -c * MS)
+            f.row(row, pulp.LpConstraintGE, rhs * MS)
+        _add(f.objective, y, 1.0)
+
+
+# ---- (7) objective -----------------------------------------------------------------------
+def set_objective(f: Formulation) -> None:
+    """min sum_k (y_k if k has async copies else T_k) + sync copy times, in milliseconds."""
+    for kid, (const, expr) in f.kernel_time.items():
+        if kid in f.async_terms:
+            continue
+        f.objective_constant += const * MS
+        for v, c in expr.items():
+            _add(f.objective, v, c * MS)
+    terms = [(v, c) for v, c in f.objective.items() if c != 0.0]
+    f.prob.setObjective(pulp.LpAffineExpression(terms, constant=f.objective_constant))
+
+
+def start_kind(f: Formulation, tid: int, values: list[float]) -> int:
+    """Decoded start vertex kind (F0 or S) of a tensor from its edge values."""
+    p = f.paths[tid]
+    assert p is not None
+    for kind, edge in p.start.items():
+        if values[edge] > 0.5:
+            return kind
+    return F0

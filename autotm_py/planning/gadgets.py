@@ -1,0 +1,96 @@
+"""Decision points ("gadgets"): the kernels at which a tensor may change tier.
+
+A tensor's location can change only at its gadgets (AutoTM section 1.2); between two gadgets
+it stays where it is. Each gadget carries how a copy there is made:
+
+- ``read``: a copy into fast memory at the gadget, before the kernel (sync) or beside it
+  (async); then the tensor is in fast memory while the kernel runs;
+- ``write``: an eviction that first writes the tensor to the slow tier, after the kernel (sync)
+  or beside it (async); dropping a fast copy whose slow copy is valid is free at any gadget.
+
+Strategies are flags of the same rule:
+
+- static: the birth kernel only (producer, or kernel 0 for given tensors): one home for life;
+- sync: the birth kernel and every user; blocking reads before a user, blocking writes after
+  the producer or a user;
+- async: sync plus, within `window` kernels, overlapped reads before each user and overlapped
+  writes after each use (producer included), at kernels that do not touch the tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotm_py.memory.model import MachineModel
+
+NONE, SYNC, ASYNC = 0, 1, 2
+MODE_NAMES = {SYNC: "sync", ASYNC: "async"}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorGadgets:
+    """The decision points of one placeable tensor, in kernel order."""
+
+    tensor: int
+    kernels: tuple[int, ...]
+    read: tuple[int, ...]  # NONE | SYNC | ASYNC per gadget
+    write: tuple[int, ...]
+    io: tuple[bool, ...]  # the gadget's kernel reads or writes the tensor
+    given: bool  # no producer: starts where the plan's `initial` says
+    survives: bool  # must exist after the last kernel: the path ends in an end layer
+    may_start_slow: bool  # given and starting in slow, or produced straight into slow
+
+
+def tensor_gadgets(model: MachineModel, strategy: str, window: int) -> list[TensorGadgets | None]:
+    """Gadgets of every tensor (None for pinned tensors, which never move)."""
+    out: list[TensorGadgets | None] = []
+    for t in model.graph.tensors:
+        out.append(None if t.id in model.pinned else _one(model, t.id, strategy, window))
+    return out
+
+
+def _one(model: MachineModel, tid: int, strategy: str, window: int) -> TensorGadgets:
+    t = model.graph.tensors[tid]
+    birth, end = model.live_ranges[tid]
+    uses = set(t.users) | ({t.producer} if t.producer is not None else set())
+    read: dict[int, int] = {birth: NONE}
+    write: dict[int, int] = {birth: SYNC if t.producer is not None else NONE}
+    if strategy != "static":
+        for u in t.users:
+            read[u] = SYNC
+            write[u] = SYNC
+        if strategy == "async":
+            _add_windows(read, write, uses, t.users, birth, end, window)
+    kernels = tuple(sorted(read.keys() | write.keys()))
+    # GPU static has no moves at all and kernels need fast IO: everything stays fast.
+    may_slow = (t.producer is None or not model.gpu) and not (model.gpu and strategy == "static")
+    if strategy == "static":
+        read, write = {birth: NONE}, {birth: NONE}
+    return TensorGadgets(
+        tensor=tid,
+        kernels=kernels,
+        read=tuple(read.get(k, NONE) for k in kernels),
+        write=tuple(write.get(k, NONE) for k in kernels),
+        io=tuple(k in uses for k in kernels),
+        given=t.producer is None,
+        survives=tid in model.survivors,
+        may_start_slow=may_slow,
+    )
+
+
+def _add_windows(read: dict[int, int], write: dict[int, int], uses: set[int],
+                 users: tuple[int, ...], birth: int, end: int, window: int) -> None:
+    """Overlapped reads within `window` kernels before each user, overlapped writes within
+    `window` kernels after each use, at kernels that neither read nor write the tensor."""
+    for u in users:
+        for k in range(max(birth, u - window), u):
+            if k not in uses:
+                read[k] = ASYNC
+                write.setdefault(k, NONE)
+    for u in sorted(uses):
+        for k in range(u + 1, min(end, u + window) + 1):
+            if k not in uses:
+                write[k] = ASYNC
+                read.setdefault(k, NONE)

@@ -1,0 +1,113 @@
+"""`ScheduleBuilder`: collects moves and frees per kernel and emits plan records in the
+canonical order that the ILP's memory accounting assumes.
+
+For each kernel k, in this order:
+
+1. blocking reads into fast memory that k needs (``Move(t, fast, sync)``);
+2. overlapped copies of step k (``Move(t, to, async, overlaps=k)``), reads first;
+3. ``Compute(k, placement)``;
+4. frees after k: dead tensors, dropped fast copies, fast copies written by step k's async
+   writes (released when the copy is done, i.e. at the end of the step);
+5. blocking write-evictions after k (``Move(t, slow, sync)`` then ``Free(t, fast)``).
+
+Between two kernels memory first shrinks (4, 5) then grows (1, 2 of the next kernel), so the
+fast bytes in use never exceed the larger of the two kernels' rows, which the ILP bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autotm_py.memory.tiers import FAST, SLOW
+from autotm_py.plan import Compute, Free, Move, Plan, PlanHeader, Record, SolverStats, names_table
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import TensorGraph
+    from autotm_py.memory.model import MachineModel
+
+
+@dataclass
+class ScheduleBuilder:
+    """Per-kernel buckets of records; `records()` flattens them in the canonical order."""
+
+    n_kernels: int
+    initial: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    placements: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    _reads: dict[int, list[Record]] = field(default_factory=dict)
+    _overlapped_reads: dict[int, list[Record]] = field(default_factory=dict)
+    _overlapped_writes: dict[int, list[Record]] = field(default_factory=dict)
+    _frees: dict[int, list[Record]] = field(default_factory=dict)
+    _writes: dict[int, list[Record]] = field(default_factory=dict)
+    tail: list[Record] = field(default_factory=list)  # after the last kernel
+
+    def read(self, tid: int, kid: int, mode: str = "sync") -> None:
+        """Copy `tid` into fast memory before kernel `kid` (sync) or beside it (async)."""
+        if mode == "async":
+            self._overlapped_reads.setdefault(kid, []).append(Move(tid, FAST, "async", kid))
+        else:
+            self._reads.setdefault(kid, []).append(Move(tid, FAST, "sync"))
+
+    def evict(self, tid: int, kid: int, mode: str = "sync") -> None:
+        """Write `tid` to the slow tier after kernel `kid` (sync) or beside it (async), then
+        drop its fast copy."""
+        if mode == "async":
+            self._overlapped_writes.setdefault(kid, []).append(Move(tid, SLOW, "async", kid))
+            self._frees.setdefault(kid, []).append(Free(tid, FAST))
+        else:
+            self._writes.setdefault(kid, []).extend((Move(tid, SLOW, "sync"), Free(tid, FAST)))
+
+    def free(self, tid: int, tier: str, kid: int) -> None:
+        """Drop the copy of `tid` in `tier` after kernel `kid`."""
+        self._frees.setdefault(kid, []).append(Free(tid, tier))
+
+    def compute(self, kid: int, placement: tuple[str, ...]) -> None:
+        self.placements[kid] = placement
+
+    def records(self) -> tuple[Record, ...]:
+        out: list[Record] = []
+        for k in range(self.n_kernels):
+            out.extend(self._reads.get(k, ()))
+            out.extend(self._overlapped_reads.get(k, ()))
+            out.extend(self._overlapped_writes.get(k, ()))
+            out.append(Compute(k, self.placements[k]))
+            out.extend(self._frees.get(k, ()))
+            out.extend(self._writes.get(k, ()))
+        out.extend(self.tail)
+        return tuple(out)
+
+
+def move_counts(records: tuple[Record, ...], graph: TensorGraph) -> dict[str, int]:
+    """Number and bytes of moves per direction and mode, e.g. ``bytes_to_slow_async``."""
+    counts: dict[str, int] = {}
+    for rec in records:
+        if isinstance(rec, Move):
+            key = f"to_{rec.to}_{rec.mode}"
+            counts[f"moves_{key}"] = counts.get(f"moves_{key}", 0) + 1
+            nbytes = int(graph.tensor_bytes[rec.tensor])
+            counts[f"bytes_{key}"] = counts.get(f"bytes_{key}", 0) + nbytes
+    return counts
+
+
+def to_plan(model: MachineModel, builder: ScheduleBuilder, strategy: str, *,
+            config: Mapping[str, Any], solver: SolverStats | None = None,
+            notes: tuple[str, ...] = ()) -> Plan:
+    """A Plan of `model.graph` from the builder's records (predicted time set by the caller)."""
+    graph = model.graph
+    records = builder.records()
+    counts = {"kernels": len(graph.kernels), "records": len(records),
+              **move_counts(records, graph)}
+    header = PlanHeader(
+        model_hash=graph.model_hash,
+        model_name=graph.name,
+        strategy=strategy,
+        budget_bytes=model.budget,
+        memory_system=model.memory.to_dict(),
+        solver=solver or SolverStats(),
+        graph_summary=graph.summary(),
+        counts=counts,
+        config={**config, "pin_weights": model.pin_weights},
+        notes=notes,
+    )
+    return Plan(header, dict(builder.initial), records, names_table(graph))

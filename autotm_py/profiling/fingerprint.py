@@ -1,0 +1,146 @@
+"""Device fingerprints: which machine a profile was measured on, and how close two machines are.
+
+A fingerprint names the device kind (cpu|cuda), the device (CPU model or GPU name), the torch,
+CUDA and cuDNN versions and the thread count. Profiles measured under one fingerprint are exact
+for it; for another machine of the same kind the closest fingerprint is used instead (see
+`closeness` and docs/profiling.md).
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from autotm_py.errors import ConfigError, ProfileError
+
+DEVICE_KINDS = ("cpu", "cuda")
+
+# What `device="cuda"` means on a machine without a GPU: the shipped profiles of this device.
+REFERENCE_CUDA_DEVICE = "NVIDIA H100 80GB HBM3"
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The machine and software a kernel time was measured with."""
+
+    kind: str
+    name: str
+    torch: str
+    cuda: str = ""
+    cudnn: str = ""
+    threads: int = 0
+
+    @property
+    def id(self) -> str:
+        """A readable, stable key for the profile file."""
+        parts = [self.kind, self.name, f"torch {self.torch}"]
+        if self.cuda:
+            parts.append(f"cuda {self.cuda}")
+        if self.cudnn:
+            parts.append(f"cudnn {self.cudnn}")
+        parts.append(f"{self.threads} threads")
+        return " | ".join(parts)
+
+    @property
+    def slug(self) -> str:
+        """The profile file stem of this device: ``cpu-amd-epyc``, ``h100-80gb-hbm3``."""
+        name = re.sub(r"^(nvidia|amd|intel)\s+(?=\S*\d)", "", self.name.strip(), flags=re.I)
+        body = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+        return f"cpu-{body}" if self.kind == "cpu" else body
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Fingerprint:
+        return cls(kind=str(data["kind"]), name=str(data["name"]), torch=str(data["torch"]),
+                   cuda=str(data.get("cuda", "")), cudnn=str(data.get("cudnn", "")),
+                   threads=int(data.get("threads", 0)))
+
+
+def check_device(device: str) -> str:
+    """'cpu' or 'cuda' ('cuda:0' is accepted as 'cuda'); anything else is a ConfigError."""
+    kind = device.split(":", 1)[0].lower()
+    if kind not in DEVICE_KINDS:
+        raise ConfigError(f"--device {device!r}: choose cpu or cuda")
+    return kind
+
+
+def cpu_model_name() -> str:
+    """The CPU model from /proc/cpuinfo, else what `platform` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def current_fingerprint(device: str) -> Fingerprint:
+    """The fingerprint of this machine's `device`; needs torch (and a GPU for cuda)."""
+    import torch
+
+    kind = check_device(device)
+    cuda = torch.version.cuda or ""
+    cudnn_v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    cudnn = str(cudnn_v) if cudnn_v else ""
+    if kind == "cpu":
+        return Fingerprint("cpu", cpu_model_name(), torch.__version__,
+                           threads=torch.get_num_threads())
+    if not torch.cuda.is_available():
+        raise ProfileError("--device cuda: torch sees no CUDA GPU on this machine; measure on "
+                           "a GPU machine, or plan with the shipped profiles (load_costs)")
+    index = torch.cuda.current_device()
+    return Fingerprint("cuda", torch.cuda.get_device_name(index), torch.__version__, cuda,
+                       cudnn, threads=torch.get_num_threads())
+
+
+def target_fingerprint(device: str) -> Fingerprint:
+    """The machine whose profiles `load_costs(device=...)` should prefer.
+
+    This machine's device when it has one; for cuda without a GPU (or without torch), the
+    reference device whose profiles ship with the project (an H100).
+    """
+    kind = check_device(device)
+    try:
+        return current_fingerprint(kind)
+    except (ImportError, ProfileError):
+        name = REFERENCE_CUDA_DEVICE if kind == "cuda" else cpu_model_name()
+        return Fingerprint(kind, name, torch="")
+
+
+def _model_tokens(name: str) -> list[str]:
+    """Tokens of a device name that carry a digit, in order: the first is the model number
+    ('h100' of 'NVIDIA H100 80GB HBM3', '7763' of 'AMD EPYC 7763 64-Core Processor')."""
+    return [t for t in re.split(r"[^a-z0-9]+", name.lower()) if any(c.isdigit() for c in t)]
+
+
+def _same_model(a: str, b: str) -> int:
+    ta, tb = _model_tokens(a), _model_tokens(b)
+    return int(bool(ta) and bool(tb) and ta[0] == tb[0])
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+", 1)[0].split(".")[:2])
+
+
+def closeness(have: Fingerprint, want: Fingerprint) -> tuple[int, ...]:
+    """A sort key (higher is closer) of a measured fingerprint for a wanted one.
+
+    Lexicographic: same kind, same device name, same model number (H100 for H100 PCIe), more
+    shared name tokens, same thread count, same torch minor version, same CUDA, same cuDNN.
+    """
+    return (
+        int(have.kind == want.kind),
+        int(have.name == want.name),
+        _same_model(have.name, want.name),
+        len(set(_model_tokens(have.name)) & set(_model_tokens(want.name))),
+        int(have.threads == want.threads),
+        int(_minor(have.torch) == _minor(want.torch)),
+        int(have.cuda == want.cuda),
+        int(have.cudnn == want.cudnn),
+    )

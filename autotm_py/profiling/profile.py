@@ -1,0 +1,194 @@
+"""`profile` (measure what is missing, cache it) and `load_costs` (no measuring).
+
+Profiles live in two directories: the shipped `profiles/` of the project and the user cache
+(`--profiles DIR`, else `AUTOTM_PROFILES`, else `~/.cache/autotm/profiles`). `profile` measures
+each unique kernel signature of the graph that has no entry for this exact device fingerprint,
+writes the new entries to the user cache every few kernels (so an interrupted run resumes where
+it stopped), and returns the graph's costs. `load_costs` resolves costs from what is cached
+(`profiling/sources.py`): exact, then batch-scaled, then roofline estimates.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotm_py.profiling.cache import (
+    MEASURED,
+    ProfileEntry,
+    load_sets,
+    now_iso,
+    profile_path,
+    shipped_profiles_dir,
+    user_profiles_dir,
+    write_entries,
+)
+from autotm_py.profiling.costs import KernelCosts
+from autotm_py.profiling.fingerprint import (
+    Fingerprint,
+    check_device,
+    current_fingerprint,
+    target_fingerprint,
+)
+from autotm_py.profiling.progress import ProgressCallback, progress_reporter
+from autotm_py.profiling.sources import CostSources, all_fast, graph_batch
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import Kernel, TensorGraph
+    from autotm_py.profiling.torch_profiler import Runner
+
+log = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike[str]
+FLUSH_EVERY_S = 5.0  # write measured entries at least this often
+FLUSH_EVERY_N = 8  # ... and every this many kernels
+
+
+def load_costs(graph: TensorGraph, *, device: str = "cuda",
+               profiles_dir: PathLike | None = None,
+               shipped_dir: PathLike | None = None) -> KernelCosts:
+    """Costs from the user cache and shipped profiles; no kernel is run.
+
+    `device="cuda"` on a machine without a GPU uses the shipped H100 profiles; a machine that
+    differs from every profile uses the closest one of its device kind (logged).
+    """
+    kind = check_device(device)
+    sources = _sources(kind, target_fingerprint(kind), profiles_dir, shipped_dir)
+    return sources.costs(graph)
+
+
+def _sources(kind: str, target: Fingerprint, profiles_dir: PathLike | None,
+             shipped_dir: PathLike | None) -> CostSources:
+    shipped = Path(shipped_dir) if shipped_dir is not None else shipped_profiles_dir()
+    return CostSources(kind, target, load_sets(kind, user_profiles_dir(profiles_dir), shipped))
+
+
+def unique_kernels(graph: TensorGraph) -> list[Kernel]:
+    """The first kernel of every distinct signature, in execution order."""
+    first: dict[str, Kernel] = {}
+    for k in graph.kernels:
+        first.setdefault(k.signature, k)
+    return list(first.values())
+
+
+@dataclass
+class _Session:
+    """One profiling run: what to measure, where to write, and what happened."""
+
+    graph: TensorGraph
+    fingerprint: Fingerprint
+    path: Path
+    device: str
+    roofline: dict[str, Any] | None
+    pending: dict[str, dict[str, ProfileEntry]] = field(default_factory=dict)
+    measured: int = 0
+    failed: list[str] = field(default_factory=list)
+    last_flush: float = field(default_factory=time.monotonic)
+
+    def add(self, kernel: Kernel, entry: ProfileEntry) -> None:
+        self.pending.setdefault(kernel.signature, {})[all_fast(kernel)] = entry
+        self.measured += 1
+        if (len(self.pending) >= FLUSH_EVERY_N
+                or time.monotonic() - self.last_flush > FLUSH_EVERY_S):
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending or self.roofline is not None:
+            write_entries(self.path, self.fingerprint, self.pending, roofline=self.roofline)
+        self.pending, self.roofline = {}, None
+        self.last_flush = time.monotonic()
+
+
+def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike | None = None,
+            repeats: int = 10, warmup: int = 2, progress: bool | ProgressCallback = True,
+            resume: bool = True, max_seconds: float | None = None,
+            kernel_budget_s: float = 2.0, shipped_dir: PathLike | None = None,
+            runner: Runner | None = None) -> KernelCosts:
+    """Measure every unique kernel of `graph` on `device` that the cache lacks; return costs.
+
+    `resume=False` re-measures kernels already cached for this device. `max_seconds` stops
+    measuring after that long (the rest come from scaled profiles or estimates).
+    `kernel_budget_s` caps the timed runs of one kernel (at least 3 runs are kept).
+    `summary` of the result adds `measured_now`, `failed` and `seconds`.
+    """
+    kind = check_device(device)
+    fingerprint = current_fingerprint(kind)
+    user_dir = user_profiles_dir(profiles_dir)
+    sources = _sources(kind, fingerprint, profiles_dir, shipped_dir)
+    unique = unique_kernels(graph)
+    todo = [k for k in unique
+            if not resume or sources.exact(k.signature, all_fast(k)) is None]
+    log.info("%s: %d kernels, %d unique, %d to measure on %s", graph.name, len(graph.kernels),
+             len(unique), len(todo), fingerprint.id)
+    session = _Session(graph, fingerprint, profile_path(user_dir, fingerprint), kind,
+                       _roofline_if_missing(sources, fingerprint, bool(todo), runner))
+    start = time.monotonic()
+    try:
+        _measure_all(session, todo, progress, start, max_seconds,
+                     dict(repeats=repeats, warmup=warmup, budget_s=kernel_budget_s,
+                          runner=runner))
+    finally:
+        session.flush()
+    final = _sources(kind, fingerprint, profiles_dir, shipped_dir)
+    return final.costs(graph, measured_now=session.measured, failed=tuple(session.failed),
+                       seconds=round(time.monotonic() - start, 3),
+                       cache_file=str(session.path))
+
+
+def _roofline_if_missing(sources: CostSources, fingerprint: Fingerprint, needed: bool,
+                         runner: Runner | None) -> dict[str, Any] | None:
+    """Measure this device's roofline once per fingerprint (about a second), for estimates
+    and batch scaling of its own profiles."""
+    have = any(s.roofline for s in sources.sets if s.fingerprint.id == fingerprint.id)
+    if have or not needed:
+        return None
+    from autotm_py.profiling.torch_profiler import measure_roofline
+
+    return measure_roofline(fingerprint.kind, fingerprint.name, runner).to_dict()
+
+
+def _measure_all(session: _Session, todo: list[Kernel], progress: bool | ProgressCallback,
+                 start: float, max_seconds: float | None, options: dict[str, Any]) -> None:
+    if not todo:
+        return
+    with progress_reporter(progress, f"profiling {session.graph.name}") as report:
+        for done, kernel in enumerate(todo):
+            if max_seconds is not None and time.monotonic() - start > max_seconds:
+                log.warning("stopped after %.0f s (--max-seconds): %d kernels not measured; "
+                            "run again to resume", max_seconds, len(todo) - done)
+                break
+            report(done, len(todo), f"{kernel.op_type} {kernel.name}")
+            entry = _measure_one(session, kernel, options)
+            if entry is not None:
+                session.add(kernel, entry)
+        else:
+            report(len(todo), len(todo), "done")
+
+
+def _measure_one(session: _Session, kernel: Kernel,
+                 options: dict[str, Any]) -> ProfileEntry | None:
+    from autotm_py.profiling.torch_profiler import make_inputs, time_kernel
+
+    try:
+        args = make_inputs(session.graph, kernel, session.device)
+        timing = time_kernel(kernel, args, device=session.device, **options)
+    except Exception as exc:  # any torch failure: skip this kernel, keep profiling the rest
+        _release_memory(session.device)
+        log.warning("kernel %s (%s) could not be profiled: %s: %s", kernel.name,
+                    kernel.op_type, type(exc).__name__, str(exc).splitlines()[0][:200])
+        session.failed.append(kernel.name)
+        return None
+    return ProfileEntry(timing.median_s, timing.p10_s, timing.p90_s, timing.runs, MEASURED,
+                        now_iso(), graph_batch(session.graph), kernel.op_type)
+
+
+def _release_memory(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+

@@ -1,0 +1,140 @@
+"""From profile sets to `KernelCosts`: exact entries, batch-scaled entries, roofline estimates.
+
+The sets of the wanted device kind are ranked by how close their fingerprint is to the wanted
+one (`fingerprint.closeness`; user measurements before shipped ones on ties, then the larger
+set). Each kernel takes, from the first set that can serve it, the exact entry of its signature
+and all-fast placement, else a batch-scaled entry of that set; a kernel no set serves gets the
+roofline estimate of the best-ranked set's device, flagged `estimated`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotm_py.profiling.cache import ESTIMATED, ProfileEntry, ProfileSet
+from autotm_py.profiling.costmodel import CPU_REFERENCE, H100_SXM, OpShape, Roofline
+from autotm_py.profiling.costs import KernelCosts
+from autotm_py.profiling.fingerprint import Fingerprint, closeness
+from autotm_py.profiling.scaling import BatchIndex
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import Kernel, TensorGraph
+
+log = logging.getLogger(__name__)
+
+EXACT, SCALED, ROOFLINE = "measured", "scaled", "estimated"
+
+
+def all_fast(kernel: Kernel) -> str:
+    """The IO placement with every input and output in fast memory."""
+    return "F" * len(kernel.io)
+
+
+def graph_batch(graph: TensorGraph) -> int | None:
+    """The batch a graph was built at: `meta['batch']`, else `meta['dims']['batch']` (the
+    importer's bindings), else dim 0 of its first input."""
+    dims = graph.meta.get("dims")
+    for batch in (graph.meta.get("batch"), dims.get("batch") if isinstance(dims, dict) else None):
+        if isinstance(batch, int) and batch > 0:
+            return batch
+    if graph.inputs and graph.tensors[graph.inputs[0]].shape:
+        return int(graph.tensors[graph.inputs[0]].shape[0])
+    return None
+
+
+def roofline_of(profile_set: ProfileSet | None, kind: str) -> Roofline:
+    """The set's measured roofline, else the reference of its device kind."""
+    if profile_set is not None and profile_set.roofline:
+        return Roofline.from_dict(profile_set.roofline)
+    return H100_SXM if kind == "cuda" else CPU_REFERENCE
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    median_s: float
+    p10_s: float
+    p90_s: float
+    how: str  # EXACT, SCALED or ROOFLINE
+    set_index: int  # rank of the serving set, -1 for the roofline
+
+
+class CostSources:
+    """Ranked profile sets of one device kind, and the lookup rules above."""
+
+    def __init__(self, kind: str, target: Fingerprint, sets: Sequence[ProfileSet]) -> None:
+        self.kind = kind
+        self.target = target
+        self.sets = sorted(sets, key=lambda s: (closeness(s.fingerprint, target),
+                                                not s.shipped, len(s)), reverse=True)
+        self._indexes: dict[int, BatchIndex] = {}
+        self.roofline = roofline_of(self.sets[0] if self.sets else None, kind)
+
+    def exact(self, signature: str, placement: str) -> ProfileEntry | None:
+        """The entry measured on exactly the target fingerprint, if any."""
+        for s in self.sets:
+            if s.fingerprint.id == self.target.id:
+                entry = s.get(signature, placement)
+                if entry is not None and entry.source != ESTIMATED:
+                    return entry
+        return None
+
+    def _index(self, rank: int) -> BatchIndex:
+        if rank not in self._indexes:
+            self._indexes[rank] = BatchIndex(self.sets[rank].entries)
+        return self._indexes[rank]
+
+    def lookup(self, graph: TensorGraph, kernel: Kernel, batch: int | None) -> KernelTime:
+        placement = all_fast(kernel)
+        shape: OpShape | None = None
+        for rank, s in enumerate(self.sets):
+            entry = s.get(kernel.signature, placement)
+            if entry is not None and entry.source != ESTIMATED:
+                return KernelTime(entry.median_s, entry.p10_s, entry.p90_s, EXACT, rank)
+            shape = shape or OpShape.of_kernel(graph, kernel)
+            hit = self._index(rank).find(shape, placement, roofline_of(s, self.kind), batch)
+            if hit is not None:
+                return KernelTime(hit.median_s, hit.p10_s, hit.p90_s, SCALED, rank)
+        t = self.roofline.time_s(shape or OpShape.of_kernel(graph, kernel))
+        return KernelTime(t, t, t, ROOFLINE, -1)
+
+    def costs(self, graph: TensorGraph, **summary: object) -> KernelCosts:
+        """Every kernel's time (each unique signature looked up once)."""
+        batch = graph_batch(graph)
+        by_sig: dict[str, KernelTime] = {}
+        for k in graph.kernels:
+            if k.signature not in by_sig:
+                by_sig[k.signature] = self.lookup(graph, k, batch)
+        times = [by_sig[k.signature] for k in graph.kernels]
+        return self._assemble(graph, times, dict(summary))
+
+    def _assemble(self, graph: TensorGraph, times: list[KernelTime],
+                  summary: dict[str, object]) -> KernelCosts:
+        how = Counter(t.how for t in times)
+        used = Counter(t.set_index for t in times if t.set_index >= 0)
+        for rank, n in sorted(used.items()):
+            s = self.sets[rank]
+            exact = s.fingerprint.id == self.target.id
+            (log.info if exact else log.warning)(
+                "%d kernels of %s from profiles of %s%s (%s)", n, graph.name, s.fingerprint.id,
+                "" if exact else f", the closest to {self.target.name!r}", s.origin)
+        if how[ROOFLINE]:
+            log.warning("%d kernels of %s have no profile: roofline estimates on %s",
+                        how[ROOFLINE], graph.name, self.roofline.name)
+        source = "; ".join(f"{s.fingerprint.id} ({s.origin})" for r, s in enumerate(self.sets)
+                           if used[r]) or f"roofline {self.roofline.name}"
+        summary.update(kernels=len(times), unique=graph.unique_signatures,
+                       exact=how[EXACT], scaled=how[SCALED], estimated=how[ROOFLINE])
+        return KernelCosts(
+            device=self.kind,
+            times_s=tuple(t.median_s for t in times),
+            p10_s=tuple(t.p10_s for t in times),
+            p90_s=tuple(t.p90_s for t in times),
+            estimated=tuple(t.how == ROOFLINE for t in times),
+            scaled=tuple(t.how == SCALED for t in times),
+            source=source,
+            summary=summary,
+        )

@@ -1,0 +1,233 @@
+"""Time one kernel with torch on the real device, and measure a device's roofline.
+
+Inputs are random tensors of the kernel's shapes and dtypes, allocated on the device; integer
+inputs (Gather indices, class labels) are drawn inside the range that the op indexes, and graph
+constants keep their values. The kernel runs through `runtime.kernels.run_kernel`, the same
+implementation the executor uses. Warm-up runs are excluded; the median and the 10th/90th
+percentiles of the timed runs are kept. CPU runs are timed with `time.perf_counter`; CUDA runs
+with a pair of CUDA events around each run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autotm_py.profiling.costmodel import Roofline
+
+if TYPE_CHECKING:
+    import torch
+
+    from autotm_py.ir.graph import Kernel, TensorGraph
+
+log = logging.getLogger(__name__)
+
+Runner = Callable[["Kernel", Sequence["torch.Tensor"]], Any]
+
+# Ops whose integer input indexes a dimension of another slot: op -> (slot of the indexed
+# tensor in inputs + outputs, its axis attribute, the axis when the attribute is absent).
+INDEXED_SLOT: dict[str, tuple[int, str, int]] = {
+    "Gather": (0, "axis", 0),
+    "GatherGrad": (2, "axis", 0),  # dY, indices -> dData
+    "SoftmaxCrossEntropyLoss": (0, "", 1),  # scores [N, C, ...]: classes on axis 1
+    "SoftmaxCrossEntropy": (0, "axis", -1),
+    "SoftmaxCrossEntropyGrad": (0, "axis", -1),
+}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median and spread of timed runs, in seconds."""
+
+    median_s: float
+    p10_s: float
+    p90_s: float
+    runs: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Timing:
+        arr = np.asarray(samples, dtype=np.float64)
+        p10, med, p90 = np.percentile(arr, [10, 50, 90])
+        return cls(float(med), float(p10), float(p90), len(arr))
+
+
+def default_runner() -> Runner:
+    """`runtime.kernels.run_kernel`, imported when first needed (it imports torch)."""
+    from autotm_py.runtime.kernels import run_kernel
+
+    return run_kernel
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return getattr(torch, name)  # type: ignore[no-any-return]
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+def index_bound(graph: TensorGraph, kernel: Kernel, slot: int) -> int:
+    """An exclusive upper bound for the integer input in `slot` that keeps every index valid.
+
+    Known ops index one dimension of a known slot (INDEXED_SLOT). Otherwise the smallest
+    dimension of the kernel's float operands bounds it: always in range, if not realistic.
+    """
+    shapes = [graph.tensors[t].shape for t in kernel.io]
+    known = INDEXED_SLOT.get(kernel.op_type)
+    if known is not None:
+        target, axis_name, default = known
+        shape = shapes[target]
+        value = kernel.attr(axis_name) if axis_name else None
+        axis = default if value is None else int(value)
+        if shape:
+            return max(int(shape[axis % len(shape)]), 1)
+    float_dims = [d for t, s in zip(kernel.io, shapes, strict=True)
+                  if graph.tensors[t].dtype.startswith(("float", "bfloat")) for d in s]
+    return max(min(float_dims, default=1), 1)
+
+
+def make_inputs(graph: TensorGraph, kernel: Kernel, device: str,
+                seed: int = 0) -> list[torch.Tensor]:
+    """Random tensors for the kernel's inputs, on `device`, with valid integer values."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    args = []
+    for slot, tid in enumerate(kernel.inputs):
+        t = graph.tensors[tid]
+        if tid in graph.constants:
+            args.append(torch.as_tensor(np.asarray(graph.constants[tid])).to(device))
+            continue
+        dtype = torch_dtype(t.dtype)
+        if t.dtype == "bool":
+            value = torch.rand(t.shape, generator=gen, device=device) < 0.5
+        elif dtype.is_floating_point:
+            # in [0.5, 1.5): no zeros, no negatives, so Log/Sqrt/Div/Pow stay finite
+            value = (torch.rand(t.shape, generator=gen, device=device) + 0.5).to(dtype)
+        else:
+            high = index_bound(graph, kernel, slot)
+            value = torch.randint(0, high, t.shape, generator=gen, device=device, dtype=dtype)
+        args.append(value)
+    return args
+
+
+# ---- timing ------------------------------------------------------------------------------------
+def _wall(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def _plan_runs(first_s: float, repeats: int, budget_s: float, min_runs: int) -> int:
+    """Timed runs to do: `repeats`, fewer when they would take longer than `budget_s`."""
+    if first_s <= 0:
+        return repeats
+    return max(min(repeats, int(budget_s / first_s)), min(min_runs, repeats))
+
+
+def time_kernel(kernel: Kernel, args: Sequence[torch.Tensor], *, device: str = "cpu",
+                runner: Runner | None = None, repeats: int = 10, warmup: int = 2,
+                budget_s: float = 2.0, min_runs: int = 3) -> Timing:
+    """Time `runner(kernel, args)`: `warmup` untimed runs, then up to `repeats` timed ones."""
+    import torch
+
+    run = runner or default_runner()
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    first = _wall(lambda: run(kernel, args), sync)  # also the first warm-up run
+    for _ in range(max(warmup - 1, 0)):
+        run(kernel, args)
+    n = _plan_runs(first, repeats, budget_s, min_runs)
+    samples = _cuda_samples(kernel, args, run, n) if cuda else _cpu_samples(kernel, args, run, n)
+    return Timing.of(samples)
+
+
+def _cpu_samples(kernel: Kernel, args: Sequence[torch.Tensor], run: Runner,
+                 n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        run(kernel, args)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _cuda_samples(kernel: Kernel, args: Sequence[torch.Tensor], run: Runner,
+                  n: int) -> list[float]:
+    import torch
+
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(n)]
+    torch.cuda.synchronize()
+    for start, end in events:
+        start.record()
+        run(kernel, args)
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) / 1e3 for start, end in events]
+
+
+# ---- the device roofline -----------------------------------------------------------------------
+def _best_of(fn: Callable[[], Any], sync: Callable[[], None], runs: int) -> float:
+    fn()  # warm-up
+    return min(_wall(fn, sync) for _ in range(runs))
+
+
+def measure_roofline(device: str, name: str, runner: Runner | None = None) -> Roofline:
+    """Peak FLOP/s (a large matmul per dtype), memory bandwidth (a large copy, bytes read plus
+    written) and the per-kernel cost (a 1-element Relu through `runner`, the path every
+    profiled kernel takes) of `device`, as run by torch now."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    n, copy_bytes = (8192, 1 << 30) if cuda else (1536, 1 << 28)
+    peaks: dict[str, float] = {}
+    for dtype in ("float32", "bfloat16"):
+        a = torch.rand(n, n, device=device).to(torch_dtype(dtype))
+        b = torch.rand(n, n, device=device).to(torch_dtype(dtype))
+        peaks[dtype] = 2.0 * n**3 / _best_of(lambda a=a, b=b: a @ b, sync, 3)
+    peaks["float16"] = peaks["bfloat16"]
+    src = torch.empty(copy_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    bw = 2.0 * copy_bytes / _best_of(lambda: dst.copy_(src), sync, 3)
+    launch = _dispatch_cost(device, runner or default_runner(), sync)
+    when = time.strftime("%Y-%m-%d")
+    return Roofline(name=name, peak_flops=peaks, mem_bw=bw, launch_s=launch,
+                    compute_eff=0.7, memory_eff=0.9, conv_tf32=cuda,
+                    source=f"measured by torch {torch.__version__} on {name}, {when}",
+                    extra={"threads": torch.get_num_threads(), "matmul_n": n,
+                           "copy_bytes": copy_bytes})
+
+
+def _dispatch_cost(device: str, runner: Runner, sync: Callable[[], None]) -> float:
+    """Seconds of a kernel that does (almost) nothing: the fixed cost of every kernel."""
+    import torch
+
+    from autotm_py.ir.builder import GraphBuilder
+    from autotm_py.ir.graph import Role
+
+    b = GraphBuilder("dispatch")
+    x = b.add_tensor("x", (1,), "float32", Role.INPUT)
+    y = b.add_tensor("y", (1,), "float32", Role.OUTPUT)
+    b.add_kernel("Relu", [x], [y])
+    kernel = b.build().kernels[0]
+    args = [torch.ones(1, device=device)]
+    return _mean_small(lambda: runner(kernel, args), sync)
+
+
+def _mean_small(fn: Callable[[], Any], sync: Callable[[], None], runs: int = 200) -> float:
+    for _ in range(20):
+        fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(runs):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / runs

@@ -1,0 +1,339 @@
+"""`Executor`: runs a plan for real with torch and measures it.
+
+GPU (``device="cuda"``): compute runs on the current (default) stream; host->device and
+device->host copies run on two dedicated copy streams, ordered with events, so they overlap with
+compute and with each other. The slow tier is one pinned host pool, allocated once and reused
+across iterations (a `cudaHostAlloc` per tensor would cost milliseconds each). Tensors never leave
+the torch caching allocator's stream discipline: a tensor read by a copy stream is registered
+with `record_stream`, so its memory is not reused while the copy is in flight. The fast budget is
+enforced with `torch.cuda.set_per_process_memory_fraction`, and the measured peak
+(`max_memory_allocated`) is reported beside the modelled one.
+
+CPU (``device="cpu"``): the same records with real copies between two host dictionaries; this
+checks a plan's correctness (results are bitwise equal between plans, since moves are copies).
+
+Semantics follow `autotm_py.plan`: an async move issued before ``Compute(k)`` starts when kernel
+k starts (the copy stream waits for the work enqueued before k) and the next reader of the copy
+waits for it; a sync move is ordered on the compute stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from autotm_py.errors import ConfigError, ExecutionError
+from autotm_py.ir.graph import Role
+from autotm_py.memory.tiers import FAST, SLOW
+from autotm_py.plan import Compute, Free, Move, Plan
+from autotm_py.runtime.interpreter import PlanInterpreter
+from autotm_py.runtime.kernels import run_kernel
+from autotm_py.runtime.pinned import PinnedPool, slow_tier_layout
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import TensorGraph
+
+log = logging.getLogger(__name__)
+
+# Roles re-materialized (untimed) at the start of every iteration from host master copies: the
+# data batch and constants. Weights and optimizer state carry over from the previous iteration.
+_REFRESHED_ROLES = (Role.INPUT, Role.LABEL, Role.CONSTANT)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one `execute` measured. Times in seconds, memory in bytes."""
+
+    device: str
+    device_name: str
+    iterations: int
+    warmup: int
+    iteration_times_s: tuple[float, ...]
+    median_s: float
+    kernel_times_s: tuple[float, ...] | None
+    peak_fast_bytes: int | None
+    modelled_peak_fast_bytes: int | None
+    budget_bytes: int | None
+    cap_bytes: int | None
+    predicted_time_s: float | None
+    slow_pool_bytes: int
+    strategy: str
+    model_name: str
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Streams:
+    h2d: Any
+    d2h: Any
+
+
+@dataclass
+class _State:
+    fast: dict[int, torch.Tensor] = field(default_factory=dict)
+    slow: dict[int, torch.Tensor] = field(default_factory=dict)
+    pending: dict[tuple[int, str], Any] = field(default_factory=dict)  # copy events
+
+
+class Executor(PlanInterpreter):
+    """Executes one iteration per `run()`; `values` carries weights between iterations."""
+
+    def __init__(self, graph: TensorGraph, plan: Plan, *, device: str,
+                 masters: Mapping[int, torch.Tensor], kernel_times: bool = False) -> None:
+        super().__init__(graph, plan)
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.masters = masters  # host copies of every no-producer tensor (initial values)
+        self.kernel_times = kernel_times
+        self.state = _State()
+        self.carry: dict[int, tuple[str, torch.Tensor]] = {}
+        self.streams = _Streams(torch.cuda.Stream(self.device), torch.cuda.Stream(self.device)) \
+            if self.cuda else None
+        offsets, nbytes = slow_tier_layout(graph, plan)
+        self.pool = PinnedPool(offsets, nbytes, pin=self.cuda)
+        self._kernel_events: list[tuple[Any, Any]] = []
+
+    # ---- iteration boundaries ------------------------------------------------------------
+    def prepare(self) -> None:
+        """Place every given tensor where the plan starts it (untimed, like a data loader)."""
+        self.state = _State()
+        self._kernel_events = []
+        for tid, tiers in self.plan.initial.items():
+            self._place_initial(tid, tiers)
+        self._prepared = True
+
+    def start(self) -> None:
+        if not getattr(self, "_prepared", False):
+            self.prepare()
+        self._prepared = False
+
+    def _place_initial(self, tid: int, tiers: tuple[str, ...]) -> None:
+        carried = self.carry.get(tid)
+        for tier in tiers:
+            if carried is not None and carried[0] == tier:
+                self._store(tier)[tid] = carried[1]
+            else:
+                source = carried[1] if carried is not None else self.masters[tid]
+                self._store(tier)[tid] = self._materialize(tid, source, tier)
+
+    def _materialize(self, tid: int, source: torch.Tensor, tier: str) -> torch.Tensor:
+        if tier == SLOW:
+            dst = self.pool.view(tid, self.graph.tensors[tid])
+            dst.copy_(source)
+            return dst
+        return source.to(self.device, copy=True)
+
+    def finish(self) -> None:
+        """Join the copy streams, then hand each carried value to the next iteration."""
+        if self.streams is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self.streams.h2d)
+            current.wait_stream(self.streams.d2h)
+        self.carry = {}
+        for first, last in self.graph.carried:
+            tier, value = self._final_copy(last)
+            self.carry[first] = (tier, value)
+
+    def _final_copy(self, tid: int) -> tuple[str, torch.Tensor]:
+        wanted = self.plan.initial.get(tid)
+        for tier in (*(wanted or ()), FAST, SLOW):
+            if tid in self._store(tier):
+                return tier, self._store(tier)[tid]
+        raise ExecutionError(f"carried tensor {self.graph.name_of(tid)!r} is in no tier at the "
+                             "end of the iteration; the plan freed it")
+
+    # ---- records ---------------------------------------------------------------------------
+    def compute(self, record: Compute) -> None:
+        kernel = self.graph.kernels[record.kernel]
+        n_in = len(kernel.inputs)
+        args = [self._read(tid, record.placement[i]) for i, tid in enumerate(kernel.inputs)]
+        if self.kernel_times and self.cuda:
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record()
+        outputs = run_kernel(kernel, args)
+        if self.kernel_times and self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._kernel_events.append((begin, end))
+        for j, (tid, value) in enumerate(zip(kernel.outputs, outputs, strict=True)):
+            tier = record.placement[n_in + j]
+            if tier == SLOW and self.cuda:
+                raise ExecutionError(f"kernel {kernel.name!r} writes {self.graph.name_of(tid)!r} "
+                                     "to the slow tier; on a GPU every output is in fast memory")
+            self._store(tier)[tid] = value
+
+    def _read(self, tid: int, tier: str) -> torch.Tensor:
+        store = self._store(tier)
+        if tid not in store:
+            raise ExecutionError(f"tensor {self.graph.name_of(tid)!r} is not in the {tier} tier")
+        event = self.state.pending.pop((tid, tier), None)
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+        return store[tid]
+
+    def move(self, record: Move) -> None:
+        tid, to = record.tensor, record.to
+        frm = SLOW if to == FAST else FAST
+        source_store = self._store(frm)
+        if tid not in source_store:
+            raise ExecutionError(f"tensor {self.graph.name_of(tid)!r} is not in the {frm} tier")
+        src = source_store[tid]
+        if not self.cuda:
+            self._store(to)[tid] = self._materialize(tid, src, to)
+            return
+        self._store(to)[tid] = self._copy_cuda(tid, src, to, record.mode == "async")
+
+    def _copy_cuda(self, tid: int, src: torch.Tensor, to: str, asynchronous: bool) -> torch.Tensor:
+        assert self.streams is not None
+        current = torch.cuda.current_stream(self.device)
+        dst = self.pool.view(tid, self.graph.tensors[tid]) if to == SLOW else \
+            torch.empty_like(src, device=self.device)
+        source_event = self.state.pending.get((tid, SLOW if to == FAST else FAST))
+        stream = (self.streams.h2d if to == FAST else self.streams.d2h) if asynchronous \
+            else current
+        if stream is not current:
+            # Start when the kernel it overlaps starts: after everything enqueued so far, which
+            # also protects freshly allocated memory that earlier kernels may still be using.
+            stream.wait_stream(current)
+        if source_event is not None:
+            stream.wait_event(source_event)
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+        if stream is not current:
+            (src if to == SLOW else dst).record_stream(stream)
+            event = torch.cuda.Event()
+            event.record(stream)
+            self.state.pending[(tid, to)] = event
+        return dst
+
+    def free(self, record: Free) -> None:
+        store = self._store(record.tier)
+        if store.pop(record.tensor, None) is None:
+            raise ExecutionError(f"free of {self.graph.name_of(record.tensor)!r}: not in the "
+                                 f"{record.tier} tier")
+        self.state.pending.pop((record.tensor, record.tier), None)
+
+    def _store(self, tier: str) -> dict[int, torch.Tensor]:
+        return self.state.fast if tier == FAST else self.state.slow
+
+    # ---- results ---------------------------------------------------------------------------
+    def kernel_seconds(self) -> list[float]:
+        return [b.elapsed_time(e) / 1e3 for b, e in self._kernel_events]
+
+    def value(self, tid: int) -> torch.Tensor:
+        """The final value of a tensor still held after `run()` (fast copy first)."""
+        for store in (self.state.fast, self.state.slow):
+            if tid in store:
+                return store[tid]
+        raise ExecutionError(f"tensor {self.graph.name_of(tid)!r} is not held after the run")
+
+
+def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations: int = 5,
+            warmup: int = 2, seed: int = 0, kernel_times: bool = False,
+            enforce_budget: bool = True, cap_slack_bytes: int = 64 << 20) -> RunResult:
+    """Run `warmup` + `iterations` iterations of a plan and measure the timed ones."""
+    from autotm_py.runtime.reference import init_values
+
+    plan.validate(graph)
+    if iterations < 1 or warmup < 0:
+        raise ConfigError("--iterations must be >= 1 and --warmup >= 0")
+    dev = _check_device(device)
+    masters = {tid: v.cpu() for tid, v in init_values(graph, seed=seed, device="cpu").items()}
+    executor = Executor(graph, plan, device=dev, masters=masters, kernel_times=kernel_times)
+    cap = _apply_cap(plan, dev, enforce_budget, cap_slack_bytes)
+    try:
+        times, peak, kernels = _timed_iterations(executor, iterations, warmup)
+    finally:
+        if cap is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0, torch.device(dev))
+    return RunResult(
+        device=dev, device_name=_device_name(dev), iterations=iterations, warmup=warmup,
+        iteration_times_s=tuple(times), median_s=statistics.median(times),
+        kernel_times_s=kernels, peak_fast_bytes=peak,
+        modelled_peak_fast_bytes=plan.header.counts.get("peak_fast_bytes"),
+        budget_bytes=plan.header.budget_bytes, cap_bytes=cap,
+        predicted_time_s=plan.header.predicted_time_s, slow_pool_bytes=executor.pool.nbytes,
+        strategy=plan.header.strategy, model_name=graph.name,
+        notes=(f"cap = budget + {cap_slack_bytes >> 20} MiB slack for library workspaces",)
+        if cap is not None else (),
+    )
+
+
+def _timed_iterations(executor: Executor, iterations: int,
+                      warmup: int) -> tuple[list[float], int | None, tuple[float, ...] | None]:
+    times: list[float] = []
+    peak: int | None = None
+    per_kernel: list[list[float]] = []
+    for i in range(warmup + iterations):
+        measured = i >= warmup
+        try:
+            seconds, iteration_peak = _one_iteration(executor)
+        except torch.OutOfMemoryError as exc:
+            raise ExecutionError(f"the plan ran out of fast memory under its cap ({exc}); the "
+                                 "fast budget is too small for the real allocator") from None
+        if measured:
+            times.append(seconds)
+            if iteration_peak is not None:
+                peak = max(peak or 0, iteration_peak)
+            if executor.kernel_times and executor.cuda:
+                per_kernel.append(executor.kernel_seconds())
+    kernels = tuple(statistics.median(col) for col in zip(*per_kernel, strict=True)) \
+        if per_kernel else None
+    return times, peak, kernels
+
+
+def _one_iteration(executor: Executor) -> tuple[float, int | None]:
+    import time
+
+    if not executor.cuda:
+        executor.prepare()
+        begin = time.perf_counter()
+        executor.run()
+        return time.perf_counter() - begin, None
+    dev = executor.device
+    executor.prepare()
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    executor.run()
+    end.record()
+    torch.cuda.synchronize(dev)
+    return begin.elapsed_time(end) / 1e3, int(torch.cuda.max_memory_allocated(dev))
+
+
+def _check_device(device: str) -> str:
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: no CUDA GPU is visible to torch here; use "
+                              "--device cpu to check the plan's results on the CPU")
+        return device
+    if device != "cpu":
+        raise ConfigError(f"--device {device!r}: choose cuda or cpu")
+    return device
+
+
+def _apply_cap(plan: Plan, device: str, enforce: bool, slack: int) -> int | None:
+    budget = plan.header.budget_bytes
+    if not enforce or budget is None or not device.startswith("cuda"):
+        return None
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    cap = min(budget + slack, total)
+    torch.cuda.set_per_process_memory_fraction(cap / total, torch.device(device))
+    return cap
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    import platform
+
+    return platform.processor() or platform.machine()

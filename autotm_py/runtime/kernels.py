@@ -1,0 +1,52 @@
+"""Torch implementations of every IR op: forward (ONNX), loss, backward and optimizer ops.
+
+`run_kernel(kernel, args)` runs one kernel on torch tensors (any device) and returns its
+outputs in `kernel.outputs` order. The profiler, the reference runner and the plan executor
+all call it. Implementations live in `kernels_nn`, `kernels_tensor`, `kernels_resize` (forward)
+and `kernels_grad_nn`, `kernels_grad_tensor` (backward, loss gradient, optimizers).
+
+Contract for callers:
+- arguments are never modified; outputs may be views of arguments (shape ops, Identity,
+  ConcatGrad), as in torch itself, so treat every tensor as immutable;
+- forward kernels are differentiable by torch.autograd (the training tests use that);
+- on CUDA, GatherGrad, PadGrad (reflect/edge) and ResizeGrad use index_add_, which is
+  deterministic only under `torch.use_deterministic_algorithms(True)`; cuDNN convolution
+  backward likewise needs `torch.backends.cudnn.deterministic = True` for bitwise repeats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from autotm_py.errors import ExecutionError, UnsupportedOpError
+from autotm_py.ir.graph import Kernel
+from autotm_py.runtime import (  # noqa: F401  (importing registers the kernels)
+    kernels_grad_nn,
+    kernels_grad_tensor,
+    kernels_nn,
+    kernels_resize,
+    kernels_tensor,
+)
+from autotm_py.runtime.kernels_util import REGISTRY, TORCH_DTYPES, Impl, torch_dtype
+
+KERNELS: dict[str, Impl] = REGISTRY
+SUPPORTED_KERNELS: frozenset[str] = frozenset(REGISTRY)
+
+__all__ = ["KERNELS", "SUPPORTED_KERNELS", "TORCH_DTYPES", "run_kernel", "torch_dtype"]
+
+
+def run_kernel(kernel: Kernel, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Run one kernel; `args` in `kernel.inputs` order, outputs in `kernel.outputs` order."""
+    try:
+        impl = KERNELS[kernel.op_type]
+    except KeyError:
+        raise UnsupportedOpError(kernel.op_type, domain=kernel.domain, node=kernel.name,
+                                 supported=tuple(KERNELS), what="the torch kernels") from None
+    result = impl(kernel, args)
+    outs = [result] if isinstance(result, torch.Tensor) else list(result)
+    if len(outs) != len(kernel.outputs):
+        raise ExecutionError(f"kernel {kernel.name!r} ({kernel.op_type}) returned {len(outs)} "
+                             f"outputs, the graph expects {len(kernel.outputs)}")
+    return outs

@@ -1,0 +1,281 @@
+"""Backward torch kernels of elementwise ops, reductions and data movement, and the optimizer
+updates. Formulas follow PyTorch's autograd derivatives (tie-splitting of max/min, pow at 0),
+so the results match torch.autograd on the same forward kernels."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from autotm_py.ir.graph import Kernel
+from autotm_py.runtime.kernels_tensor import pad_indices, slice_index
+from autotm_py.runtime.kernels_util import negate, pad_spec, register, sum_to
+
+Tensors = Sequence[torch.Tensor]
+
+
+def _shape(k: Kernel) -> tuple[int, ...]:
+    return tuple(int(s) for s in k.attr("shape"))
+
+
+# ---- elementwise ------------------------------------------------------------------------
+@register("SumToShape")
+def sum_to_shape(k: Kernel, args: Tensors) -> torch.Tensor:
+    g = sum_to(args[0], _shape(k))
+    scale = float(k.attr("scale", 1.0))
+    return g if scale == 1.0 else g * scale
+
+
+@register("MulGrad")
+def mul_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    return sum_to(args[0] * args[1], _shape(k))
+
+
+@register("DivGradA")
+def div_grad_a(k: Kernel, args: Tensors) -> torch.Tensor:
+    return sum_to(args[0] / args[1], _shape(k))
+
+
+@register("DivGradB")
+def div_grad_b(k: Kernel, args: Tensors) -> torch.Tensor:
+    dy, a, b = args
+    return sum_to(-dy * ((a / b) / b), _shape(k))
+
+
+@register("PowGradBase")
+def pow_grad_base(k: Kernel, args: Tensors) -> torch.Tensor:
+    dz, x, e = args
+    g = torch.where(e == 0, torch.zeros((), dtype=dz.dtype, device=dz.device),
+                    dz * (e * x.pow(e - 1)))
+    return sum_to(g, _shape(k))
+
+
+@register("PowGradExponent")
+def pow_grad_exponent(k: Kernel, args: Tensors) -> torch.Tensor:
+    """dZ * Z * log X, and 0 where X == 0 with a finite result (exponent >= 0), as torch."""
+    dz, x, z = args
+    zero_base = (x == 0) & torch.isfinite(z)
+    g = dz * torch.where(zero_base, torch.zeros((), dtype=z.dtype, device=z.device),
+                         z * x.log())
+    return sum_to(g, _shape(k))
+
+
+@register("MaxMinGrad")
+def max_min_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    dy, a, b = args
+    slot, is_max = int(k.attr("slot")), k.attr("op") == "Max"
+    wins = (a > b) if is_max == (slot == 0) else (a < b)
+    zero = torch.zeros((), dtype=dy.dtype, device=dy.device)
+    g = torch.where(a == b, dy / 2, torch.where(wins, dy, zero))
+    return sum_to(g, _shape(k))
+
+
+@register("WhereGrad")
+def where_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    dy, cond = args
+    zero = torch.zeros((), dtype=dy.dtype, device=dy.device)
+    g = torch.where(cond, dy, zero) if int(k.attr("slot")) == 1 else torch.where(cond, zero, dy)
+    return sum_to(g, _shape(k))
+
+
+@register("ReluGrad")
+def relu_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    return torch.ops.aten.threshold_backward(args[0], args[1], 0)
+
+
+@register("LeakyReluGrad")
+def leaky_relu_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    return torch.ops.aten.leaky_relu_backward(args[0], args[1], float(k.attr("alpha")), False)
+
+
+@register("SigmoidGrad")
+def sigmoid_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    return torch.ops.aten.sigmoid_backward(args[0], args[1])
+
+
+@register("TanhGrad")
+def tanh_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    return torch.ops.aten.tanh_backward(args[0], args[1])
+
+
+@register("GeluGrad")
+def gelu_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    return torch.ops.aten.gelu_backward(args[0], args[1],
+                                        approximate=str(k.attr("approximate", "none")))
+
+
+@register("ErfGrad")
+def erf_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    dy, x = args
+    return 2.0 / math.sqrt(math.pi) * torch.exp(-(x * x)) * dy
+
+
+@register("SqrtGrad")
+def sqrt_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    return args[0] / (2 * args[1])
+
+
+@register("ReciprocalGrad")
+def reciprocal_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    dy, y = args
+    return -dy * (y * y)
+
+
+@register("ExpGrad")
+def exp_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    return args[0] * args[1]
+
+
+@register("LogGrad")
+def log_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    return args[0] / args[1]
+
+
+@register("AbsGrad")
+def abs_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    return args[0] * args[1].sgn()
+
+
+@register("ClipGrad")
+def clip_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    dy, x = args
+    low, high = k.attr("min"), k.attr("max")
+    keep = torch.ones_like(x, dtype=torch.bool)
+    if low is not None:
+        keep = keep & (x >= low)
+    if high is not None:
+        keep = keep & (x <= high)
+    return dy * keep
+
+
+@register("DropoutGrad")
+def dropout_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    ratio = float(k.attr("ratio"))
+    return torch.ops.aten.native_dropout_backward(args[0], args[1], 1.0 / (1.0 - ratio))
+
+
+# ---- reductions and data movement -------------------------------------------------------
+def _unreduced(k: Kernel, dy: torch.Tensor) -> torch.Tensor:
+    shape = _shape(k)
+    if not int(k.attr("keepdims", 1)):
+        kept = list(shape)
+        for axis in k.attr("axes"):
+            kept[int(axis)] = 1
+        dy = dy.reshape(kept)
+    return dy.expand(shape)
+
+
+@register("ReduceSumGrad")
+def reduce_sum_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    return _unreduced(k, args[0]).contiguous()
+
+
+@register("ReduceMeanGrad")
+def reduce_mean_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    shape = _shape(k)
+    count = math.prod(shape[int(a)] for a in k.attr("axes"))
+    return _unreduced(k, args[0]) / count
+
+
+@register("ConcatGrad")
+def concat_grad(k: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
+    parts = torch.split(args[0], [int(s) for s in k.attr("sizes")], int(k.attr("axis")))
+    return tuple(parts[int(i)] for i in k.attr("keep"))
+
+
+@register("SplitGrad")
+def split_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    axis, sizes = int(k.attr("axis")), [int(s) for s in k.attr("sizes")]
+    given = dict(zip((int(i) for i in k.attr("present")), args, strict=True))
+    ref = args[0]
+    parts = []
+    for i, size in enumerate(sizes):
+        if i in given:
+            parts.append(given[i])
+            continue
+        shape = list(ref.shape)
+        shape[axis] = size
+        parts.append(ref.new_zeros(shape))
+    return torch.cat(parts, axis)
+
+
+@register("SliceGrad")
+def slice_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    dy = args[0]
+    ranges = list(zip(*(k.attr(n) for n in ("axes", "starts", "ends", "steps")), strict=True))
+    dx = dy.new_zeros(_shape(k))
+    index, flips = slice_index(dx.dim(), ranges)
+    dx[index] = dy.flip(flips) if flips else dy
+    return dx
+
+
+@register("GatherGrad")
+def gather_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    """Scatter-add through aten.embedding_dense_backward (deterministic on CUDA too)."""
+    dy, idx = args
+    shape, axis = _shape(k), int(k.attr("axis"))
+    n = shape[axis]
+    before, after = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+    idx = torch.where(idx < 0, idx + n, idx).long().reshape(-1)
+    rows = dy.reshape(before, idx.numel(), after)
+    rows = rows.transpose(0, 1).reshape(idx.numel(), before * after)
+    table = torch.ops.aten.embedding_dense_backward(rows, idx, n, -1, False)
+    table = table.reshape(n, before, after).transpose(0, 1)
+    return table.reshape(shape)
+
+
+@register("TileGrad")
+def tile_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    dy = args[0]
+    shape, repeats = _shape(k), [int(r) for r in k.attr("repeats")]
+    split = [d for pair in zip(repeats, shape, strict=True) for d in pair]
+    return dy.reshape(split).sum(dim=tuple(range(0, 2 * len(shape), 2)))
+
+
+@register("PadGrad")
+def pad_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    dy = args[0]
+    shape, pads = _shape(k), [int(p) for p in k.attr("pads")]
+    mode = str(k.attr("mode", "constant"))
+    if mode == "constant":
+        return F.pad(dy, pad_spec(negate(pads)))
+    rank = len(shape)
+    for axis in range(rank - 1, -1, -1):
+        before, after = pads[axis], pads[rank + axis]
+        if before or after:
+            idx = pad_indices(shape[axis], before, after, mode, dy.device)
+            grad_shape = list(dy.shape)
+            grad_shape[axis] = shape[axis]
+            dy = dy.new_zeros(grad_shape).index_add_(axis, idx, dy)
+    return dy
+
+
+# ---- optimizers -------------------------------------------------------------------------
+@register("SGDUpdate")
+def sgd_update(k: Kernel, args: Tensors) -> torch.Tensor:
+    w, g = args
+    return torch.add(w, g, alpha=-float(k.attr("lr")))
+
+
+@register("AdamStep")
+def adam_step(k: Kernel, args: Tensors) -> torch.Tensor:
+    return args[0] + 1
+
+
+@register("AdamUpdate")
+def adam_update(k: Kernel, args: Tensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torch.optim.Adam's update (its capturable form: the step stays on the device)."""
+    w, g, m, v, step = args
+    lr, beta1 = float(k.attr("lr")), float(k.attr("beta1"))
+    beta2, eps = float(k.attr("beta2")), float(k.attr("epsilon"))
+    m_next = torch.lerp(m, g, 1 - beta1)
+    v_next = (v * beta2).addcmul_(g, g, value=1 - beta2)
+    step = step.double()  # the bias corrections in double, as torch.optim computes them
+    bias1 = 1 - torch.pow(beta1, step)
+    bias2 = 1 - torch.pow(beta2, step)
+    neg_step_size = -(lr / bias1)
+    denom = (v_next.sqrt() / (bias2.sqrt() * neg_step_size)).add_(eps / neg_step_size)
+    return torch.addcdiv(w, m_next, denom), m_next, v_next

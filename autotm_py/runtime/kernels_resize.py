@@ -1,0 +1,144 @@
+"""ONNX Resize (nearest, linear, cubic) and its gradient, one axis at a time.
+
+Each resized axis is a small linear map: output position o reads input positions idx[t, o]
+with weights w[t, o] (1 tap for nearest, 2 for linear, 4 for cubic), computed from ONNX's
+coordinate transformation. Applying the axes one after another is exactly ONNX's separable
+(bi/tri)linear and cubic interpolation. The gradient applies the transposed maps in reverse
+order (index_add).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from autotm_py.ir.graph import Kernel
+from autotm_py.ir.rules.geometry import resize_plan
+from autotm_py.runtime.kernels_util import attrs, register, unsupported
+
+Tensors = Sequence[torch.Tensor]
+
+
+def source_coords(in_len: int, out_len: int, scale: float, ctm: str) -> np.ndarray:
+    """ONNX coordinate_transformation_mode: the input coordinate of each output position."""
+    o = np.arange(out_len, dtype=np.float64)
+    if ctm == "half_pixel":
+        return (o + 0.5) / scale - 0.5
+    if ctm == "pytorch_half_pixel":
+        return (o + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_len)
+    if ctm == "align_corners":
+        return o * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros(out_len)
+    if ctm == "asymmetric":
+        return o / scale
+    if ctm == "half_pixel_symmetric":
+        adjustment = out_len / (scale * in_len)
+        offset = in_len / 2 * (1 - adjustment)
+        return offset + (o + 0.5) / scale - 0.5
+    raise ValueError(ctm)
+
+
+def nearest_index(x: np.ndarray, mode: str) -> np.ndarray:
+    if mode == "round_prefer_floor":
+        return np.ceil(x - 0.5)
+    if mode == "round_prefer_ceil":
+        return np.floor(x + 0.5)
+    if mode == "floor":
+        return np.floor(x)
+    if mode == "ceil":
+        return np.ceil(x)
+    raise ValueError(mode)
+
+
+def cubic_weights(t: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution weights of the taps at offsets -1, 0, 1, 2 from floor(x)."""
+    d = np.abs(np.stack([1 + t, t, 1 - t, 2 - t]))
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+@functools.lru_cache(maxsize=256)
+def axis_taps(in_len: int, out_len: int, scale: float, mode: str, ctm: str, nearest: str,
+              cubic_a: float, exclude_outside: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(idx, w), each of shape (taps, out_len), for one resized axis."""
+    x = source_coords(in_len, out_len, scale, ctm)
+    if mode == "nearest":
+        idx, w = nearest_index(x, nearest)[None], np.ones((1, out_len))
+    elif mode == "linear":
+        base = np.floor(x)
+        t = x - base
+        idx, w = np.stack([base, base + 1]), np.stack([1 - t, t])
+    elif mode == "cubic":
+        base = np.floor(x)
+        idx = np.stack([base - 1, base, base + 1, base + 2])
+        w = cubic_weights(x - base, cubic_a)
+        if exclude_outside:
+            w = np.where((idx < 0) | (idx > in_len - 1), 0.0, w)
+            w = w / w.sum(axis=0, keepdims=True)
+    else:
+        raise ValueError(mode)
+    return np.clip(idx, 0, in_len - 1).astype(np.int64), w
+
+
+def _taps(k: Kernel, in_len: int, out_len: int, scale: float, like: torch.Tensor
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    mode = str(k.attr("mode", "nearest"))
+    ctm = str(k.attr("coordinate_transformation_mode", "half_pixel"))
+    if int(k.attr("antialias", 0)) or ctm == "tf_crop_and_resize":
+        raise unsupported(k, f"Resize with antialias or {ctm!r}")
+    try:
+        idx, w = axis_taps(in_len, out_len, float(scale), mode, ctm,
+                           str(k.attr("nearest_mode", "round_prefer_floor")),
+                           float(k.attr("cubic_coeff_a", -0.75)),
+                           bool(k.attr("exclude_outside", 0)))
+    except ValueError as exc:
+        raise unsupported(k, f"Resize option {exc}") from None
+    weights = None if mode == "nearest" else torch.as_tensor(w, dtype=like.dtype,
+                                                             device=like.device)
+    return torch.as_tensor(idx, device=like.device), weights
+
+
+def _view(rank: int, axis: int) -> list[int]:
+    shape = [1] * rank
+    shape[axis] = -1
+    return shape
+
+
+@register("Resize")
+def resize(k: Kernel, args: Tensors) -> torch.Tensor:
+    x = args[0]
+    out_shape, scales = resize_plan(tuple(x.shape), attrs(k))
+    for axis, (size, out_len) in enumerate(zip(tuple(x.shape), out_shape, strict=True)):
+        if size == out_len and scales[axis] == 1.0:
+            continue
+        idx, w = _taps(k, size, out_len, scales[axis], x)
+        y = None
+        for t in range(idx.shape[0]):
+            term = torch.index_select(x, axis, idx[t])
+            term = term if w is None else term * w[t].reshape(_view(x.dim(), axis))
+            y = term if y is None else y + term
+        assert y is not None
+        x = y
+    return x
+
+
+@register("ResizeGrad")
+def resize_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    dy = args[0]
+    shape, scales = tuple(k.attr("shape")), tuple(k.attr("scales"))
+    for axis in range(dy.dim() - 1, -1, -1):
+        size, out_len = shape[axis], dy.shape[axis]
+        if size == out_len and scales[axis] == 1.0:
+            continue
+        idx, w = _taps(k, size, out_len, scales[axis], dy)
+        grad_shape = list(dy.shape)
+        grad_shape[axis] = size
+        g = dy.new_zeros(grad_shape)
+        for t in range(idx.shape[0]):
+            part = dy if w is None else dy * w[t].reshape(_view(dy.dim(), axis))
+            g.index_add_(axis, idx[t], part)
+        dy = g
+    return dy

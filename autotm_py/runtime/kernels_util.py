@@ -1,0 +1,97 @@
+"""Shared pieces of the torch kernels: the registry, dtype maps, and small tensor helpers.
+
+A kernel implementation is `impl(kernel, args) -> Tensor | tuple[Tensor, ...]`, with `args`
+in `kernel.inputs` order. Implementations never modify their arguments; they may return views
+of them (reshape, transpose, slice, split, expand, identity), as torch does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from autotm_py.errors import UnsupportedOpError
+from autotm_py.ir.graph import Kernel
+
+Impl = Callable[[Kernel, Sequence[torch.Tensor]], Any]
+REGISTRY: dict[str, Impl] = {}
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
+    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+# ONNX TensorProto.DataType codes (Cast's `to` when the importer keeps the number)
+ONNX_DTYPE_CODES: dict[int, str] = {
+    1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+    10: "float16", 11: "float64", 16: "bfloat16",
+}
+
+
+def register(*ops: str) -> Callable[[Impl], Impl]:
+    def deco(fn: Impl) -> Impl:
+        for op in ops:
+            REGISTRY[op] = fn
+        return fn
+
+    return deco
+
+
+def torch_dtype(name: Any) -> torch.dtype:
+    """A dtype from our dtype names or an ONNX TensorProto code."""
+    if isinstance(name, int):
+        name = ONNX_DTYPE_CODES[name]
+    return TORCH_DTYPES[str(name)]
+
+
+def attrs(k: Kernel) -> dict[str, Any]:
+    return dict(k.attrs)
+
+
+def unsupported(k: Kernel, why: str) -> UnsupportedOpError:
+    return UnsupportedOpError(k.op_type, domain=k.domain, node=k.name,
+                              what=f"the torch kernels ({why})")
+
+
+def sum_to(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Sum over broadcast axes so the result has `shape` (the adjoint of broadcasting)."""
+    shape = tuple(shape)
+    return t if tuple(t.shape) == shape else t.sum_to_size(shape)
+
+
+def pad_spec(pads: Sequence[int]) -> list[int]:
+    """ONNX pads (begins, then ends, first axis first) as F.pad's (last axis first) list."""
+    n = len(pads) // 2
+    spec: list[int] = []
+    for axis in range(n - 1, -1, -1):
+        spec += [int(pads[axis]), int(pads[n + axis])]
+    return spec
+
+
+def pad_spatial(x: torch.Tensor, pads: Sequence[int], value: float = 0.0) -> torch.Tensor:
+    """Pad (or crop, for negative pads) the trailing len(pads)//2 axes."""
+    if not any(pads):
+        return x
+    return F.pad(x, pad_spec(pads), value=value)
+
+
+def negate(pads: Sequence[int]) -> list[int]:
+    return [-int(p) for p in pads]
+
+
+def conv_padding(pads: Sequence[int]) -> tuple[list[int], Sequence[int] | None]:
+    """(torch padding, explicit pads to apply first): torch pads symmetrically only."""
+    n = len(pads) // 2
+    begins, ends = list(pads[:n]), list(pads[n:])
+    if begins == ends:
+        return [int(p) for p in begins], None
+    return [0] * n, pads
+
+
+def expanded_like(ref: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """A stand-in tensor of `shape` whose values are never read (aten backward APIs take one
+    only for its size), as torch.nn.grad does; it allocates one element."""
+    return ref.new_empty(1).expand(tuple(shape))

@@ -1,0 +1,71 @@
+"""The slow tier of the executor: one host buffer (pinned on GPU machines), allocated once.
+
+Every tensor that ever lives in the slow tier gets a fixed region for the whole run, so there
+is no per-iteration allocation and no reuse race between copy streams. A carried pair (W, W')
+shares one region: W' is written there only after W's last use, and the next iteration finds
+its weights where they started.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from autotm_py.memory.tiers import SLOW
+from autotm_py.plan import Compute, Move, Plan
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import Tensor, TensorGraph
+
+ALIGN = 256
+TORCH_DTYPES = {
+    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
+    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+def slow_tensors(graph: TensorGraph, plan: Plan) -> list[int]:
+    """Tensor ids that are in the slow tier at some point of the plan, in first-seen order."""
+    seen = dict.fromkeys(t for t, tiers in plan.initial.items() if SLOW in tiers)
+    for rec in plan.records:
+        if isinstance(rec, Move) and rec.to == SLOW:
+            seen.setdefault(rec.tensor)
+        elif isinstance(rec, Compute):
+            kernel = graph.kernels[rec.kernel]
+            n_in = len(kernel.inputs)
+            for j, tid in enumerate(kernel.outputs):
+                if rec.placement[n_in + j] == SLOW:
+                    seen.setdefault(tid)
+    return list(seen)
+
+
+def slow_tier_layout(graph: TensorGraph, plan: Plan) -> tuple[dict[int, int], int]:
+    """Byte offset of every slow-tier tensor in the pool (carried pairs share a region), and
+    the pool's size."""
+    partner = {last: first for first, last in graph.carried}
+    offsets: dict[int, int] = {}
+    end = 0
+    for tid in slow_tensors(graph, plan):
+        owner = partner.get(tid, tid)
+        if owner in offsets:
+            offsets[tid] = offsets[owner]
+            continue
+        offsets[owner] = offsets[tid] = end
+        end += -(-graph.tensors[tid].nbytes // ALIGN) * ALIGN
+    return offsets, end
+
+
+class PinnedPool:
+    """A host byte buffer with typed views at fixed offsets."""
+
+    def __init__(self, offsets: dict[int, int], nbytes: int, *, pin: bool) -> None:
+        self.offsets = offsets
+        self.nbytes = nbytes
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin and nbytes > 0)
+
+    def view(self, tid: int, tensor: Tensor) -> torch.Tensor:
+        start = self.offsets[tid]
+        region = self.buffer[start:start + tensor.nbytes]
+        return region.view(TORCH_DTYPES[tensor.dtype]).view(tensor.shape)

@@ -1,0 +1,204 @@
+"""Reference execution of a `TensorGraph` with the torch kernels, without any plan.
+
+- `init_values(graph, seed, device)`: values for every tensor without a producer (weights
+  scaled by fan-in so deep nets stay finite, inputs, labels and indices in range, constants,
+  zero optimizer state).
+- `run_graph(graph, values)`: run all kernels in order, freeing each tensor after its last use.
+- `train_steps(graph, steps, seed)`: several training iterations, feeding W' back as W.
+- `autograd_steps(graph, steps, seed)`: the same iterations computed by torch.autograd on the
+  training graph's forward kernels plus `torch.optim` (the oracle the tests compare against).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from autotm_py.errors import ExecutionError
+from autotm_py.ir.graph import Role, Tensor, TensorGraph
+from autotm_py.runtime.kernels import run_kernel
+from autotm_py.runtime.kernels_util import torch_dtype
+
+Values = dict[int, torch.Tensor]
+
+# (op, input slot) -> how a weight in that slot is initialised: "fan" (normal / sqrt(fan_in),
+# times sqrt(2) as for ReLU nets), "one" (around 1: scales, variances), "small" (biases, means)
+_SLOT_INIT = {
+    ("BatchNormalization", 1): "one", ("BatchNormalization", 4): "one",
+    ("BatchNormalization", 2): "small", ("BatchNormalization", 3): "small",
+    ("LayerNormalization", 1): "one", ("LayerNormalization", 2): "small",
+    ("Gather", 0): "embedding",
+}
+
+
+def _fan_in(graph: TensorGraph, t: Tensor) -> int:
+    """Fan-in of a weight from its first user (Conv filter, Gemm/MatMul operand)."""
+    shape = t.shape
+    if not t.users or len(shape) < 2:
+        return max(shape[-1] if shape else 1, 1)
+    k = graph.kernels[t.users[0]]
+    slot = k.inputs.index(t.id)
+    if k.op_type == "Conv" and slot == 1:
+        return math.prod(shape[1:])
+    if k.op_type == "ConvTranspose" and slot == 1:
+        return shape[0] * math.prod(shape[2:])
+    if k.op_type == "Gemm":
+        trans = int(k.attr("transA" if slot == 0 else "transB", 0))
+        return shape[0] if (slot == 0) == bool(trans) else shape[1]
+    if k.op_type == "MatMul" and slot == 1:
+        return shape[-2]
+    return shape[-1]
+
+
+def _init_weight(graph: TensorGraph, t: Tensor, gen: torch.Generator) -> torch.Tensor:
+    kind = "fan" if len(t.shape) >= 2 else "small"
+    for user in t.users[:1]:
+        k = graph.kernels[user]
+        kind = _SLOT_INIT.get((k.op_type, k.inputs.index(t.id)), kind)
+    dtype = torch_dtype(t.dtype)
+    if kind == "one":
+        return torch.rand(t.shape, generator=gen, dtype=dtype) + 0.5
+    noise = torch.randn(t.shape, generator=gen, dtype=dtype)
+    if kind == "small":
+        return noise * 0.1
+    if kind == "embedding":
+        return noise
+    return noise * math.sqrt(2.0 / _fan_in(graph, t))
+
+
+def _index_bound(graph: TensorGraph, t: Tensor) -> int:
+    """Valid range of an integer input: the gathered axis, or the classes of a loss."""
+    bound = None
+    for user in t.users:
+        k = graph.kernels[user]
+        slot = k.inputs.index(t.id)
+        data = graph.tensors[k.inputs[0]].shape
+        if k.op_type == "Gather" and slot == 1:
+            limit = data[int(k.attr("axis", 0)) % len(data)]
+        elif k.op_type in ("SoftmaxCrossEntropy", "SoftmaxCrossEntropyLoss") and slot == 1:
+            axis = int(k.attr("axis", 1 if k.domain == "" else -1))
+            limit = data[axis % len(data)]
+        else:
+            continue
+        bound = limit if bound is None else min(bound, limit)
+    return 2 if bound is None else bound
+
+
+def _init_leaf(graph: TensorGraph, t: Tensor, gen: torch.Generator) -> torch.Tensor:
+    dtype = torch_dtype(t.dtype)
+    if t.id in graph.constants:
+        return torch.as_tensor(graph.constants[t.id]).to(dtype).clone()
+    if t.role == Role.CONSTANT:
+        raise ExecutionError(f"constant tensor {t.name!r} has no value in graph.constants")
+    if t.role == Role.OPTIMIZER_STATE:
+        return torch.zeros(t.shape, dtype=dtype)
+    if t.role == Role.WEIGHT and dtype.is_floating_point:
+        return _init_weight(graph, t, gen)
+    if dtype == torch.bool:
+        return torch.rand(t.shape, generator=gen) < 0.5
+    if not dtype.is_floating_point:
+        return torch.randint(0, _index_bound(graph, t), t.shape, generator=gen, dtype=dtype)
+    return torch.randn(t.shape, generator=gen, dtype=dtype)
+
+
+def init_values(graph: TensorGraph, seed: int = 0, device: str | torch.device = "cpu"
+                ) -> Values:
+    """Values of every tensor that no kernel produces, drawn on the CPU (so every device gets
+    the same numbers) in tensor-id order from one seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
+    return {t.id: _init_leaf(graph, t, gen).to(device) for t in graph.tensors
+            if t.producer is None}
+
+
+def run_graph(graph: TensorGraph, values: Mapping[int, torch.Tensor],
+              keep: Iterable[int] = ()) -> Values:
+    """Run every kernel in order; return the graph outputs and the `keep` tensors."""
+    wanted = set(graph.outputs) | set(keep)
+    dying: list[list[int]] = [[] for _ in graph.kernels]
+    for t in graph.tensors:
+        if t.id not in wanted and t.users:
+            dying[t.users[-1]].append(t.id)
+    env = dict(values)
+    with torch.no_grad():
+        for k in graph.kernels:
+            try:
+                args = [env[t] for t in k.inputs]
+            except KeyError as exc:
+                raise ExecutionError(f"kernel {k.name!r} needs tensor "
+                                     f"{graph.name_of(exc.args[0])!r}, which has no value; "
+                                     "pass it in `values` (see init_values)") from None
+            env.update(zip(k.outputs, run_kernel(k, args), strict=True))
+            for t in dying[k.id]:
+                env.pop(t, None)
+    return {t: env[t] for t in wanted}
+
+
+def train_steps(graph: TensorGraph, steps: int = 3, seed: int = 0,
+                device: str | torch.device = "cpu", *, keep: Iterable[int] = (),
+                values: Mapping[int, torch.Tensor] | None = None) -> list[Values]:
+    """Run `steps` iterations of a training graph, carrying each (W, W') pair; the results
+    of every step (graph outputs and `keep` tensors)."""
+    current = init_values(graph, seed, device) if values is None else dict(values)
+    keep = tuple(keep)
+    results = []
+    for _ in range(steps):
+        out = run_graph(graph, current, keep)
+        results.append(out)
+        for first, last in graph.carried:
+            current[first] = out[last]
+    return results
+
+
+def _update_kernels(graph: TensorGraph) -> dict[int, tuple[int, ...]]:
+    """weight -> (W', m', v') or (W',) from the optimizer kernels."""
+    return {k.inputs[0]: k.outputs for k in graph.kernels
+            if k.op_type in ("SGDUpdate", "AdamUpdate")}
+
+
+def _optimizer(graph: TensorGraph, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    meta = graph.meta["training"]
+    lr = float(meta["learning_rate"])
+    if meta["optimizer"] == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=(meta["beta1"], meta["beta2"]),
+                                eps=meta["epsilon"], foreach=False)
+    return torch.optim.SGD(params, lr=lr, foreach=False)
+
+
+def autograd_steps(graph: TensorGraph, steps: int = 3, seed: int = 0,
+                   device: str | torch.device = "cpu", *, keep: Iterable[int] = ()
+                   ) -> list[Values]:
+    """torch.autograd's version of `train_steps`: the forward kernels (and loss) of the
+    training graph run on leaf weights, `loss.backward()`, then torch.optim's SGD or Adam.
+    Each step's result maps training-graph ids to values: the loss, every weight gradient,
+    W', Adam's m' and v', the carried forward outputs (BatchNorm running statistics) and
+    the `keep` forward tensors."""
+    meta = graph.meta["training"]
+    values = init_values(graph, seed, device)
+    grads = dict(meta["weight_grads"])
+    params = {w: values[w].clone().requires_grad_(True) for w in grads}
+    opt = _optimizer(graph, list(params.values()))
+    updates = _update_kernels(graph)
+    forward = graph.kernels[: meta["forward_kernels"]]
+    produced = {t for k in forward for t in k.outputs}
+    carried_fwd = [(a, z) for a, z in graph.carried if z in produced]
+    results = []
+    for _ in range(steps):
+        env: Values = {**values, **params}
+        for k in forward:
+            env.update(zip(k.outputs, run_kernel(k, [env[t] for t in k.inputs]), strict=True))
+        opt.zero_grad()
+        env[meta["loss"]].backward()
+        out = {t: env[t].detach().clone() for t in (meta["loss"], *keep)}
+        out.update({g: params[w].grad.detach().clone() for w, g in grads.items()})
+        opt.step()
+        for w, outs in updates.items():
+            out[outs[0]] = params[w].detach().clone()
+            if len(outs) == 3:
+                state = opt.state[params[w]]
+                out[outs[1]], out[outs[2]] = state["exp_avg"].clone(), state["exp_avg_sq"].clone()
+        for a, z in carried_fwd:
+            out[z] = values[a] = env[z].detach().clone()
+        results.append(out)
+    return results

@@ -1,0 +1,121 @@
+"""Shared helpers of the figure scripts: read bench results, group rows, label ratios, save.
+
+Results are the JSON documents that `autotm bench` writes (see experiments/README.md for the
+schema): ``{"format": "autotm-bench", "version": 1, "rows": [...]}``. Figures are drawn with
+`autotm_py.report.plots` helpers (pyplot-free figures, PNG + SVG written atomically).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from autotm_py.report.plots import new_figure, save_figure
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+FIGURES = HERE / "figures"
+# One colour per series across all figures (Okabe-Ito palette, colour-blind safe).
+COLOURS = {
+    "first_touch": "#999999", "all_slow": "#000000", "lru": "#E69F00", "offload": "#56B4E9",
+    "static": "#0072B2", "sync": "#009E73", "async": "#D55E00", "oracle": "#CC79A7",
+    "all_fast": "#D00000",
+}
+LABELS = {
+    "first_touch": "first-touch (NUMA)", "all_slow": "all slow", "lru": "LRU swap",
+    "offload": "offload activations", "static": "AutoTM static", "sync": "AutoTM sync",
+    "async": "AutoTM async", "oracle": "oracle (all fast, no limit)", "all_fast": "all fast",
+}
+
+
+class MissingResults(Exception):
+    """A figure's input results do not exist yet; the message says how to make them."""
+
+
+Row = dict[str, Any]
+
+
+def load_rows(paths: Iterable[Path]) -> list[Row]:
+    """Every row of every bench JSON document in `paths`."""
+    rows: list[Row] = []
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        if doc.get("format") != "autotm-bench":
+            raise ValueError(f"{path}: not an `autotm bench` result (format {doc.get('format')})")
+        rows += doc["rows"]
+    return rows
+
+
+def require(results: Path, pattern: str, how: str) -> list[Row]:
+    """Rows of the files matching `pattern`, or MissingResults saying how to make them."""
+    paths = sorted(Path(results).glob(pattern))
+    if not paths:
+        raise MissingResults(f"no {pattern} in {results}; {how}")
+    return load_rows(paths)
+
+
+def number(value: Any) -> float:
+    """A CSV/JSON cell as float (NaN for empty or missing)."""
+    if value is None or value == "":
+        return math.nan
+    return float(value)
+
+
+def ratio_key(ratio: str) -> Fraction:
+    """Sort key: the fast share of the peak (all slow first, all fast last)."""
+    fast, slow = (Fraction(x) for x in str(ratio).split(":"))
+    return fast / (fast + slow)
+
+
+def paper_ratio(ratio: str) -> str:
+    """Our fast:slow '1:4' as the paper's PMM:DRAM '4:1'."""
+    fast, slow = str(ratio).split(":")
+    return f"{slow}:{fast}"
+
+
+def ratio_label(ratio: str) -> str:
+    return f"{ratio}\n(PMM:DRAM {paper_ratio(ratio)})"
+
+
+def model_label(row: Row) -> str:
+    return f"{row['model']} ({row['batch']})" if row.get("batch") not in (None, "") \
+        else str(row["model"])
+
+
+def select(rows: Sequence[Row], **where: Any) -> list[Row]:
+    return [r for r in rows if all(str(r.get(k)) == str(v) for k, v in where.items())]
+
+
+def one(rows: Sequence[Row], **where: Any) -> Row | None:
+    """The row matching `where` (the last one, when a sweep was repeated)."""
+    found = select(rows, **where)
+    return found[-1] if found else None
+
+
+def unique(rows: Sequence[Row], key: str, sort: Callable[[Any], Any] | None = None) -> list[Any]:
+    seen: list[Any] = []
+    for r in rows:
+        if r.get(key) not in seen:
+            seen.append(r.get(key))
+    return sorted(seen, key=sort) if sort else seen
+
+
+def grouped_bars(ax: Any, groups: Sequence[str], series: dict[str, Sequence[float]],
+                 *, width: float = 0.8) -> None:
+    """One bar per series within each group; NaN bars are left out."""
+    n = max(len(series), 1)
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (n - 1) / 2) * width / n for g in range(len(groups))]
+        ax.bar(xs, [0 if math.isnan(v) else v for v in values], width / n,
+               color=COLOURS.get(name), label=LABELS.get(name, name),
+               edgecolor="black", linewidth=0.4)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups)
+    ax.grid(axis="y", alpha=0.3)
+
+
+__all__ = ["FIGURES", "RESULTS", "MissingResults", "new_figure", "save_figure"]

@@ -1,0 +1,132 @@
+# The plan as Julia values. Field names follow the JSON document
+# (autotm_py/schemas/plan.schema.json), so the Python docs apply unchanged.
+
+"The plan format version this package reads (`format_version` in the JSON)."
+const FORMAT_VERSION = 1
+
+"""
+    Tier
+
+Where a copy of a tensor lives: `FAST` (GPU memory, or DRAM in host mode) or `SLOW`
+(pinned host memory, Optane PMM, CXL memory).
+"""
+@enum Tier FAST SLOW
+
+"One step of the schedule: a [`Compute`](@ref), [`Move`](@ref) or [`Free`](@ref)."
+abstract type Record end
+
+"""
+    Compute(kernel, placement)
+
+Run kernel `kernel` (0-based id). `placement[j]` is the tier of the kernel's j-th IO slot,
+inputs first, then outputs; every input is resident there and each output is created there.
+"""
+struct Compute <: Record
+    kernel::Int
+    placement::Vector{Tier}
+end
+
+"""
+    Move(tensor, to, mode, overlaps)
+
+Copy tensor `tensor` (0-based id) into tier `to` from the other tier; afterwards it is
+resident in both. `mode` is `:sync` (compute waits) or `:async` (the copy starts with kernel
+`overlaps` and runs beside it; the next reader of the copy waits for it).
+"""
+struct Move <: Record
+    tensor::Int
+    to::Tier
+    mode::Symbol
+    overlaps::Union{Int,Nothing}
+end
+
+"""
+    Free(tensor, tier)
+
+Drop the copy of tensor `tensor` (0-based id) in `tier`.
+"""
+struct Free <: Record
+    tensor::Int
+    tier::Tier
+end
+
+# Compute holds a Vector, so the default `==` (identity) would make equal records unequal.
+Base.:(==)(a::Compute, b::Compute) = a.kernel == b.kernel && a.placement == b.placement
+Base.hash(a::Compute, h::UInt) = hash(a.placement, hash(a.kernel, hash(:Compute, h)))
+
+"How the plan was found (zeros and `\"none\"` for plans of baselines that use no solver)."
+struct SolverStats
+    solver::String
+    status::String
+    objective_s::Union{Float64,Nothing}
+    gap::Union{Float64,Nothing}
+    variables::Int
+    constraints::Int
+    build_s::Float64
+    solve_s::Float64
+    time_limit_s::Union{Float64,Nothing}
+    hit_time_limit::Bool
+end
+
+"The plan's header: which model and memory system it is for, and how it was made."
+struct PlanHeader
+    format_version::Int
+    model_hash::String
+    model_name::String
+    strategy::String
+    budget_bytes::Union{Int,Nothing}
+    memory_system::Dict{String,Any}
+    predicted_time_s::Union{Float64,Nothing}
+    solver::SolverStats
+    graph_summary::Dict{String,Any}
+    counts::Dict{String,Any}
+    config::Dict{String,Any}
+    notes::Vector{String}
+end
+
+"A row of the plan's tensor table: 0-based id, name, size in bytes, role (e.g. `\"weight\"`)."
+struct TensorInfo
+    id::Int
+    name::String
+    bytes::Int
+    role::String
+end
+
+"A row of the plan's kernel table: 0-based id, name, op type, and its input/output tensor ids."
+struct KernelInfo
+    id::Int
+    name::String
+    op_type::String
+    inputs::Vector{Int}
+    outputs::Vector{Int}
+end
+
+"""
+    Plan
+
+A parsed plan: `header`, `initial` (tensor id => tiers where a tensor without a producer
+starts), `records` (the schedule), and the `tensors`/`kernels` name tables (empty when the
+plan was written without them). Iterating a `Plan` yields its records in order.
+"""
+struct Plan
+    header::PlanHeader
+    initial::Dict{Int,Vector{Tier}}
+    records::Vector{Record}
+    tensors::Dict{Int,TensorInfo}
+    kernels::Dict{Int,KernelInfo}
+end
+
+# ---- iteration over the schedule --------------------------------------------------------
+Base.iterate(p::Plan, i::Int=1) = i > length(p.records) ? nothing : (p.records[i], i + 1)
+Base.length(p::Plan) = length(p.records)
+Base.eltype(::Type{Plan}) = Record
+Base.getindex(p::Plan, i::Integer) = p.records[i]
+Base.firstindex(p::Plan) = firstindex(p.records)
+Base.lastindex(p::Plan) = lastindex(p.records)
+Base.keys(p::Plan) = keys(p.records)
+
+function Base.show(io::IO, p::Plan)
+    h = p.header
+    print(io, "Plan(", repr(h.model_name), ", strategy=", h.strategy, ", ",
+        length(p.records), " records)")
+end
