@@ -89,6 +89,18 @@ def optimize(graph: TensorGraph, config: PlanConfig | None = None, *,
     return _optimize(graph, config or PlanConfig(), costs=costs)
 
 
+def baselines(graph: TensorGraph, config: PlanConfig | None = None, *,
+              costs: KernelCosts | None = None,
+              names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Plan and simulate the baselines (all-fast, all-slow, first-touch, lru, offload, 2lm) at
+    the budget of `config`: name -> `planning.baselines.BaselineResult`."""
+    from autotm_py.planning.baselines import BASELINES, run_baselines
+    from autotm_py.planning.solve import machine_model
+
+    model = machine_model(graph, config or PlanConfig(), costs)
+    return run_baselines(model, names or BASELINES)
+
+
 def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,
              strict: bool = True) -> SimulationResult:
     """Predicted timeline and memory curve of a plan; strict mode raises at a violation."""

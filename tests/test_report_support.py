@@ -63,3 +63,26 @@ def simulation_dict() -> dict:
                    "slow_bytes": [0, 2 * KIB, 2 * KIB, 2 * KIB, 2 * KIB, 0]},
         "total_s": 4.5 * ms,
     }
+
+
+def tiny_onnx(path, hidden: int = 256, layers: int = 4) -> str:
+    """A small MLP as an ONNX file (Gemm + Relu layers), for end-to-end tests."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits = [], []
+    prev = "x"
+    for i in range(layers):
+        w = numpy_helper.from_array(np.zeros((hidden, hidden), np.float32), f"w{i}")
+        inits.append(w)
+        nodes.append(helper.make_node("Gemm", [prev, f"w{i}"], [f"g{i}"], name=f"gemm{i}"))
+        nodes.append(helper.make_node("Relu", [f"g{i}"], [f"r{i}"], name=f"relu{i}"))
+        prev = f"r{i}"
+    graph = helper.make_graph(
+        nodes, "tiny_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, hidden])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [64, hidden])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return str(path)

@@ -19,6 +19,7 @@ from autotm_py.frontend.zoo import (
     DEFAULT_DIMS_KEY,
     INDEX_RANGES_KEY,
     ZOO,
+    build_graph,
     build_model,
     count_params,
     export_model,
@@ -319,3 +320,25 @@ def test_resnet50_runs_with_written_weights(tmp_path):
     session = ort.InferenceSession(str(path))
     logits = session.run(None, {"images": np.ones((2, 3, 224, 224), np.float32)})[0]
     assert logits.shape == (2, 1000) and np.isfinite(logits).all()
+
+
+# ---- through the importer --------------------------------------------------------------------
+def _output_shape(graph) -> tuple[int, ...]:
+    (out,) = graph.outputs
+    return graph.tensors[out].shape
+
+
+def test_build_graph_binds_defaults_and_overrides():
+    assert _output_shape(build_graph("dlrm")) == (128, 2)  # the file's default batch
+    assert _output_shape(build_graph("dlrm", batch=4)) == (4, 2)
+    gpt2 = build_graph("gpt2_small", dims={"batch": 2, "seq": 16})
+    assert _output_shape(gpt2) == (2, 16, 50257)
+    assert _output_shape(build_graph("bert_base", batch=3, dims={"seq": 8})) == (3, 8, 30522)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "dlrm", "inception_v4"])
+def test_imported_weights_are_the_models_parameters(name):
+    graph = build_graph(name, batch=2)
+    weights = sum(math.prod(t.shape) for t in graph.tensors if t.role.value == "weight")
+    assert weights == count_params(build_model(name), trainable_only=False)
+    graph.validate()

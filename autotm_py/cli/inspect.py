@@ -17,6 +17,7 @@ import click
 
 from autotm_py.cli import cli
 from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
+from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.ir.graph import TensorGraph
 from autotm_py.memory.budget import format_bytes
@@ -46,6 +47,7 @@ def inspect_report(graph: TensorGraph) -> dict[str, Any]:
         "source": graph.meta.get("source"),
         "training": "training" in graph.meta,
         "dims": graph.meta.get("dims", {}),
+        "batch": graph.meta.get("batch"),
         "kernels": len(graph.kernels),
         "unique_kernels": graph.unique_signatures,
         "ops": dict(Counter(k.op_type for k in graph.kernels).most_common()),
@@ -67,7 +69,7 @@ def _text(report: dict[str, Any]) -> str:
     lines = [
         f"model        {report['model']}" + (" (training iteration)" if report["training"]
                                              else " (forward)"),
-        f"dims         {_dims(report['dims'])}",
+        f"dims         {_dims(report['dims'], report['batch'])}",
         f"kernels      {report['kernels']} ({report['unique_kernels']} unique signatures)",
         f"tensors      {report['tensors']}",
         "",
@@ -85,19 +87,28 @@ def _text(report: dict[str, Any]) -> str:
         "(below the largest",
         "             working set no plan exists; at the peak everything fits)",
         "",
-        f"largest working sets (of {report['kernels']} kernels; all of them with --csv):",
-        f"  {'#':>5} {'kernel':<40} {'op':<18} {'working set':>12} {'live':>12}",
+        *_top_kernels(report),
     ]
+    return "\n".join(lines)
+
+
+def _top_kernels(report: dict[str, Any]) -> list[str]:
+    """The kernels with the largest working sets, beside the live footprint there."""
+    lines = [f"largest working sets (of {report['kernels']} kernels; all of them with --csv):",
+             f"  {'#':>5} {'kernel':<40} {'op':<18} {'working set':>12} {'live':>12}"]
     top = sorted(report["per_kernel"], key=lambda r: -r["working_set_bytes"])[:TOP_KERNELS]
     for row in top:
         lines.append(f"  {row['id']:>5} {_short(row['name'], 40):<40} {row['op'][:18]:<18} "
                      f"{format_bytes(row['working_set_bytes']):>12} "
                      f"{format_bytes(row['live_bytes']):>12}")
-    return "\n".join(lines)
+    return lines
 
 
-def _dims(dims: dict[str, int]) -> str:
-    return " ".join(f"{k}={v}" for k, v in dims.items()) or "(all fixed in the file)"
+def _dims(dims: dict[str, int], batch: int | None) -> str:
+    text = " ".join(f"{k}={v}" for k, v in dims.items())
+    if batch is not None and batch not in dims.values():
+        text += f" (--batch {batch}: first dim of every input)"
+    return text.strip() or "(all fixed in the file)"
 
 
 def _short(name: str, width: int = 48) -> str:
@@ -111,7 +122,11 @@ def write_csv(path: str, report: dict[str, Any]) -> None:
     writer.writeheader()
     for row in report["per_kernel"]:
         writer.writerow({k: row[k] for k in CSV_FIELDS})
-    atomic_write_text(path, buffer.getvalue())
+    try:
+        atomic_write_text(path, buffer.getvalue())
+    except OSError as exc:
+        raise ConfigError(f"--csv {path}: cannot write it ({exc.strerror or exc}); give a "
+                          "path in a writable folder") from None
 
 
 @cli.command("inspect")

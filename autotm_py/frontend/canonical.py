@@ -14,7 +14,7 @@ from autotm_py.frontend.fold_eval import foldable_ops
 from autotm_py.frontend.onnx_graph import OnnxNode
 from autotm_py.ir.ops import SUPPORTED_OPS
 
-__all__ = ["IMPORT_ONLY_OPS", "KernelSpec", "Lowered", "importable_ops", "lower"]
+__all__ = ["IMPORT_ONLY_OPS", "REGISTRY", "KernelSpec", "Lowered", "importable_ops", "lower"]
 
 # ONNX ops that import, but as another op of the vocabulary or as nothing at all.
 IMPORT_ONLY_OPS = ("Upsample",)

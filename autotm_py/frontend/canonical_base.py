@@ -44,6 +44,7 @@ class Ctx(Protocol):
     """What a canonicalizer may ask about tensors (shapes are static by now)."""
 
     opset: int
+    hint: str  # appended to shape errors (e.g. why --batch may have broken the graph)
 
     def shape(self, name: str) -> tuple[int, ...]: ...
 

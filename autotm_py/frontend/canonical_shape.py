@@ -7,11 +7,12 @@ Unsqueeze, Resize...), both read into the same attr; shapes are taken from shape
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-from autotm_py.errors import ModelImportError
+from autotm_py.errors import ModelImportError, ShapeError
 from autotm_py.frontend.canonical_base import (
     Ctx,
     Lowered,
@@ -28,7 +29,11 @@ from autotm_py.frontend.onnx_graph import OnnxNode, short_float
 @canonical("Reshape")
 def _reshape(node: OnnxNode, ctx: Ctx) -> Lowered:
     ctx.value(node, 1)  # the target must be constant, even though inference resolved it
-    return single(node, node.inputs[:1], {"shape": ctx.shape(node.outputs[0])})
+    src, dst = ctx.shape(node.inputs[0]), ctx.shape(node.outputs[0])
+    if math.prod(src) != math.prod(dst):  # ONNX shape inference does not check this
+        raise ShapeError(f"Reshape node '{node.label}' cannot reshape {src} "
+                         f"({math.prod(src)} elements) to {dst} ({math.prod(dst)}){ctx.hint}")
+    return single(node, node.inputs[:1], {"shape": dst})
 
 
 @canonical("Expand")
@@ -127,11 +132,14 @@ def _slice(node: OnnxNode, ctx: Ctx) -> Lowered:
 
 
 def _clamp(start: int, end: int, step: int, dim: int) -> tuple[int, int]:
+    """ONNX's clamping. The results keep ONNX meaning (clamping them again changes nothing):
+    a negative-step slice that runs through index 0 ends at -dim-1, not at -1."""
     start = start + dim if start < 0 else start
     end = end + dim if end < 0 else end
     if step > 0:
         return min(max(start, 0), dim), min(max(end, 0), dim)
-    return min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    end = min(max(end, -1), dim - 1)
+    return min(max(start, 0), dim - 1), -dim - 1 if end == -1 else end
 
 
 @canonical("Gather")

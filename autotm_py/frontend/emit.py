@@ -42,6 +42,7 @@ class ImportCtx:
     graph: OnnxGraph
     fold: FoldResult
     load: Callable[[str], np.ndarray]
+    hint: str = ""
     opset: int = 0
     _used: set[str] = field(default_factory=set)
     _names: set[str] = field(default_factory=set)
@@ -220,9 +221,9 @@ class Emitter:
 
 
 def build_graph(graph: OnnxGraph, fold: FoldResult, load: Callable[[str], np.ndarray],
-                meta: Mapping[str, Any]) -> TensorGraph:
+                meta: Mapping[str, Any], hint: str = "") -> TensorGraph:
     """The forward `TensorGraph` of a folded ONNX graph."""
-    ctx = ImportCtx(graph, fold, load)
+    ctx = ImportCtx(graph, fold, load, hint)
     lowered = lower_all(graph, fold, ctx)
     builder = GraphBuilder(graph.name)
     builder.meta.update(meta)

@@ -168,9 +168,26 @@ class Folder:
         floating = all(self.elem_type(o) in FLOAT_TYPES for o in outs)
         if not any(o in weightlike for o in outs) or not floating:
             return Mode.VALUE
-        if node.op_type in LAYOUT_OPS:
+        if node.op_type in LAYOUT_OPS and (node.op_type == "Identity" or self._sole_reader(node)):
             return Mode.SHAPE
         return Mode.KERNEL if supported else Mode.VALUE
+
+    def _sole_reader(self, node: OnnxNode) -> bool:
+        """True when no other node reads the layout op's input. Folding a Transpose of a weight
+        that is also read elsewhere (a tied embedding and output projection) would untie it
+        into two weights, so such a layout op stays a kernel."""
+        source = node.inputs[0]
+        return source not in self.graph.initializers or self._readers[source] <= 1 \
+            and source not in self.graph.outputs
+
+    @cached_property
+    def _readers(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for n in self.graph.nodes:
+            for name in set(n.inputs):
+                if name:
+                    counts[name] = counts.get(name, 0) + 1
+        return counts
 
     def _too_big(self, outs: list[str]) -> bool:
         shapes = [self.shape_of(o) for o in outs]

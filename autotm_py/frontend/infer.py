@@ -54,31 +54,10 @@ def infer_shapes(graph: OnnxGraph, nodes: Iterable[OnnxNode], input_shapes: Mapp
                  *, ir_version: int, opsets: list[onnx.OperatorSetIdProto],
                  hint: str = "") -> dict[str, TensorInfo]:
     """Run ONNX shape inference once on the skeleton; return the info of every tensor."""
-    node_list = list(nodes)
-    used = {n for node in node_list for n in node.inputs if n}
-    inputs = [helper.make_tensor_value_info(n, graph.inputs[n].type.tensor_type.elem_type,
-                                            list(s)) for n, s in input_shapes.items()]
-    inits = []
-    for name in sorted(used):
-        if name in input_shapes:
-            continue
-        if name in values and values[name].size <= INLINE_VALUE_ELEMENTS:
-            inits.append(numpy_helper.from_array(np.array(values[name], order="C"), name))
-        elif name in typed:
-            info = typed[name]
-            inputs.append(helper.make_tensor_value_info(name, info.elem_type, info.shape))
-    produced = {o for node in node_list for o in node.outputs}
-    outputs = [onnx.ValueInfoProto(name=n) for n in graph.outputs if n in produced]
-    skeleton = helper.make_model(
-        helper.make_graph([n.proto for n in node_list], graph.name or "g", inputs, outputs,
-                          initializer=inits),
-        opset_imports=opsets)
+    skeleton = _skeleton(graph, list(nodes), input_shapes, values, typed)
+    skeleton.opset_import.extend(opsets)
     skeleton.ir_version = max(ir_version, 4)  # IR >= 4: initializers need not be inputs
-    try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
-        raise ShapeError(f"ONNX shape inference failed on model '{graph.source}': "
-                         f"{_first_line(str(exc))}{hint}") from None
+    inferred = _run_inference(skeleton, graph.source, hint)
     found: dict[str, TensorInfo] = {}
     for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
         info = info_of(value)
@@ -87,6 +66,47 @@ def infer_shapes(graph: OnnxGraph, nodes: Iterable[OnnxNode], input_shapes: Mapp
     for init in inferred.graph.initializer:
         found[init.name] = TensorInfo(init.data_type, tuple(init.dims))
     return found
+
+
+def _run_inference(skeleton: onnx.ModelProto, source: str, hint: str) -> onnx.ModelProto:
+    """Strict inference with data propagation (it resolves most Shape->Reshape chains); data
+    propagation is only a shortcut (we fold those chains anyway), so if it trips, retry
+    without it before reporting the error."""
+    errors = (onnx.shape_inference.InferenceError, onnx.checker.ValidationError)
+    try:
+        return onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True)
+    except errors as exc:
+        first = exc
+    try:
+        return onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=False)
+    except errors:
+        fix = hint or "; the shapes are inconsistent: check --batch/--dim or re-export the model"
+        raise ShapeError(f"ONNX shape inference failed on model '{source}': "
+                         f"{_first_line(str(first))}{fix}") from None
+
+
+def _skeleton(graph: OnnxGraph, nodes: list[OnnxNode], input_shapes: Mapping[str, tuple],
+              values: Mapping[str, np.ndarray], typed: Mapping[str, TensorInfo]
+              ) -> onnx.ModelProto:
+    """The nodes, the bound inputs, small values as initializers, other statics as typed
+    inputs, and the outputs without their (possibly stale) shapes."""
+    used = {n for node in nodes for n in node.inputs if n}
+    inputs = [helper.make_tensor_value_info(n, graph.inputs[n].type.tensor_type.elem_type,
+                                            list(s)) for n, s in input_shapes.items()]
+    inits = []
+    for name in sorted(used - set(input_shapes)):
+        if name in values and values[name].size <= INLINE_VALUE_ELEMENTS:
+            inits.append(numpy_helper.from_array(np.array(values[name], order="C"), name))
+        elif name in typed:
+            info = typed[name]
+            inputs.append(helper.make_tensor_value_info(name, info.elem_type, info.shape))
+    produced = {o for node in nodes for o in node.outputs}
+    outputs = [onnx.ValueInfoProto(name=n) for n in graph.outputs if n in produced]
+    proto = helper.make_graph([n.proto for n in nodes], graph.name or "g", inputs, outputs,
+                              initializer=inits)
+    model = onnx.ModelProto()
+    model.graph.CopyFrom(proto)
+    return model
 
 
 def _first_line(text: str) -> str:

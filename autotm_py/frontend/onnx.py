@@ -22,11 +22,11 @@ import onnx
 import onnx.inliner
 
 from autotm_py.errors import UnsupportedOpError
-from autotm_py.frontend.canonical import importable_ops
+from autotm_py.frontend.canonical import REGISTRY, importable_ops
 from autotm_py.frontend.dims import Binding, bind_inputs
 from autotm_py.frontend.emit import build_graph
 from autotm_py.frontend.fold import Folder
-from autotm_py.frontend.onnx_graph import OnnxGraph, parse_graph
+from autotm_py.frontend.onnx_graph import OnnxGraph, OnnxNode, parse_graph
 from autotm_py.frontend.onnx_load import (
     check_external_locations,
     default_opset,
@@ -84,10 +84,11 @@ def import_model(model: onnx.ModelProto, *, batch: int | None = None,
     _check_ops(graph)
     binding = bind_inputs(graph.inputs, source=label, batch=batch, dims=dims,
                           defaults=parse_default_dims(model, label))
-    folder = Folder(graph, binding.shapes, model, hint=_rebatch_hint(binding, batch))
+    hint = _rebatch_hint(binding, batch)
+    folder = Folder(graph, binding.shapes, model, hint=hint)
     fold = folder.run()
     meta = _meta(model, graph, binding, batch, source, fold.rounds)
-    result = build_graph(graph, fold, folder.value_of, meta)
+    result = build_graph(graph, fold, folder.value_of, meta, hint)
     log.info("imported %s: %d ONNX nodes -> %d kernels, %d tensors in %.2f s (%d inference "
              "rounds)", label, len(graph.nodes), len(result.kernels), len(result.tensors),
              time.perf_counter() - start, fold.rounds)
@@ -95,13 +96,26 @@ def import_model(model: onnx.ModelProto, *, batch: int | None = None,
 
 
 def _check_ops(graph: OnnxGraph) -> None:
-    """Reject other domains and control flow before shape inference sees them."""
+    """Reject, before shape inference sees them, ops of other domains, control flow, and
+    ops without a canonical form that cannot be constant (they would have to run as kernels).
+    A tensor may be constant when it derives only from initializers, Constant nodes and
+    Shape/Size; graph inputs never are."""
+    maybe_static = set(graph.initializers)
     for node in graph.nodes:
-        bad_domain = node.domain != ""
-        if bad_domain or node.op_type in CONTROL_FLOW or \
+        if node.domain != "" or node.op_type in CONTROL_FLOW or \
                 not onnx.defs.has(node.op_type, node.domain):
-            raise UnsupportedOpError(node.op_type, domain=node.domain, opset=graph.opset,
-                                     node=node.label, supported=importable_ops())
+            _unsupported(graph, node)
+        static = node.op_type in ("Shape", "Size") or \
+            all(i in maybe_static for i in node.inputs if i)
+        if static:
+            maybe_static.update(node.outputs)
+        elif node.op_type not in REGISTRY:
+            _unsupported(graph, node)
+
+
+def _unsupported(graph: OnnxGraph, node: OnnxNode) -> None:
+    raise UnsupportedOpError(node.op_type, domain=node.domain, opset=graph.opset,
+                             node=node.label, supported=importable_ops())
 
 
 def _rebatch_hint(binding: Binding, batch: int | None) -> str:

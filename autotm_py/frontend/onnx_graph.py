@@ -91,6 +91,10 @@ def parse_graph(model: onnx.ModelProto, *, opset: int, source: str, name: str,
                 base_dir: Path | None) -> OnnxGraph:
     """Parse and check the main graph; raise `ModelImportError` naming what is broken."""
     g = model.graph
+    if g.sparse_initializer:
+        raise ModelImportError(f"model '{source}' has sparse initializers (e.g. "
+                               f"'{g.sparse_initializer[0].values.name}'), which autotm does not "
+                               "support; convert them to dense initializers")
     initializers = {t.name: t for t in g.initializer}
     inputs = {v.name: v for v in g.input if v.name not in initializers}
     nodes = [_parse_node(i, p) for i, p in enumerate(g.node)]

@@ -23,14 +23,15 @@ Per-op notes (the training rules and torch kernels rely on these):
   inputs (longer sums become a chain of Sums).
 - Cast: `to` is the target dtype as a string of `DTYPE_SIZES` ("float16", "int64"...).
 - Clip: `min`/`max` are floats, or None when absent.
-- Dropout: `ratio` (float), `training_mode` (0/1). Dropout, BatchNormalization, MaxPool and
-  LayerNormalization have exactly one output (Y); optional extra outputs are dropped.
+- Dropout: `ratio` (float), `training_mode` (0/1). In an imported (forward) graph, Dropout,
+  BatchNormalization, MaxPool and LayerNormalization have exactly one output (Y): optional
+  extra outputs are dropped (the training derivation may add its own).
 - ReduceMean/ReduceSum: `axes` is explicit (all axes when the file gave none), `keepdims` 0/1.
 - Reshape and Expand: `shape` is the explicit output shape (no 0 or -1 left).
 - Squeeze/Unsqueeze: `axes` sorted, non-negative (Unsqueeze's relative to the output rank).
 - Split: `split` lists every output's size along `axis`.
-- Slice: `starts ends axes steps` all explicit, clamped as ONNX defines (for a negative step
-  `end` may be -1, meaning "through index 0").
+- Slice: `starts ends axes steps` all explicit, clamped as ONNX defines; clamping them again
+  changes nothing (a negative-step slice through index 0 has `end` = -dim-1).
 - Gather: `axis` non-negative; constant indices are a CONSTANT tensor with non-negative values.
 - Pad: `pads` covers every axis (2 * rank values), `axes` lists all axes, `constant_value` is
   a number, `mode` is constant|reflect|edge|wrap.

@@ -305,7 +305,8 @@ def add_epigraph(f: Formulation) -> None:
     (AutoTM 1.5.8, with one term per copy engine in GPU mode and the shared-link term)."""
     for kid, terms in f.async_terms.items():
         const, expr = f.kernel_time[kid]
-        y = f.var(f"y{kid}", const * MS, None, binary=False)
+        # y_k >= T_k is a bound when T_k is a constant (GPU), else a row (host placements)
+        y = f.var(f"y{kid}", 0.0 if expr else const * MS, None, binary=False)
         rows = [(const, expr)] + [(0.0, t) for t in terms.values()]
         for rhs, term in rows:
             if not term:

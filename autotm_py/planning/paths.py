@@ -9,13 +9,13 @@ layer has up to three vertices (AutoTM section 1.3):
 
 Edges:
 
-| edge                 | meaning                                                   | cost |
-|----------------------|-----------------------------------------------------------|------|
-| SOURCE -> F0_0 / S_0 | where it starts (given) or where its producer writes it   | none |
-| X_j -> X_j+1         | stays                                                     | none |
-| F0_j -> S_j+1        | eviction that writes it to the slow tier (at most once)   | write, mode of gadget j |
-| F1_j -> S_j+1        | drops the fast copy; the slow copy is still valid         | none |
-| S_j -> F1_j          | read into fast memory at gadget j                         | read, mode of gadget j |
+| edge                 | meaning                                                | cost            |
+|----------------------|--------------------------------------------------------|-----------------|
+| SOURCE -> F0_0, S_0  | where it starts (given) or its producer writes it      | none            |
+| X_j -> X_j+1         | stays                                                  | none            |
+| F0_j -> S_j+1        | write-eviction to the slow tier (at most once)         | write, gadget j |
+| F1_j -> S_j+1        | drops the fast copy; the slow copy is still valid      | none            |
+| S_j -> F1_j          | read into fast memory at gadget j                      | read, gadget j  |
 
 Tensors are immutable (SSA), so F0 cannot be re-entered once left: a tensor is written at most
 once and every later eviction is free, while each read is paid. The path's last layer is

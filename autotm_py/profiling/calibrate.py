@@ -3,16 +3,16 @@
 Measured with torch on one CUDA device (`measure_tables`), every copy timed by CUDA events:
 - pinned and pageable host->device and device->host copies over sizes (1 MiB .. 1 GiB);
 - both directions at once (two copy streams), total bytes over the longer of the two;
-- copies while a matrix product runs on another stream (interference): copy bandwidth under
-  compute, and how much the compute slows down;
+- copies while matrix products run on another stream (interference): each direction alone
+  and both at once under compute, and how much the compute slows down;
 - a device-to-device copy (the HBM rate, bytes read plus written);
 - the cost of allocating pinned host memory (`torch.empty(pin_memory=True)`) by size, first
   allocation and reuse through torch's caching host allocator.
 
 `summarize` (pure, unit-tested on CPU) fits the tables into a `MemorySystem` with the model
 time = latency + bytes / bandwidth (`fit_link`: bandwidth from the sizes >= 64 MiB, latency from
-all sizes); asynchronous rates are those measured under compute, and the raw tables stay in
-`measured`.
+all sizes); asynchronous rates are one direction's rate under compute (both directions at once
+are `both_directions_bw`), and the raw tables stay in `measured`.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def _buffers(nbytes: int, device: str) -> dict[str, torch.Tensor]:
 
 def _copy_samples(buf: Mapping[str, torch.Tensor], repeats: int,
                   streams: Sequence[torch.cuda.Stream]) -> dict[str, list[float]]:
-    """Seconds per repeat of each copy kind for one size."""
+    """Seconds per repeat of each copy kind for one size (after one warm-up each)."""
     h2d, d2h = streams[0], streams[1]
     copies: dict[str, tuple[Callable[[], Any], torch.cuda.Stream]] = {
         "h2d_pinned": (lambda: buf["dev"].copy_(buf["pinned"], non_blocking=True), h2d),
@@ -144,31 +144,13 @@ def _copy_samples(buf: Mapping[str, torch.Tensor], repeats: int,
     }
     out: dict[str, list[float]] = {}
     for name, (fn, stream) in copies.items():
-        _timed(fn, stream)  # warm-up
+        _timed(fn, stream)
         out[name] = [_timed(fn, stream) for _ in range(repeats)]
-    out["both_pinned"] = [_both_ways(buf, h2d, d2h) for _ in range(repeats + 1)][1:]
+    # both directions at once, on their own buffers: from the common start to the later end
+    both = [(lambda: buf["dev"].copy_(buf["pinned"], non_blocking=True), h2d),
+            (lambda: buf["pinned2"].copy_(buf["dev2"], non_blocking=True), d2h)]
+    out["both_pinned"] = [max(_concurrent(both)) for _ in range(repeats + 1)][1:]
     return out
-
-
-def _both_ways(buf: Mapping[str, torch.Tensor], h2d: torch.cuda.Stream,
-               d2h: torch.cuda.Stream) -> float:
-    """Seconds for one H2D and one D2H copy of the size started together on two streams: from
-    the common start to the later end."""
-    import torch
-
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    start.record()
-    for stream, end, (dst, src) in zip((h2d, d2h), ends, ((buf["dev"], buf["pinned"]),
-                                                         (buf["pinned2"], buf["dev2"])),
-                                       strict=True):
-        stream.wait_event(start)
-        with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
-            end.record(stream)
-    torch.cuda.synchronize()
-    return max(start.elapsed_time(e) for e in ends) / 1e3
 
 
 def measure_tables(device: str = "cuda", *, sizes: Sequence[int] = DEFAULT_SIZES,
@@ -218,8 +200,9 @@ def _concurrent(jobs: Sequence[tuple[Callable[[], Any], torch.cuda.Stream]]) -> 
 
 def measure_interference(device: str, nbytes: int,
                          streams: Sequence[torch.cuda.Stream]) -> dict[str, float]:
-    """Copies of `nbytes` each way while bf16 matrix products run on a third stream, sized to
-    outlast the copies: copy rates under compute and the compute's slowdown."""
+    """Copies of `nbytes` while bf16 matrix products run on a third stream, sized to outlast
+    the copies: each direction alone under compute, then both directions under compute, and
+    how much the compute slows down."""
     import torch
 
     buf = _buffers(nbytes, device)
@@ -227,16 +210,20 @@ def measure_interference(device: str, nbytes: int,
     one = min(_timed(lambda: a @ a, streams[2]) for _ in range(3))
     h2d = (lambda: buf["dev"].copy_(buf["pinned"], non_blocking=True), streams[0])
     d2h = (lambda: buf["pinned2"].copy_(buf["dev2"], non_blocking=True), streams[1])
-    copy_alone = max(_concurrent([h2d, d2h]))
-    count = max(int(2 * copy_alone / one) + 1, 2)
+    both_alone = max(_concurrent([h2d, d2h]))
+    count = max(int(2 * both_alone / one) + 1, 2)
     compute = (lambda: [a @ a for _ in range(count)], streams[2])
     compute_alone = _concurrent([compute])[0]
-    t_compute, t_h2d, t_d2h = _concurrent([compute, h2d, d2h])
-    return {"bytes": nbytes, "h2d_gbps": nbytes / t_h2d / 1e9,
-            "d2h_gbps": nbytes / t_d2h / 1e9,
-            "both_alone_gbps": 2 * nbytes / copy_alone / 1e9,
-            "compute_alone_s": compute_alone, "compute_with_copies_s": t_compute,
-            "compute_slowdown": t_compute / compute_alone, "matmuls": count}
+    c_h2d, t_h2d = _concurrent([compute, h2d])
+    c_d2h, t_d2h = _concurrent([compute, d2h])
+    c_both, both_h2d, both_d2h = _concurrent([compute, h2d, d2h])
+    gbps = nbytes / 1e9
+    return {"bytes": nbytes, "h2d_gbps": gbps / t_h2d, "d2h_gbps": gbps / t_d2h,
+            "both_h2d_gbps": gbps / both_h2d, "both_d2h_gbps": gbps / both_d2h,
+            "both_alone_gbps": 2 * gbps / both_alone, "compute_alone_s": compute_alone,
+            "compute_with_h2d_s": c_h2d, "compute_with_d2h_s": c_d2h,
+            "compute_with_both_s": c_both,
+            "compute_slowdown": max(c_h2d, c_d2h, c_both) / compute_alone, "matmuls": count}
 
 
 def measure_pin_alloc(sizes: Sequence[int], repeats: int = 3) -> list[dict[str, float]]:

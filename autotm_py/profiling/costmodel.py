@@ -90,7 +90,13 @@ def numel(shape: Shape) -> int:
 # Ops that runtime/kernels.py runs as torch views of their input (no copy, no arithmetic):
 # only the per-kernel cost remains.
 VIEW_OPS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
-                      "Expand", "Split", "Slice", "ReshapeGrad", "TransposeGrad"})
+                      "Expand", "Split", "Slice", "ReshapeGrad", "TransposeGrad", "ConcatGrad"})
+
+# Kernels that stream their operands more than once: training-mode batch normalization reads
+# X for the statistics and again to normalize; its gradient reads X and dY for the reductions
+# and again for dX. Traffic = bytes * factor.
+MEMORY_PASSES: dict[str, float] = {"BatchNormalization": 1.5, "BatchNormGrad": 1.6,
+                                   "LayerNormalization": 1.5, "LayerNormGrad": 1.6}
 
 
 # ---- FLOP rules --------------------------------------------------------------------------------
@@ -262,7 +268,8 @@ class Roofline:
             return 0.0
         flops = flops_of(shape)
         compute = flops / (self.peak(shape.dtype, "Conv" in shape.op) * self.compute_eff)
-        memory = shape.bytes / (self.mem_bw * self.memory_eff)
+        traffic = shape.bytes * MEMORY_PASSES.get(shape.op, 1.0)
+        memory = traffic / (self.mem_bw * self.memory_eff)
         return max(compute, memory)
 
     def time_s(self, shape: OpShape) -> float:

@@ -32,7 +32,8 @@ from autotm_py.profiling.costmodel import OpShape, Roofline
 # Integer-tuple attributes that describe the op itself, never a size: they must match exactly.
 STRUCTURAL_ATTRS = frozenset({
     "kernel_shape", "strides", "pads", "dilations", "output_padding", "perm", "axes", "group",
-    "auto_pad", "ceil_mode", "count_include_pad", "storage_order", "split_axis",
+    "auto_pad", "ceil_mode", "count_include_pad", "storage_order", "split_axis", "keep",
+    "present",
 })
 
 

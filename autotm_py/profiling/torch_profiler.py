@@ -11,6 +11,7 @@ with a pair of CUDA events around each run.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ def make_inputs(graph: TensorGraph, kernel: Kernel, device: str,
     for slot, tid in enumerate(kernel.inputs):
         t = graph.tensors[tid]
         if tid in graph.constants:
-            args.append(torch.as_tensor(np.asarray(graph.constants[tid])).to(device))
+            args.append(torch.as_tensor(np.array(graph.constants[tid])).to(device))
             continue
         dtype = torch_dtype(t.dtype)
         if t.dtype == "bool":
@@ -194,6 +195,8 @@ def measure_roofline(device: str, name: str, runner: Runner | None = None) -> Ro
         b = torch.rand(n, n, device=device).to(torch_dtype(dtype))
         peaks[dtype] = 2.0 * n**3 / _best_of(lambda a=a, b=b: a @ b, sync, 3)
     peaks["float16"] = peaks["bfloat16"]
+    if cuda:  # fp32 convolutions run on TF32 tensor cores by cuDNN's default
+        peaks["tf32"] = _tf32_peak(n, device, sync)
     src = torch.empty(copy_bytes // 4, device=device)
     dst = torch.empty_like(src)
     bw = 2.0 * copy_bytes / _best_of(lambda: dst.copy_(src), sync, 3)
@@ -203,7 +206,28 @@ def measure_roofline(device: str, name: str, runner: Runner | None = None) -> Ro
                     compute_eff=0.7, memory_eff=0.9, conv_tf32=cuda,
                     source=f"measured by torch {torch.__version__} on {name}, {when}",
                     extra={"threads": torch.get_num_threads(), "matmul_n": n,
-                           "copy_bytes": copy_bytes})
+                           "copy_bytes": copy_bytes, "loadavg_1min": _loadavg()})
+
+
+def _loadavg() -> float | None:
+    """The 1-minute load average when measured: other work on a shared machine skews CPU
+    profiles, so it is recorded beside them."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def _tf32_peak(n: int, device: str, sync: Callable[[], None]) -> float:
+    import torch
+
+    a = torch.rand(n, n, device=device)
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return 2.0 * n**3 / _best_of(lambda: a @ a, sync, 3)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
 
 
 def _dispatch_cost(device: str, runner: Runner, sync: Callable[[], None]) -> float:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autotm_py.config import PlanConfig
-from autotm_py.errors import AutoTMError, ConfigError
+from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.memory.budget import parse_ratio
 from autotm_py.report import bench_env
@@ -34,16 +34,16 @@ log = logging.getLogger(__name__)
 BENCH_FORMAT, BENCH_VERSION = "autotm-bench", 1
 ROW_KEY = ("model", "batch", "training", "device", "memory", "ratio", "strategy", "solver")
 # baselines in the order of the columns; names as in `autotm_py.planning.baselines`
-BASELINES = ("all_fast", "all_slow", "first_touch", "lru", "offload")
+BASELINES = ("all_fast", "all_slow", "first_touch", "lru", "offload", "2lm")
 COLUMNS = (
     *ROW_KEY, "mode", "budget_bytes", "peak_bytes", "max_working_set_bytes", "kernels",
     "status", "variables", "constraints", "build_s", "solve_s", "gap", "hit_time_limit",
     "predicted_s", "all_fast_s", "slowdown", "all_slow_s", "first_touch_s", "lru_s",
-    "offload_s", "oracle_s", "bytes_to_fast", "bytes_to_slow", "sync_bytes_to_fast",
+    "offload_s", "2lm_s", "oracle_s", "bytes_to_fast", "bytes_to_slow", "sync_bytes_to_fast",
     "sync_bytes_to_slow", "async_bytes_to_fast", "async_bytes_to_slow", "input_fast_fraction",
     "output_fast_fraction", "peak_fast_bytes", "estimated_kernels", "measured_s",
     "measured_peak_fast_bytes", "measured_all_fast_s", "measured_all_slow_s",
-    "measured_first_touch_s", "measured_lru_s", "measured_offload_s", "error",
+    "measured_first_touch_s", "measured_lru_s", "measured_offload_s", "error", "notes",
     "machine", "device_name", "versions", "date",
 )
 
@@ -124,7 +124,7 @@ def run_bench(spec: BenchSpec, output: str | os.PathLike[str], *,
 
     csv_path, json_path = output_paths(output)
     rows = read_rows(csv_path, json_path)
-    done = {tuple(_cell(r.get(k)) for k in ROW_KEY) for r in rows}
+    done = {_key(r) for r in rows if not r.get("error")}  # failed rows are retried
     todo = [c for c in spec.cells() if spec.row_key(*c) not in done]
     result = BenchResult(rows, skipped=sum(1 for _ in spec.cells()) - len(todo),
                          paths=(csv_path, json_path))
@@ -138,6 +138,7 @@ def run_bench(spec: BenchSpec, output: str | os.PathLike[str], *,
         row = runner.row(ratio, strategy, solver)
         row.update(env)
         result.failed += bool(row.get("error"))
+        rows[:] = [r for r in rows if _key(r) != _key(row)]
         rows.append(row)
         result.ran += 1
         write_results(rows, csv_path, json_path, spec)
@@ -146,6 +147,10 @@ def run_bench(spec: BenchSpec, output: str | os.PathLike[str], *,
     if not todo:
         write_results(rows, csv_path, json_path, spec)
     return result
+
+
+def _key(row: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(_cell(row.get(k)) for k in ROW_KEY)
 
 
 def output_paths(output: str | os.PathLike[str]) -> tuple[Path, Path]:
@@ -189,7 +194,3 @@ def write_results(rows: Sequence[Mapping[str, Any]], csv_path: Path, json_path: 
 def _spec_dict(spec: BenchSpec) -> dict[str, Any]:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.__dict__.items()
             if k != "dims"} | {"dims": dict(spec.dims)}
-
-
-__all__ = ["BASELINES", "COLUMNS", "ROW_KEY", "AutoTMError", "BenchResult", "BenchSpec",
-           "read_rows", "run_bench", "write_results"]

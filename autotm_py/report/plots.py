@@ -57,10 +57,14 @@ def byte_scale(max_bytes: float) -> tuple[float, str]:
     return 1.0, "B"
 
 
-def time_label(tl: Timeline) -> str:
+def time_axis(tl: Timeline) -> tuple[float, str]:
+    """A factor for the timeline's times and the axis label (s, ms or µs as they read best)."""
     if tl.unit == "step":
-        return "plan step (kernels and sync moves, in order)"
-    return "time (s)"
+        return 1.0, "plan step (kernels and sync moves, in order)"
+    for factor, unit in ((1.0, "s"), (1e3, "ms")):
+        if tl.total * factor >= 1.0:
+            return factor, f"time ({unit})"
+    return 1e6, "time (µs)"
 
 
 # ---- memory timeline -----------------------------------------------------------------------
@@ -81,7 +85,9 @@ def plot_memory(predicted: Timeline, measured: Timeline | None = None) -> Figure
 
 
 def _memory_column(ax_fast: Any, ax_slow: Any, tl: Timeline, scale: float, unit: str) -> None:
-    t = np.append(tl.memory_t, tl.total) if len(tl.memory_t) else np.array([0.0, tl.total])
+    factor, label = time_axis(tl)
+    t = factor * (np.append(tl.memory_t, tl.total) if len(tl.memory_t) else
+                  np.array([0.0, tl.total]))
     for ax, values, tier in ((ax_fast, tl.memory_fast, "fast"), (ax_slow, tl.memory_slow, "slow")):
         y = np.append(values, values[-1]) / scale if len(values) else np.zeros(2)
         label = "modelled" if tl.source != "measured" else "plan bytes on measured times"
@@ -98,7 +104,7 @@ def _memory_column(ax_fast: Any, ax_slow: Any, tl: Timeline, scale: float, unit:
                         label=f"measured peak {tl.measured_peak_fast_bytes / scale:.3g} {unit}")
     ax_fast.set_title(f"{tl.source} ({'steps' if tl.unit == 'step' else 'seconds'})")
     ax_fast.legend(loc="upper right", fontsize="small")
-    ax_slow.set_xlabel(time_label(tl))
+    ax_slow.set_xlabel(label)
 
 
 # ---- residency heatmap ---------------------------------------------------------------------
@@ -131,8 +137,10 @@ def plot_residency(view: PlanView, res: Residency, *, max_tensors: int = 300) ->
     _label_rows(ax, view, rows)
     ax.set_xlabel("kernel (plan order)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    shown = f"{len(rows)} of {sum(1 for c in res.changes if c)} tensors"
-    ax.set_title(f"Where each tensor lives while each kernel runs ({shown}; moved tensors first)")
+    present = sum(1 for c in res.changes if c)
+    shown = f"all {present} tensors" if len(rows) == present else \
+        f"{len(rows)} of {present} tensors: the moved ones, then the largest"
+    ax.set_title(f"Where each tensor lives while each kernel runs ({shown})")
     handles = [Patch(color=TIER_COLOURS["fast"], label="fast"),
                Patch(color=TIER_COLOURS["slow"], label="slow"),
                Patch(color=TIER_COLOURS["both"], label="fast + slow copy"),
@@ -174,14 +182,15 @@ def _short(name: str, width: int = 32) -> str:
 def plot_moves(tl: Timeline, *, bins: int = 60) -> Figure:
     """Bytes copied per direction over time (mirrored bars) and cumulatively."""
     fig, (ax_bins, ax_cum) = new_figure(10.0, 6.0, nrows=2, sharex=True)
-    total = max(tl.total, 1e-12)
+    factor, label = time_axis(tl)
+    total = max(tl.total * factor, 1e-12)
     edges = np.linspace(0.0, total, bins + 1)
     moved = {to: [m for m in tl.moves if m.to == to] for to in ("fast", "slow")}
     top = max([sum(m.nbytes for m in ms) for ms in moved.values()] + [1])
     scale, unit = byte_scale(top)
     width = edges[1] - edges[0]
     for to, sign in (("fast", 1.0), ("slow", -1.0)):
-        starts = np.array([m.start for m in moved[to]], dtype=float)
+        starts = np.array([m.start * factor for m in moved[to]], dtype=float)
         sizes = np.array([m.nbytes for m in moved[to]], dtype=float) / scale
         hist, _ = np.histogram(starts, bins=edges, weights=sizes)
         ax_bins.bar(edges[:-1], sign * hist, width=width, align="edge",
@@ -196,7 +205,7 @@ def plot_moves(tl: Timeline, *, bins: int = 60) -> Figure:
     ax_bins.set_title(f"Bytes copied between tiers ({tl.source})")
     ax_bins.legend(fontsize="small")
     ax_cum.set_ylabel(f"cumulative ({unit})")
-    ax_cum.set_xlabel(time_label(tl))
+    ax_cum.set_xlabel(label)
     ax_cum.legend(fontsize="small", loc="upper left")
     for ax in (ax_bins, ax_cum):
         ax.grid(alpha=0.3)

@@ -33,7 +33,7 @@ def overview(plan: Plan, res: Residency, predicted: Timeline,
         "solver": h.solver.solver, "status": h.solver.status, "gap": h.solver.gap,
         "variables": h.solver.variables, "constraints": h.solver.constraints,
         "build_s": h.solver.build_s, "solve_s": h.solver.solve_s,
-        "timeline": predicted.source, "peak_fast_bytes": res.peak_fast_bytes,
+        "timeline": predicted.source, "peak_fast_bytes": predicted.peak_fast_bytes,
         "kernels": len(res.order), "records": len(plan.records),
     }
     if predicted.unit == "s":
@@ -84,7 +84,7 @@ def _headline_rows(plan: Plan, info: Mapping[str, Any]) -> list[tuple[str, str]]
                    f"build {info['build_s']:.2f} s, solve {info['solve_s']:.2f} s"),
         ("predicted iteration", _seconds(info["predicted_time_s"])),
         ("timeline", info["timeline"]),
-        ("peak fast-tier tensor bytes (modelled)", format_bytes(info["peak_fast_bytes"])
+        ("peak fast-tier bytes (modelled)", format_bytes(info["peak_fast_bytes"])
          + (f" ({_pct(info['peak_fast_bytes'] / budget)} of budget)" if budget else "")),
     ]
     if "measured_median_s" in info:

@@ -59,9 +59,12 @@ class Timeline:
     measured_peak_fast_bytes: int | None = None
     iteration_times_s: tuple[float, ...] = ()
     notes: tuple[str, ...] = ()
+    modelled_peak_bytes: int | None = None  # exact peak (a curve may merge same-instant points)
 
     @property
     def peak_fast_bytes(self) -> int:
+        if self.modelled_peak_bytes is not None:
+            return self.modelled_peak_bytes
         return int(self.memory_fast.max()) if len(self.memory_fast) else 0
 
 
@@ -69,11 +72,18 @@ def _record_curve(record_time: Sequence[float], res: Residency
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Tier bytes after each record on a time axis; records at one instant (the frees after a
     kernel, the copies and outputs of the next) collapse into the last value at that time."""
-    if not record_time:
-        return np.zeros(0), res.fast_bytes[:0], res.slow_bytes[:0]
-    t = np.maximum.accumulate(np.asarray(record_time, dtype=float))
+    return last_per_instant(np.asarray(record_time, dtype=float), res.fast_bytes,
+                            res.slow_bytes)
+
+
+def last_per_instant(t: np.ndarray, fast: np.ndarray, slow: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Make times non-decreasing and keep the last point of each instant."""
+    if not len(t):
+        return t, fast[:0], slow[:0]
+    t = np.maximum.accumulate(t)
     last = np.append(t[1:] != t[:-1], True)
-    return t[last], res.fast_bytes[last], res.slow_bytes[last]
+    return t[last], fast[last], slow[last]
 
 
 def plan_order_timeline(plan: Plan, res: Residency) -> Timeline:
@@ -106,7 +116,8 @@ def plan_order_timeline(plan: Plan, res: Residency) -> Timeline:
             end = start + width
         moves.append(MoveSpan(m.record, m.tensor, m.to, m.mode, start, end, m.nbytes, m.consumer))
     return Timeline("plan-order", "step", kernels, tuple(moves),
-                    *_record_curve(record_time, res), plan.header.budget_bytes, t)
+                    *_record_curve(record_time, res), plan.header.budget_bytes, t,
+                    modelled_peak_bytes=res.peak_fast_bytes)
 
 
 def measured_timeline(run: Mapping[str, Any], plan: Plan, res: Residency,
@@ -137,7 +148,8 @@ def measured_timeline(run: Mapping[str, Any], plan: Plan, res: Residency,
     peak = run.get("peak_fast_bytes")
     return Timeline("measured", "s", kernels, (), mem_t, fast, slow,
                     run.get("budget_bytes", plan.header.budget_bytes), total,
-                    None if peak is None else int(peak), iterations, tuple(notes))
+                    None if peak is None else int(peak), iterations, tuple(notes),
+                    modelled_peak_bytes=res.peak_fast_bytes)
 
 
 def _end_to_end(plan: Plan, res: Residency,
@@ -169,7 +181,7 @@ def _first(data: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
 def simulated_timeline(sim: Mapping[str, Any], plan: Plan, res: Residency,
                        *, origin: str = "timeline") -> Timeline:
     """The simulator's per-kernel and per-move times and its memory curve, as a Timeline."""
-    if not isinstance(sim, Mapping) or not isinstance(sim.get("kernels"), list):
+    if not isinstance(sim, Mapping) or not isinstance(sim.get("kernels"), list | tuple):
         raise PlanError(f"{origin}: not a simulation result (no \"kernels\" list); write one "
                         "with `autotm simulate MODEL --plan plan.json -o timeline.json`")
     try:
@@ -196,9 +208,10 @@ def _simulated(sim: Mapping[str, Any], plan: Plan, res: Residency) -> Timeline:
     mem_t, fast, slow = _memory_curve(sim.get("memory"))
     total = float(_first(sim, "total_s", "time_s", "predicted_time_s",
                          default=max([k.end for k in kernels] + [0.0])))
+    peak = _first(sim, "fast_peak_bytes", default=int(fast.max()) if len(fast) else 0)
     return Timeline("simulated", "s", kernels, tuple(moves), mem_t, fast, slow,
                     _first(sim, "budget_bytes", default=plan.header.budget_bytes), total,
-                    notes=tuple(sim.get("notes", ())))
+                    notes=tuple(sim.get("notes", ())), modelled_peak_bytes=int(peak))
 
 
 def _memory_curve(memory: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -210,6 +223,6 @@ def _memory_curve(memory: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     else:
         cols = {key: [row[key] for row in memory] for key in ("time_s", "fast_bytes",
                                                               "slow_bytes")}
-    return (np.asarray(cols["time_s"], dtype=float),
-            np.asarray(cols["fast_bytes"], dtype=np.int64),
-            np.asarray(cols["slow_bytes"], dtype=np.int64))
+    return last_per_instant(np.asarray(cols["time_s"], dtype=float),
+                            np.asarray(cols["fast_bytes"], dtype=np.int64),
+                            np.asarray(cols["slow_bytes"], dtype=np.int64))

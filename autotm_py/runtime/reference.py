@@ -167,15 +167,15 @@ def _optimizer(graph: TensorGraph, params: list[torch.Tensor]) -> torch.optim.Op
 
 
 def autograd_steps(graph: TensorGraph, steps: int = 3, seed: int = 0,
-                   device: str | torch.device = "cpu", *, keep: Iterable[int] = ()
-                   ) -> list[Values]:
+                   device: str | torch.device = "cpu", *, keep: Iterable[int] = (),
+                   values: Mapping[int, torch.Tensor] | None = None) -> list[Values]:
     """torch.autograd's version of `train_steps`: the forward kernels (and loss) of the
     training graph run on leaf weights, `loss.backward()`, then torch.optim's SGD or Adam.
     Each step's result maps training-graph ids to values: the loss, every weight gradient,
     W', Adam's m' and v', the carried forward outputs (BatchNorm running statistics) and
     the `keep` forward tensors."""
     meta = graph.meta["training"]
-    values = init_values(graph, seed, device)
+    values = init_values(graph, seed, device) if values is None else dict(values)
     grads = dict(meta["weight_grads"])
     params = {w: values[w].clone().requires_grad_(True) for w in grads}
     opt = _optimizer(graph, list(params.values()))

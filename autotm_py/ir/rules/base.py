@@ -89,7 +89,7 @@ class Tape:
                                t.dtype, role)
 
     def emit(self, op_type: str, inputs: Sequence[int], outputs: Sequence[int], name: str,
-             **attrs: Any) -> None:
+             /, **attrs: Any) -> None:
         """Append a kernel of ours (domain "autotm")."""
         self.kernels.append(KernelDraft(name, op_type, BACKWARD_DOMAIN, attrs, list(inputs),
                                         list(outputs)))

@@ -184,7 +184,7 @@ def resize_plan(x_shape: Sequence[int], attrs: dict[str, Any]) -> tuple[tuple[in
         if policy != "stretch":
             pick = min(ratios) if policy == "not_larger" else max(ratios)
             ratios = [pick] * len(axes)
-            sizes = [int(round(pick * x_shape[a])) for a in axes]
+            sizes = [round(pick * x_shape[a]) for a in axes]
         for i, a in enumerate(axes):
             out[a], scales[a] = sizes[i], ratios[i]
     elif attrs.get("scales"):

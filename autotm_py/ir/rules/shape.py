@@ -12,11 +12,13 @@ from autotm_py.ir.rules.geometry import full_pads, normalize_axes, resize_plan, 
 Grads = list[int | None]
 
 
-def _one(tape: Tape, k: KernelDraft, op: str, inputs: list[int], **attrs: object) -> Grads:
-    x = k.inputs[0]
+def _one(tape: Tape, kernel: KernelDraft, op: str, inputs: list[int], /,
+         **attrs: object) -> Grads:
+    """One backward kernel that produces the gradient of input 0 (shape in `shape`)."""
+    x = kernel.inputs[0]
     g = tape.new_grad(x)
-    tape.emit(op, inputs, [g], grad_name(k, "grad"), shape=tape.shape(x), **attrs)
-    return [g] + [None] * (len(k.inputs) - 1)
+    tape.emit(op, inputs, [g], grad_name(kernel, "grad"), shape=tape.shape(x), **attrs)
+    return [g] + [None] * (len(kernel.inputs) - 1)
 
 
 def _dy(dys: Grads) -> int:

@@ -1,0 +1,204 @@
+"""`optimize`: from a graph and a `PlanConfig` to a verified Plan (or an infeasible result).
+
+Steps: resolve the memory system and the budget; price kernels (`load_costs` unless costs are
+given); check the budget against the smallest feasible one; build the ILP
+(`formulation.build`); solve it (`solvers.run_solver`); decode the solution into a Plan; and
+simulate the plan in strict mode, which verifies it and gives its predicted time. A budget
+below the smallest feasible one is a result with status ``infeasible`` that names that budget
+and the kernel forcing it, never an exception.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from autotm_py.errors import PlanError, SolverError
+from autotm_py.memory import accounting
+from autotm_py.memory.budget import format_bytes
+from autotm_py.memory.model import MachineModel
+from autotm_py.memory.tiers import load_memory_system
+from autotm_py.plan import Plan, SolverStats
+from autotm_py.planning import formulation
+from autotm_py.planning.baselines import BASELINES, BaselineResult, all_fast, run_baselines
+from autotm_py.planning.decode import decode
+from autotm_py.planning.solvers import run_solver
+
+if TYPE_CHECKING:
+    from autotm_py.config import PlanConfig
+    from autotm_py.ir.graph import TensorGraph
+    from autotm_py.profiling.costs import KernelCosts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """What `optimize` found. `plan` is None when infeasible or when no plan was found in time.
+
+    status: ``optimal`` (within the gap), ``time_limit`` (best plan found when the limit hit),
+    ``infeasible`` (budget below `min_feasible_budget_bytes`, forced by `forcing_kernel`), or
+    ``no_solution`` (the limit hit before any plan was found)."""
+
+    status: str
+    plan: Plan | None
+    message: str
+    budget_bytes: int | None
+    predicted_time_s: float | None
+    stats: SolverStats
+    min_feasible_budget_bytes: int | None = None
+    forcing_kernel: int | None = None
+    forcing_kernel_name: str | None = None
+    all_fast_time_s: float | None = None
+    objective_s: float | None = None
+    baselines: Mapping[str, BaselineResult] = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        return self.plan is not None
+
+    @property
+    def slowdown(self) -> float | None:
+        if self.predicted_time_s is None or not self.all_fast_time_s:
+            return None
+        return self.predicted_time_s / self.all_fast_time_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status, "message": self.message, "budget_bytes": self.budget_bytes,
+            "predicted_time_s": self.predicted_time_s, "all_fast_time_s": self.all_fast_time_s,
+            "slowdown": self.slowdown, "objective_s": self.objective_s,
+            "min_feasible_budget_bytes": self.min_feasible_budget_bytes,
+            "forcing_kernel": self.forcing_kernel,
+            "forcing_kernel_name": self.forcing_kernel_name,
+            "solver": self.stats.__dict__,
+            "counts": dict(self.plan.header.counts) if self.plan else {},
+            "baselines": {k: v.to_dict() for k, v in self.baselines.items()},
+        }
+
+
+def machine_model(graph: TensorGraph, config: PlanConfig,
+                  costs: KernelCosts | None = None) -> MachineModel:
+    """The memory system (with its budget), costs and pinning that `config` describes."""
+    memory = load_memory_system(config.memory_name)
+    pinned = accounting.pinned_tensors(graph, config.pin_weights)
+    budget = accounting.resolve_budget(graph, ratio=config.ratio,
+                                       fast_mem_bytes=config.fast_mem_bytes, pinned=pinned,
+                                       memory=memory)
+    if costs is None:
+        from autotm_py.profiling.profile import load_costs
+
+        costs = load_costs(graph, device=config.device)
+    return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights)
+
+
+def min_feasible_budget(model: MachineModel, strategy: str) -> tuple[int, int]:
+    """(bytes, kernel): the smallest budget at which a plan exists, and the kernel forcing it.
+
+    GPU mode: a kernel's placeable inputs, outputs and workspace must all be in fast memory
+    (and with the static strategy nothing moves, so the whole all-fast peak must fit). Host
+    mode: only workspace must be fast; kernels can read and write the slow tier."""
+    graph = model.graph
+    if not graph.kernels:
+        return 0, -1
+    if model.gpu and strategy == "static":
+        return model.peak
+    need = [int(model.workspace[k]) + (model.io_bytes(k) if model.gpu else 0)
+            for k in range(len(graph.kernels))]
+    kid = max(range(len(need)), key=need.__getitem__)
+    return need[kid], kid
+
+
+def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | None = None,
+             baselines: bool | Sequence[str] = False) -> PlanResult:
+    """Plan `graph` under `config` (see the module docstring). `baselines`: also plan and
+    simulate these baselines (True: all of them) for comparison."""
+    model = machine_model(graph, config, costs)
+    result = _plan(model, config)
+    if baselines and result.feasible:
+        names = BASELINES if baselines is True else tuple(baselines)
+        result = replace(result, baselines=run_baselines(model, names))
+    return result
+
+
+def _plan(model: MachineModel, config: PlanConfig) -> PlanResult:
+    graph = model.graph
+    common = {"budget_bytes": model.budget, "all_fast_time_s": model.all_fast_time}
+    if model.budget is None:
+        plan = all_fast(model)
+        plan = plan.with_header(strategy=config.strategy, config=_config(config),
+                                predicted_time_s=model.all_fast_time,
+                                notes=("no budget: every tensor stays in fast memory",))
+        return PlanResult("optimal", plan, "no budget: all-fast is optimal",
+                          predicted_time_s=model.all_fast_time, stats=SolverStats(), **common)
+    need, kid = min_feasible_budget(model, config.strategy)
+    if model.budget < need:
+        return _infeasible(model, need, kid, config.strategy, common)
+    f = formulation.build(model, config.strategy, config.async_window)
+    log.info("built ILP: %d variables, %d constraints in %.2f s", f.n_vars, f.n_rows,
+             f.build_s)
+    outcome = run_solver(f.prob, config.solver, gap=config.gap,
+                         time_limit=config.time_limit_s, threads=config.threads)
+    stats = SolverStats(
+        solver=config.solver, status=outcome.status,
+        objective_s=None if outcome.objective is None else outcome.objective / formulation.MS,
+        gap=outcome.gap, variables=f.n_vars, constraints=f.n_rows, build_s=f.build_s,
+        solve_s=outcome.seconds, time_limit_s=config.time_limit_s,
+        hit_time_limit=outcome.status in ("time_limit", "no_solution"))
+    if not outcome.has_solution:
+        return _unsolved(outcome.status, stats, need, kid, graph, common, config)
+    notes = ("time limit reached: best plan found, not proven within the gap",) \
+        if outcome.status == "time_limit" else ()
+    plan = decode(f, config=_config(config), solver=stats, notes=notes)
+    predicted = _verify(model, plan)
+    plan = plan.with_header(predicted_time_s=predicted)
+    message = f"{outcome.status}: predicted {predicted * 1e3:.3f} ms per iteration"
+    return PlanResult(outcome.status, plan, message, predicted_time_s=predicted, stats=stats,
+                      objective_s=stats.objective_s, **common)
+
+
+def _verify(model: MachineModel, plan: Plan) -> float:
+    """Simulate the decoded plan strictly: a violation here is a planner bug."""
+    from autotm_py.runtime.simulate import Simulator
+
+    sim = Simulator(model.graph, plan, model, strict=True)
+    try:
+        sim.run()
+    except PlanError as exc:
+        raise SolverError(f"the decoded plan fails verification ({exc}); please report this "
+                          "with the model and options") from exc
+    return sim.result().total_s
+
+
+def _infeasible(model: MachineModel, need: int, kid: int, strategy: str,
+                common: dict[str, Any]) -> PlanResult:
+    kernel = model.graph.kernels[kid]
+    why = ("the static strategy moves nothing, so the whole footprint must fit"
+           if model.gpu and strategy == "static" else
+           "its inputs, outputs and workspace must be in fast memory together" if model.gpu
+           else "its workspace must be in fast memory")
+    message = (f"infeasible: the budget of {format_bytes(model.budget or 0)} is below the "
+               f"smallest feasible budget of {format_bytes(need)} ({need} bytes), forced by "
+               f"kernel #{kid} {kernel.name!r} ({kernel.op_type}): {why}")
+    return PlanResult("infeasible", None, message, predicted_time_s=None, stats=SolverStats(),
+                      min_feasible_budget_bytes=need, forcing_kernel=kid,
+                      forcing_kernel_name=kernel.name, **common)
+
+
+def _unsolved(status: str, stats: SolverStats, need: int, kid: int, graph: TensorGraph,
+              common: dict[str, Any], config: PlanConfig) -> PlanResult:
+    if status == "infeasible":  # the pre-check should make this impossible
+        raise SolverError(f"the solver reports the ILP infeasible although the budget is above "
+                          f"the smallest feasible one ({need} bytes, kernel #{kid}); please "
+                          "report this with the model and options")
+    message = (f"no plan found within the time limit of {config.time_limit_s} s; raise "
+               "--time-limit or --gap, or try --solver highs")
+    return PlanResult(status, None, message, predicted_time_s=None, stats=stats,
+                      min_feasible_budget_bytes=need, forcing_kernel=kid,
+                      forcing_kernel_name=graph.kernels[kid].name, **common)
+
+
+def _config(config: PlanConfig) -> dict[str, Any]:
+    return config.to_dict()

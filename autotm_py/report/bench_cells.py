@@ -1,0 +1,126 @@
+"""One model of a bench sweep: load it and its costs once, then make one row per cell.
+
+Baselines depend only on (model, ratio), so they are planned, simulated (and with ``execute``
+run) once per ratio and copied into every row of that ratio.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from autotm_py import api
+from autotm_py.config import PlanConfig
+from autotm_py.errors import AutoTMError
+from autotm_py.memory.budget import parse_ratio
+from autotm_py.report.metrics import plan_metrics
+from autotm_py.report.residency import PlanView
+
+if TYPE_CHECKING:
+    from autotm_py.plan import Plan
+    from autotm_py.report.bench import BenchSpec
+
+log = logging.getLogger(__name__)
+
+EXECUTED_BASELINES = ("all-fast", "all-slow", "first-touch", "lru", "offload")
+
+
+def _column(baseline: str) -> str:
+    return baseline.replace("-", "_")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"{type(exc).__name__}: {text}"
+
+
+class ModelRunner:
+    """Rows of one model. A model that cannot be loaded or priced gives error rows."""
+
+    def __init__(self, spec: BenchSpec, model: str) -> None:
+        self.spec, self.model = spec, model
+        self.error: str | None = None
+        self._ratio_columns: dict[str, dict[str, Any]] = {}
+        try:
+            self.graph = api.load_model(model, batch=spec.batch, dims=dict(spec.dims),
+                                        training=spec.training)
+            self.costs = api.load_costs(self.graph, device=spec.device,
+                                        profiles_dir=spec.profiles_dir)
+            self.view = PlanView.from_graph(self.graph)
+        except AutoTMError as exc:
+            self.error = _one_line(exc)
+            log.warning("bench: %s: %s", model, self.error)
+
+    def config(self, ratio: str, strategy: str, solver: str) -> PlanConfig:
+        s = self.spec
+        return PlanConfig(strategy=strategy, ratio=parse_ratio(ratio), device=s.device,
+                          memory=s.memory, solver=solver, gap=s.gap,
+                          time_limit_s=s.time_limit_s, pin_weights=s.pin_weights)
+
+    def row(self, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
+        key = dict(zip(("model", "batch", "training", "device", "memory", "ratio", "strategy",
+                        "solver"), (self.model, self.spec.batch, self.spec.training,
+                                    self.spec.device, self.spec.memory_name, ratio, strategy,
+                                    solver), strict=True))
+        if self.error is not None:
+            return {**key, "status": "error", "error": self.error}
+        try:
+            config = self.config(ratio, strategy, solver)
+            row = {**key, **self._graph_columns(), **self._baseline_columns(ratio, config)}
+            row.update(self._plan_columns(config))
+        except AutoTMError as exc:
+            log.warning("bench: %s %s %s %s: %s", self.model, ratio, strategy, solver, exc)
+            return {**key, "status": "error", "error": _one_line(exc)}
+        return row
+
+    # ---- columns -------------------------------------------------------------------------
+    def _graph_columns(self) -> dict[str, Any]:
+        g = self.graph
+        return {"peak_bytes": g.peak_live_bytes, "max_working_set_bytes": g.max_working_set[0],
+                "kernels": len(g.kernels), "estimated_kernels": self.costs.n_estimated,
+                "oracle_s": float(sum(self.costs.times_s))}
+
+    def _baseline_columns(self, ratio: str, config: PlanConfig) -> dict[str, Any]:
+        if ratio not in self._ratio_columns:
+            results = api.baselines(self.graph, config, costs=self.costs)
+            cols: dict[str, Any] = {}
+            for name, res in results.items():
+                cols[f"{_column(name)}_s"] = res.time_s if res.feasible else None
+                if self.spec.execute and res.feasible and name in EXECUTED_BASELINES:
+                    cols[f"measured_{_column(name)}_s"] = self._measure(res.plan)[0]
+            self._ratio_columns[ratio] = cols
+        return self._ratio_columns[ratio]
+
+    def _plan_columns(self, config: PlanConfig) -> dict[str, Any]:
+        result = api.optimize(self.graph, config, costs=self.costs)
+        st = result.stats
+        row: dict[str, Any] = {
+            "status": result.status, "budget_bytes": result.budget_bytes,
+            "variables": st.variables, "constraints": st.constraints, "build_s": st.build_s,
+            "solve_s": st.solve_s, "gap": st.gap, "hit_time_limit": st.hit_time_limit,
+            "predicted_s": result.predicted_time_s, "all_fast_s": result.all_fast_time_s,
+            "slowdown": result.slowdown,
+        }
+        if result.plan is None:
+            row["notes"] = result.message
+            return row
+        row["mode"] = result.plan.header.memory_system.get("mode")
+        row.update(plan_metrics(result.plan, self.view).to_dict())
+        sim = api.simulate(self.graph, result.plan, costs=self.costs, strict=False)
+        row["peak_fast_bytes"] = sim.fast_peak_bytes
+        if self.spec.execute:
+            row["measured_s"], row["measured_peak_fast_bytes"] = self._measure(result.plan)
+        return row
+
+    def _measure(self, plan: Plan | None) -> tuple[float | None, int | None]:
+        """Median iteration time and allocator peak of a real run (None when it fails)."""
+        if plan is None:
+            return None, None
+        try:
+            run = api.execute(self.graph, plan, device=self.spec.device,
+                              iterations=self.spec.iterations, warmup=self.spec.warmup)
+        except AutoTMError as exc:
+            log.warning("bench: running %s plan of %s failed: %s", plan.header.strategy,
+                        self.model, exc)
+            return None, None
+        return run.median_s, run.peak_fast_bytes

@@ -1,0 +1,356 @@
+"""`Simulator`: the predicted timeline and memory curve of a plan; in strict mode, the verifier.
+
+Streams: one compute stream, and copy streams from `MemorySystem.stream_of`: GPU mode has one
+engine per direction (``h2d``, ``d2h``) that overlap with compute and with each other; host mode
+has one copy thread (``copy``) that both directions share, as in AutoTM's runtime.
+
+Timing rules (the ILP's objective uses the same ones, through `MachineModel`):
+- a sync move blocks compute: it starts when the compute stream and its copy stream are free;
+- async moves attached to kernel k (records before ``Compute(k)``) start when k starts, run in
+  record order on their stream, and join at the end of the step: the next record starts at
+  max(kernel end, copy ends). With a both-directions bandwidth (GPU), copies of the two
+  engines share it: if their bytes need longer than either engine alone, both are stretched
+  evenly so the step lasts bytes / both_directions_bw, the fluid lower bound;
+- a kernel lasts `MachineModel.kernel_time` for its placement.
+
+Memory rules: a tensor occupies its aligned size in a tier from the record that creates the
+copy (a move's destination is taken when the move is issued; an output when its kernel starts)
+until the record that frees it (a fast copy read by a still-running async copy is released at
+the end of the step). Workspace counts while its kernel runs. Pinned tensors are outside the
+budget. Strict mode raises `PlanError` at the first violation, naming the record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autotm_py.errors import PlanError
+from autotm_py.memory.accounting import aligned_sizes
+from autotm_py.memory.model import MachineModel
+from autotm_py.memory.tiers import FAST, SLOW, MemorySystem
+from autotm_py.plan import TIER_CODES, Compute, Free, Move, Plan
+from autotm_py.runtime.interpreter import PlanInterpreter
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import TensorGraph
+    from autotm_py.profiling.costs import KernelCosts
+
+ABSENT, READY, ARRIVING = 0, 1, 2
+TIER_INDEX = {FAST: 0, SLOW: 1}
+
+
+@dataclass(frozen=True)
+class KernelSpan:
+    kernel: int
+    name: str
+    start_s: float
+    end_s: float  # the kernel itself
+    step_end_s: float  # kernel and its overlapped copies (the join)
+    placement: str  # "FFS": tier of each input then output
+
+
+@dataclass(frozen=True)
+class MoveSpan:
+    record: int
+    tensor: int
+    name: str
+    to: str
+    mode: str
+    start_s: float
+    end_s: float
+    bytes: int
+    overlaps: int | None
+    stream: str
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """What a plan is predicted to do. Times in seconds, memory in bytes (aligned sizes).
+
+    `memory` holds one point per record, as columns: record index, time (when the record takes
+    effect), fast bytes in the budget (workspace included during a kernel), slow bytes."""
+
+    model_name: str
+    strategy: str
+    mode: str
+    total_s: float
+    all_fast_s: float
+    budget_bytes: int | None
+    fast_peak_bytes: int
+    fast_peak_record: int
+    slow_peak_bytes: int
+    pinned_bytes: int
+    kernels: tuple[KernelSpan, ...]
+    moves: tuple[MoveSpan, ...]
+    memory: dict[str, tuple[Any, ...]]
+    bytes_moved: dict[str, int]
+    violations: tuple[str, ...] = ()
+    strict: bool = True
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def slowdown(self) -> float:
+        return self.total_s / self.all_fast_s if self.all_fast_s > 0 else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["memory"] = {k: list(v) for k, v in self.memory.items()}
+        d["format"] = "autotm-simulation"
+        d["format_version"] = 1
+        return d
+
+
+@dataclass
+class _Step:
+    """Async moves issued for the next kernel, and fast copies to release when it ends."""
+
+    moves: list[tuple[int, Move]] = field(default_factory=list)
+    release: list[int] = field(default_factory=list)
+
+
+class Simulator(PlanInterpreter):
+    """Walks a plan, predicting times and bytes; `strict` raises at the first violation."""
+
+    def __init__(self, graph: TensorGraph, plan: Plan, model: MachineModel, *,
+                 strict: bool = True) -> None:
+        super().__init__(graph, plan)
+        self.model = model
+        self.strict = strict
+        n = len(graph.tensors)
+        self.state = np.zeros((n, 2), dtype=np.int8)  # [tensor, fast|slow] -> ABSENT/READY/...
+        self.produced = np.zeros(n, dtype=bool)
+        self.slow_sizes = aligned_sizes(graph)
+        self.bytes = [0, 0]
+        self.clock = 0.0
+        self.stream_free: dict[str, float] = {}
+        self.step = _Step()
+        self.kernels: list[KernelSpan] = []
+        self.moves: list[MoveSpan] = []
+        self.points: list[tuple[int, float, int, int]] = []
+        self.violations: list[str] = []
+        self.peak = (0, -1)
+        self.moved: dict[str, int] = {}
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+    def violate(self, message: str) -> None:
+        if self.strict:
+            raise PlanError(message)
+        where = self.describe(self.plan.records[self.index]) if \
+            0 <= self.index < len(self.plan.records) else "end of plan"
+        self.violations.append(f"record #{self.index} {where}: {message}")
+
+    def name(self, tid: int) -> str:
+        return repr(self.graph.tensors[tid].name)
+
+    def size(self, tid: int, tier: str = FAST) -> int:
+        """Accounted bytes: aligned; pinned tensors count nothing in the fast budget."""
+        return int(self.model.sizes[tid] if tier == FAST else self.slow_sizes[tid])
+
+    def alloc(self, tid: int, tier: str, state: int = READY) -> None:
+        self.state[tid, TIER_INDEX[tier]] = state
+        self.bytes[TIER_INDEX[tier]] += self.size(tid, tier)
+
+    def release(self, tid: int, tier: str) -> None:
+        self.bytes[TIER_INDEX[tier]] -= self.size(tid, tier)
+
+    def mark(self, time_s: float, extra: int = 0) -> None:
+        fast = self.bytes[0] + extra
+        self.points.append((self.index, time_s, fast, self.bytes[1]))
+        if fast > self.peak[0]:
+            self.peak = (fast, self.index)
+        budget = self.model.budget
+        if budget is not None and fast > budget:
+            self.violate(f"fast tier holds {fast} bytes, over the budget of {budget} bytes")
+
+    # ---- handlers ------------------------------------------------------------------------
+    def start(self) -> None:
+        for t in self.graph.tensors:
+            if t.producer is not None:
+                continue
+            tiers = (FAST,) if t.id in self.model.pinned else self.plan.initial.get(t.id)
+            if tiers is None:
+                self.violate(f"given tensor {self.name(t.id)} has no initial tier in the plan")
+                tiers = (SLOW,)
+            for tier in tiers:
+                self.alloc(t.id, tier)
+            self.produced[t.id] = True
+        self.mark(0.0)
+
+    def move(self, rec: Move) -> None:
+        tid, to = rec.tensor, rec.to
+        src = SLOW if to == FAST else FAST
+        if tid in self.model.pinned:
+            self.violate(f"tensor {self.name(tid)} is pinned in fast memory (--pin-weights) "
+                         "and must not move")
+        self._check_readable(tid, src, "move")
+        if self.state[tid, TIER_INDEX[to]] != ABSENT:
+            self.violate(f"tensor {self.name(tid)} is already in the {to} tier")
+        if rec.mode == "async":
+            self.alloc(tid, to, ARRIVING)
+            self.step.moves.append((self.index, rec))
+            self.mark(self.clock)
+            return
+        self.alloc(tid, to)
+        stream = self.model.memory.stream_of(to)
+        start = max(self.clock, self.stream_free.get(stream, 0.0))
+        end = start + self.model.copy_time(tid, to, "sync")
+        self.clock = self.stream_free[stream] = end
+        self._record_move(self.index, rec, start, end, stream)
+        self.mark(start)
+
+    def free(self, rec: Free) -> None:
+        tid, tier = rec.tensor, rec.tier
+        slot = TIER_INDEX[tier]
+        if self.state[tid, slot] != READY:
+            what = "still arriving" if self.state[tid, slot] == ARRIVING else "not there"
+            self.violate(f"free of {self.name(tid)} from the {tier} tier, where it is {what}")
+            return
+        self.state[tid, slot] = ABSENT
+        copying = any(m.tensor == tid and m.to != tier for _, m in self.step.moves)
+        if tier == FAST and copying:
+            self.step.release.append(tid)  # the async copy still reads it
+        else:
+            self.release(tid, tier)
+        self.mark(self.clock)
+
+    def compute(self, rec: Compute) -> None:
+        kid, kernel = rec.kernel, self.graph.kernels[rec.kernel]
+        stray = [m for _, m in self.step.moves if m.overlaps != kid]
+        if stray:
+            self.violate(f"async move of {self.name(stray[0].tensor)} overlaps kernel "
+                         f"#{stray[0].overlaps} but stands before kernel #{kid}")
+        if self.model.gpu and SLOW in rec.placement:
+            self.violate("GPU mode: every input and output must be in fast memory")
+        for slot, tid in enumerate(kernel.inputs):
+            self._check_readable(tid, rec.placement[slot], "input")
+        for tid, tier in zip(kernel.outputs, rec.placement[len(kernel.inputs):], strict=True):
+            self._create_output(tid, tier)
+        start = self.clock
+        duration = self.model.kernel_time(kid, rec.placement)
+        self.mark(start, extra=int(self.model.workspace[kid]))
+        step_end = self._run_copies(start, duration)
+        code = "".join(TIER_CODES[p] for p in rec.placement)
+        self.kernels.append(KernelSpan(kid, kernel.name, start, start + duration, step_end,
+                                       code))
+        self.clock = step_end
+
+    def finish(self) -> None:
+        if self.step.moves:
+            self.violate("async moves after the last kernel overlap nothing")
+        ends = {t: tuple(tier for tier in (FAST, SLOW) if self.state[t, TIER_INDEX[tier]])
+                for _, t in self.model.steady_pairs}
+        for first, last in self.model.steady_pairs:
+            begin = tuple(self.plan.initial.get(first, ()))
+            if ends[last] != begin:
+                self.violate(f"carried tensor {self.name(last)} ends in {list(ends[last])} but "
+                             f"{self.name(first)} started in {list(begin)}; the next "
+                             "iteration could not reuse the plan")
+        for t in range(len(self.graph.tensors)):
+            if self.state[t].any() and t not in self.model.survivors and \
+                    t not in self.model.pinned:
+                self.violate(f"tensor {self.name(t)} is never freed after its last use")
+                break
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _check_readable(self, tid: int, tier: str, what: str) -> None:
+        t = self.graph.tensors[tid]
+        if not self.produced[tid]:
+            self.violate(f"{what} {self.name(tid)} is read before kernel #{t.producer} "
+                         "produces it")
+            return
+        state = self.state[tid, TIER_INDEX[tier]]
+        if state == READY or (tier == FAST and tid in self.model.pinned):
+            return
+        if not self.state[tid].any():
+            self.violate(f"{what} {self.name(tid)} is read after it was freed")
+        elif state == ARRIVING:
+            self.violate(f"{what} {self.name(tid)} is read from the {tier} tier while its "
+                         "async copy is still running")
+        else:
+            self.violate(f"{what} {self.name(tid)} is not resident in the {tier} tier")
+
+    def _create_output(self, tid: int, tier: str) -> None:
+        if self.produced[tid]:
+            self.violate(f"output {self.name(tid)} is produced twice")
+        self.produced[tid] = True
+        if tid in self.model.pinned:
+            self.state[tid, 0] = READY
+            return
+        self.alloc(tid, tier)
+
+    def _run_copies(self, start: float, duration: float) -> float:
+        """Lay the step's async copies on their streams; return the step's end (the join)."""
+        moves = self.step.moves
+        memory = self.model.memory
+        copies = [(m.tensor, m.to) for _, m in moves]
+        step_len = self.model.step_time(duration, copies)
+        lanes: dict[str, float] = {}
+        plan = []
+        for idx, m in moves:
+            stream = memory.stream_of(m.to)
+            seconds = self.model.copy_time(m.tensor, m.to, "async")
+            plan.append((idx, m, stream, lanes.get(stream, 0.0), seconds))
+            lanes[stream] = lanes.get(stream, 0.0) + seconds
+        stretch = 1.0
+        if lanes and max(lanes.values()) > 0:  # the shared link may bind: stretch both lanes
+            stretch = max(1.0, self.model.step_time(0.0, copies) / max(lanes.values()))
+        for idx, m, stream, offset, seconds in plan:
+            begin = start + offset * stretch
+            self._record_move(idx, m, begin, begin + seconds * stretch, stream)
+            self.stream_free[stream] = begin + seconds * stretch
+            self.state[m.tensor, TIER_INDEX[m.to]] = READY
+        for tid in self.step.release:
+            self.release(tid, FAST)
+        self.step = _Step()
+        return start + step_len
+
+    def _record_move(self, idx: int, m: Move, start: float, end: float, stream: str) -> None:
+        nbytes = int(self.graph.tensor_bytes[m.tensor])
+        self.moves.append(MoveSpan(idx, m.tensor, self.graph.tensors[m.tensor].name, m.to,
+                                   m.mode, start, end, nbytes, m.overlaps, stream))
+        key = f"to_{m.to}_{m.mode}"
+        self.moved[key] = self.moved.get(key, 0) + nbytes
+
+    def result(self) -> SimulationResult:
+        cols = list(zip(*self.points, strict=True)) if self.points else [(), (), (), ()]
+        memory = {"record": cols[0], "time_s": cols[1], "fast_bytes": cols[2],
+                  "slow_bytes": cols[3]}
+        pinned = int(sum(self.graph.tensor_bytes[t] for t in self.model.pinned))
+        return SimulationResult(
+            model_name=self.graph.name, strategy=self.plan.header.strategy,
+            mode=self.model.memory.mode, total_s=self.clock,
+            all_fast_s=self.model.all_fast_time, budget_bytes=self.model.budget,
+            fast_peak_bytes=self.peak[0], fast_peak_record=self.peak[1],
+            slow_peak_bytes=int(max(cols[3], default=0)), pinned_bytes=pinned,
+            kernels=tuple(self.kernels), moves=tuple(self.moves), memory=memory,
+            bytes_moved=dict(self.moved), violations=tuple(self.violations),
+            strict=self.strict, notes=tuple(self.plan.header.notes))
+
+
+def model_for_plan(graph: TensorGraph, plan: Plan, costs: KernelCosts | None) -> MachineModel:
+    """The `MachineModel` a plan was made for: its memory system, budget and pinning."""
+    memory = MemorySystem.from_dict(dict(plan.header.memory_system), origin="plan header")
+    memory = memory.with_budget(plan.header.budget_bytes)
+    config = plan.header.config or {}
+    if costs is None:
+        from autotm_py.profiling.profile import load_costs
+
+        device = str(config.get("device") or ("cuda" if memory.mode == "gpu" else "cpu"))
+        costs = load_costs(graph, device=device)
+    return MachineModel(graph, memory, costs, bool(config.get("pin_weights", False)))
+
+
+def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,
+             strict: bool = True) -> SimulationResult:
+    """Predict a plan's timeline; with `strict`, raise `PlanError` at the first violation."""
+    plan.validate(graph)
+    sim = Simulator(graph, plan, model_for_plan(graph, plan, costs), strict=strict)
+    sim.run()
+    return sim.result()

@@ -1,0 +1,97 @@
+import csv
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from autotm_py import api
+from autotm_py.cli import main
+from autotm_py.errors import ConfigError
+from autotm_py.report.bench import COLUMNS, BenchSpec, read_rows, run_bench
+from tests.test_report_support import tiny_onnx
+
+
+@pytest.fixture(scope="module")
+def onnx_path(tmp_path_factory):
+    return tiny_onnx(tmp_path_factory.mktemp("m") / "tiny.onnx", hidden=128, layers=3)
+
+
+def spec(model, **kw):
+    base = dict(models=(model,), ratios=("1:1", "1:2"), strategies=("sync",), device="cuda",
+                training=True)
+    return BenchSpec(**{**base, **kw})
+
+
+def test_rows_have_every_column_and_both_files(onnx_path, tmp_path):
+    result = run_bench(spec(onnx_path), tmp_path / "b.csv")
+    assert (result.ran, result.skipped, result.failed) == (2, 0, 0)
+    ok, infeasible = result.rows
+    assert ok["status"] == "optimal" and infeasible["status"] == "infeasible"
+    assert ok["predicted_s"] > 0 and ok["slowdown"] >= 1.0
+    assert ok["variables"] > 0 and ok["bytes_to_fast"] > 0  # a GPU plan at 1:1 must move
+    assert ok["input_fast_fraction"] == 1.0  # GPU rule: kernels read only fast memory
+    assert ok["all_fast_s"] == pytest.approx(ok["oracle_s"])
+    assert ok["mode"] == "gpu" and ok["memory"] == "h100-pcie5"
+    assert "pulp" in ok["versions"] and ok["date"] and ok["machine"]
+    with (tmp_path / "b.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert tuple(rows[0]) == COLUMNS and len(rows) == 2
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["format"] == "autotm-bench" and doc["spec"]["ratios"] == ["1:1", "1:2"]
+
+
+def test_resume_skips_done_rows_and_retries_errors(onnx_path, tmp_path):
+    out = tmp_path / "b.csv"
+    run_bench(spec(onnx_path), out)
+    again = run_bench(spec(onnx_path), out)
+    assert (again.ran, again.skipped) == (0, 2)
+    # an interrupted sweep: the JSON lost its last row; only that row runs again
+    doc = json.loads((tmp_path / "b.json").read_text())
+    doc["rows"] = doc["rows"][:1]
+    (tmp_path / "b.json").write_text(json.dumps(doc))
+    resumed = run_bench(spec(onnx_path), out)
+    assert (resumed.ran, resumed.skipped) == (1, 1) and len(read_rows(out, tmp_path / "b.json")) == 2
+    # a CSV alone (no JSON) also resumes
+    (tmp_path / "b.json").unlink()
+    assert run_bench(spec(onnx_path), out).ran == 0
+    bad = run_bench(spec("no_such_model", ratios=("1:1",)), out)
+    assert bad.failed == 1 and "no_such_model" in bad.rows[-1]["error"]
+    retried = run_bench(spec("no_such_model", ratios=("1:1",)), out)
+    assert retried.ran == 1 and len(retried.rows) == 3  # replaced, not duplicated
+
+
+def test_execute_records_measured_times(onnx_path, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_execute(graph, plan, **kw):
+        calls.append(plan.header.strategy)
+        return SimpleNamespace(median_s=0.5, peak_fast_bytes=1234)
+
+    monkeypatch.setattr(api, "execute", fake_execute)
+    result = run_bench(spec(onnx_path, ratios=("1:1",), execute=True), tmp_path / "b.csv")
+    row = result.rows[0]
+    assert (row["measured_s"], row["measured_peak_fast_bytes"]) == (0.5, 1234)
+    assert row["measured_all_fast_s"] == 0.5
+    assert "sync" in calls and "all-fast" in calls and "2lm" not in calls
+
+
+def test_spec_checks_its_inputs():
+    with pytest.raises(ConfigError, match="--ratios"):
+        BenchSpec(models=("m",), ratios=("1-4",))
+    with pytest.raises(ConfigError, match="--strategy"):
+        BenchSpec(models=("m",), ratios=("1:4",), strategies=("fast",))
+    with pytest.raises(ConfigError, match="at least one model"):
+        BenchSpec(models=(), ratios=("1:4",))
+
+
+def test_bench_cli(onnx_path, tmp_path, capsys):
+    out = tmp_path / "r" / "bench.csv"
+    args = ["bench", "--models", onnx_path, "--ratios", "1:1", "--strategies", "sync",
+            "--device", "cuda", "--training", "-o", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    assert "1 rows run, 0 already there, 0 failed" in capsys.readouterr().out
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ran"] == 0 and doc["skipped"] == 1
+    assert main(["bench", "--models", onnx_path, "--ratios", "x", "-o", str(out)]) == 2
+    assert capsys.readouterr().err.startswith("error: --ratios 'x'")
