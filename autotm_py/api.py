@@ -6,7 +6,7 @@ Everything the CLI does goes through here, so notebooks and benchmarks get the s
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,11 +82,13 @@ def calibrate(*, device: str = "cuda", **options: Any) -> MemorySystem:
 
 
 def optimize(graph: TensorGraph, config: PlanConfig | None = None, *,
-             costs: KernelCosts | None = None) -> PlanResult:
-    """Solve the placement ILP; infeasible budgets come back as a result, not an exception."""
+             costs: KernelCosts | None = None,
+             baselines: bool | Sequence[str] = False) -> PlanResult:
+    """Solve the placement ILP; infeasible budgets come back as a result, not an exception.
+    `baselines`: also plan and simulate the baselines (True: all) for comparison."""
     from autotm_py.planning.solve import optimize as _optimize
 
-    return _optimize(graph, config or PlanConfig(), costs=costs)
+    return _optimize(graph, config or PlanConfig(), costs=costs, baselines=baselines)
 
 
 def baselines(graph: TensorGraph, config: PlanConfig | None = None, *,

@@ -25,6 +25,7 @@ from figlib import (
     save_figure,
     select,
     unique,
+    zoom_if_flat,
 )
 
 RATIOS = ("1:8", "1:4", "1:1")
@@ -57,11 +58,13 @@ def make(results: Path = RESULTS, figures: Path = FIGURES) -> list[Path]:
     nrows = math.ceil(len(models) / cols)
     fig, axes = new_figure(5.5 * cols, 3.6 * nrows, nrows=nrows, ncols=cols, squeeze=False)
     for ax, model in zip([a for row in axes for a in row], models, strict=False):
-        grouped_bars(ax, [ratio_label(r) for r in RATIOS], speedups(rows, model))
+        series = speedups(rows, model)
+        grouped_bars(ax, [ratio_label(r) for r in RATIOS], series, values="{:.3f}")
         ref = select(rows, model=model)[0]
-        ax.axhline(number(ref["all_slow_s"]) / number(ref["all_fast_s"]), color="#D00000",
-                   linestyle="--", label="all fast")
-        ax.set_title(model_label(ref))
+        best = number(ref["all_slow_s"]) / number(ref["all_fast_s"])
+        ax.axhline(best, color="#D00000", linestyle="--", label="all fast")
+        zoomed = zoom_if_flat(ax, series, reference=best)
+        ax.set_title(model_label(ref) + (" (y axis zoomed)" if zoomed else ""))
         ax.set_ylabel("speedup over all slow")
         ax.set_xlabel("fast:slow capacity")
     for ax in [a for row in axes for a in row][len(models):]:

@@ -49,19 +49,21 @@ def make(results: Path = RESULTS, figures: Path = FIGURES) -> list[Path]:
     rows = require(results, "host_conventional.json",
                    "run `python experiments/run_experiments.py host` first")
     models = unique(rows, "model")
-    fig, ax = new_figure(8.0, 4.5)
+    fig, ax = new_figure(8.5, 5.0)
     labels = ["all slow\n(0:1)"] + [ratio_label(r) for r in RATIOS[1:]]
-    grouped_bars(ax, labels, {m: [performance(rows, m, r) for r in RATIOS] for m in models})
+    grouped_bars(ax, labels, {m: [performance(rows, m, r) for r in RATIOS] for m in models},
+                 values="{:.3f}")
     ax.set_ylabel("performance relative to all fast")
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.2)
     twin = ax.twinx()
     twin.plot(range(len(RATIOS)), [relative_cost(r) for r in RATIOS], linestyle="",
               marker="$\\$$", markersize=14, color="black", label="memory cost")
     twin.set_ylabel(f"memory cost relative to all fast (fast = {COST_RATIO}x slow per GB)")
-    twin.set_ylim(0, 1.05)
+    twin.set_ylim(0, 1.2)
     handles, names = ax.get_legend_handles_labels()
     h2, n2 = twin.get_legend_handles_labels()
-    ax.legend(handles + h2, names + n2, fontsize="small", loc="upper left")
+    ax.legend(handles + h2, names + n2, fontsize="small", loc="upper center",
+              bbox_to_anchor=(0.5, -0.2), ncol=5)
     ax.set_xlabel("fast:slow capacity")
     ax.set_title("Fig. 9: performance and memory cost (AutoTM sync, host mode, predicted)")
     return save_figure(fig, figures, "fig09_cost")

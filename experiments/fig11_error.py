@@ -25,13 +25,14 @@ from figlib import (
 )
 
 STRATEGIES = ("static", "sync", "async")
-BASELINES = ("first_touch", "lru", "offload")
+BASELINES = ("all_fast", "all_slow", "first_touch", "lru", "offload")
 
 
 def groups(rows: list[dict]) -> list[tuple[str, str, str]]:
     """(model, batch, ratio) of every executed configuration, in a stable order."""
     keys = {(r["model"], str(r.get("batch")), r["ratio"]) for r in rows
-            if not math.isnan(number(r.get("measured_s")))}
+            if any(k.startswith("measured_") and k.endswith("_s") and not math.isnan(number(v))
+                   for k, v in r.items())}
     return sorted(keys, key=lambda k: (k[0], int(k[1]) if k[1].isdigit() else 0,
                                        ratio_key(k[2])))
 

@@ -28,7 +28,8 @@ COLOURS = {
 LABELS = {
     "first_touch": "first-touch (NUMA)", "all_slow": "all slow", "lru": "LRU swap",
     "offload": "offload activations", "static": "AutoTM static", "sync": "AutoTM sync",
-    "async": "AutoTM async", "oracle": "oracle (all fast, no limit)", "all_fast": "all fast",
+    "async": "AutoTM async", "oracle": "oracle (sum of kernel times)",
+    "all_fast": "all fast (no limit)",
 }
 
 
@@ -105,17 +106,33 @@ def unique(rows: Sequence[Row], key: str, sort: Callable[[Any], Any] | None = No
 
 
 def grouped_bars(ax: Any, groups: Sequence[str], series: dict[str, Sequence[float]],
-                 *, width: float = 0.8) -> None:
-    """One bar per series within each group; NaN bars are left out."""
+                 *, width: float = 0.8, values: str | None = None) -> None:
+    """One bar per series within each group; NaN bars are left out. `values`: a format
+    (e.g. "{:.3f}") to print each bar's value on it."""
     n = max(len(series), 1)
-    for i, (name, values) in enumerate(series.items()):
+    for i, (name, ys) in enumerate(series.items()):
         xs = [g + (i - (n - 1) / 2) * width / n for g in range(len(groups))]
-        ax.bar(xs, [0 if math.isnan(v) else v for v in values], width / n,
-               color=COLOURS.get(name), label=LABELS.get(name, name),
-               edgecolor="black", linewidth=0.4)
+        bars = ax.bar(xs, [0 if math.isnan(v) else v for v in ys], width / n,
+                      color=COLOURS.get(name), label=LABELS.get(name, name),
+                      edgecolor="black", linewidth=0.4)
+        if values:
+            ax.bar_label(bars, labels=["" if math.isnan(v) else values.format(v) for v in ys],
+                         fontsize=7, rotation=90, padding=2)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups)
     ax.grid(axis="y", alpha=0.3)
+
+
+def zoom_if_flat(ax: Any, series: dict[str, Sequence[float]], *, reference: float) -> bool:
+    """When every bar is within 10% of `reference`, zoom the y axis so differences show (the
+    title says so); return whether it zoomed."""
+    values = [v for vs in series.values() for v in vs if not math.isnan(v)] + [reference]
+    low, high = min(values), max(values)
+    if not values or high > 1.1 * reference or low < 0.9 * reference:
+        return False
+    span = max(high - low, 1e-3 * reference)
+    ax.set_ylim(low - 0.5 * span, high + 1.5 * span)
+    return True
 
 
 __all__ = ["FIGURES", "RESULTS", "MissingResults", "new_figure", "save_figure"]

@@ -50,7 +50,8 @@ def test_resume_skips_done_rows_and_retries_errors(onnx_path, tmp_path):
     doc["rows"] = doc["rows"][:1]
     (tmp_path / "b.json").write_text(json.dumps(doc))
     resumed = run_bench(spec(onnx_path), out)
-    assert (resumed.ran, resumed.skipped) == (1, 1) and len(read_rows(out, tmp_path / "b.json")) == 2
+    assert (resumed.ran, resumed.skipped) == (1, 1)
+    assert len(read_rows(out, tmp_path / "b.json")) == 2
     # a CSV alone (no JSON) also resumes
     (tmp_path / "b.json").unlink()
     assert run_bench(spec(onnx_path), out).ran == 0
@@ -82,6 +83,12 @@ def test_spec_checks_its_inputs():
         BenchSpec(models=("m",), ratios=("1:4",), strategies=("fast",))
     with pytest.raises(ConfigError, match="at least one model"):
         BenchSpec(models=(), ratios=("1:4",))
+    with pytest.raises(ConfigError, match="unknown solver glpk"):
+        BenchSpec(models=("m",), ratios=("1:4",), solvers=("glpk",))
+    with pytest.raises(ConfigError, match="--time-limit"):
+        BenchSpec(models=("m",), ratios=("1:4",), time_limit_s=-1)
+    with pytest.raises(ConfigError, match="memory system 'nope'"):
+        BenchSpec(models=("m",), ratios=("1:4",), memory="nope")
 
 
 def test_bench_cli(onnx_path, tmp_path, capsys):
@@ -95,3 +102,19 @@ def test_bench_cli(onnx_path, tmp_path, capsys):
     assert doc["ran"] == 0 and doc["skipped"] == 1
     assert main(["bench", "--models", onnx_path, "--ratios", "x", "-o", str(out)]) == 2
     assert capsys.readouterr().err.startswith("error: --ratios 'x'")
+
+
+def test_failed_runs_are_noted_not_fatal(onnx_path, tmp_path, monkeypatch):
+    from autotm_py.errors import ExecutionError
+
+    def failing(graph, plan, **kw):
+        raise ExecutionError("ran out of fast memory under its cap")
+
+    monkeypatch.setattr(api, "execute", failing)
+    result = run_bench(spec(onnx_path, ratios=("1:1",), strategies=("sync", "async"),
+                            execute=True), tmp_path / "b.csv")
+    assert result.failed == 0
+    for row in result.rows:
+        assert row["measured_s"] is None and row["status"] == "optimal"
+        assert "run of all-fast failed" in row["notes"]  # baselines' failures on every row
+        assert f"run of {row['strategy']} failed" in row["notes"]

@@ -127,3 +127,10 @@ def test_report_modules_import_matplotlib_lazily():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_simulation_violations_reach_the_summary(tmp_path):
+    sim = {**simulation_dict(), "violations": ["record #8 compute 'k3': over the budget"]}
+    make_report(skip_plan(skip_graph()), tmp_path, simulation=sim, formats=("png",))
+    text = (tmp_path / "summary.md").read_text()
+    assert "1 rule violation(s); the first: record #8 compute 'k3'" in text

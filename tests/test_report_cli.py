@@ -84,3 +84,13 @@ def test_report_errors_are_one_line_and_write_nothing(planned, tmp_path, capsys,
 def test_missing_plan_file(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope.json")]) == 1
     assert "cannot read plan" in capsys.readouterr().err
+
+
+def test_timeline_of_another_plan_is_refused(planned, tmp_path, capsys):
+    _, plan, timeline, _, _ = planned
+    doc = json.loads(timeline.read_text())
+    doc["kernels"] = doc["kernels"][:-1]
+    (tmp_path / "other.json").write_text(json.dumps(doc))
+    assert main(["report", str(plan), "--timeline", str(tmp_path / "other.json"), "-o",
+                 str(tmp_path / "r")]) == 1
+    assert "simulate this plan" in capsys.readouterr().err

@@ -66,3 +66,20 @@ def test_render_and_csv():
 
 def test_describe_signature_falls_back_on_plain_text():
     assert describe_signature("not json") == "not json"
+
+
+def test_inspect_kernels_cli(tmp_path, capsys):
+    import json
+
+    from autotm_py.cli import main
+    from tests.test_report_support import tiny_onnx
+
+    model = tiny_onnx(tmp_path / "m.onnx", hidden=64, layers=2)
+    assert main(["inspect", model, "--kernels", "cpu", "--csv", str(tmp_path / "k.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "useful budget sweep" in out and "most repeated signatures by time" in out
+    assert (tmp_path / "k.csv").read_text().startswith("id,name,op,working_set_bytes")
+    assert main(["inspect", model, "--kernels", "--json"]) == 0  # flag alone: cuda profiles
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kernels"] == 4 and doc["sweep_bytes"][0] <= doc["sweep_bytes"][1]
+    assert abs(sum(s["time_share"] for s in doc["signatures"]) - 1.0) < 1e-9

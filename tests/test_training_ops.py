@@ -38,7 +38,7 @@ class In:
     value: np.ndarray | None = None
 
 
-def W(*shape: int, value: Any = None) -> In:  # noqa: N802
+def W(*shape: int, value: Any = None) -> In:
     return In(shape, value=None if value is None else np.asarray(value, dtype=np.float32))
 
 
@@ -141,12 +141,12 @@ def assert_close(ours: torch.Tensor, ref: torch.Tensor, what: str, rtol: float =
 
 def compare_training(graph: TensorGraph, *, steps: int = 2, optimizer: str = "sgd",
                      fixed: dict[str, np.ndarray] | None = None, seed: int = 0,
-                     rtol: float = 1e-4) -> TensorGraph:
+                     rtol: float = 1e-4, device: str = "cpu") -> TensorGraph:
     """Derive training and check `steps` iterations against torch.autograd + torch.optim."""
     train = derive_training(graph, optimizer=optimizer)
-    values = init_values(train, seed)
+    values = init_values(train, seed, device)
     for name, value in (fixed or {}).items():
-        values[train.by_name(name).id] = torch.as_tensor(value)
+        values[train.by_name(name).id] = torch.as_tensor(value).to(device)
     grads = [g for _, g in train.meta["training"]["weight_grads"]]
     outputs = [t for t in graph.outputs]
     ours = train_steps(train, steps, values=values, keep=grads + outputs)

@@ -133,9 +133,15 @@ def write_csv(path: str, report: dict[str, Any]) -> None:
 @model_options
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
               help="Write per-kernel working set and live bytes to this CSV file.")
+@click.option("--kernels", "kernels_device", type=click.Choice(["cuda", "cpu"]), default=None,
+              is_flag=False, flag_value="cuda", metavar="[cuda|cpu]",
+              help="Kernel report instead: working set vs live bytes per kernel, the most "
+                   "repeated signatures and their share of the device's profiled time "
+                   "(default cuda).")
 @json_option
 def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
-                    optimizer: str, csv_path: str | None, as_json: bool) -> None:
+                    optimizer: str, csv_path: str | None, as_json: bool,
+                    kernels_device: str | None = None) -> None:
     """Kernels, tensors by role, peak footprint and working sets of MODEL.
 
     MODEL is an ONNX file or a zoo name. The peak live footprint is the memory one iteration
@@ -143,6 +149,10 @@ def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], traini
     the smallest fast-memory budget any plan can meet.
     """
     graph = load_model_from_cli(model, batch, dims, training, optimizer)
+    if kernels_device:  # the report engineer's kernel table (autotm_py/report/tables.py)
+        from autotm_py.report.tables import print_kernel_report
+
+        return print_kernel_report(graph, kernels_device, csv_path, as_json)
     report = inspect_report(graph)
     if csv_path:
         write_csv(csv_path, report)

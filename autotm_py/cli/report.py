@@ -154,6 +154,8 @@ def _split(text: str) -> tuple[str, ...]:
               help="Also run every plan and baseline for real (GPU) and record measured times.")
 @click.option("--iterations", type=click.IntRange(min=1), default=5, show_default=True,
               help="With --execute: timed iterations per plan.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="With --execute: untimed iterations before them.")
 @click.option("-o", "--output", default="bench.csv", show_default=True,
               help="CSV to write; a JSON document with the same stem is written beside it. "
                    "Rows already there are skipped (the sweep resumes).")
@@ -162,7 +164,7 @@ def _split(text: str) -> tuple[str, ...]:
 def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: str,
               memory: str | None, training: bool, batch: int | None, dims: tuple[str, ...],
               time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
-              execute: bool, iterations: int, output: str, no_progress: bool,
+              execute: bool, iterations: int, warmup: int, output: str, no_progress: bool,
               as_json: bool) -> None:
     """Sweep models x ratios x strategies x solvers; one row per plan (CSV + JSON).
 
@@ -178,7 +180,8 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
                      strategies=_split(strategies), solvers=_split(solvers), device=device,
                      memory=memory, training=training, batch=batch, dims=parse_dims(dims),
                      time_limit_s=time_limit, gap=gap, pin_weights=pin_weights,
-                     profiles_dir=profiles, execute=execute, iterations=iterations)
+                     profiles_dir=profiles, execute=execute, iterations=iterations,
+                     warmup=warmup)
     if no_progress or as_json:
         result = run_bench(spec, output)
     else:

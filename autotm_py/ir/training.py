@@ -212,18 +212,21 @@ def _add_partial(tape: Tape, k: KernelDraft, x: int, g: int | None, pending: dic
 # ---- optimizer ------------------------------------------------------------------------------
 def _optimizer_updates(tape: Tape, weight_grads: dict[int, int], optimizer: str,
                        lr: float) -> None:
-    """One update kernel per trained weight, in weight order; Adam first bumps its step."""
-    step_next = None
+    """One update kernel per trained weight, in weight order. Adam first bumps its step and
+    computes the step's two bias-correction coefficients once (`AdamStep`), so each
+    `AdamUpdate` is only elementwise work on its weight."""
+    coef = None
     if optimizer == "adam" and weight_grads:
         step = tape.new_tensor("adam::step", (), "float32", Role.OPTIMIZER_STATE)
         step_next = tape.new_tensor("adam::step::next", (), "float32", Role.OPTIMIZER_STATE)
-        tape.emit("AdamStep", [step], [step_next], "adam/step")
+        coef = tape.new_tensor("adam::coef", (2,), "float32", Role.ACTIVATION)
+        tape.emit("AdamStep", [step], [step_next, coef], "adam/step", lr=lr, **ADAM_DEFAULTS)
         tape.carried.append((step, step_next))
     for w, g in sorted(weight_grads.items()):
         t = tape.tensors[w]
         w_next = tape.new_tensor(f"{t.name}::next", t.shape, t.dtype, Role.WEIGHT)
         tape.carried.append((w, w_next))
-        if step_next is None:
+        if coef is None:
             tape.emit("SGDUpdate", [w, g], [w_next], f"sgd/{t.name}", lr=lr)
             continue
         state = []
@@ -235,7 +238,7 @@ def _optimizer_updates(tape: Tape, weight_grads: dict[int, int], optimizer: str,
             tape.carried.append((s, s_next))
             state.append((s, s_next))
         (m, m_next), (v, v_next) = state
-        tape.emit("AdamUpdate", [w, g, m, v, step_next], [w_next, m_next, v_next],
+        tape.emit("AdamUpdate", [w, g, m, v, coef], [w_next, m_next, v_next],
                   f"adam/{t.name}", lr=lr, **ADAM_DEFAULTS)
 
 

@@ -109,7 +109,7 @@ def read_profile_file(path: str | os.PathLike[str], *, shipped: bool = False) ->
     return data.sets if data else {}
 
 
-def _read(path: Path, shipped: bool) -> _FileData | None:
+def _read(path: Path, shipped: bool, *, others_ok: bool = False) -> _FileData | None:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -121,6 +121,9 @@ def _read(path: Path, shipped: bool) -> _FileData | None:
     except json.JSONDecodeError as exc:
         raise _corrupt(path, f"invalid JSON: {exc}") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        if others_ok and isinstance(raw, dict) and "format" not in raw:
+            log.warning("%s is not a profile file (no \"format\": %r); skipped", path, FORMAT)
+            return None
         raise _corrupt(path, f"not an {FORMAT} document")
     if not isinstance(raw.get("version"), int) or raw["version"] > FORMAT_VERSION:
         raise ProfileError(f"{path}: profile format version {raw.get('version')!r} is newer "
@@ -226,7 +229,10 @@ def profile_path(directory: str | os.PathLike[str], fingerprint: Fingerprint) ->
 
 
 def load_sets(kind: str, user_dir: Path, shipped_dir: Path | None) -> list[ProfileSet]:
-    """Every set of device `kind` in the user directory, then in the shipped directory."""
+    """Every set of device `kind` in the user directory, then in the shipped directory.
+
+    A JSON document with no "format" key (a memory-system file, say) is skipped with a
+    warning; a broken or truncated file is an error."""
     sets: list[ProfileSet] = []
     seen: set[Path] = set()
     for directory, shipped in ((user_dir, False), (shipped_dir, True)):
@@ -236,7 +242,7 @@ def load_sets(kind: str, user_dir: Path, shipped_dir: Path | None) -> list[Profi
             if path.resolve() in seen:
                 continue
             seen.add(path.resolve())
-            data = _read(path, shipped)
+            data = _read(path, shipped, others_ok=True)
             if data is not None and data.device in ("", kind):
                 sets.extend(s for s in data.sets.values() if s.fingerprint.kind == kind)
     return sets

@@ -50,8 +50,9 @@ def fit_link(rows: Sequence[Mapping[str, float]], large: int = LARGE) -> tuple[f
 
     The bandwidth is the inverse slope of a least-squares line through the sizes >= `large`
     (steady-state copies, where a fixed cost no longer biases the rate), or the best rate when
-    fewer than two sizes are that large. The latency is the median over all sizes of what the
-    bandwidth does not explain, clamped at zero.
+    fewer than two sizes are that large. The latency is the median, over the sizes below
+    `large` (all sizes if none), of the time the bandwidth does not explain, clamped at zero:
+    at large sizes that remainder is mostly noise of the bandwidth.
     """
     if not rows:
         raise ProfileError("calibration table is empty: nothing to fit")
@@ -62,7 +63,8 @@ def fit_link(rows: Sequence[Mapping[str, float]], large: int = LARGE) -> tuple[f
                                                 [float(r["seconds"]) for r in big])
         if slope > 0:
             bandwidth = 1.0 / slope
-    latency = statistics.median(r["seconds"] - r["bytes"] / bandwidth for r in rows)
+    small = [r for r in rows if r["bytes"] < large] or list(rows)
+    latency = statistics.median(r["seconds"] - r["bytes"] / bandwidth for r in small)
     return bandwidth, max(latency, 0.0)
 
 

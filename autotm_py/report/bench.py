@@ -27,6 +27,8 @@ from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.memory.budget import parse_ratio
+from autotm_py.memory.tiers import load_memory_system
+from autotm_py.planning.solvers import SOLVERS
 from autotm_py.report import bench_env
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,8 @@ COLUMNS = (
     "predicted_s", "all_fast_s", "slowdown", "all_slow_s", "first_touch_s", "lru_s",
     "offload_s", "2lm_s", "oracle_s", "bytes_to_fast", "bytes_to_slow", "sync_bytes_to_fast",
     "sync_bytes_to_slow", "async_bytes_to_fast", "async_bytes_to_slow", "input_fast_fraction",
-    "output_fast_fraction", "peak_fast_bytes", "estimated_kernels", "measured_s",
+    "output_fast_fraction", "peak_fast_bytes", "estimated_kernels", "scaled_kernels",
+    "measured_s",
     "measured_peak_fast_bytes", "measured_all_fast_s", "measured_all_slow_s",
     "measured_first_touch_s", "measured_lru_s", "measured_offload_s", "error", "notes",
     "machine", "device_name", "versions", "date",
@@ -75,8 +78,14 @@ class BenchSpec:
                               "(--ratios), e.g. --models resnet50 --ratios 1:4")
         for r in self.ratios:
             parse_ratio(r, flag="--ratios")
-        for s in self.strategies:
-            PlanConfig(strategy=s, device=self.device)  # validates strategy and device
+        for s in self.strategies:  # validates strategy, device, gap and time limit up front
+            PlanConfig(strategy=s, device=self.device, gap=self.gap,
+                       time_limit_s=self.time_limit_s)
+        bad = [s for s in self.solvers if s not in SOLVERS]
+        if bad or not self.solvers:
+            raise ConfigError(f"--solvers {','.join(self.solvers)}: unknown solver "
+                              f"{bad[0] if bad else '(none)'}; choose from {', '.join(SOLVERS)}")
+        load_memory_system(self.memory_name)  # a bad --memory fails before the sweep starts
 
     @property
     def memory_name(self) -> str:

@@ -41,6 +41,8 @@ class ModelRunner:
         self.spec, self.model = spec, model
         self.error: str | None = None
         self._ratio_columns: dict[str, dict[str, Any]] = {}
+        self._ratio_notes: dict[str, list[str]] = {}
+        self._failures: list[str] = []  # runs that failed while making the current row
         try:
             self.graph = api.load_model(model, batch=spec.batch, dims=dict(spec.dims),
                                         training=spec.training)
@@ -64,6 +66,7 @@ class ModelRunner:
                                     solver), strict=True))
         if self.error is not None:
             return {**key, "status": "error", "error": self.error}
+        self._failures = []
         try:
             config = self.config(ratio, strategy, solver)
             row = {**key, **self._graph_columns(), **self._baseline_columns(ratio, config)}
@@ -71,6 +74,8 @@ class ModelRunner:
         except AutoTMError as exc:
             log.warning("bench: %s %s %s %s: %s", self.model, ratio, strategy, solver, exc)
             return {**key, "status": "error", "error": _one_line(exc)}
+        notes = [row["notes"]] if row.get("notes") else []
+        row["notes"] = "; ".join(notes + self._failures) or None
         return row
 
     # ---- columns -------------------------------------------------------------------------
@@ -78,6 +83,7 @@ class ModelRunner:
         g = self.graph
         return {"peak_bytes": g.peak_live_bytes, "max_working_set_bytes": g.max_working_set[0],
                 "kernels": len(g.kernels), "estimated_kernels": self.costs.n_estimated,
+                "scaled_kernels": self.costs.n_scaled,
                 "oracle_s": float(sum(self.costs.times_s))}
 
     def _baseline_columns(self, ratio: str, config: PlanConfig) -> dict[str, Any]:
@@ -89,6 +95,8 @@ class ModelRunner:
                 if self.spec.execute and res.feasible and name in EXECUTED_BASELINES:
                     cols[f"measured_{_column(name)}_s"] = self._measure(res.plan)[0]
             self._ratio_columns[ratio] = cols
+            self._ratio_notes[ratio] = list(self._failures)  # failed baseline runs
+        self._failures = list(self._ratio_notes[ratio])
         return self._ratio_columns[ratio]
 
     def _plan_columns(self, config: PlanConfig) -> dict[str, Any]:
@@ -116,11 +124,15 @@ class ModelRunner:
         """Median iteration time and allocator peak of a real run (None when it fails)."""
         if plan is None:
             return None, None
+        # an explicit index: the executor caps memory per device, which needs one
+        device = "cuda:0" if self.spec.device == "cuda" else self.spec.device
         try:
-            run = api.execute(self.graph, plan, device=self.spec.device,
+            run = api.execute(self.graph, plan, device=device,
                               iterations=self.spec.iterations, warmup=self.spec.warmup)
         except AutoTMError as exc:
             log.warning("bench: running %s plan of %s failed: %s", plan.header.strategy,
                         self.model, exc)
+            self._failures.append(f"run of {plan.header.strategy} failed: "
+                                  f"{_one_line(exc)[:160]}")
             return None, None
         return run.median_s, run.peak_fast_bytes

@@ -90,8 +90,8 @@ def _memory_column(ax_fast: Any, ax_slow: Any, tl: Timeline, scale: float, unit:
                   np.array([0.0, tl.total]))
     for ax, values, tier in ((ax_fast, tl.memory_fast, "fast"), (ax_slow, tl.memory_slow, "slow")):
         y = np.append(values, values[-1]) / scale if len(values) else np.zeros(2)
-        label = "modelled" if tl.source != "measured" else "plan bytes on measured times"
-        ax.step(t, y, where="post", color=TIER_COLOURS[tier], label=label, linewidth=1.4)
+        curve = "modelled" if tl.source != "measured" else "plan bytes on measured times"
+        ax.step(t, y, where="post", color=TIER_COLOURS[tier], label=curve, linewidth=1.4)
         ax.fill_between(t, y, step="post", color=TIER_COLOURS[tier], alpha=0.2)
         ax.set_ylabel(f"{tier} tier ({unit})")
         ax.grid(alpha=0.3)
@@ -102,7 +102,7 @@ def _memory_column(ax_fast: Any, ax_slow: Any, tl: Timeline, scale: float, unit:
     if tl.measured_peak_fast_bytes is not None:
         ax_fast.axhline(tl.measured_peak_fast_bytes / scale, color="black", linestyle=":",
                         label=f"measured peak {tl.measured_peak_fast_bytes / scale:.3g} {unit}")
-    ax_fast.set_title(f"{tl.source} ({'steps' if tl.unit == 'step' else 'seconds'})")
+    ax_fast.set_title(f"{tl.source} timeline")
     ax_fast.legend(loc="upper right", fontsize="small")
     ax_slow.set_xlabel(label)
 

@@ -181,9 +181,15 @@ def _first(data: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
 def simulated_timeline(sim: Mapping[str, Any], plan: Plan, res: Residency,
                        *, origin: str = "timeline") -> Timeline:
     """The simulator's per-kernel and per-move times and its memory curve, as a Timeline."""
-    if not isinstance(sim, Mapping) or not isinstance(sim.get("kernels"), list | tuple):
+    if not isinstance(sim, Mapping) or not isinstance(sim.get("kernels"), list | tuple) or \
+            sim.get("format", "autotm-simulation") != "autotm-simulation":
         raise PlanError(f"{origin}: not a simulation result (no \"kernels\" list); write one "
                         "with `autotm simulate MODEL --plan plan.json -o timeline.json`")
+    if len(sim["kernels"]) != len(res.order) or \
+            sim.get("model_name", plan.header.model_name) != plan.header.model_name:
+        raise PlanError(f"{origin}: a simulation of {sim.get('model_name')!r} with "
+                        f"{len(sim['kernels'])} kernels, but the plan computes {len(res.order)} "
+                        f"kernels of {plan.header.model_name!r}; simulate this plan")
     try:
         return _simulated(sim, plan, res)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -211,7 +217,17 @@ def _simulated(sim: Mapping[str, Any], plan: Plan, res: Residency) -> Timeline:
     peak = _first(sim, "fast_peak_bytes", default=int(fast.max()) if len(fast) else 0)
     return Timeline("simulated", "s", kernels, tuple(moves), mem_t, fast, slow,
                     _first(sim, "budget_bytes", default=plan.header.budget_bytes), total,
-                    notes=tuple(sim.get("notes", ())), modelled_peak_bytes=int(peak))
+                    notes=_sim_notes(sim), modelled_peak_bytes=int(peak))
+
+
+def _sim_notes(sim: Mapping[str, Any]) -> tuple[str, ...]:
+    """The simulation's notes, and its rule violations (a non-strict run keeps going)."""
+    notes = [str(n) for n in sim.get("notes", ())]
+    violations = list(sim.get("violations", ()))
+    if violations:
+        notes.append(f"the simulator found {len(violations)} rule violation(s); the first: "
+                     f"{violations[0]}")
+    return tuple(notes)
 
 
 def _memory_curve(memory: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -261,21 +261,26 @@ def sgd_update(k: Kernel, args: Tensors) -> torch.Tensor:
 
 
 @register("AdamStep")
-def adam_step(k: Kernel, args: Tensors) -> torch.Tensor:
-    return args[0] + 1
+def adam_step(k: Kernel, args: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
+    """step' = step + 1, and torch.optim.Adam's per-step constants (its capturable form, with
+    the bias corrections in double): coef = [sqrt(1 - b2^t) * -lr / (1 - b1^t),
+    eps / (-lr / (1 - b1^t))], computed once for all weights, on the device."""
+    step = args[0] + 1
+    t = step.double()
+    lr, eps = float(k.attr("lr")), float(k.attr("epsilon"))
+    bias1 = 1 - torch.pow(float(k.attr("beta1")), t)
+    bias2 = 1 - torch.pow(float(k.attr("beta2")), t)
+    neg_step_size = -(lr / bias1)
+    coef = torch.stack([bias2.sqrt() * neg_step_size, eps / neg_step_size])
+    return step, coef.to(args[0].dtype)
 
 
 @register("AdamUpdate")
 def adam_update(k: Kernel, args: Tensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """torch.optim.Adam's update (its capturable form: the step stays on the device)."""
-    w, g, m, v, step = args
-    lr, beta1 = float(k.attr("lr")), float(k.attr("beta1"))
-    beta2, eps = float(k.attr("beta2")), float(k.attr("epsilon"))
+    """W' = W - lr * m_hat / (sqrt(v_hat) + eps), as torch.optim.Adam (7 elementwise ops)."""
+    w, g, m, v, coef = args
+    beta1, beta2 = float(k.attr("beta1")), float(k.attr("beta2"))
     m_next = torch.lerp(m, g, 1 - beta1)
     v_next = (v * beta2).addcmul_(g, g, value=1 - beta2)
-    step = step.double()  # the bias corrections in double, as torch.optim computes them
-    bias1 = 1 - torch.pow(beta1, step)
-    bias2 = 1 - torch.pow(beta2, step)
-    neg_step_size = -(lr / bias1)
-    denom = (v_next.sqrt() / (bias2.sqrt() * neg_step_size)).add_(eps / neg_step_size)
+    denom = (v_next.sqrt() / coef[0]).add_(coef[1])
     return torch.addcdiv(w, m_next, denom), m_next, v_next

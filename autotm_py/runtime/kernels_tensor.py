@@ -104,15 +104,17 @@ def clip(k: Kernel, args: Tensors) -> torch.Tensor:
 
 @register("Dropout")
 def dropout(k: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
-    """Training mode: keep each element with probability 1 - ratio, using a generator seeded
-    by the kernel's `seed`, so every run (and every plan) draws the same mask."""
+    """Training mode: keep each element with probability 1 - ratio. The generator is seeded by
+    ONNX's `seed` attribute if given, else by the kernel id, so every run and every plan of a
+    graph draws the same mask (the same one at every iteration)."""
     x = args[0]
     ratio = float(k.attr("ratio", 0.5))
     if not k.attr("training_mode", 0) or ratio == 0.0:
         mask = torch.ones_like(x, dtype=torch.bool)
         return (x, mask)[: len(k.outputs)]
     gen = torch.Generator(device=x.device)
-    gen.manual_seed(int(k.attr("seed", 0)))
+    seed = k.attr("seed")
+    gen.manual_seed(int(k.id if seed is None else seed))
     mask = torch.rand(x.shape, generator=gen, device=x.device) >= ratio
     y = x * mask * (1.0 / (1.0 - ratio))
     return (y, mask)[: len(k.outputs)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+import numpy as np
 import torch
 
 from autotm_py.errors import ExecutionError
@@ -89,7 +90,7 @@ def _index_bound(graph: TensorGraph, t: Tensor) -> int:
 def _init_leaf(graph: TensorGraph, t: Tensor, gen: torch.Generator) -> torch.Tensor:
     dtype = torch_dtype(t.dtype)
     if t.id in graph.constants:
-        return torch.as_tensor(graph.constants[t.id]).to(dtype).clone()
+        return torch.tensor(np.array(graph.constants[t.id]), dtype=dtype)
     if t.role == Role.CONSTANT:
         raise ExecutionError(f"constant tensor {t.name!r} has no value in graph.constants")
     if t.role == Role.OPTIMIZER_STATE:

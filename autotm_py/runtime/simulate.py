@@ -140,11 +140,14 @@ class Simulator(PlanInterpreter):
 
     # ---- bookkeeping ---------------------------------------------------------------------
     def violate(self, message: str) -> None:
+        """Strict: raise (the interpreter prefixes the record). Else collect the violation."""
+        inside = 0 <= self.index < len(self.plan.records)
+        edge = "start of plan" if self.index < 0 else "end of plan"
         if self.strict:
-            raise PlanError(message)
-        where = self.describe(self.plan.records[self.index]) if \
-            0 <= self.index < len(self.plan.records) else "end of plan"
-        self.violations.append(f"record #{self.index} {where}: {message}")
+            raise PlanError(message if inside else f"{edge}: {message}")
+        where = f"record #{self.index} {self.describe(self.plan.records[self.index])}" \
+            if inside else edge
+        self.violations.append(f"{where}: {message}")
 
     def name(self, tid: int) -> str:
         return repr(self.graph.tensors[tid].name)

@@ -78,8 +78,8 @@ TRAINING_OPS: dict[str, str] = {
     "TriluGrad": "dY -> dX (the same triangle of dY)",
     # optimizers
     "SGDUpdate": "W, dW -> W' = W - lr * dW",
-    "AdamStep": "step -> step' = step + 1 (one float32 counter per graph)",
-    "AdamUpdate": "W, dW, m, v, step' -> W', m', v' (bias-corrected Adam)",
+    "AdamStep": "step -> step' = step + 1, coef (the step's two bias-correction constants)",
+    "AdamUpdate": "W, dW, m, v, coef -> W', m', v' (bias-corrected Adam)",
 }
 
 __all__ = ["BACKWARD_DOMAIN", "RULES", "TRAINING_OPS", "KernelDraft", "Rule", "Tape",

@@ -148,24 +148,18 @@ def _dropout_active(k: KernelDraft) -> bool:
 
 
 def dropout_prepare(tape: Tape, k: KernelDraft) -> None:
-    """Training mode: a seeded mask, produced by the forward kernel and saved for backward."""
+    """Training mode: the forward kernel also outputs its (bool) mask, saved for backward.
+
+    The mask is drawn from a generator seeded by the kernel (see runtime `dropout`), so every
+    run and every plan sees the same mask; no seed attribute is added, so repeated blocks
+    keep sharing one kernel signature (and one profile)."""
     if not _dropout_active(k):
         return
     k.attrs["training_mode"] = 1
-    if k.attrs.get("seed") is None:
-        k.attrs["seed"] = _stable_seed(k.name)
     if len(k.outputs) < 2:
         y = k.outputs[0]
         k.outputs.append(tape.new_tensor(f"{tape.name(y)}::mask", tape.shape(y), "bool",
                                          Role.ACTIVATION))
-
-
-def _stable_seed(name: str) -> int:
-    """A seed that depends only on the kernel's name (stable across runs, unlike hash())."""
-    h = 0
-    for ch in name.encode():
-        h = (h * 131 + ch) % 2_147_483_647
-    return h
 
 
 def dropout_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> Grads:

@@ -172,23 +172,27 @@ def full_pads(rank: int, pads: Sequence[int], axes: Sequence[int] | None) -> tup
 
 def resize_plan(x_shape: Sequence[int], attrs: dict[str, Any]) -> tuple[tuple[int, ...],
                                                                        tuple[float, ...]]:
-    """Resize output shape and per-axis scales from `scales` or `sizes` (and `axes`)."""
+    """Resize output shape and the per-axis scales of ONNX's coordinate transformation.
+
+    The output shape is `sizes` when given, else floor(input * scales); the scales are
+    `scales` when given (ONNX maps coordinates with them even when sizes were rounded), else
+    sizes / input. Both may be listed for `axes` only (opset 18)."""
     rank = len(x_shape)
     axes = [int(a) % rank for a in attrs.get("axes") or range(rank)]
-    scales = [1.0] * rank
-    out = list(x_shape)
+    scales, out = [1.0] * rank, list(x_shape)
+    given_scales = attrs.get("scales") or None
+    sizes = [int(v) for v in attrs.get("sizes") or ()] or None
     policy = str(attrs.get("keep_aspect_ratio_policy") or "stretch")
-    if attrs.get("sizes"):
-        sizes = [int(v) for v in attrs["sizes"]]
+    if sizes is not None and given_scales is None and policy != "stretch":
         ratios = [sizes[i] / x_shape[a] for i, a in enumerate(axes)]
-        if policy != "stretch":
-            pick = min(ratios) if policy == "not_larger" else max(ratios)
-            ratios = [pick] * len(axes)
-            sizes = [round(pick * x_shape[a]) for a in axes]
-        for i, a in enumerate(axes):
-            out[a], scales[a] = sizes[i], ratios[i]
-    elif attrs.get("scales"):
-        for i, a in enumerate(axes):
-            scales[a] = float(attrs["scales"][i])
-            out[a] = int(x_shape[a] * scales[a])
+        pick = min(ratios) if policy == "not_larger" else max(ratios)
+        given_scales = [pick] * len(axes)
+        sizes = [round(pick * x_shape[a]) for a in axes]
+    for i, a in enumerate(axes):
+        if sizes is not None:
+            out[a] = sizes[i]
+        else:
+            out[a] = int(x_shape[a] * float(given_scales[i]))  # type: ignore[index]
+        scales[a] = (float(given_scales[i]) if given_scales is not None
+                     else out[a] / x_shape[a])
     return tuple(out), tuple(scales)

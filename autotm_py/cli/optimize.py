@@ -1,0 +1,223 @@
+"""`autotm optimize` (solve the placement ILP, write a plan) and `autotm simulate` (predict and
+verify a plan's timeline).
+
+Exit codes: 0 success; 1 error (bad plan, solver failure); 2 bad option; 3 the budget is
+infeasible (below the smallest feasible budget, which is printed with the kernel forcing it)
+or no plan was found within --time-limit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from autotm_py.cli import cli
+from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
+from autotm_py.config import DEFAULT_ASYNC_WINDOW, DEFAULT_GAP, DEFAULT_SOLVER, STRATEGIES
+
+EXIT_INFEASIBLE = 3
+
+RATIO_HELP = (
+    "Fast:slow capacity, e.g. 1:4 = the fast tier holds 1/5 of the model's unconstrained peak "
+    "footprint (the rest lives in the slow tier); 1:0 = all fast (no limit); 0:1 = all slow. "
+    "The AutoTM paper writes ratios the other way round, as PMM:DRAM (its 4:1 is our 1:4).")
+
+
+@cli.command("optimize")
+@model_options
+@click.option("--ratio", default=None, metavar="F:S", help=RATIO_HELP)
+@click.option("--fast-mem", default=None, metavar="BYTES",
+              help="Absolute fast-tier budget instead of --ratio, e.g. 16GiB or 512MB.")
+@click.option("--strategy", type=click.Choice(STRATEGIES), default="sync", show_default=True,
+              help="static: one tier per tensor for life; sync: blocking moves around uses; "
+                   "async: also copies overlapped with nearby kernels.")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda",
+              show_default=True, help="cuda: GPU mode (kernels need fast IO); cpu: host mode "
+                                      "(kernels may touch the slow tier). Picks the profiles.")
+@click.option("--memory", default=None, metavar="PRESET|FILE",
+              help="Memory system: optane, cxl, h100-pcie5, or a JSON file (autotm "
+                   "calibrate). Default: h100-pcie5 for cuda, optane for cpu.")
+@click.option("--solver", type=click.Choice(["cbc", "highs", "gurobi", "cplex"]),
+              default=DEFAULT_SOLVER, show_default=True)
+@click.option("--gap", type=float, default=DEFAULT_GAP, show_default=True,
+              help="Relative MIP gap at which the solver stops (0.01 = 1%).")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds; on timeout the best plan found is returned, marked as such.")
+@click.option("--async-window", type=click.IntRange(min=0), default=DEFAULT_ASYNC_WINDOW,
+              show_default=True, help="Kernels around each use where async copies may run.")
+@click.option("--pin-weights", is_flag=True,
+              help="The paper's rule: inputs, weights and optimizer state stay in fast "
+                   "memory, outside the budget.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Solver threads.")
+@click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
+              help="Profile cache directory (default: $AUTOTM_PROFILES or ~/.cache/autotm).")
+@click.option("--no-baselines", is_flag=True, help="Skip planning the baselines.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the plan here (JSON).")
+@json_option
+def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
+                 optimizer: str, ratio: str | None, fast_mem: str | None, strategy: str,
+                 device: str, memory: str | None, solver: str, gap: float,
+                 time_limit: float | None, async_window: int, pin_weights: bool,
+                 threads: int | None, profiles_dir: str | None, no_baselines: bool,
+                 output: str | None, as_json: bool) -> int:
+    """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
+
+    MODEL is an ONNX file or a zoo name. Prints predicted time against all-fast and the
+    baselines, bytes moved, the fast-tier peak and the solver's statistics. Exit code 3 when
+    the budget is infeasible (the smallest feasible budget is printed).
+    """
+    from autotm_py import api
+    from autotm_py.config import PlanConfig
+    from autotm_py.memory.budget import parse_bytes, parse_ratio
+
+    config = PlanConfig(
+        strategy=strategy, ratio=parse_ratio(ratio) if ratio else None,
+        fast_mem_bytes=parse_bytes(fast_mem) if fast_mem else None, device=device,
+        memory=memory, solver=solver, gap=gap, time_limit_s=time_limit,
+        async_window=async_window, pin_weights=pin_weights, threads=threads)
+    graph = load_model_from_cli(model, batch, dims, training, optimizer)
+    costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
+    result = api.optimize(graph, config, costs=costs, baselines=not no_baselines)
+    if result.plan is not None and output:
+        result.plan.save(output)
+    if as_json:
+        print_json({**result.to_dict(), "plan_file": output if result.plan else None})
+    else:
+        for line in summary_lines(graph, result, config, costs):
+            click.echo(line)
+        if result.plan is not None and output:
+            click.echo(f"wrote {output}")
+    return 0 if result.plan is not None else EXIT_INFEASIBLE
+
+
+def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]:
+    """The human summary of `autotm optimize`."""
+    from autotm_py.memory.budget import format_bytes
+
+    s = graph.summary()
+    lines = [f"model      {s['name']}: {s['kernels']} kernels, {s['tensors']} tensors, peak "
+             f"{format_bytes(s['peak_live_bytes'])}, largest working set "
+             f"{format_bytes(s['max_working_set_bytes'])}"]
+    if costs.n_estimated:
+        lines.append(f"costs      {costs.n_estimated} of {len(costs.times_s)} kernel times "
+                     "are roofline estimates (no profile)")
+    budget = "none (all fast)" if result.budget_bytes is None else \
+        format_bytes(result.budget_bytes)
+    how = f" (ratio {config.ratio})" if config.ratio is not None else ""
+    lines.append(f"budget     {budget}{how}, strategy {config.strategy}, memory "
+                 f"{config.memory_name}")
+    if result.plan is None:
+        lines.append(f"result     {result.message}")
+        return lines
+    lines += _plan_lines(result)
+    lines += _baseline_lines(result)
+    return lines
+
+
+def _plan_lines(result: Any) -> list[str]:
+    from autotm_py.memory.budget import format_bytes
+
+    st = result.stats
+    counts = result.plan.header.counts
+    fast, slow = _moved(counts, "fast"), _moved(counts, "slow")
+    lines = [f"predicted  {result.predicted_time_s * 1e3:.3f} ms per iteration, "
+             f"{result.slowdown:.3f}x all-fast ({result.all_fast_time_s * 1e3:.3f} ms)"]
+    lines.append(f"moved      to fast {format_bytes(sum(fast))} (sync {format_bytes(fast[0])}, "
+                 f"async {format_bytes(fast[1])}); to slow {format_bytes(sum(slow))} (sync "
+                 f"{format_bytes(slow[0])}, async {format_bytes(slow[1])})")
+    if st.solver != "none":
+        gap = "-" if st.gap is None else f"{st.gap * 100:.2f}%"
+        lines.append(f"solver     {st.solver}: {st.status}, gap {gap}, {st.variables} variables, "
+                     f"{st.constraints} constraints, build {st.build_s:.2f} s, solve "
+                     f"{st.solve_s:.2f} s")
+    lines += [f"note       {n}" for n in result.plan.header.notes]
+    return lines
+
+
+def _moved(counts: Any, tier: str) -> tuple[int, int]:
+    return (int(counts.get(f"bytes_to_{tier}_sync", 0)),
+            int(counts.get(f"bytes_to_{tier}_async", 0)))
+
+
+def _baseline_lines(result: Any) -> list[str]:
+    from autotm_py.memory.budget import format_bytes
+
+    if not result.baselines:
+        return []
+    plan_s, fast_s = result.predicted_time_s, result.all_fast_time_s
+    lines = ["", f"{'plan':<12} {'time (ms)':>10} {'vs all-fast':>12} {'plan speedup':>13}  "
+                 "fast peak"]
+    lines.append(f"{'this plan':<12} {plan_s * 1e3:>10.3f} {plan_s / fast_s:>11.3f}x "
+                 f"{1.0:>12.3f}x")
+    for name, b in result.baselines.items():
+        if b.time_s is None:
+            lines.append(f"{name:<12} {'-':>10} {'-':>12} {'-':>13}  {b.message}")
+            continue
+        status = "" if b.feasible else "  over budget"
+        lines.append(f"{name:<12} {b.time_s * 1e3:>10.3f} {b.time_s / fast_s:>11.3f}x "
+                     f"{b.time_s / plan_s:>12.3f}x  {format_bytes(b.fast_peak_bytes or 0)}"
+                     f"{status}")
+    return lines
+
+
+@cli.command("simulate")
+@model_options
+@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False),
+              help="A plan written by `autotm optimize -o`.")
+@click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
+              help="Profile cache directory (default: $AUTOTM_PROFILES or ~/.cache/autotm).")
+@click.option("--no-strict", is_flag=True,
+              help="Report every rule the plan breaks instead of stopping at the first.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the timeline (per-kernel and per-move times, memory curve) as JSON.")
+@json_option
+def simulate_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
+                 optimizer: str, plan_path: str, profiles_dir: str | None, no_strict: bool,
+                 output: str | None, as_json: bool) -> int:
+    """Predict a plan's timeline on MODEL and verify it (residency, budget, order, steady
+    state). Exits 1 naming the first record that breaks a rule."""
+    import json
+
+    from autotm_py import api
+    from autotm_py.fileio import atomic_write_text
+    from autotm_py.plan import Plan
+
+    plan = Plan.load(plan_path)
+    graph = load_model_from_cli(model, batch, dims, training, optimizer)
+    plan.validate(graph)
+    device = str((plan.header.config or {}).get("device") or "cuda")
+    costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
+    sim = api.simulate(graph, plan, costs=costs, strict=not no_strict)
+    if output:
+        atomic_write_text(output, json.dumps(sim.to_dict()) + "\n")
+    if as_json:
+        print_json(sim.to_dict())
+    else:
+        for line in simulation_lines(sim):
+            click.echo(line)
+        if output:
+            click.echo(f"wrote {output}")
+    return 0 if sim.ok else 1
+
+
+def simulation_lines(sim: Any) -> list[str]:
+    """The human summary of `autotm simulate`."""
+    from autotm_py.memory.budget import format_bytes
+
+    budget = "none" if sim.budget_bytes is None else format_bytes(sim.budget_bytes)
+    moved = sum(sim.bytes_moved.values())
+    lines = [f"plan       {sim.model_name}, strategy {sim.strategy}, {sim.mode} mode",
+             f"predicted  {sim.total_s * 1e3:.3f} ms per iteration, {sim.slowdown:.3f}x "
+             f"all-fast ({sim.all_fast_s * 1e3:.3f} ms)",
+             f"memory     fast peak {format_bytes(sim.fast_peak_bytes)} of budget {budget}; "
+             f"slow peak {format_bytes(sim.slow_peak_bytes)}; pinned "
+             f"{format_bytes(sim.pinned_bytes)}",
+             f"moves      {len(sim.moves)} moves, {format_bytes(moved)}"]
+    if sim.ok:
+        lines.append("verified   every record obeys residency, budget, order and steady state")
+    else:
+        lines.append(f"violations {len(sim.violations)}:")
+        lines += [f"  {v}" for v in sim.violations[:20]]
+    return lines

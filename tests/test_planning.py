@@ -1,0 +1,190 @@
+"""The planner through `optimize`: statuses, infeasibility, steady state, pinning, solvers,
+decoding, and plan round trips."""
+
+import json
+
+import pytest
+
+from autotm_py.config import PlanConfig
+from autotm_py.memory.budget import parse_ratio
+from autotm_py.memory.model import MachineModel
+from autotm_py.memory.tiers import FAST, SLOW, preset
+from autotm_py.plan import Move, Plan
+from autotm_py.planning import formulation
+from autotm_py.planning.decode import Walk, fast_intervals, prune_reads
+from autotm_py.planning.gadgets import ASYNC, NONE, SYNC, tensor_gadgets
+from autotm_py.planning.paths import DROP, F0, READ, S, build_paths
+from autotm_py.planning.solve import min_feasible_budget, optimize
+from autotm_py.planning.solvers import parse_cbc_log
+from autotm_py.runtime.simulate import simulate
+from tests.graphs import costs_for, layered_net, small_training
+from tests.synthetic import chain
+
+
+def config(**kw):
+    base = {"strategy": "sync", "device": "cuda", "solver": "highs", "gap": 0.0}
+    return PlanConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("strategy", ["static", "sync", "async"])
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_plans_verify_and_match_objective(strategy, device):
+    g = small_training(kib=256)
+    costs = costs_for(g, device)
+    res = optimize(g, config(strategy=strategy, device=device, ratio=parse_ratio("2:1")),
+                   costs=costs)
+    if (strategy, device) == ("static", "cuda"):  # nothing moves: only the whole peak fits
+        assert res.status == "infeasible" and res.min_feasible_budget_bytes > res.budget_bytes
+        return
+    assert res.status == "optimal" and res.plan is not None
+    sim = simulate(g, res.plan, costs=costs)  # strict: raises on any violation
+    assert sim.total_s == pytest.approx(res.objective_s, rel=1e-3)
+    assert res.predicted_time_s == pytest.approx(sim.total_s)
+    assert sim.fast_peak_bytes <= res.budget_bytes
+    assert res.stats.variables > 0 and res.stats.constraints > 0
+    assert res.stats.build_s >= 0 and res.stats.solve_s > 0
+
+
+def test_tight_gpu_budget_moves_tensors_and_keeps_steady_state():
+    g = small_training(kib=256)
+    costs = costs_for(g)
+    model = MachineModel(g, preset("h100-pcie5"), costs)
+    need, _ = min_feasible_budget(model, "sync")
+    res = optimize(g, config(fast_mem_bytes=need), costs=costs)
+    assert res.status == "optimal"
+    moves = list(res.plan.moves())
+    assert any(m.to == SLOW for m in moves) and any(m.to == FAST for m in moves)
+    assert res.slowdown > 1.0
+    simulate(g, res.plan, costs=costs)  # strict: includes "carried tensors end where they began"
+
+
+def test_infeasible_budget_names_the_forcing_kernel():
+    g = chain(4, size=2**18)  # 1 MiB tensors, 2 MiB working sets
+    res = optimize(g, config(fast_mem_bytes=2**20), costs=costs_for(g))
+    assert res.status == "infeasible" and res.plan is None
+    assert res.min_feasible_budget_bytes == 2 * 2**20
+    assert res.forcing_kernel == 0 and res.forcing_kernel_name == "relu0"
+    assert "2.00 MiB" in res.message and "relu0" in res.message
+    static = optimize(g, config(strategy="static", fast_mem_bytes=3 * 2**20),
+                      costs=costs_for(g))
+    assert static.status == "optimal"  # the peak (2 MiB) fits
+    host = optimize(g, config(device="cpu", fast_mem_bytes=0), costs=costs_for(g, "cpu"))
+    assert host.status == "optimal"  # host mode can run everything from the slow tier
+
+
+def test_no_budget_is_all_fast():
+    g = chain(3)
+    res = optimize(g, config(ratio=parse_ratio("1:0")), costs=costs_for(g))
+    assert res.status == "optimal" and res.budget_bytes is None
+    assert not list(res.plan.moves())
+    assert res.predicted_time_s == pytest.approx(res.all_fast_time_s)
+
+
+def test_pin_weights_keeps_weights_fast_and_outside_the_budget():
+    g = small_training(kib=256)
+    costs = costs_for(g)
+    res = optimize(g, config(fast_mem_bytes=800 * 1024, pin_weights=True), costs=costs)
+    w, w_next = g.carried[0]
+    assert res.plan.initial[w] == (FAST,)
+    assert all(m.tensor not in (w, w_next) for m in res.plan.moves())
+    assert res.plan.header.config["pin_weights"] is True
+    assert simulate(g, res.plan, costs=costs).pinned_bytes > 0
+
+
+def test_cbc_and_highs_agree():
+    g = small_training(kib=256)
+    costs = costs_for(g, "cpu")
+    results = [optimize(g, config(solver=s, device="cpu", ratio=parse_ratio("1:3")),
+                        costs=costs) for s in ("cbc", "highs")]
+    assert results[0].objective_s == pytest.approx(results[1].objective_s, rel=1e-6)
+
+
+def test_time_limit_returns_a_marked_plan_or_says_none():
+    g = layered_net(6, width=4, kib=256)
+    costs = costs_for(g)
+    res = optimize(g, config(strategy="async", ratio=parse_ratio("1:3"), gap=0.0,
+                             time_limit_s=0.5), costs=costs)
+    assert res.status in ("optimal", "time_limit", "no_solution")
+    if res.status == "time_limit":
+        assert res.plan.header.solver.hit_time_limit
+        assert any("time limit" in n for n in res.plan.header.notes)
+        simulate(g, res.plan, costs=costs)
+    if res.status == "no_solution":
+        assert res.plan is None and "--time-limit" in res.message
+
+
+def test_parse_cbc_log():
+    import pulp
+
+    stopped = "Result - Stopped on time limit\n\nObjective value: 12.5\nLower bound: 10.0\n" \
+              "Gap: 0.25\n"
+    assert parse_cbc_log(stopped, pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible) == \
+        ("time_limit", 10.0, 0.25)
+    done = "Result - Optimal solution found\n\nObjective value: 12.5\n"
+    assert parse_cbc_log(done, 1, pulp.LpSolutionOptimal) == ("optimal", None, 0.0)
+    assert parse_cbc_log("Result - Problem proven infeasible", -1, 0)[0] == "infeasible"
+
+
+def test_plan_json_roundtrip(tmp_path):
+    g = small_training(kib=256)
+    costs = costs_for(g)
+    res = optimize(g, config(fast_mem_bytes=900 * 1024), costs=costs)
+    path = res.plan.save(tmp_path / "plan.json")
+    again = Plan.load(path)
+    assert again.records == res.plan.records and again.initial == res.plan.initial
+    assert simulate(g, again, costs=costs).total_s == pytest.approx(res.predicted_time_s)
+    assert json.loads(path.read_text())["header"]["solver"]["solver"] == "highs"
+
+
+def test_gadgets_per_strategy():
+    g = small_training()
+    model = MachineModel(g, preset("h100-pcie5"), costs_for(g))
+    h = g.by_name("h").id  # produced by kernel 0, read by kernels 1 and 4
+    static = tensor_gadgets(model, "static", 15)[h]
+    sync = tensor_gadgets(model, "sync", 15)[h]
+    asyn = tensor_gadgets(model, "async", 1)[h]
+    assert static.kernels == (0,) and static.write == (NONE,)
+    assert sync.kernels == (0, 1, 4) and sync.read == (NONE, SYNC, SYNC)
+    assert asyn.kernels == (0, 1, 2, 3, 4)
+    assert asyn.read[3] == ASYNC and asyn.write[2] == ASYNC and asyn.read[2] == NONE
+
+
+def test_paths_forbid_slow_io_on_gpu():
+    g = small_training()
+    gpu = MachineModel(g, preset("h100-pcie5"), costs_for(g))
+    h = g.by_name("h").id
+    p = build_paths(tensor_gadgets(gpu, "sync", 15)[h], gpu=True, carried_end=False)
+    assert F0 in p.start and S not in p.start  # a GPU kernel writes its outputs to fast memory
+    s_at_user = 1 * 3 + S
+    assert [e.kind for e in p.edges if e.src == s_at_user] == [READ]
+
+
+def test_prune_reads_without_consumer():
+    g = small_training()
+    model = MachineModel(g, preset("h100-pcie5"), costs_for(g))
+    x = g.by_name("x").id  # given, read by kernels 0 and 5; async gadgets around them
+    p = build_paths(tensor_gadgets(model, "async", 2)[x], gpu=True, carried_end=False)
+    kernels = p.gadgets.kernels
+    j = kernels.index(1)
+    useless = Walk(F0, [(0, "write"), (j, READ), (j + 1, DROP)])
+    pruned = prune_reads(p, useless, g.tensors[x].users)
+    assert pruned.events == [(0, "write")]
+    assert fast_intervals(p, pruned, 0, 5) == [(0, 0)]
+
+
+def test_formulation_units_and_sizes():
+    g = layered_net(3, width=3, kib=512)
+    model = MachineModel(g, preset("h100-pcie5").with_budget(64 * 2**20), costs_for(g))
+    f = formulation.build(model, "sync", 15)
+    assert f.n_vars > 0 and f.n_rows > 0 and f.build_s < 10
+    caps = [v for v in f.prob.variables() if v.name.startswith("U")]
+    assert len(caps) == len(g.kernels)
+    assert max(v.upBound for v in caps) <= 64  # MiB
+
+
+def test_plan_moves_are_well_formed():
+    g = small_training(kib=256)
+    res = optimize(g, config(strategy="async", fast_mem_bytes=900 * 1024), costs=costs_for(g))
+    for m in res.plan.moves():
+        assert isinstance(m, Move)
+        assert (m.mode == "async") == (m.overlaps is not None)

@@ -1,0 +1,89 @@
+"""On tiny graphs the ILP's optimum equals an exhaustive search over every placement and move
+schedule of the same model (tests/bruteforce.py), and both plans simulate to that time."""
+
+from dataclasses import replace
+
+import pytest
+
+from autotm_py.memory.model import MachineModel
+from autotm_py.memory.tiers import preset
+from autotm_py.plan import SolverStats
+from autotm_py.planning import formulation
+from autotm_py.planning.decode import decode
+from autotm_py.planning.solve import min_feasible_budget
+from autotm_py.planning.solvers import run_solver
+from autotm_py.runtime.simulate import Simulator
+from tests.bruteforce import BruteForce
+from tests.graphs import costs_for, random_training, residual_block, small_training
+from tests.synthetic import chain, diamond
+
+WINDOW = 3
+GRAPHS = {
+    "chain": lambda: chain(4, size=1024 * 64),
+    "diamond": lambda: diamond(1024 * 64),
+    "residual": residual_block,
+    "training": small_training,
+}
+
+
+def model_at(graph, memory, strategy, frac, *, pin=False, costs=None):
+    """The model with a budget `frac` of the way from the smallest feasible one to the peak."""
+    costs = costs or costs_for(graph, "cuda" if memory.mode == "gpu" else "cpu")
+    peak = MachineModel(graph, memory.with_budget(None), costs, pin).peak[0]
+    need, _ = min_feasible_budget(MachineModel(graph, memory.with_budget(peak), costs, pin),
+                                  strategy)
+    budget = int(need + frac * (peak - need))
+    return MachineModel(graph, memory.with_budget(budget), costs, pin)
+
+
+def simulated(model, plan):
+    sim = Simulator(model.graph, plan, model, strict=True)
+    sim.run()
+    return sim.result().total_s
+
+
+def check(model, strategy):
+    best, best_plan = BruteForce(model, strategy, window=WINDOW).solve()
+    f = formulation.build(model, strategy, WINDOW)
+    outcome = run_solver(f.prob, "highs", gap=0.0, time_limit=60)
+    assert outcome.status == "optimal"
+    ilp = outcome.objective / formulation.MS
+    plan = decode(f, config={"device": model.costs.device}, solver=SolverStats())
+    assert best is not None
+    assert ilp == pytest.approx(best, rel=1e-9)
+    assert simulated(model, plan) == pytest.approx(ilp, rel=1e-9)
+    assert simulated(model, best_plan) == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("graph", list(GRAPHS))
+@pytest.mark.parametrize("memory", ["h100-pcie5", "optane"])
+@pytest.mark.parametrize("strategy", ["static", "sync", "async"])
+@pytest.mark.parametrize("frac", [0.0, 0.4])
+def test_ilp_equals_exhaustive_search(graph, memory, strategy, frac):
+    g = GRAPHS[graph]()
+    check(model_at(g, preset(memory), strategy, frac), strategy)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("memory", ["h100-pcie5", "cxl"])
+def test_random_training_graphs(seed, memory):
+    g = random_training(seed, n_forward=3)
+    check(model_at(g, preset(memory), "sync", 0.3), "sync")
+    check(model_at(g, preset(memory), "sync", 0.3, pin=True), "sync")
+
+
+def test_measured_placements_use_one_hot_configurations():
+    """A kernel with a measured, non-separable placement table (reading both operands from
+    the slow tier is cheaper than the bandwidth model says) goes through the one-hot
+    configuration family, and the optimum still matches."""
+    g = residual_block()
+    base = costs_for(g, "cpu")
+    t = base.times_s[3]  # Add(h2, x) -> s
+    table = {"FFF": t, "SFF": 3 * t, "FSF": 3 * t, "SSF": 3.5 * t,
+             "FFS": 2 * t, "SFS": 4 * t, "FSS": 4 * t, "SSS": 4.2 * t}
+    costs = replace(base, measured_placements={3: table})
+    model = model_at(g, preset("optane"), "sync", 0.2, costs=costs)
+    assert model.slot_penalties(3) is None
+    f = formulation.build(model, "sync", WINDOW)
+    assert any(v.name.startswith("c3_") for v in f.prob.variables())
+    check(model, "sync")

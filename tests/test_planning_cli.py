@@ -1,0 +1,61 @@
+"""`autotm optimize` and `autotm simulate` on a synthetic model (the loader is patched)."""
+
+import json
+
+import pytest
+
+from autotm_py import api
+from autotm_py.cli import main
+from tests.graphs import costs_for, small_training
+
+
+@pytest.fixture()
+def net(monkeypatch):
+    graph = small_training(kib=256)
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: graph)
+    monkeypatch.setattr(api, "load_costs",
+                        lambda g, device="cuda", profiles_dir=None: costs_for(g, device))
+    return graph
+
+
+def test_help_explains_the_ratio(capsys):
+    assert main(["optimize", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1:4 = the fast tier holds 1/5" in out and "PMM:DRAM" in out and "1:0" in out
+
+
+def test_optimize_writes_plan_and_prints_summary(net, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    code = main(["optimize", "net", "--fast-mem", "900KiB", "--solver", "highs",
+                 "-o", str(plan)])
+    out = capsys.readouterr().out
+    assert code == 0 and plan.exists()
+    assert "predicted" in out and "x all-fast" in out and "first-touch" in out
+    assert "solver     highs: optimal" in out
+    code = main(["simulate", "net", "--plan", str(plan), "-o", str(tmp_path / "tl.json")])
+    out = capsys.readouterr().out
+    assert code == 0 and "verified" in out
+    timeline = json.loads((tmp_path / "tl.json").read_text())
+    assert timeline["kernels"] and "fast_bytes" in timeline["memory"]
+
+
+def test_optimize_json(net, capsys):
+    code = main(["optimize", "net", "--ratio", "1:0", "--json", "--no-baselines"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["status"] == "optimal" and data["budget_bytes"] is None
+
+
+def test_infeasible_exits_3_with_the_smallest_budget(net, capsys):
+    code = main(["optimize", "net", "--ratio", "0:1"])
+    out = capsys.readouterr().out
+    assert code == 3
+    assert "smallest feasible budget of 768.00 KiB" in out and "ReluGrad" in out
+
+
+def test_bad_options_and_bad_plans(net, tmp_path, capsys):
+    assert main(["optimize", "net", "--ratio", "fast"]) == 2
+    assert "error: --ratio 'fast'" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"format\": \"autotm-plan\", \"format_version\": 1")
+    assert main(["simulate", "net", "--plan", str(bad)]) == 1
+    assert "error:" in capsys.readouterr().err
