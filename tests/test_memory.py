@@ -40,7 +40,7 @@ def test_memory_file_roundtrip_and_errors(tmp_path):
     data = json.loads(path.read_text())
     data["link"]["read_bw"] = -1
     path.write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="link.read_bw must be a positive"):
+    with pytest.raises(ConfigError, match=r"link\.read_bw must be a positive"):
         load_memory_system(path)
     del data["fast"]
     path.write_text(json.dumps(data))

@@ -119,7 +119,7 @@ def test_parse_cbc_log():
     stopped = "Result - Stopped on time limit\n\nObjective value: 12.5\nLower bound: 10.0\n" \
               "Gap: 0.25\n"
     assert parse_cbc_log(stopped, pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible) == \
-        ("time_limit", 10.0, 0.25)
+        ("time_limit", 10.0, 0.2)
     done = "Result - Optimal solution found\n\nObjective value: 12.5\n"
     assert parse_cbc_log(done, 1, pulp.LpSolutionOptimal) == ("optimal", None, 0.0)
     assert parse_cbc_log("Result - Problem proven infeasible", -1, 0)[0] == "infeasible"

@@ -5,11 +5,10 @@ import json
 import pytest
 
 from autotm_py.errors import PlanError
-from autotm_py.memory.model import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW, preset
 from autotm_py.plan import Compute, Free, Move, Plan, PlanHeader, names_table
 from autotm_py.profiling.costs import KernelCosts
-from autotm_py.runtime.simulate import Simulator, simulate
+from autotm_py.runtime.simulate import simulate
 from tests.graphs import small_training
 from tests.synthetic import chain
 
@@ -50,7 +49,7 @@ def test_plain_plan_time_and_memory_curve():
 
 
 def test_sync_moves_add_serially_async_overlap():
-    g, _, initial, (x, a0, a1, a2) = chain_plan()
+    g, _, initial, (x, a0, a1, _) = chain_plan()
     link = preset("h100-pcie5").link
     write = link.latency_s + MB / link.write_bw
     sync = [Compute(0, (FAST, FAST)), Free(x, FAST), Move(a0, SLOW, "sync"), Free(a0, FAST),
@@ -118,7 +117,7 @@ def test_non_strict_collects_violations():
 
 def test_carried_tensor_must_return():
     g = small_training(kib=64)
-    w, w_next = g.carried[0]
+    w, _ = g.carried[0]
     plan_records = []
     for k, kernel in enumerate(g.kernels):
         plan_records.append(Compute(k, (FAST,) * len(kernel.io)))

@@ -127,6 +127,9 @@ def _plan_lines(result: Any) -> list[str]:
     lines.append(f"moved      to fast {format_bytes(sum(fast))} (sync {format_bytes(fast[0])}, "
                  f"async {format_bytes(fast[1])}); to slow {format_bytes(sum(slow))} (sync "
                  f"{format_bytes(slow[0])}, async {format_bytes(slow[1])})")
+    budget = result.budget_bytes
+    lines.append(f"fast peak  {format_bytes(result.fast_peak_bytes or 0)}" +
+                 ("" if budget is None else f" of the {format_bytes(budget)} budget"))
     if st.solver != "none":
         gap = "-" if st.gap is None else f"{st.gap * 100:.2f}%"
         lines.append(f"solver     {st.solver}: {st.status}, gap {gap}, {st.variables} variables, "

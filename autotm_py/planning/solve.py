@@ -53,6 +53,7 @@ class PlanResult:
     forcing_kernel_name: str | None = None
     all_fast_time_s: float | None = None
     objective_s: float | None = None
+    fast_peak_bytes: int | None = None
     baselines: Mapping[str, BaselineResult] = field(default_factory=dict)
 
     @property
@@ -70,6 +71,7 @@ class PlanResult:
             "status": self.status, "message": self.message, "budget_bytes": self.budget_bytes,
             "predicted_time_s": self.predicted_time_s, "all_fast_time_s": self.all_fast_time_s,
             "slowdown": self.slowdown, "objective_s": self.objective_s,
+            "fast_peak_bytes": self.fast_peak_bytes,
             "min_feasible_budget_bytes": self.min_feasible_budget_bytes,
             "forcing_kernel": self.forcing_kernel,
             "forcing_kernel_name": self.forcing_kernel_name,
@@ -132,7 +134,8 @@ def _plan(model: MachineModel, config: PlanConfig) -> PlanResult:
                                 predicted_time_s=model.all_fast_time,
                                 notes=("no budget: every tensor stays in fast memory",))
         return PlanResult("optimal", plan, "no budget: all-fast is optimal",
-                          predicted_time_s=model.all_fast_time, stats=SolverStats(), **common)
+                          predicted_time_s=model.all_fast_time, stats=SolverStats(),
+                          fast_peak_bytes=model.peak[0], **common)
     need, kid = min_feasible_budget(model, config.strategy)
     if model.budget < need:
         return _infeasible(model, need, kid, config.strategy, common)
@@ -152,15 +155,17 @@ def _plan(model: MachineModel, config: PlanConfig) -> PlanResult:
     notes = ("time limit reached: best plan found, not proven within the gap",) \
         if outcome.status == "time_limit" else ()
     plan = decode(f, config=_config(config), solver=stats, notes=notes)
-    predicted = _verify(model, plan)
-    plan = plan.with_header(predicted_time_s=predicted)
+    predicted, peak = _verify(model, plan)
+    plan = plan.with_header(predicted_time_s=predicted,
+                            counts={**plan.header.counts, "fast_peak_bytes": peak})
     message = f"{outcome.status}: predicted {predicted * 1e3:.3f} ms per iteration"
     return PlanResult(outcome.status, plan, message, predicted_time_s=predicted, stats=stats,
-                      objective_s=stats.objective_s, **common)
+                      objective_s=stats.objective_s, fast_peak_bytes=peak, **common)
 
 
-def _verify(model: MachineModel, plan: Plan) -> float:
-    """Simulate the decoded plan strictly: a violation here is a planner bug."""
+def _verify(model: MachineModel, plan: Plan) -> tuple[float, int]:
+    """Simulate the decoded plan strictly (a violation here is a planner bug); return its
+    predicted time and fast-tier peak."""
     from autotm_py.runtime.simulate import Simulator
 
     sim = Simulator(model.graph, plan, model, strict=True)
@@ -169,7 +174,8 @@ def _verify(model: MachineModel, plan: Plan) -> float:
     except PlanError as exc:
         raise SolverError(f"the decoded plan fails verification ({exc}); please report this "
                           "with the model and options") from exc
-    return sim.result().total_s
+    res = sim.result()
+    return res.total_s, res.fast_peak_bytes
 
 
 def _infeasible(model: MachineModel, need: int, kid: int, strategy: str,

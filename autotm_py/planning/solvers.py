@@ -102,7 +102,10 @@ def parse_cbc_log(text: str, status: int, sol_status: int) -> tuple[str, float |
     result = re.search(r"Result - (.+)", text)
     verdict = result.group(1).lower() if result else ""
     bound = _number(text, r"Lower bound:\s*(\S+)")
-    gap = _number(text, r"Gap:\s*(\S+)")
+    gap = _number(text, r"Gap:\s*(\S+)")  # printed with two decimals: recompute it
+    objective = _number(text, r"Objective value:\s*(\S+)")
+    if objective is not None and bound is not None:
+        gap = max(objective - bound, 0.0) / max(abs(objective), 1e-12)
     if "infeasible" in verdict or status == pulp.LpStatusInfeasible:
         return "infeasible", None, None
     has = sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
