@@ -17,7 +17,7 @@ import click
 
 from autotm_py.errors import AutoTMError
 
-COMMAND_MODULES = ("inspect", "zoo", "optimize", "device", "report")
+COMMAND_MODULES = ("inspect", "zoo", "optimize", "device", "run", "report")
 
 
 @click.group(

@@ -238,7 +238,8 @@ class Executor(PlanInterpreter):
 
 def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations: int = 5,
             warmup: int = 2, seed: int = 0, kernel_times: bool = False,
-            enforce_budget: bool = True, cap_slack_bytes: int = 64 << 20) -> RunResult:
+            enforce_budget: bool = True, cap_slack_bytes: int = 64 << 20,
+            deterministic: bool = False) -> RunResult:
     """Run `warmup` + `iterations` iterations of a plan and measure the timed ones."""
     from autotm_py.runtime.reference import init_values
 
@@ -246,6 +247,8 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     if iterations < 1 or warmup < 0:
         raise ConfigError("--iterations must be >= 1 and --warmup >= 0")
     dev = _check_device(device)
+    if dev.startswith("cuda"):
+        _configure_cuda(deterministic)
     masters = {tid: v.cpu() for tid, v in init_values(graph, seed=seed, device="cpu").items()}
     executor = Executor(graph, plan, device=dev, masters=masters, kernel_times=kernel_times)
     cap = _apply_cap(plan, dev, enforce_budget, cap_slack_bytes)
@@ -253,12 +256,12 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
         times, peak, kernels = _timed_iterations(executor, iterations, warmup)
     finally:
         if cap is not None:
-            torch.cuda.set_per_process_memory_fraction(1.0, torch.device(dev))
+            torch.cuda.set_per_process_memory_fraction(1.0, _cuda_index(dev))
     return RunResult(
         device=dev, device_name=_device_name(dev), iterations=iterations, warmup=warmup,
         iteration_times_s=tuple(times), median_s=statistics.median(times),
         kernel_times_s=kernels, peak_fast_bytes=peak,
-        modelled_peak_fast_bytes=plan.header.counts.get("peak_fast_bytes"),
+        modelled_peak_fast_bytes=plan.header.counts.get("fast_peak_bytes"),
         budget_bytes=plan.header.budget_bytes, cap_bytes=cap,
         predicted_time_s=plan.header.predicted_time_s, slow_pool_bytes=executor.pool.nbytes,
         strategy=plan.header.strategy, model_name=graph.name,
@@ -310,6 +313,17 @@ def _one_iteration(executor: Executor) -> tuple[float, int | None]:
     return begin.elapsed_time(end) / 1e3, int(torch.cuda.max_memory_allocated(dev))
 
 
+def _configure_cuda(deterministic: bool) -> None:
+    """Expandable segments keep the caching allocator's reserved memory close to what is
+    allocated (little fragmentation), so the cap measures the plan, not the allocator.
+    Deterministic algorithms make two plans' results bitwise equal on the GPU."""
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
 def _check_device(device: str) -> str:
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
@@ -322,13 +336,20 @@ def _check_device(device: str) -> str:
 
 
 def _apply_cap(plan: Plan, device: str, enforce: bool, slack: int) -> int | None:
+    """Cap the caching allocator at budget + slack, so a plan that claims to fit really fits."""
     budget = plan.header.budget_bytes
     if not enforce or budget is None or not device.startswith("cuda"):
         return None
-    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    index = _cuda_index(device)
+    total = torch.cuda.get_device_properties(index).total_memory
     cap = min(budget + slack, total)
-    torch.cuda.set_per_process_memory_fraction(cap / total, torch.device(device))
+    torch.cuda.set_per_process_memory_fraction(cap / total, index)
     return cap
+
+
+def _cuda_index(device: str) -> int:
+    dev = torch.device(device)
+    return dev.index if dev.index is not None else torch.cuda.current_device()
 
 
 def _device_name(device: str) -> str:
@@ -337,3 +358,23 @@ def _device_name(device: str) -> str:
     import platform
 
     return platform.processor() or platform.machine()
+
+
+def run_steps(graph: TensorGraph, plan: Plan, *, steps: int = 3, device: str = "cpu",
+              seed: int = 0, deterministic: bool = True) -> list[dict[int, torch.Tensor]]:
+    """Execute `steps` iterations (untimed) and return each step's graph outputs on the CPU:
+    the values to compare with `reference.train_steps` and with other plans."""
+    from autotm_py.runtime.reference import init_values
+
+    plan.validate(graph)
+    dev = _check_device(device)
+    if dev.startswith("cuda"):
+        _configure_cuda(deterministic)
+    masters = {tid: v.cpu() for tid, v in init_values(graph, seed=seed, device="cpu").items()}
+    executor = Executor(graph, plan, device=dev, masters=masters)
+    results = []
+    for _ in range(steps):
+        executor.prepare()
+        executor.run()
+        results.append({t: executor.value(t).detach().cpu().clone() for t in graph.outputs})
+    return results

@@ -49,4 +49,7 @@ def run_kernel(kernel: Kernel, args: Sequence[torch.Tensor]) -> list[torch.Tenso
     if len(outs) != len(kernel.outputs):
         raise ExecutionError(f"kernel {kernel.name!r} ({kernel.op_type}) returned {len(outs)} "
                              f"outputs, the graph expects {len(kernel.outputs)}")
-    return outs
+    # Outputs are materialized in the standard layout: a strided view (a transpose, a split
+    # slice) would make its readers' numerics depend on whether a plan copied it (a copy is
+    # contiguous), and the IR accounts every output as its own bytes anyway.
+    return [o.contiguous() for o in outs]

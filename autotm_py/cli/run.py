@@ -1,0 +1,69 @@
+"""`autotm run`: execute a plan for real with torch and measure it (GPU), or check its results
+on the CPU."""
+
+from __future__ import annotations
+
+import click
+
+from autotm_py.cli import cli
+from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
+
+
+@cli.command("run")
+@model_options
+@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False),
+              help="The plan to execute (from `autotm optimize -o`).")
+@click.option("--device", default="cuda", show_default=True,
+              help="cuda (or cuda:N) to measure on a GPU; cpu to check results on the CPU.")
+@click.option("--iterations", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed iterations (the median is reported).")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed iterations first.")
+@click.option("--kernel-times", is_flag=True, help="Also time every kernel (CUDA events).")
+@click.option("--no-cap", is_flag=True,
+              help="Do not cap GPU memory at the plan's budget (for the all-fast reference).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random values.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the measurements here (JSON; `autotm report --measured` reads it).")
+@json_option
+def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
+            optimizer: str, plan_path: str, device: str, iterations: int, warmup: int,
+            kernel_times: bool, no_cap: bool, seed: int, output: str | None,
+            as_json: bool) -> int:
+    """Run PLAN on MODEL (the same model options as `optimize`) and report measured times.
+
+    On a GPU the plan's fast budget is enforced as a cap on torch's allocator; the measured
+    peak (max_memory_allocated) is printed beside the modelled one."""
+    import json
+
+    from autotm_py import api
+    from autotm_py.fileio import atomic_write_text
+    from autotm_py.plan import Plan
+
+    plan = Plan.load(plan_path)
+    graph = load_model_from_cli(model, batch, dims, training, optimizer)
+    result = api.execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
+                         seed=seed, kernel_times=kernel_times, enforce_budget=not no_cap)
+    if output:
+        atomic_write_text(output, json.dumps(result.to_dict(), indent=1))
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        _print_summary(result)
+    return 0
+
+
+def _print_summary(result) -> None:  # noqa: ANN001 - RunResult, imported lazily
+    from autotm_py.memory.budget import format_bytes
+
+    def size(n: int | None) -> str:
+        return "-" if n is None else format_bytes(n)
+
+    click.echo(f"model {result.model_name}, plan {result.strategy}, {result.device_name}")
+    click.echo(f"iteration: median {result.median_s * 1e3:.3f} ms over {result.iterations} "
+               f"(warm-up {result.warmup}); predicted "
+               + ("-" if result.predicted_time_s is None
+                  else f"{result.predicted_time_s * 1e3:.3f} ms"))
+    click.echo(f"fast memory: measured peak {size(result.peak_fast_bytes)}, modelled "
+               f"{size(result.modelled_peak_fast_bytes)}, budget {size(result.budget_bytes)}, "
+               f"cap {size(result.cap_bytes)}; pinned pool {size(result.slow_pool_bytes)}")
