@@ -13,6 +13,8 @@ STRATEGIES: tuple[str, ...] = ("static", "sync", "async")
 DEFAULT_SOLVER = "cbc"
 DEFAULT_GAP = 0.01
 DEFAULT_ASYNC_WINDOW = 15
+# async: how many kernels of each window are decision points (the longest ones); None: all
+DEFAULT_ASYNC_CANDIDATES = 4
 # Which memory system a device plans for unless --memory says otherwise.
 DEFAULT_MEMORY = {"cuda": "h100-pcie5", "cpu": "optane"}
 
@@ -30,6 +32,7 @@ class PlanConfig:
     gap: float = DEFAULT_GAP
     time_limit_s: float | None = None
     async_window: int = DEFAULT_ASYNC_WINDOW
+    async_candidates: int | None = DEFAULT_ASYNC_CANDIDATES
     pin_weights: bool = False
     threads: int | None = None
 
@@ -48,6 +51,9 @@ class PlanConfig:
             raise ConfigError(f"--time-limit {self.time_limit_s}: must be positive seconds")
         if self.async_window < 0:
             raise ConfigError(f"--async-window {self.async_window}: must be >= 0")
+        if self.async_candidates is not None and self.async_candidates < 1:
+            raise ConfigError(f"--async-candidates {self.async_candidates}: must be >= 1 "
+                              "(or 'all')")
 
     @property
     def memory_name(self) -> str:

@@ -169,3 +169,43 @@ def test_batch_mismatch_with_known_batches_is_not_scaled(tmp_path):
                        shipped_dir=tmp_path)
     assert costs.estimated == (True, True, True, False)
     assert math.isclose(costs.times_s[3], 1e-3)
+
+
+def test_the_same_layer_wins_over_one_whose_spatial_size_scales_alike():
+    """VGG halves the image size where batch doubles: (4,64,224,224) matches both the same
+    layer at batch 2 and the 112x112 layer at batch 2 with one ratio, 2."""
+    w = (64, 64, 3, 3)
+    attrs = {"kernel_shape": (3, 3)}
+    target = shape("Conv", [(4, 64, 224, 224), w], [(4, 64, 224, 224)], **attrs)
+    twin = shape("Conv", [(2, 64, 224, 224), w], [(2, 64, 224, 224)], **attrs)
+    smaller = shape("Conv", [(2, 64, 112, 112), w], [(2, 64, 112, 112)], **attrs)
+    index = BatchIndex({_sig(smaller): {"FFF": ProfileEntry(1.0, 1.0, 1.0, 3, batch=2)},
+                        _sig(twin): {"FFF": ProfileEntry(2.0, 2.0, 2.0, 3, batch=2)}})
+    hit = index.find(target, "FFF", CPU_REFERENCE, batch=4)
+    assert hit.source_signature == _sig(twin)
+    assert hit.median_s == pytest.approx(2.0 * 2, rel=1e-3)  # FLOPs double with the batch
+
+
+def test_a_kernel_that_fits_the_cache_streams_at_cache_bandwidth():
+    r = Roofline("r", {"float32": 1e15}, mem_bw=1e10, launch_s=0.0, compute_eff=1.0,
+                 memory_eff=1.0, cache_bw=1e11, cache_bytes=1 << 20)
+    small = shape("Relu", [(1 << 16,)], [(1 << 16,)])  # 512 KiB of traffic
+    large = shape("Relu", [(1 << 20,)], [(1 << 20,)])  # 8 MiB
+    assert r.time_s(small) == pytest.approx(small.bytes / 1e11)
+    assert r.time_s(large) == pytest.approx(large.bytes / 1e10)
+    assert Roofline.from_dict(r.to_dict()) == r
+
+
+def test_validate_reports_roofline_accuracy(tmp_path):
+    from autotm_py.profiling.cache import read_profile_file
+    from autotm_py.profiling.validate import roofline_accuracy
+
+    fp = Fingerprint("cpu", "Test CPU", "2.0", threads=1)
+    g = conv_graph(2)
+    entries = {k.signature: {"F" * len(k.io): ProfileEntry(
+        2 * CPU_REFERENCE.time_s(OpShape.of_kernel(g, k)), 0, 0, 3)} for k in g.kernels}
+    path = profile_path(tmp_path, fp)
+    write_entries(path, fp, entries, roofline=CPU_REFERENCE.to_dict())
+    result = roofline_accuracy(next(iter(read_profile_file(path).values())))
+    assert result["n"] == 4 and result["median"] == pytest.approx(0.5)
+    assert result["sum_ratio"] == pytest.approx(0.5)

@@ -76,3 +76,20 @@ def test_bad_device_is_a_config_error():
     plan = _plans(graph)["all-fast"]
     with pytest.raises(ConfigError, match="choose cuda or cpu"):
         execute(graph, plan, device="tpu")
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_autograd_baselines_run_on_cpu(offload):
+    from autotm_py.runtime.eager import measure_autograd
+
+    graph = _graph("cnn")
+    result = measure_autograd(graph, device="cpu", iterations=2, warmup=0, save_on_cpu=offload)
+    assert len(result.iteration_times_s) == 2
+    assert result.strategy == ("torch-save-on-cpu" if offload else "torch-autograd")
+
+
+def test_autograd_baseline_needs_training_graph():
+    from autotm_py.runtime.eager import measure_autograd
+
+    with pytest.raises(ConfigError, match="not a training graph"):
+        measure_autograd(small_cnn(), device="cpu")

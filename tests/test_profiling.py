@@ -96,10 +96,19 @@ def test_resume_after_interruption_measures_only_the_rest(dirs, monkeypatch):
     assert {name for name in CALLS} == {g.kernels[2].name}
 
 
-def test_fresh_remeasures_and_max_seconds_stops(dirs):
+def test_fresh_remeasures_and_max_seconds_stops(dirs, monkeypatch):
+    from autotm_py.profiling import torch_profiler
+
+    calls = []
+    real = torch_profiler.measure_roofline
+    monkeypatch.setattr(torch_profiler, "measure_roofline",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
     g = diamond(2048)
     fast_profile(g, dirs)
+    fast_profile(g, dirs)
+    assert len(calls) == 1  # the roofline once per fingerprint...
     assert fast_profile(g, dirs, resume=False).summary["measured_now"] == 3
+    assert len(calls) == 2  # ... and again with the fresh measurements
     bigger = chain(3, size=8192)  # Relu at 4x the size: served by batch scaling
     stopped = fast_profile(bigger, dirs, max_seconds=1e-9)
     assert stopped.summary["measured_now"] == 0
@@ -191,9 +200,14 @@ def test_load_costs_cuda_without_gpu_uses_shipped_h100(tmp_path, caplog):
         costs = load_costs(g, device="cuda", profiles_dir=tmp_path / "user",
                            shipped_dir=shipped)
     assert costs.times_s == (1.0, 1.0) and not any(costs.estimated)
-    assert "H100" in costs.source and "closest" in caplog.text
+    assert "H100" in costs.source and "closest" not in caplog.text  # the reference device
     cpu = load_costs(g, device="cpu", profiles_dir=tmp_path / "user", shipped_dir=shipped)
     assert cpu.times_s == (9.0, 9.0) and cpu.device == "cpu"
+    (shipped / "h100-80gb-hbm3.json").unlink()
+    with caplog.at_level("WARNING"):
+        other = load_costs(g, device="cuda", profiles_dir=tmp_path / "user",
+                           shipped_dir=shipped)
+    assert other.times_s == (5.0, 5.0) and "the closest to 'NVIDIA H100" in caplog.text
 
 
 def test_user_cache_and_env_override(tmp_path, monkeypatch):
@@ -250,3 +264,57 @@ def test_cli_profile_prints_the_counts(tmp_path, monkeypatch, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["measured_now"] == 0 and len(doc["times_s"]) == 5
     assert main(["profile", "anything", "--device", "tpu"]) == 2
+
+
+def test_other_json_in_a_profile_directory_is_skipped(dirs):
+    d = dirs["profiles_dir"]
+    d.mkdir(parents=True)
+    (d / "memory.json").write_text(json.dumps({"name": "m", "mode": "gpu"}))
+    costs = fast_profile(diamond(1024), dirs)
+    assert costs.summary["measured_now"] == 3
+    fp = current_fingerprint("cpu")
+    entry = json.loads((d / f"{fp.slug}.json").read_text())["sets"][fp.id]["entries"]
+    assert all("load" in e["FF"] for sig, e in entry.items() if "FF" in e)
+
+
+def test_load_costs_does_not_import_torch(tmp_path):
+    """Planning is torch-free: naming this CPU must not pay torch's import."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tests.synthetic import chain; "
+            "from autotm_py.profiling.profile import load_costs; "
+            f"c = load_costs(chain(3), device='cpu', profiles_dir={str(tmp_path)!r}, "
+            f"shipped_dir={str(tmp_path)!r}); "
+            "assert all(c.estimated); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parent.parent)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.gpu
+def test_profile_on_cuda_with_the_real_kernels(tmp_path):
+    """CUDA events around run_kernel, a cuda fingerprint, and the costs it returns."""
+    g = diamond(1 << 20)
+    costs = profile(g, device="cuda", profiles_dir=tmp_path, shipped_dir=tmp_path / "none",
+                    repeats=3, warmup=1, progress=False)
+    assert costs.device == "cuda" and costs.summary["failed"] == ()
+    assert costs.summary["measured_now"] == g.unique_signatures
+    assert all(t > 0 for t in costs.times_s) and not any(costs.estimated)
+    fp = current_fingerprint("cuda")
+    doc = json.loads((tmp_path / f"{fp.slug}.json").read_text())
+    assert doc["device"] == "cuda" and doc["sets"][fp.id]["roofline"]["peak_flops"]["tf32"] > 0
+
+
+def test_threads_option_is_part_of_the_fingerprint_and_restored(dirs):
+    before = torch.get_num_threads()
+    seen = []
+
+    def spy(kernel, args):
+        seen.append(torch.get_num_threads())
+        return runner(kernel, args)
+
+    fast_profile(chain(2, size=512), dirs, threads=1, runner=spy)
+    assert set(seen) == {1} and torch.get_num_threads() == before
+    doc = json.loads(next(dirs["profiles_dir"].glob("*.json")).read_text())
+    assert [s["fingerprint"]["threads"] for s in doc["sets"].values()] == [1]

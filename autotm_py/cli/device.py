@@ -30,12 +30,14 @@ DEVICES = click.Choice(["cpu", "cuda"])
 @click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop measuring after this long; run again to resume.")
 @click.option("--fresh", is_flag=True, help="Re-measure kernels that are already cached.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="torch's CPU thread count while measuring [default: torch's own].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @json_option
 def profile_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
                 optimizer: str, device: str, profiles_dir: str | None, repeats: int,
-                warmup: int, max_seconds: float | None, fresh: bool, no_progress: bool,
-                as_json: bool) -> None:
+                warmup: int, max_seconds: float | None, fresh: bool, threads: int | None,
+                no_progress: bool, as_json: bool) -> None:
     """Measure the kernels of MODEL on a device and cache their times.
 
     Identical kernels (repeated blocks) are measured once; kernels already cached for this
@@ -46,7 +48,7 @@ def profile_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: 
     graph = load_model_from_cli(model, batch, dims, training, optimizer)
     costs = api.profile(graph, device=device, profiles_dir=profiles_dir, repeats=repeats,
                         warmup=warmup, max_seconds=max_seconds, resume=not fresh,
-                        progress=not (no_progress or as_json))
+                        threads=threads, progress=not (no_progress or as_json))
     if as_json:
         print_json(_profile_json(graph.name, costs))
         return

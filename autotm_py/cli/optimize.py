@@ -14,7 +14,14 @@ import click
 
 from autotm_py.cli import cli
 from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
-from autotm_py.config import DEFAULT_ASYNC_WINDOW, DEFAULT_GAP, DEFAULT_SOLVER, STRATEGIES
+from autotm_py.config import (
+    DEFAULT_ASYNC_CANDIDATES,
+    DEFAULT_ASYNC_WINDOW,
+    DEFAULT_GAP,
+    DEFAULT_SOLVER,
+    STRATEGIES,
+)
+from autotm_py.errors import ConfigError
 
 EXIT_INFEASIBLE = 3
 
@@ -46,6 +53,11 @@ RATIO_HELP = (
               help="Seconds; on timeout the best plan found is returned, marked as such.")
 @click.option("--async-window", type=click.IntRange(min=0), default=DEFAULT_ASYNC_WINDOW,
               show_default=True, help="Kernels around each use where async copies may run.")
+@click.option("--async-candidates", default=str(DEFAULT_ASYNC_CANDIDATES), show_default=True,
+              metavar="N|all", callback=lambda _c, _p, v: _candidates(v),
+              help="Async: how many kernels of each window may host a copy (the longest "
+                   "ones); 'all' makes every kernel of the window a decision point (a larger "
+                   "ILP, slightly better plans).")
 @click.option("--pin-weights", is_flag=True,
               help="The paper's rule: inputs, weights and optimizer state stay in fast "
                    "memory, outside the budget.")
@@ -59,7 +71,8 @@ RATIO_HELP = (
 def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
                  optimizer: str, ratio: str | None, fast_mem: str | None, strategy: str,
                  device: str, memory: str | None, solver: str, gap: float,
-                 time_limit: float | None, async_window: int, pin_weights: bool,
+                 time_limit: float | None, async_window: int,
+                 async_candidates: int | None, pin_weights: bool,
                  threads: int | None, profiles_dir: str | None, no_baselines: bool,
                  output: str | None, as_json: bool) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
@@ -76,7 +89,8 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         strategy=strategy, ratio=parse_ratio(ratio) if ratio else None,
         fast_mem_bytes=parse_bytes(fast_mem) if fast_mem else None, device=device,
         memory=memory, solver=solver, gap=gap, time_limit_s=time_limit,
-        async_window=async_window, pin_weights=pin_weights, threads=threads)
+        async_window=async_window, async_candidates=async_candidates,
+        pin_weights=pin_weights, threads=threads)
     graph = load_model_from_cli(model, batch, dims, training, optimizer)
     costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
     result = api.optimize(graph, config, costs=costs, baselines=not no_baselines)
@@ -90,6 +104,15 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         if result.plan is not None and output:
             click.echo(f"wrote {output}")
     return 0 if result.plan is not None else EXIT_INFEASIBLE
+
+
+def _candidates(value: str) -> int | None:
+    if value == "all":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"--async-candidates {value!r}: a positive number or 'all'") from None
 
 
 def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]:

@@ -54,12 +54,18 @@ class Formulation:
     model: MachineModel
     strategy: str
     window: int
+    candidates: int | None
     prob: pulp.LpProblem = field(default_factory=lambda: pulp.LpProblem("autotm", pulp.LpMinimize))
     paths: list[TensorPaths | None] = field(default_factory=list)
     x: list[list[Any]] = field(default_factory=list)  # edge variables per tensor
     kernel_time: dict[int, tuple[float, Expr]] = field(default_factory=dict)  # seconds
     async_terms: dict[int, dict[str, Expr]] = field(default_factory=dict)  # seconds
     objective: Expr = field(default_factory=dict)  # milliseconds
+    capacity: list[Any] = field(default_factory=list)  # U_k per kernel (MiB)
+    epigraph: dict[int, Any] = field(default_factory=dict)  # y_k (ms)
+    configs: dict[int, tuple[list[int], list[tuple[bool, ...]], list[Any]]] = \
+        field(default_factory=dict)  # kernel -> (tensors, configurations, c variables)
+    fixed: Any = None  # the constant part of the objective, as a variable fixed at 1
     objective_constant: float = 0.0
     n_rows: int = 0
     n_vars: int = 0
@@ -100,10 +106,11 @@ def residency_edges(p: TensorPaths, kid: int) -> tuple[int, ...]:
     return p.after[j]
 
 
-def build(model: MachineModel, strategy: str, window: int) -> Formulation:
+def build(model: MachineModel, strategy: str, window: int,
+          candidates: int | None = None) -> Formulation:
     """Build the ILP: every family below, in order, then the objective."""
     started = time.perf_counter()
-    f = Formulation(model, strategy, window)
+    f = Formulation(model, strategy, window, candidates)
     add_paths(f)
     add_steady_state(f)
     add_capacity(f)
@@ -121,7 +128,7 @@ def add_paths(f: Formulation) -> None:
     in(v) >= out(v) at terminal ones (the path may end there)."""
     model = f.model
     carried_ends = {z for _, z in model.steady_pairs}
-    for g in tensor_gadgets(model, f.strategy, f.window):
+    for g in tensor_gadgets(model, f.strategy, f.window, f.candidates):
         if g is None:
             f.paths.append(None)
             f.x.append([])
@@ -183,6 +190,7 @@ def add_capacity(f: Formulation) -> None:
         for v, c in changes[k].items():
             _add(expr, v, -c)
         f.row(expr, pulp.LpConstraintEQ, 0)
+        f.capacity.append(u)
         prev = u
 
 
@@ -260,6 +268,7 @@ def add_io_configs(f: Formulation, kid: int, tensors: list[int]) -> tuple[float,
     kernel = f.model.graph.kernels[kid]
     configs = list(itertools.product((True, False), repeat=len(tensors)))
     cs = [f.var(f"c{kid}_{i}") for i in range(len(configs))]
+    f.configs[kid] = (tensors, configs, cs)
     f.row(dict.fromkeys(cs, 1.0), pulp.LpConstraintEQ, 1)
     for i, tid in enumerate(tensors):
         expr: Expr = {c: 1.0 for c, conf in zip(cs, configs, strict=True) if conf[i]}
@@ -305,6 +314,7 @@ def add_epigraph(f: Formulation) -> None:
         const, expr = f.kernel_time[kid]
         # y_k >= T_k is a bound when T_k is a constant (GPU), else a row (host placements)
         y = f.var(f"y{kid}", 0.0 if expr else const * MS, None, binary=False)
+        f.epigraph[kid] = y
         rows = [(const, expr)] + [(0.0, t) for t in terms.values()]
         for rhs, term in rows:
             if not term:
@@ -329,8 +339,8 @@ def set_objective(f: Formulation) -> None:
     # The constant part (kernel times that no decision changes) goes in as a fixed variable:
     # CBC and HiGHS then measure the relative gap against the whole iteration time, as a user
     # means "within 1%", rather than against the movable part only (PuLP drops constants).
-    fixed = f.var("T_fixed", 1, 1, binary=False)
-    terms.append((fixed, f.objective_constant))
+    f.fixed = f.var("T_fixed", 1, 1, binary=False)
+    terms.append((f.fixed, f.objective_constant))
     f.prob.setObjective(pulp.LpAffineExpression(terms))
 
 

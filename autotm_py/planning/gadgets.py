@@ -19,6 +19,7 @@ Strategies are flags of the same rule:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,15 +44,19 @@ class TensorGadgets:
     may_start_slow: bool  # given and starting in slow, or produced straight into slow
 
 
-def tensor_gadgets(model: MachineModel, strategy: str, window: int) -> list[TensorGadgets | None]:
-    """Gadgets of every tensor (None for pinned tensors, which never move)."""
+def tensor_gadgets(model: MachineModel, strategy: str, window: int,
+                   candidates: int | None = None) -> list[TensorGadgets | None]:
+    """Gadgets of every tensor (None for pinned tensors, which never move). `candidates`
+    (async): keep only that many kernels per window, the longest ones (see `_add_windows`)."""
     out: list[TensorGadgets | None] = []
     for t in model.graph.tensors:
-        out.append(None if t.id in model.pinned else _one(model, t.id, strategy, window))
+        out.append(None if t.id in model.pinned else
+                   _one(model, t.id, strategy, window, candidates))
     return out
 
 
-def _one(model: MachineModel, tid: int, strategy: str, window: int) -> TensorGadgets:
+def _one(model: MachineModel, tid: int, strategy: str, window: int,
+         candidates: int | None) -> TensorGadgets:
     t = model.graph.tensors[tid]
     birth, end = model.live_ranges[tid]
     uses = set(t.users) | ({t.producer} if t.producer is not None else set())
@@ -62,7 +67,9 @@ def _one(model: MachineModel, tid: int, strategy: str, window: int) -> TensorGad
             read[u] = SYNC
             write[u] = SYNC
         if strategy == "async":
-            _add_windows(read, write, uses, t.users, birth, end, window)
+            times = model.costs.times_s
+            _add_windows(read, write, uses, t.users, (birth, end), window,
+                         lambda ks: _longest(ks, times, candidates))
     kernels = tuple(sorted(read.keys() | write.keys()))
     # GPU static has no moves at all and kernels need fast IO: everything stays fast.
     may_slow = (t.producer is None or not model.gpu) and not (model.gpu and strategy == "static")
@@ -81,16 +88,25 @@ def _one(model: MachineModel, tid: int, strategy: str, window: int) -> TensorGad
 
 
 def _add_windows(read: dict[int, int], write: dict[int, int], uses: set[int],
-                 users: tuple[int, ...], birth: int, end: int, window: int) -> None:
+                 users: tuple[int, ...], live: tuple[int, int], window: int,
+                 pick: Callable[[list[int]], list[int]]) -> None:
     """Overlapped reads within `window` kernels before each user, overlapped writes within
-    `window` kernels after each use, at kernels that neither read nor write the tensor."""
+    `window` kernels after each use, at kernels that neither read nor write the tensor
+    (`pick` may thin each window out)."""
+    birth, end = live
     for u in users:
-        for k in range(max(birth, u - window), u):
-            if k not in uses:
-                read[k] = ASYNC
-                write.setdefault(k, NONE)
+        for k in pick([k for k in range(max(birth, u - window), u) if k not in uses]):
+            read[k] = ASYNC
+            write.setdefault(k, NONE)
     for u in sorted(uses):
-        for k in range(u + 1, min(end, u + window) + 1):
-            if k not in uses:
-                write[k] = ASYNC
-                read.setdefault(k, NONE)
+        for k in pick([k for k in range(u + 1, min(end, u + window) + 1) if k not in uses]):
+            write[k] = ASYNC
+            read.setdefault(k, NONE)
+
+
+def _longest(kernels: list[int], times: Sequence[float], keep: int | None) -> list[int]:
+    """The `keep` longest kernels of a window (all when `keep` is None): a copy hides behind
+    one kernel, so the long ones are where overlap pays; the ILP shrinks accordingly."""
+    if keep is None or len(kernels) <= keep:
+        return kernels
+    return sorted(kernels, key=lambda k: -times[k])[:keep]

@@ -11,6 +11,7 @@ and the kernel forcing it, never an exception.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -21,10 +22,10 @@ from autotm_py.memory.budget import format_bytes
 from autotm_py.memory.model import MachineModel
 from autotm_py.memory.tiers import load_memory_system
 from autotm_py.plan import Plan, SolverStats
-from autotm_py.planning import formulation
+from autotm_py.planning import formulation, warmstart
 from autotm_py.planning.baselines import BASELINES, BaselineResult, all_fast, run_baselines
 from autotm_py.planning.decode import decode
-from autotm_py.planning.solvers import run_solver
+from autotm_py.planning.solvers import SolveOutcome, run_solver
 
 if TYPE_CHECKING:
     from autotm_py.config import PlanConfig
@@ -139,28 +140,59 @@ def _plan(model: MachineModel, config: PlanConfig) -> PlanResult:
     need, kid = min_feasible_budget(model, config.strategy)
     if model.budget < need:
         return _infeasible(model, need, kid, config.strategy, common)
-    f = formulation.build(model, config.strategy, config.async_window)
-    log.info("built ILP: %d variables, %d constraints in %.2f s", f.n_vars, f.n_rows,
-             f.build_s)
-    outcome = run_solver(f.prob, config.solver, gap=config.gap,
-                         time_limit=config.time_limit_s, threads=config.threads)
-    stats = SolverStats(
-        solver=config.solver, status=outcome.status,
-        objective_s=None if outcome.objective is None else outcome.objective / formulation.MS,
-        gap=outcome.gap, variables=f.n_vars, constraints=f.n_rows, build_s=f.build_s,
-        solve_s=outcome.seconds, time_limit_s=config.time_limit_s,
-        hit_time_limit=outcome.status in ("time_limit", "no_solution"))
+    f, outcome, stats, notes = _search(model, config)
     if not outcome.has_solution:
         return _unsolved(outcome.status, stats, need, kid, graph, common, config)
-    notes = ("time limit reached: best plan found, not proven within the gap",) \
-        if outcome.status == "time_limit" else ()
-    plan = decode(f, config=_config(config), solver=stats, notes=notes)
+    if outcome.status == "time_limit":
+        notes.append("time limit reached: best plan found, not proven within the gap")
+    plan = decode(f, config=_config(config), solver=stats, notes=tuple(notes))
     predicted, peak = _verify(model, plan)
     plan = plan.with_header(predicted_time_s=predicted,
                             counts={**plan.header.counts, "fast_peak_bytes": peak})
     message = f"{outcome.status}: predicted {predicted * 1e3:.3f} ms per iteration"
     return PlanResult(outcome.status, plan, message, predicted_time_s=predicted, stats=stats,
                       objective_s=stats.objective_s, fast_peak_bytes=peak, **common)
+
+
+def _search(model: MachineModel, config: PlanConfig
+            ) -> tuple[formulation.Formulation, SolveOutcome, SolverStats, list[str]]:
+    """Build and solve the ILP. The async model starts from the sync model's solution (see
+    `warmstart`); if the async search finds nothing in time, the sync plan is returned."""
+    started = time.perf_counter()
+    notes: list[str] = []
+    spent = (0.0, 0.0)  # build and solve seconds of the sync warm-up
+    sync = None
+    if config.strategy == "async":
+        sync = formulation.build(model, "sync", config.async_window)
+        first = _solve(sync, config, config.time_limit_s, warm=False)
+        spent = (sync.build_s, first.seconds)
+        sync = (sync, first) if first.has_solution else None
+    f = formulation.build(model, config.strategy, config.async_window, config.async_candidates)
+    log.info("built ILP: %d variables, %d constraints in %.2f s", f.n_vars, f.n_rows,
+             f.build_s)
+    warm = sync is not None and warmstart.apply(f, warmstart.events_of(sync[0]))
+    if warm:
+        notes.append(f"async search started from the sync plan ({sync[1].objective:.3f} ms)")
+    left = None if config.time_limit_s is None else \
+        max(config.time_limit_s - (time.perf_counter() - started), 1.0)
+    outcome = _solve(f, config, left, warm=warm)
+    if not outcome.has_solution and sync is not None:
+        notes.append("the async search found no plan in time: this is the sync plan")
+        f, outcome = sync[0], replace(sync[1], status="time_limit")
+    stats = SolverStats(
+        solver=config.solver, status=outcome.status,
+        objective_s=None if outcome.objective is None else outcome.objective / formulation.MS,
+        gap=outcome.gap, variables=f.n_vars, constraints=f.n_rows,
+        build_s=f.build_s + spent[0], solve_s=outcome.seconds + spent[1],
+        time_limit_s=config.time_limit_s,
+        hit_time_limit=outcome.status in ("time_limit", "no_solution"))
+    return f, outcome, stats, notes
+
+
+def _solve(f: formulation.Formulation, config: PlanConfig, time_limit: float | None, *,
+           warm: bool) -> SolveOutcome:
+    return run_solver(f.prob, config.solver, gap=config.gap, time_limit=time_limit,
+                      threads=config.threads, warm_start=warm)
 
 
 def _verify(model: MachineModel, plan: Plan) -> tuple[float, int]:
@@ -199,8 +231,9 @@ def _unsolved(status: str, stats: SolverStats, need: int, kid: int, graph: Tenso
         raise SolverError(f"the solver reports the ILP infeasible although the budget is above "
                           f"the smallest feasible one ({need} bytes, kernel #{kid}); please "
                           "report this with the model and options")
+    other = "cbc" if config.solver == "highs" else "highs"
     message = (f"no plan found within the time limit of {config.time_limit_s} s; raise "
-               "--time-limit or --gap, or try --solver highs")
+               f"--time-limit or --gap, or try --solver {other}")
     return PlanResult(status, None, message, predicted_time_s=None, stats=stats,
                       min_feasible_budget_bytes=need, forcing_kernel=kid,
                       forcing_kernel_name=graph.kernels[kid].name, **common)

@@ -49,15 +49,16 @@ class SolveOutcome:
 
 
 def run_solver(prob: pulp.LpProblem, name: str, *, gap: float, time_limit: float | None,
-               threads: int | None = None) -> SolveOutcome:
-    """Solve `prob` in place (variable values are set on its variables)."""
+               threads: int | None = None, warm_start: bool = False) -> SolveOutcome:
+    """Solve `prob` in place (variable values are set on its variables). `warm_start`: the
+    variables' current values are a feasible solution to start from (CBC and HiGHS)."""
     if name not in SOLVERS:
         raise ConfigError(f"--solver {name!r}: choose one of {', '.join(SOLVERS)}")
     started = time.perf_counter()
     if name == "cbc":
-        status, bound, final_gap = _solve_cbc(prob, gap, time_limit, threads)
+        status, bound, final_gap = _solve_cbc(prob, gap, time_limit, threads, warm_start)
     elif name == "highs":
-        status, bound, final_gap = _solve_highs(prob, gap, time_limit, threads)
+        status, bound, final_gap = _solve_highs(prob, gap, time_limit, threads, warm_start)
     else:
         status, bound, final_gap = _solve_other(prob, name, gap, time_limit, threads)
     seconds = time.perf_counter() - started
@@ -83,11 +84,12 @@ def cbc_path() -> str:
 
 
 def _solve_cbc(prob: pulp.LpProblem, gap: float, time_limit: float | None,
-               threads: int | None) -> tuple[str, float | None, float | None]:
+               threads: int | None, warm_start: bool) -> tuple[str, float | None, float | None]:
     with tempfile.TemporaryDirectory(prefix="autotm-cbc-") as tmp:
         log_path = Path(tmp) / "cbc.log"
         solver = pulp.COIN_CMD(path=cbc_path(), msg=False, gapRel=gap, timeLimit=time_limit,
-                               threads=threads, logPath=str(log_path), keepFiles=False)
+                               threads=threads, logPath=str(log_path), keepFiles=False,
+                               warmStart=warm_start)
         try:
             prob.solve(solver)
         except pulp.PulpSolverError as exc:
@@ -141,7 +143,12 @@ def _quiet_stdout() -> Iterator[None]:
 
 
 class BulkHiGHS(pulp.HiGHS):  # type: ignore[misc]
-    """PuLP's HiGHS interface with the model passed in bulk from numpy arrays."""
+    """PuLP's HiGHS interface with the model passed in bulk from numpy arrays, and a MIP start
+    from the variables' current values when `warm_start`."""
+
+    def __init__(self, *args: object, warm_start: bool = False, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.warm_start = warm_start
 
     def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:  # PuLP's method name
         with _quiet_stdout():
@@ -167,6 +174,11 @@ class BulkHiGHS(pulp.HiGHS):  # type: ignore[misc]
             h.changeColsIntegrality(len(ints), ints,
                                     np.full(len(ints), highspy.HighsVarType.kInteger))
         self._add_rows(lp, h, inf)
+        if self.warm_start:
+            start = highspy.HighsSolution()
+            start.col_value = [v.varValue or 0.0 for v in variables]
+            start.value_valid = True
+            h.setSolution(start)
 
     @staticmethod
     def _add_rows(lp: pulp.LpProblem, h: object, inf: float) -> None:
@@ -187,10 +199,12 @@ class BulkHiGHS(pulp.HiGHS):  # type: ignore[misc]
 
 
 def _solve_highs(prob: pulp.LpProblem, gap: float, time_limit: float | None,
-                 threads: int | None) -> tuple[str, float | None, float | None]:
+                 threads: int | None, warm_start: bool) -> tuple[str, float | None,
+                                                              float | None]:
     import highspy
 
-    solver = BulkHiGHS(msg=False, gapRel=gap, timeLimit=time_limit, threads=threads)
+    solver = BulkHiGHS(msg=False, gapRel=gap, timeLimit=time_limit, threads=threads,
+                       warm_start=warm_start)
     prob.solve(solver)
     h = prob.solverModel
     model_status = h.getModelStatus()

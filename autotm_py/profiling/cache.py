@@ -53,6 +53,7 @@ class ProfileEntry:
     when: str = ""
     batch: int | None = None  # batch of the graph it was measured in (for batch scaling)
     op: str = ""
+    load: float | None = None  # 1-minute load average while measured (CPU; shared machines)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -63,7 +64,8 @@ class ProfileEntry:
                     int(data["runs"]), str(data.get("source", MEASURED)),
                     str(data.get("when", "")),
                     None if data.get("batch") is None else int(data["batch"]),
-                    str(data.get("op", "")))
+                    str(data.get("op", "")),
+                    None if data.get("load") is None else float(data["load"]))
         if entry.source not in (MEASURED, ESTIMATED) or not entry.median_s >= 0:
             raise ValueError(f"bad entry {dict(data)}")
         return entry

@@ -1,7 +1,10 @@
 """The analytical cost model: FLOPs and bytes per kernel on a device roofline.
 
     t(kernel) = launch_s + max(flops / (peak_flops[dtype] * compute_eff),
-                               bytes / (mem_bw * memory_eff))
+                               bytes / (bandwidth * memory_eff))
+
+where bandwidth is the last-level cache's when the kernel's traffic fits in it (a two-level
+memory roofline), else the memory's.
 
 `bytes` is every input and output slot streamed once (the same rule as the host-mode slow-tier
 model in `costs.py`); `flops` comes from a rule per op family (`flops_of`). Ops without a rule
@@ -256,6 +259,9 @@ class Roofline:
     source: str = ""
     conv_tf32: bool = False  # fp32 convolutions run on tensor cores (cuDNN's default)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # a kernel whose traffic fits the last-level cache streams at cache_bw instead of mem_bw
+    cache_bw: float | None = None
+    cache_bytes: int = 0
 
     def peak(self, dtype: str, conv: bool = False) -> float:
         if conv and self.conv_tf32 and dtype == "float32" and "tf32" in self.peak_flops:
@@ -269,7 +275,8 @@ class Roofline:
         flops = flops_of(shape)
         compute = flops / (self.peak(shape.dtype, "Conv" in shape.op) * self.compute_eff)
         traffic = shape.bytes * MEMORY_PASSES.get(shape.op, 1.0)
-        memory = traffic / (self.mem_bw * self.memory_eff)
+        in_cache = self.cache_bw is not None and traffic <= self.cache_bytes
+        memory = traffic / ((self.cache_bw if in_cache else self.mem_bw) * self.memory_eff)
         return max(compute, memory)
 
     def time_s(self, shape: OpShape) -> float:
@@ -288,7 +295,9 @@ class Roofline:
                    memory_eff=float(data.get("memory_eff", 0.8)),
                    source=str(data.get("source", "")),
                    conv_tf32=bool(data.get("conv_tf32", False)),
-                   extra=dict(data.get("extra", {})))
+                   extra=dict(data.get("extra", {})),
+                   cache_bw=None if data.get("cache_bw") is None else float(data["cache_bw"]),
+                   cache_bytes=int(data.get("cache_bytes", 0)))
 
 
 def flops_of(shape: OpShape) -> float:
@@ -305,24 +314,26 @@ def flops_of(shape: OpShape) -> float:
 # H100 SXM5 80GB: HBM3 3.35 TB/s; dense peaks 67 TFLOP/s fp32 (no tensor cores; torch keeps
 # fp32 matmul off TF32 by default), 494.7 TFLOP/s TF32 (cuDNN convolutions use it by default),
 # 989.4 TFLOP/s bf16/fp16 (NVIDIA H100 datasheet). Efficiencies: the measured H100 profile's
-# fitted 0.5 (compute) and 0.7 (memory) of *measured* peaks (51 TFLOP/s fp32, 439 TF32,
-# 2.97 TB/s), expressed against the datasheet; launch_s: the dispatch cost measured there.
+# fitted 0.5 (compute) and 0.7 (memory) of *measured* peaks (52 TFLOP/s fp32, 422 TF32,
+# 2.94 TB/s), expressed against the datasheet; launch_s: the dispatch cost measured there.
 # Used only when no cuda profile file carries a measured roofline.
 H100_SXM = Roofline(
     name="NVIDIA H100 SXM5 (datasheet)",
     peak_flops={"float32": 67e12, "tf32": 494.7e12, "bfloat16": 989.4e12, "float16": 989.4e12,
                 "float64": 34e12},
-    mem_bw=3.35e12, launch_s=8.5e-6, compute_eff=0.42, memory_eff=0.62, conv_tf32=True,
+    mem_bw=3.35e12, launch_s=10e-6, compute_eff=0.42, memory_eff=0.62, conv_tf32=True,
     source="NVIDIA H100 SXM5 datasheet peaks; efficiencies fitted to measured H100 profiles",
 )
 
-# The CPU this project's CPU profiles were measured on (2 threads of an AMD EPYC with AVX-512
-# and bf16), as `torch_profiler.measure_roofline` found it with torch 2.13 (2026-11-26): fp32
-# matmul 193 GFLOP/s, bf16 318 GFLOP/s, 256 MiB copy 69 GB/s (read + write). Used only when no
-# profile file carries a measured roofline for the CPU.
+# The CPU of the shipped CPU profiles: one thread of the project's 2-core AMD EPYC (AVX-512,
+# bf16), as `torch_profiler.measure_roofline` found it with torch 2.13 on 2026-11-26 (middle
+# of three runs on the shared machine, load average about 2.8): fp32 matmul 82 GFLOP/s, bf16
+# 254, 256 MiB copy 44 GB/s and in-cache (32 MiB L3) copy 99 GB/s, read + write. Used only
+# when no cpu profile file carries a measured roofline.
 CPU_REFERENCE = Roofline(
-    name="AMD EPYC, 2 threads (measured)",
-    peak_flops={"float32": 193e9, "bfloat16": 318e9, "float16": 318e9, "float64": 96e9},
-    mem_bw=69e9, launch_s=10e-6, compute_eff=0.7, memory_eff=0.9,
-    source="torch_profiler.measure_roofline on the project's 2-core AMD EPYC, torch 2.13",
+    name="AMD EPYC, 1 thread (measured)",
+    peak_flops={"float32": 82e9, "bfloat16": 254e9, "float16": 254e9, "float64": 41e9},
+    mem_bw=44e9, launch_s=1.5e-6, compute_eff=0.7, memory_eff=0.8, cache_bw=99e9,
+    cache_bytes=32 << 20,
+    source="torch_profiler.measure_roofline, 1 thread of the project's AMD EPYC, torch 2.13",
 )

@@ -8,8 +8,12 @@ for it; for another machine of the same kind the closest fingerprint is used ins
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import platform
 import re
+import shutil
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -103,14 +107,39 @@ def target_fingerprint(device: str) -> Fingerprint:
     """The machine whose profiles `load_costs(device=...)` should prefer.
 
     This machine's device when it has one; for cuda without a GPU (or without torch), the
-    reference device whose profiles ship with the project (an H100).
+    reference device whose profiles ship with the project (an H100). torch is imported only
+    when it is already loaded or an NVIDIA device is present: planning stays torch-free and
+    does not pay the import (seconds) just to name this CPU.
     """
     kind = check_device(device)
+    if "torch" in sys.modules or (kind == "cuda" and _nvidia_present()):
+        try:
+            return current_fingerprint(kind)
+        except (ImportError, ProfileError):
+            pass
+    if kind == "cuda":
+        return Fingerprint("cuda", REFERENCE_CUDA_DEVICE, torch="")
+    return Fingerprint("cpu", cpu_model_name(), _installed("torch"), threads=_default_threads())
+
+
+def _nvidia_present() -> bool:
+    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
+
+
+def _installed(package: str) -> str:
     try:
-        return current_fingerprint(kind)
-    except (ImportError, ProfileError):
-        name = REFERENCE_CUDA_DEVICE if kind == "cuda" else cpu_model_name()
-        return Fingerprint(kind, name, torch="")
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _default_threads() -> int:
+    """The intra-op thread count torch would pick: OMP_NUM_THREADS, else the usable CPUs."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
 
 
 def _model_tokens(name: str) -> list[str]:

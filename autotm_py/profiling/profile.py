@@ -10,13 +10,16 @@ it stopped), and returns the graph's costs. `load_costs` resolves costs from wha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotm_py.errors import ConfigError
 from autotm_py.profiling.cache import (
     MEASURED,
     ProfileEntry,
@@ -106,16 +109,45 @@ class _Session:
 def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike | None = None,
             repeats: int = 10, warmup: int = 2, progress: bool | ProgressCallback = True,
             resume: bool = True, max_seconds: float | None = None,
-            kernel_budget_s: float = 2.0, shipped_dir: PathLike | None = None,
-            runner: Runner | None = None) -> KernelCosts:
+            kernel_budget_s: float = 2.0, threads: int | None = None,
+            shipped_dir: PathLike | None = None, runner: Runner | None = None) -> KernelCosts:
     """Measure every unique kernel of `graph` on `device` that the cache lacks; return costs.
 
     `resume=False` re-measures kernels already cached for this device. `max_seconds` stops
     measuring after that long (the rest come from scaled profiles or estimates).
     `kernel_budget_s` caps the timed runs of one kernel (at least 3 runs are kept).
+    `threads` sets torch's intra-op thread count while measuring (part of the fingerprint).
     `summary` of the result adds `measured_now`, `failed` and `seconds`.
     """
-    kind = check_device(device)
+    timing = {"repeats": repeats, "warmup": warmup, "budget_s": kernel_budget_s,
+              "runner": runner}
+    dirs = (profiles_dir, shipped_dir)
+    with _torch_threads(threads):
+        return _profile(graph, check_device(device), dirs, timing, progress, resume,
+                        max_seconds)
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    if threads is None:
+        yield
+        return
+    if threads < 1:
+        raise ConfigError(f"--threads {threads}: must be a positive integer")
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _profile(graph: TensorGraph, kind: str, dirs: tuple[PathLike | None, PathLike | None],
+             timing: dict[str, Any], progress: bool | ProgressCallback, resume: bool,
+             max_seconds: float | None) -> KernelCosts:
+    profiles_dir, shipped_dir = dirs
     fingerprint = current_fingerprint(kind)
     user_dir = user_profiles_dir(profiles_dir)
     sources = _sources(kind, fingerprint, profiles_dir, shipped_dir)
@@ -124,13 +156,14 @@ def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike |
             if not resume or sources.exact(k.signature, all_fast(k)) is None]
     log.info("%s: %d kernels, %d unique, %d to measure on %s", graph.name, len(graph.kernels),
              len(unique), len(todo), fingerprint.id)
+    if todo and kind == "cpu":
+        _warn_if_busy()
     session = _Session(graph, fingerprint, profile_path(user_dir, fingerprint), kind,
-                       _roofline_if_missing(sources, fingerprint, bool(todo), runner))
+                       _roofline_if_missing(sources, fingerprint, todo, timing["runner"],
+                                            refresh=not resume))
     start = time.monotonic()
     try:
-        _measure_all(session, todo, progress, start, max_seconds,
-                     dict(repeats=repeats, warmup=warmup, budget_s=kernel_budget_s,
-                          runner=runner))
+        _measure_all(session, todo, progress, start, max_seconds, timing)
     finally:
         session.flush()
     final = _sources(kind, fingerprint, profiles_dir, shipped_dir)
@@ -139,12 +172,20 @@ def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike |
                        cache_file=str(session.path))
 
 
-def _roofline_if_missing(sources: CostSources, fingerprint: Fingerprint, needed: bool,
-                         runner: Runner | None) -> dict[str, Any] | None:
-    """Measure this device's roofline once per fingerprint (about a second), for estimates
-    and batch scaling of its own profiles."""
-    have = any(s.roofline for s in sources.sets if s.fingerprint.id == fingerprint.id)
-    if have or not needed:
+def _warn_if_busy() -> None:
+    """CPU times measured while other work runs are inflated (threads wait on each other)."""
+    load, cpus = (os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0), os.cpu_count() or 1
+    if load > cpus:
+        log.warning("load average %.1f exceeds the %d CPUs: other work will inflate the CPU "
+                    "times measured now; profile again with --fresh on a quiet machine", load,
+                    cpus)
+
+
+def _roofline_if_missing(sources: CostSources, fingerprint: Fingerprint, todo: list[Kernel],
+                         runner: Runner | None, *, refresh: bool) -> dict[str, Any] | None:
+    """Measure this device's roofline (about a second) for estimates and batch scaling of its
+    own profiles: once per fingerprint, and again when re-measuring (`refresh`)."""
+    if not todo or (sources.roofline_for(fingerprint) is not None and not refresh):
         return None
     from autotm_py.profiling.torch_profiler import measure_roofline
 
@@ -171,7 +212,7 @@ def _measure_all(session: _Session, todo: list[Kernel], progress: bool | Progres
 
 def _measure_one(session: _Session, kernel: Kernel,
                  options: dict[str, Any]) -> ProfileEntry | None:
-    from autotm_py.profiling.torch_profiler import make_inputs, time_kernel
+    from autotm_py.profiling.torch_profiler import loadavg, make_inputs, time_kernel
 
     try:
         args = make_inputs(session.graph, kernel, session.device)
@@ -183,7 +224,8 @@ def _measure_one(session: _Session, kernel: Kernel,
         session.failed.append(kernel.name)
         return None
     return ProfileEntry(timing.median_s, timing.p10_s, timing.p90_s, timing.runs, MEASURED,
-                        now_iso(), graph_batch(session.graph), kernel.op_type)
+                        now_iso(), graph_batch(session.graph), kernel.op_type,
+                        loadavg() if session.device == "cpu" else None)
 
 
 def _release_memory(device: str) -> None:

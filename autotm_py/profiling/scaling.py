@@ -4,7 +4,9 @@ Two kernels *match up to batch* when they have the same op, domain, dtypes, rank
 structural attributes, and every dimension that differs (in any input or output, or in a
 shape-like attribute such as Reshape's target) differs by one common ratio r (batch and
 batch*sequence dims both scale by B_target/B_measured). When both batches are known, r must
-equal their ratio. Weight-only kernels (optimizer updates) have no batch dimension: their
+equal their ratio. Of several matches, the one differing in the fewest dims wins (the same layer
+at another batch, not a layer whose spatial size happens to scale by the same ratio), then the
+nearest in size. Weight-only kernels (optimizer updates) have no batch dimension: their
 signatures match exactly and are never scaled.
 
 The measured time is split into a fixed per-kernel cost and a part that grows with the work:
@@ -62,7 +64,14 @@ def _int_pairs(target: OpShape, source: OpShape) -> Iterable[tuple[int, int]]:
 
 def batch_ratio(target: OpShape, source: OpShape) -> Fraction | None:
     """The common ratio of all differing dims (target / source), or None if there is none."""
+    match = _match(target, source)
+    return match[0] if match else None
+
+
+def _match(target: OpShape, source: OpShape) -> tuple[Fraction, int] | None:
+    """(common ratio, number of differing dims), or None."""
     ratio: Fraction | None = None
+    differing = 0
     for t, s in _int_pairs(target, source):
         if t == s:
             continue
@@ -71,8 +80,8 @@ def batch_ratio(target: OpShape, source: OpShape) -> Fraction | None:
         r = Fraction(t, s)
         if ratio is not None and r != ratio:
             return None
-        ratio = r
-    return ratio
+        ratio, differing = r, differing + 1
+    return (ratio, differing) if ratio is not None else None
 
 
 @dataclass(frozen=True)
@@ -104,15 +113,23 @@ class BatchIndex:
 
     def find(self, target: OpShape, placement: str, roofline: Roofline,
              batch: int | None = None) -> Scaled | None:
-        """The closest-sized match of `target` scaled to it, or None."""
-        best: tuple[float, OpShape, str, ProfileEntry, Fraction] | None = None
+        """The best match of `target`, scaled to it, or None.
+
+        Best: fewest differing dims first (the same layer at another batch differs only in
+        its batch dims; a layer whose spatial size happens to scale by the same ratio differs
+        in more), then nearest in size.
+        """
+        best: tuple[tuple[int, float], OpShape, str, ProfileEntry, Fraction] | None = None
         for shape, sig, _, entry in self._groups.get((skeleton(target), placement), ()):
-            r = batch_ratio(target, shape)
-            if r is None or (batch and entry.batch and r != Fraction(batch, entry.batch)):
+            match = _match(target, shape)
+            if match is None:
                 continue
-            distance = abs(math.log(r))
-            if best is None or distance < best[0]:
-                best = (distance, shape, sig, entry, r)
+            r, differing = match
+            if batch and entry.batch and r != Fraction(batch, entry.batch):
+                continue
+            key = (differing, abs(math.log(r)))
+            if best is None or key < best[0]:
+                best = (key, shape, sig, entry, r)
         if best is None:
             return None
         _, shape, sig, entry, r = best

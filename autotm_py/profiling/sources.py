@@ -46,10 +46,7 @@ def graph_batch(graph: TensorGraph) -> int | None:
     return None
 
 
-def roofline_of(profile_set: ProfileSet | None, kind: str) -> Roofline:
-    """The set's measured roofline, else the reference of its device kind."""
-    if profile_set is not None and profile_set.roofline:
-        return Roofline.from_dict(profile_set.roofline)
+def reference_roofline(kind: str) -> Roofline:
     return H100_SXM if kind == "cuda" else CPU_REFERENCE
 
 
@@ -71,7 +68,17 @@ class CostSources:
         self.sets = sorted(sets, key=lambda s: (closeness(s.fingerprint, target),
                                                 not s.shipped, len(s)), reverse=True)
         self._indexes: dict[int, BatchIndex] = {}
-        self.roofline = roofline_of(self.sets[0] if self.sets else None, kind)
+        # a fingerprint's measured roofline, from whichever of its sets (user or shipped) has it
+        self._rooflines: dict[str, Roofline] = {}
+        for s in reversed(self.sets):
+            if s.roofline:
+                self._rooflines[s.fingerprint.id] = Roofline.from_dict(s.roofline)
+        best = self.sets[0].fingerprint if self.sets else None
+        self.roofline = self.roofline_for(best) or reference_roofline(kind)
+
+    def roofline_for(self, fingerprint: Fingerprint | None) -> Roofline | None:
+        """The measured roofline of a fingerprint's device, if any set stores one."""
+        return self._rooflines.get(fingerprint.id) if fingerprint is not None else None
 
     def exact(self, signature: str, placement: str) -> ProfileEntry | None:
         """The entry measured on exactly the target fingerprint, if any."""
@@ -95,7 +102,8 @@ class CostSources:
             if entry is not None and entry.source != ESTIMATED:
                 return KernelTime(entry.median_s, entry.p10_s, entry.p90_s, EXACT, rank)
             shape = shape or OpShape.of_kernel(graph, kernel)
-            hit = self._index(rank).find(shape, placement, roofline_of(s, self.kind), batch)
+            roofline = self.roofline_for(s.fingerprint) or reference_roofline(self.kind)
+            hit = self._index(rank).find(shape, placement, roofline, batch)
             if hit is not None:
                 return KernelTime(hit.median_s, hit.p10_s, hit.p90_s, SCALED, rank)
         t = self.roofline.time_s(shape or OpShape.of_kernel(graph, kernel))
@@ -117,10 +125,10 @@ class CostSources:
         used = Counter(t.set_index for t in times if t.set_index >= 0)
         for rank, n in sorted(used.items()):
             s = self.sets[rank]
-            exact = s.fingerprint.id == self.target.id
-            (log.info if exact else log.warning)(
+            same_device = s.fingerprint.name == self.target.name
+            (log.info if same_device else log.warning)(
                 "%d kernels of %s from profiles of %s%s (%s)", n, graph.name, s.fingerprint.id,
-                "" if exact else f", the closest to {self.target.name!r}", s.origin)
+                "" if same_device else f", the closest to {self.target.name!r}", s.origin)
         if how[ROOFLINE]:
             log.warning("%d kernels of %s have no profile: roofline estimates on %s",
                         how[ROOFLINE], graph.name, self.roofline.name)

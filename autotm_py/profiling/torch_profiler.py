@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,10 +42,10 @@ INDEXED_SLOT: dict[str, tuple[int, str, int]] = {
 }
 
 
-# Fractions of the measured peaks that ordinary kernels reach, fitted to the zoo's H100
-# profiles (docs/profiling.md): a large matmul and a large copy are the best case.
-MEASURED_COMPUTE_EFF = 0.5
-MEASURED_MEMORY_EFF = 0.7
+# Fractions of the measured peaks (compute, memory) that ordinary kernels reach, fitted per
+# device kind to the shipped zoo profiles (docs/profiling.md): a large matmul and a large
+# copy are the best case.
+MEASURED_EFFICIENCY = {"cuda": (0.5, 0.7), "cpu": (0.7, 0.8)}
 
 
 @dataclass(frozen=True)
@@ -203,20 +204,51 @@ def measure_roofline(device: str, name: str, runner: Runner | None = None) -> Ro
     peaks["float16"] = peaks["bfloat16"]
     if cuda:  # fp32 convolutions run on TF32 tensor cores by cuDNN's default
         peaks["tf32"] = _tf32_peak(n, device, sync)
-    src = torch.empty(copy_bytes // 4, device=device)
-    dst = torch.empty_like(src)
-    bw = 2.0 * copy_bytes / _best_of(lambda: dst.copy_(src), sync, 3)
+    bw = _copy_rate(copy_bytes, device, sync)
+    cache_bytes = _cache_bytes(device)
+    # a copy whose source and destination fill half the cache: the in-cache streaming rate
+    cache_bw = _copy_rate(cache_bytes // 4, device, sync, runs=20) if cache_bytes else None
+    if cache_bw is not None and cache_bw <= bw:
+        # a GPU's in-L2 copy is too short to reach even the HBM rate: no faster level to model
+        cache_bw = None
     launch = _dispatch_cost(device, runner or default_runner(), sync)
     when = time.strftime("%Y-%m-%d")
+    compute_eff, memory_eff = MEASURED_EFFICIENCY["cuda" if cuda else "cpu"]
     return Roofline(name=name, peak_flops=peaks, mem_bw=bw, launch_s=launch,
-                    compute_eff=MEASURED_COMPUTE_EFF, memory_eff=MEASURED_MEMORY_EFF,
-                    conv_tf32=cuda,
+                    compute_eff=compute_eff, memory_eff=memory_eff, conv_tf32=cuda,
                     source=f"measured by torch {torch.__version__} on {name}, {when}",
+                    cache_bw=cache_bw, cache_bytes=cache_bytes,
                     extra={"threads": torch.get_num_threads(), "matmul_n": n,
-                           "copy_bytes": copy_bytes, "loadavg_1min": _loadavg()})
+                           "copy_bytes": copy_bytes, "loadavg_1min": loadavg()})
 
 
-def _loadavg() -> float | None:
+def _copy_rate(nbytes: int, device: str, sync: Callable[[], None], runs: int = 3) -> float:
+    """Bytes read plus written per second by a copy of `nbytes`."""
+    import torch
+
+    src = torch.empty(max(nbytes // 4, 1), device=device)
+    dst = torch.empty_like(src)
+    return 2.0 * nbytes / _best_of(lambda: dst.copy_(src), sync, runs)
+
+
+def _cache_bytes(device: str) -> int:
+    """The last-level cache: the GPU's L2, or the CPU's largest cache level (Linux sysfs)."""
+    import torch
+
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return int(getattr(props, "L2_cache_size", 0) or 0)
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=0)
+
+
+def loadavg() -> float | None:
     """The 1-minute load average when measured: other work on a shared machine skews CPU
     profiles, so it is recorded beside them."""
     try:
