@@ -60,10 +60,11 @@ def _transitions(state: str, k: int, reads: dict[int, int], writes: dict[int, in
 class BruteForce:
     """Exhaustive search; `solve()` returns (best time in seconds, Plan) or (None, None)."""
 
-    def __init__(self, model: MachineModel, strategy: str, window: int = 15) -> None:
+    def __init__(self, model: MachineModel, strategy: str, window: int = 15,
+                 fixed: frozenset[int] = frozenset()) -> None:
         self.model = model
         self.strategy = strategy
-        gl = tensor_gadgets(model, strategy, window)
+        gl = tensor_gadgets(model, strategy, window, fixed=fixed)
         self.gadgets = {g.tensor: g for g in gl if g is not None}
         self.modes = {t: _modes(self.gadgets, t) for t in self.gadgets}
         self.n = len(model.graph.kernels)

@@ -188,3 +188,30 @@ def test_plan_moves_are_well_formed():
     for m in res.plan.moves():
         assert isinstance(m, Move)
         assert (m.mode == "async") == (m.overlaps is not None)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_sync_solution_is_a_feasible_start_of_the_async_model(device):
+    import pulp
+
+    from autotm_py.planning import warmstart
+    from autotm_py.planning.solvers import run_solver
+
+    g = layered_net(3, width=3, kib=256)
+    costs = costs_for(g, device)
+    memory = preset("h100-pcie5" if device == "cuda" else "optane")
+    probe = MachineModel(g, memory, costs)
+    model = MachineModel(g, memory.with_budget(probe.peak[0] // 3), costs)
+    sync = formulation.build(model, "sync", 15)
+    first = run_solver(sync.prob, "highs", gap=0.0, time_limit=60)
+    asyn = formulation.build(model, "async", 15, candidates=2)
+    assert warmstart.apply(asyn, warmstart.events_of(sync))
+    for c in asyn.prob._constraints.values():
+        activity = sum(coef * v.varValue for v, coef in c.items()) + c.constant
+        assert (activity <= 1e-6 if c.sense == pulp.LpConstraintLE else
+                activity >= -1e-6 if c.sense == pulp.LpConstraintGE else abs(activity) < 1e-6)
+    assert pulp.value(asyn.prob.objective) == pytest.approx(first.objective, rel=1e-9)
+    res = optimize(g, config(strategy="async", device=device, fast_mem_bytes=model.budget,
+                             async_candidates=2), costs=costs)
+    assert any("started from the sync plan" in n for n in res.plan.header.notes)
+    assert res.objective_s <= first.objective / formulation.MS * (1 + 1e-9)

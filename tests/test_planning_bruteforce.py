@@ -10,6 +10,7 @@ from autotm_py.memory.tiers import preset
 from autotm_py.plan import SolverStats
 from autotm_py.planning import formulation
 from autotm_py.planning.decode import decode
+from autotm_py.planning.gadgets import small_tensors
 from autotm_py.planning.solve import min_feasible_budget
 from autotm_py.planning.solvers import run_solver
 from autotm_py.runtime.simulate import Simulator
@@ -42,9 +43,9 @@ def simulated(model, plan):
     return sim.result().total_s
 
 
-def check(model, strategy):
-    best, best_plan = BruteForce(model, strategy, window=WINDOW).solve()
-    f = formulation.build(model, strategy, WINDOW)
+def check(model, strategy, fixed=frozenset()):
+    best, best_plan = BruteForce(model, strategy, window=WINDOW, fixed=fixed).solve()
+    f = formulation.build(model, strategy, WINDOW, fixed=fixed)
     outcome = run_solver(f.prob, "highs", gap=0.0, time_limit=60)
     assert outcome.status == "optimal"
     ilp = outcome.objective / formulation.MS
@@ -87,3 +88,28 @@ def test_measured_placements_use_one_hot_configurations():
     f = formulation.build(model, "sync", WINDOW)
     assert any(v.name.startswith("c3_") for v in f.prob.variables())
     check(model, "sync")
+
+
+@pytest.mark.parametrize("memory", ["h100-pcie5", "optane"])
+def test_small_tensors_fixed_in_fast_memory(memory):
+    """Tensors kept in fast memory for life enter the ILP as constants; the optimum over the
+    remaining choices still matches, and they are never moved."""
+    g = small_training()
+    model = model_at(g, preset(memory), "sync", 0.5)
+    fixed = frozenset({g.by_name("label").id, g.by_name("loss").id, g.by_name("dw").id})
+    check(model, "sync", fixed)
+    f = formulation.build(model, "sync", WINDOW, fixed=fixed)
+    run_solver(f.prob, "highs", gap=0.0, time_limit=60)
+    plan = decode(f, config={"device": model.costs.device}, solver=SolverStats())
+    assert not any(m.tensor in fixed for m in plan.moves())
+
+
+def test_small_tensors_share_of_the_budget():
+    g = small_training()
+    model = model_at(g, preset("h100-pcie5"), "sync", 0.5)
+    small = small_tensors(model, 0.2)
+    assert g.by_name("loss").id in small  # 1 KiB
+    assert g.by_name("h").id not in small  # 64 KiB of a ~200 KiB budget
+    live = sum(int(model.sizes[t]) for t in small)
+    assert live <= 0.2 * model.budget
+    assert small_tensors(model, 0.0) == frozenset()

@@ -156,6 +156,9 @@ def _split(text: str) -> tuple[str, ...]:
               help="With --execute: timed iterations per plan.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="With --execute: untimed iterations before them.")
+@click.option("--plans", "plans_dir", type=click.Path(file_okay=False), default=None,
+              help="Keep each solved plan in this folder and reuse plans found there (solve "
+                   "on one machine, --execute on another).")
 @click.option("-o", "--output", default="bench.csv", show_default=True,
               help="CSV to write; a JSON document with the same stem is written beside it. "
                    "Rows already there are skipped (the sweep resumes).")
@@ -164,8 +167,8 @@ def _split(text: str) -> tuple[str, ...]:
 def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: str,
               memory: str | None, training: bool, batch: int | None, dims: tuple[str, ...],
               time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
-              execute: bool, iterations: int, warmup: int, output: str, no_progress: bool,
-              as_json: bool) -> None:
+              execute: bool, iterations: int, warmup: int, plans_dir: str | None, output: str,
+              no_progress: bool, as_json: bool) -> None:
     """Sweep models x ratios x strategies x solvers; one row per plan (CSV + JSON).
 
     \b
@@ -181,7 +184,7 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
                      memory=memory, training=training, batch=batch, dims=parse_dims(dims),
                      time_limit_s=time_limit, gap=gap, pin_weights=pin_weights,
                      profiles_dir=profiles, execute=execute, iterations=iterations,
-                     warmup=warmup)
+                     warmup=warmup, plans_dir=plans_dir)
     if no_progress or as_json:
         result = run_bench(spec, output)
     else:

@@ -53,7 +53,7 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     return 0
 
 
-def _print_summary(result) -> None:  # noqa: ANN001 - RunResult, imported lazily
+def _print_summary(result) -> None:
     from autotm_py.memory.budget import format_bytes
 
     def size(n: int | None) -> str:

@@ -177,8 +177,8 @@ class Folder:
         that is also read elsewhere (a tied embedding and output projection) would untie it
         into two weights, so such a layout op stays a kernel."""
         source = node.inputs[0]
-        return source not in self.graph.initializers or self._readers[source] <= 1 \
-            and source not in self.graph.outputs
+        return source not in self.graph.initializers or (
+            self._readers[source] <= 1 and source not in self.graph.outputs)
 
     @cached_property
     def _readers(self) -> dict[str, int]:

@@ -111,9 +111,11 @@ def decode(f: Formulation, *, config: Mapping[str, Any], solver: SolverStats,
     b = ScheduleBuilder(len(graph.kernels))
     intervals: dict[int, list[tuple[int, int]]] = {}
     for tid, p in enumerate(f.paths):
-        if p is None:
+        if p is None:  # pinned, or fixed in fast memory for life
             if graph.tensors[tid].producer is None:
                 b.initial[tid] = (FAST,)
+            if tid in f.fixed and tid not in model.survivors:
+                b.free(tid, FAST, model.live_ranges[tid][1])
             continue
         values = [v.varValue or 0.0 for v in f.x[tid]]
         w = prune_reads(p, walk(p, values), graph.tensors[tid].users)

@@ -54,7 +54,8 @@ class Formulation:
     model: MachineModel
     strategy: str
     window: int
-    candidates: int | None
+    candidates: int | None = None
+    fixed: frozenset[int] = frozenset()  # kept in fast memory: constants, no variables
     prob: pulp.LpProblem = field(default_factory=lambda: pulp.LpProblem("autotm", pulp.LpMinimize))
     paths: list[TensorPaths | None] = field(default_factory=list)
     x: list[list[Any]] = field(default_factory=list)  # edge variables per tensor
@@ -65,7 +66,7 @@ class Formulation:
     epigraph: dict[int, Any] = field(default_factory=dict)  # y_k (ms)
     configs: dict[int, tuple[list[int], list[tuple[bool, ...]], list[Any]]] = \
         field(default_factory=dict)  # kernel -> (tensors, configurations, c variables)
-    fixed: Any = None  # the constant part of the objective, as a variable fixed at 1
+    constant_var: Any = None  # the constant part of the objective, as a variable fixed at 1
     objective_constant: float = 0.0
     n_rows: int = 0
     n_vars: int = 0
@@ -106,11 +107,12 @@ def residency_edges(p: TensorPaths, kid: int) -> tuple[int, ...]:
     return p.after[j]
 
 
-def build(model: MachineModel, strategy: str, window: int,
-          candidates: int | None = None) -> Formulation:
-    """Build the ILP: every family below, in order, then the objective."""
+def build(model: MachineModel, strategy: str, window: int, candidates: int | None = None,
+          fixed: frozenset[int] = frozenset()) -> Formulation:
+    """Build the ILP: every family below, in order, then the objective. `fixed` tensors stay
+    in fast memory (`gadgets.small_tensors`): they enter as constants."""
     started = time.perf_counter()
-    f = Formulation(model, strategy, window, candidates)
+    f = Formulation(model, strategy, window, candidates, fixed)
     add_paths(f)
     add_steady_state(f)
     add_capacity(f)
@@ -128,8 +130,8 @@ def add_paths(f: Formulation) -> None:
     in(v) >= out(v) at terminal ones (the path may end there)."""
     model = f.model
     carried_ends = {z for _, z in model.steady_pairs}
-    for g in tensor_gadgets(model, f.strategy, f.window, f.candidates):
-        if g is None:
+    for g in tensor_gadgets(model, f.strategy, f.window, f.candidates, f.fixed):
+        if g is None or g.fixed:
             f.paths.append(None)
             f.x.append([])
             continue
@@ -156,7 +158,7 @@ def add_steady_state(f: Formulation) -> None:
     for first, last in f.model.steady_pairs:
         p_first, p_last = f.paths[first], f.paths[last]
         if p_first is None or p_last is None:
-            continue
+            continue  # pinned or fixed: both ends fast (`small_tensors` keeps pairs together)
         for kind, edge in p_first.start.items():
             expr = f.flows(first, (edge,))
             for v, c in f.flows(last, p_last.end_in.get(kind, ())).items():
@@ -176,9 +178,15 @@ def add_capacity(f: Formulation) -> None:
         return
     n = len(model.graph.kernels)
     changes: list[Expr] = [{} for _ in range(n + 1)]
+    constant = [0.0] * (n + 1)  # fixed tensors: born and freed in fast memory
     for tid, p in enumerate(f.paths):
-        if p is not None and model.sizes[tid] > 0:
-            _residency_changes(f, tid, p, float(model.sizes[tid]) * MIB, changes)
+        size = float(model.sizes[tid]) * MIB
+        if p is not None and size > 0:
+            _residency_changes(f, tid, p, size, changes)
+        elif tid in f.fixed:
+            start, end = model.live_ranges[tid]
+            constant[start] += size
+            constant[end + 1] -= 0.0 if tid in model.survivors else size
     budget = (model.budget // 512) * 512  # sums of aligned sizes are multiples of 512
     prev = None
     for k in range(n):
@@ -189,7 +197,7 @@ def add_capacity(f: Formulation) -> None:
             expr[prev] = -1.0
         for v, c in changes[k].items():
             _add(expr, v, -c)
-        f.row(expr, pulp.LpConstraintEQ, 0)
+        f.row(expr, pulp.LpConstraintEQ, constant[k])
         f.capacity.append(u)
         prev = u
 
@@ -339,8 +347,8 @@ def set_objective(f: Formulation) -> None:
     # The constant part (kernel times that no decision changes) goes in as a fixed variable:
     # CBC and HiGHS then measure the relative gap against the whole iteration time, as a user
     # means "within 1%", rather than against the movable part only (PuLP drops constants).
-    f.fixed = f.var("T_fixed", 1, 1, binary=False)
-    terms.append((f.fixed, f.objective_constant))
+    f.constant_var = f.var("T_fixed", 1, 1, binary=False)
+    terms.append((f.constant_var, f.objective_constant))
     f.prob.setObjective(pulp.LpAffineExpression(terms))
 
 

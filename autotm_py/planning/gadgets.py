@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from autotm_py.memory.model import MachineModel
 
@@ -42,17 +44,62 @@ class TensorGadgets:
     given: bool  # no producer: starts where the plan's `initial` says
     survives: bool  # must exist after the last kernel: the path ends in an end layer
     may_start_slow: bool  # given and starting in slow, or produced straight into slow
+    fixed: bool = False  # kept in fast memory for life (a small tensor, see `small_tensors`)
 
 
 def tensor_gadgets(model: MachineModel, strategy: str, window: int,
-                   candidates: int | None = None) -> list[TensorGadgets | None]:
+                   candidates: int | None = None,
+                   fixed: frozenset[int] = frozenset()) -> list[TensorGadgets | None]:
     """Gadgets of every tensor (None for pinned tensors, which never move). `candidates`
-    (async): keep only that many kernels per window, the longest ones (see `_add_windows`)."""
+    (async): keep only that many kernels per window, the longest ones (see `_add_windows`).
+    `fixed`: tensors that stay in fast memory for life (no decision points but their birth)."""
     out: list[TensorGadgets | None] = []
     for t in model.graph.tensors:
-        out.append(None if t.id in model.pinned else
-                   _one(model, t.id, strategy, window, candidates))
+        if t.id in model.pinned:
+            out.append(None)
+        elif t.id in fixed:
+            birth = model.live_ranges[t.id][0]
+            out.append(TensorGadgets(t.id, (birth,), (NONE,), (NONE,), (True,),
+                                     t.producer is None, t.id in model.survivors, False, True))
+        else:
+            out.append(_one(model, t.id, strategy, window, candidates))
     return out
+
+
+def small_tensors(model: MachineModel, share: float) -> frozenset[int]:
+    """The smallest tensors whose sizes, summed over all of them alive at once, never exceed
+    `share` of the budget. Kept in fast memory for life, they cost at most that share of the
+    budget, while giving them decision points would add most of the ILP's variables (a
+    training graph has thousands of statistics, biases and small weights). Carried pairs are
+    kept together."""
+    if model.budget is None or share <= 0:
+        return frozenset()
+    cap = share * model.budget
+    order = sorted((t for t in range(len(model.graph.tensors)) if t not in model.pinned),
+                   key=lambda t: model.sizes[t])
+    lo, hi = 0, len(order)  # the largest prefix of `order` whose live peak fits in `cap`
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _live_peak(model, order[:mid]) <= cap:
+            lo = mid
+        else:
+            hi = mid - 1
+    chosen = set(order[:lo])
+    for first, last in model.graph.carried:
+        if (first in chosen) != (last in chosen):
+            chosen.discard(first)
+            chosen.discard(last)
+    return frozenset(chosen)
+
+
+def _live_peak(model: MachineModel, tensors: list[int]) -> int:
+    n = len(model.graph.kernels)
+    delta = np.zeros(n + 1, dtype=np.int64)
+    for t in tensors:
+        start, end = model.live_ranges[t]
+        delta[start] += model.sizes[t]
+        delta[end + 1] -= model.sizes[t]
+    return int(np.cumsum(delta[:-1]).max()) if n else 0
 
 
 def _one(model: MachineModel, tid: int, strategy: str, window: int,

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from autotm_py.errors import PlanError, SolverError
 from autotm_py.memory import accounting
 from autotm_py.memory.budget import format_bytes
@@ -25,6 +27,7 @@ from autotm_py.plan import Plan, SolverStats
 from autotm_py.planning import formulation, warmstart
 from autotm_py.planning.baselines import BASELINES, BaselineResult, all_fast, run_baselines
 from autotm_py.planning.decode import decode
+from autotm_py.planning.gadgets import small_tensors
 from autotm_py.planning.solvers import SolveOutcome, run_solver
 
 if TYPE_CHECKING:
@@ -33,6 +36,10 @@ if TYPE_CHECKING:
     from autotm_py.profiling.costs import KernelCosts
 
 log = logging.getLogger(__name__)
+
+# Small tensors whose live sum never exceeds this share of the budget stay in fast memory
+# (`gadgets.small_tensors`): they would add most of the variables and move almost nothing.
+SMALL_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -97,20 +104,33 @@ def machine_model(graph: TensorGraph, config: PlanConfig,
     return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights)
 
 
-def min_feasible_budget(model: MachineModel, strategy: str) -> tuple[int, int]:
+def min_feasible_budget(model: MachineModel, strategy: str,
+                        fixed: frozenset[int] = frozenset()) -> tuple[int, int]:
     """(bytes, kernel): the smallest budget at which a plan exists, and the kernel forcing it.
 
     GPU mode: a kernel's placeable inputs, outputs and workspace must all be in fast memory
     (and with the static strategy nothing moves, so the whole all-fast peak must fit). Host
-    mode: only workspace must be fast; kernels can read and write the slow tier."""
+    mode: only workspace must be fast; kernels can read and write the slow tier. Tensors in
+    `fixed` (kept fast for life) count wherever they are alive."""
     graph = model.graph
-    if not graph.kernels:
+    n = len(graph.kernels)
+    if not n:
         return 0, -1
     if model.gpu and strategy == "static":
         return model.peak
-    need = [int(model.workspace[k]) + (model.io_bytes(k) if model.gpu else 0)
-            for k in range(len(graph.kernels))]
-    kid = max(range(len(need)), key=need.__getitem__)
+    resident = np.zeros(n + 1, dtype=np.int64)
+    for t in fixed:
+        start, end = model.live_ranges[t]
+        resident[start] += model.sizes[t]
+        resident[end + 1] -= model.sizes[t]
+    resident = np.cumsum(resident[:-1])
+    need = []
+    for k, kernel in enumerate(graph.kernels):
+        io = set(kernel.io)
+        own = model.io_bytes(k) - sum(int(model.sizes[t]) for t in io & fixed) if model.gpu \
+            else 0
+        need.append(int(model.workspace[k]) + own + int(resident[k]))
+    kid = max(range(n), key=need.__getitem__)
     return need[kid], kid
 
 
@@ -137,10 +157,14 @@ def _plan(model: MachineModel, config: PlanConfig) -> PlanResult:
         return PlanResult("optimal", plan, "no budget: all-fast is optimal",
                           predicted_time_s=model.all_fast_time, stats=SolverStats(),
                           fast_peak_bytes=model.peak[0], **common)
-    need, kid = min_feasible_budget(model, config.strategy)
+    small = small_tensors(model, SMALL_SHARE)
+    need, kid = min_feasible_budget(model, config.strategy, small)
+    if model.budget < need and small:  # too tight to keep small tensors fast: let them move
+        small = frozenset()
+        need, kid = min_feasible_budget(model, config.strategy)
     if model.budget < need:
         return _infeasible(model, need, kid, config.strategy, common)
-    f, outcome, stats, notes = _search(model, config)
+    f, outcome, stats, notes = _search(model, config, small)
     if not outcome.has_solution:
         return _unsolved(outcome.status, stats, need, kid, graph, common, config)
     if outcome.status == "time_limit":
@@ -154,7 +178,7 @@ def _plan(model: MachineModel, config: PlanConfig) -> PlanResult:
                       objective_s=stats.objective_s, fast_peak_bytes=peak, **common)
 
 
-def _search(model: MachineModel, config: PlanConfig
+def _search(model: MachineModel, config: PlanConfig, small: frozenset[int]
             ) -> tuple[formulation.Formulation, SolveOutcome, SolverStats, list[str]]:
     """Build and solve the ILP. The async model starts from the sync model's solution (see
     `warmstart`); if the async search finds nothing in time, the sync plan is returned."""
@@ -163,11 +187,12 @@ def _search(model: MachineModel, config: PlanConfig
     spent = (0.0, 0.0)  # build and solve seconds of the sync warm-up
     sync = None
     if config.strategy == "async":
-        sync = formulation.build(model, "sync", config.async_window)
+        sync = formulation.build(model, "sync", config.async_window, fixed=small)
         first = _solve(sync, config, config.time_limit_s, warm=False)
         spent = (sync.build_s, first.seconds)
         sync = (sync, first) if first.has_solution else None
-    f = formulation.build(model, config.strategy, config.async_window, config.async_candidates)
+    f = formulation.build(model, config.strategy, config.async_window, config.async_candidates,
+                          small)
     log.info("built ILP: %d variables, %d constraints in %.2f s", f.n_vars, f.n_rows,
              f.build_s)
     warm = sync is not None and warmstart.apply(f, warmstart.events_of(sync[0]))

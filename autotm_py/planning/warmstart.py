@@ -106,8 +106,8 @@ def _continuous(f: Formulation, values: dict[int, list[float]]) -> None:
         const, expr = f.kernel_time[kid]
         bounds = [const + _value(expr)] + [_value(t) for t in f.async_terms[kid].values()]
         y.varValue = max(bounds) * MS
-    if f.fixed is not None:
-        f.fixed.varValue = 1.0
+    if f.constant_var is not None:
+        f.constant_var.varValue = 1.0
 
 
 def _value(expr: dict) -> float:

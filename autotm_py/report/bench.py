@@ -46,7 +46,12 @@ COLUMNS = (
     "output_fast_fraction", "peak_fast_bytes", "estimated_kernels", "scaled_kernels",
     "measured_s",
     "measured_peak_fast_bytes", "measured_all_fast_s", "measured_all_slow_s",
-    "measured_first_touch_s", "measured_lru_s", "measured_offload_s", "error", "notes",
+    "measured_first_touch_s", "measured_lru_s", "measured_offload_s",
+    "measured_all_fast_peak_bytes", "measured_all_slow_peak_bytes",
+    "measured_first_touch_peak_bytes", "measured_lru_peak_bytes",
+    "measured_offload_peak_bytes", "measured_torch_autograd_s",
+    "measured_torch_autograd_peak_bytes", "measured_save_on_cpu_s",
+    "measured_save_on_cpu_peak_bytes", "error", "notes",
     "machine", "device_name", "versions", "date",
 )
 
@@ -71,6 +76,9 @@ class BenchSpec:
     execute: bool = False  # run every plan for real (GPU) and record measured times
     iterations: int = 5
     warmup: int = 2
+    # Where solved plans are kept: a cell whose plan is there is not solved again (plan on a
+    # CPU machine, carry the folder, execute on the GPU machine).
+    plans_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not self.models or not self.ratios:
@@ -96,6 +104,13 @@ class BenchSpec:
                   "device": self.device, "memory": self.memory_name, "ratio": ratio,
                   "strategy": strategy, "solver": solver}
         return tuple(_cell(values[k]) for k in ROW_KEY)
+
+    def plan_path(self, model: str, ratio: str, strategy: str, solver: str) -> Path | None:
+        if self.plans_dir is None:
+            return None
+        key = self.row_key(model, ratio, strategy, solver)
+        stem = "_".join(k.replace(":", "-").replace("/", "-") for k in key if k)
+        return Path(self.plans_dir) / f"{stem}.json"
 
     def cells(self) -> Iterator[tuple[str, str, str, str]]:
         for model in self.models:

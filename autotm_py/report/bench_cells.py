@@ -13,11 +13,14 @@ from autotm_py import api
 from autotm_py.config import PlanConfig
 from autotm_py.errors import AutoTMError
 from autotm_py.memory.budget import parse_ratio
+from autotm_py.plan import Plan
 from autotm_py.report.metrics import plan_metrics
 from autotm_py.report.residency import PlanView
 
 if TYPE_CHECKING:
-    from autotm_py.plan import Plan
+    from pathlib import Path
+
+    from autotm_py.planning.solve import PlanResult
     from autotm_py.report.bench import BenchSpec
 
 log = logging.getLogger(__name__)
@@ -69,8 +72,10 @@ class ModelRunner:
         self._failures = []
         try:
             config = self.config(ratio, strategy, solver)
-            row = {**key, **self._graph_columns(), **self._baseline_columns(ratio, config)}
-            row.update(self._plan_columns(config))
+            row = {**key, **self._graph_columns(), **self._baseline_columns(ratio, config),
+                   **self._eager_columns()}
+            row.update(self._plan_columns(config, self.spec.plan_path(self.model, ratio,
+                                                                       strategy, solver)))
         except AutoTMError as exc:
             log.warning("bench: %s %s %s %s: %s", self.model, ratio, strategy, solver, exc)
             return {**key, "status": "error", "error": _one_line(exc)}
@@ -93,14 +98,58 @@ class ModelRunner:
             for name, res in results.items():
                 cols[f"{_column(name)}_s"] = res.time_s if res.feasible else None
                 if self.spec.execute and res.feasible and name in EXECUTED_BASELINES:
-                    cols[f"measured_{_column(name)}_s"] = self._measure(res.plan)[0]
+                    # all-fast is the unlimited reference: it runs without a memory cap
+                    measured = self._measure(res.plan, cap=name != "all-fast")
+                    cols[f"measured_{_column(name)}_s"] = measured[0]
+                    cols[f"measured_{_column(name)}_peak_bytes"] = measured[1]
             self._ratio_columns[ratio] = cols
             self._ratio_notes[ratio] = list(self._failures)  # failed baseline runs
         self._failures = list(self._ratio_notes[ratio])
         return self._ratio_columns[ratio]
 
-    def _plan_columns(self, config: PlanConfig) -> dict[str, Any]:
+    def _eager_columns(self) -> dict[str, Any]:
+        """torch.autograd without and with `save_on_cpu`, measured once per model."""
+        if not (self.spec.execute and self.spec.training):
+            return {}
+        if not hasattr(self, "_eager"):
+            from autotm_py.runtime.eager import measure_autograd
+
+            self._eager: dict[str, Any] = {}
+            for column, offload in (("torch_autograd", False), ("save_on_cpu", True)):
+                try:
+                    run = measure_autograd(self.graph, device=self._device,
+                                           iterations=self.spec.iterations,
+                                           warmup=self.spec.warmup, save_on_cpu=offload)
+                except (AutoTMError, RuntimeError) as exc:
+                    self._failures.append(f"{column} failed: {_one_line(exc)[:160]}")
+                    continue
+                self._eager[f"measured_{column}_s"] = run.median_s
+                self._eager[f"measured_{column}_peak_bytes"] = run.peak_fast_bytes
+        return self._eager
+
+    @property
+    def _device(self) -> str:
+        # an explicit index: the executor caps memory per device, which needs one
+        return "cuda:0" if self.spec.device == "cuda" else self.spec.device
+
+    def _solve(self, config: PlanConfig, path: Path | None) -> PlanResult:
+        """Solve, or read the plan a previous run solved for this cell (`plans_dir`)."""
+        from autotm_py.planning.solve import PlanResult
+
+        if path is not None and path.exists():
+            plan = Plan.load(path)
+            h = plan.header
+            return PlanResult(status=h.solver.status, plan=plan, message=f"plan from {path}",
+                              budget_bytes=h.budget_bytes, predicted_time_s=h.predicted_time_s,
+                              stats=h.solver, all_fast_time_s=float(sum(self.costs.times_s)),
+                              objective_s=h.solver.objective_s)
         result = api.optimize(self.graph, config, costs=self.costs)
+        if path is not None and result.plan is not None:
+            result.plan.save(path)
+        return result
+
+    def _plan_columns(self, config: PlanConfig, path: Path | None = None) -> dict[str, Any]:
+        result = self._solve(config, path)
         st = result.stats
         row: dict[str, Any] = {
             "status": result.status, "budget_bytes": result.budget_bytes,
@@ -120,15 +169,15 @@ class ModelRunner:
             row["measured_s"], row["measured_peak_fast_bytes"] = self._measure(result.plan)
         return row
 
-    def _measure(self, plan: Plan | None) -> tuple[float | None, int | None]:
+    def _measure(self, plan: Plan | None, *, cap: bool = True
+                 ) -> tuple[float | None, int | None]:
         """Median iteration time and allocator peak of a real run (None when it fails)."""
         if plan is None:
             return None, None
-        # an explicit index: the executor caps memory per device, which needs one
-        device = "cuda:0" if self.spec.device == "cuda" else self.spec.device
         try:
-            run = api.execute(self.graph, plan, device=device,
-                              iterations=self.spec.iterations, warmup=self.spec.warmup)
+            run = api.execute(self.graph, plan, device=self._device,
+                              iterations=self.spec.iterations, warmup=self.spec.warmup,
+                              enforce_budget=cap)
         except AutoTMError as exc:
             log.warning("bench: running %s plan of %s failed: %s", plan.header.strategy,
                         self.model, exc)

@@ -58,7 +58,7 @@ def measure_autograd(graph: TensorGraph, *, device: str = "cuda", iterations: in
         model_name=graph.name)
 
 
-def _iteration(forward, values, params, opt, loss_id, dev, save_on_cpu):  # noqa: ANN001
+def _iteration(forward, values, params, opt, loss_id, dev, save_on_cpu):
     import time
 
     cuda = dev.startswith("cuda")

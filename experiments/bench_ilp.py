@@ -1,0 +1,149 @@
+"""ILP scaling: size, build and solve time, gap and predicted slowdown of the placement ILP.
+
+For every zoo model at its default dims (the paper's batch sizes), as a training iteration, at
+fast:slow 1:8, 1:4 and 1:1 (the paper's PMM:DRAM 8:1, 4:1, 1:1) and strategies static, sync
+and async, plan with `autotm_py.optimize` (decode and verification included) and record:
+variables, constraints, build s, solve s, gap, status, predicted time and slowdown vs all-fast.
+Targets on this 2-core machine at a 1% gap: sync build + solve under 60 s, async under 180 s.
+
+    python experiments/bench_ilp.py                          # host mode (optane), this CPU
+    python experiments/bench_ilp.py --device cuda --memory h100-pcie5 --batch 32 \\
+        --strategies sync,async -o experiments/results/ilp_gpu
+    python experiments/bench_ilp.py --models densenet264 --ratios 1:4 --dry-run
+
+Writes OUT.csv and OUT.json after every row (atomically) and skips rows already there, so an
+interrupted sweep resumes. Kernel costs come from the shipped profiles (`load_costs`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from autotm_py import api  # noqa: E402
+from autotm_py.config import PlanConfig  # noqa: E402
+from autotm_py.fileio import atomic_write_text  # noqa: E402
+from autotm_py.memory.budget import parse_ratio  # noqa: E402
+
+MODELS = ("vgg19", "vgg416", "resnet50", "resnet200", "inception_v4", "densenet264",
+          "transformer", "dlrm", "bert_base", "gpt2_small")
+TARGET_S = {"sync": 60.0, "async": 180.0}
+COLUMNS = ("model", "batch", "device", "memory", "ratio", "paper_ratio", "strategy", "solver",
+           "kernels", "tensors", "peak_bytes", "budget_bytes", "status", "variables",
+           "constraints", "build_s", "solve_s", "plan_s", "gap", "hit_time_limit",
+           "predicted_s", "all_fast_s", "slowdown", "target_s", "met_target", "moved_bytes",
+           "first_touch_s", "all_slow_s", "notes", "machine", "date")
+
+
+def paper_ratio(ratio: str) -> str:
+    fast, slow = ratio.split(":")
+    return f"{slow}:{fast}"
+
+
+def run_one(graph: Any, costs: Any, args: argparse.Namespace, ratio: str,
+            strategy: str) -> dict[str, Any]:
+    config = PlanConfig(strategy=strategy, ratio=parse_ratio(ratio), device=args.device,
+                        memory=args.memory, solver=args.solver, gap=args.gap,
+                        time_limit_s=args.time_limit)
+    started = time.perf_counter()
+    result = api.optimize(graph, config, costs=costs)
+    wall = time.perf_counter() - started
+    base = {}
+    if args.baselines and result.plan is not None:
+        from autotm_py.planning.baselines import run_baselines
+        from autotm_py.planning.solve import machine_model
+
+        model = machine_model(graph, config, costs)
+        base = run_baselines(model, ("first-touch", "all-slow"))
+    st = result.stats
+    counts = result.plan.header.counts if result.plan else {}
+    target = TARGET_S.get(strategy)
+    spent = st.build_s + st.solve_s
+    return {
+        "status": result.status, "variables": st.variables, "constraints": st.constraints,
+        "build_s": round(st.build_s, 3), "solve_s": round(st.solve_s, 3),
+        "plan_s": round(wall, 3), "gap": st.gap, "hit_time_limit": st.hit_time_limit,
+        "budget_bytes": result.budget_bytes, "predicted_s": result.predicted_time_s,
+        "all_fast_s": result.all_fast_time_s, "slowdown": result.slowdown,
+        "target_s": target, "met_target": None if target is None else spent <= target,
+        "moved_bytes": sum(v for k, v in counts.items() if k.startswith("bytes_")),
+        "first_touch_s": base["first-touch"].time_s if base else None,
+        "all_slow_s": base["all-slow"].time_s if base else None,
+        "notes": " | ".join(result.plan.header.notes) if result.plan else result.message,
+    }
+
+
+def load(out: Path) -> list[dict[str, Any]]:
+    path = out.with_suffix(".json")
+    return json.loads(path.read_text())["rows"] if path.exists() else []
+
+
+def save(out: Path, rows: list[dict[str, Any]], spec: dict[str, Any]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(out.with_suffix(".csv"), buf.getvalue())
+    doc = {"format": "autotm-bench-ilp", "version": 1, "columns": list(COLUMNS), "spec": spec,
+           "rows": rows}
+    atomic_write_text(out.with_suffix(".json"), json.dumps(doc, indent=1) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--ratios", default="1:8,1:4,1:1", help="fast:slow (ours)")
+    parser.add_argument("--strategies", default="static,sync,async")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--memory", default=None, help="preset or file (default by device)")
+    parser.add_argument("--batch", type=int, default=None, help="default: the paper's")
+    parser.add_argument("--solver", default="highs")
+    parser.add_argument("--gap", type=float, default=0.01)
+    parser.add_argument("--time-limit", type=float, default=600.0)
+    parser.add_argument("-o", "--out", type=Path, default=HERE / "results" / "ilp_host")
+    parser.add_argument("--baselines", action="store_true",
+                        help="also simulate first-touch and all-slow at each budget")
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args()
+    spec = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    rows = load(args.out)
+    done = {(r["model"], r["ratio"], r["strategy"], r["solver"]) for r in rows}
+    machine = f"{platform.processor() or platform.machine()}; {platform.system()}"
+    for name in args.models.split(","):
+        todo = [(r, s) for r in args.ratios.split(",") for s in args.strategies.split(",")
+                if (name, r, s, args.solver) not in done]
+        if not todo:
+            continue
+        if args.dry_run:
+            print(name, todo)
+            continue
+        graph = api.load_model(name, batch=args.batch, training=True)
+        costs = api.load_costs(graph, device=args.device)
+        for ratio, strategy in todo:
+            row = {"model": name, "batch": graph.meta.get("dims", {}).get("batch", args.batch),
+                   "device": args.device, "memory": args.memory or "default", "ratio": ratio,
+                   "paper_ratio": paper_ratio(ratio), "strategy": strategy,
+                   "solver": args.solver, "kernels": len(graph.kernels),
+                   "tensors": len(graph.tensors), "peak_bytes": graph.peak_live_bytes,
+                   "machine": machine, "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            row.update(run_one(graph, costs, args, ratio, strategy))
+            rows.append(row)
+            save(args.out, rows, spec)
+            print(f"{name} {ratio} {strategy}: {row['status']} {row['variables']} vars, "
+                  f"build {row['build_s']} s, solve {row['solve_s']} s, slowdown "
+                  f"{row['slowdown']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
