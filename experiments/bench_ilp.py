@@ -7,8 +7,8 @@ variables, constraints, build s, solve s, gap, status, predicted time and slowdo
 Targets on this 2-core machine at a 1% gap: sync build + solve under 60 s, async under 180 s.
 
     python experiments/bench_ilp.py                          # host mode (optane), this CPU
-    python experiments/bench_ilp.py --device cuda --memory h100-pcie5 --batch 32 \\
-        --strategies sync,async -o experiments/results/ilp_gpu
+    python experiments/bench_ilp.py --device cuda --strategies sync,async \\
+        --batch vgg19=64,inception_v4=64,*=32 -o experiments/results/ilp_gpu
     python experiments/bench_ilp.py --models densenet264 --ratios 1:4 --dry-run
 
 Writes OUT.csv and OUT.json after every row (atomically) and skips rows already there, so an
@@ -83,6 +83,15 @@ def run_one(graph: Any, costs: Any, args: argparse.Namespace, ratio: str,
     }
 
 
+def batch_for(spec: str | None, model: str) -> int | None:
+    """`--batch` value for one model: "32", or "vgg19=64,*=32" (None: the model's default)."""
+    if not spec:
+        return None
+    table = dict(item.split("=") if "=" in item else ("*", item) for item in spec.split(","))
+    value = table.get(model, table.get("*"))
+    return int(value) if value else None
+
+
 def load(out: Path) -> list[dict[str, Any]]:
     path = out.with_suffix(".json")
     return json.loads(path.read_text())["rows"] if path.exists() else []
@@ -106,7 +115,8 @@ def main() -> int:
     parser.add_argument("--strategies", default="static,sync,async")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--memory", default=None, help="preset or file (default by device)")
-    parser.add_argument("--batch", type=int, default=None, help="default: the paper's")
+    parser.add_argument("--batch", default=None,
+                        help="N, or per model: vgg19=64,*=32 (default: the paper's batch)")
     parser.add_argument("--solver", default="highs")
     parser.add_argument("--gap", type=float, default=0.01)
     parser.add_argument("--time-limit", type=float, default=600.0)
@@ -127,10 +137,11 @@ def main() -> int:
         if args.dry_run:
             print(name, todo)
             continue
-        graph = api.load_model(name, batch=args.batch, training=True)
+        batch = batch_for(args.batch, name)
+        graph = api.load_model(name, batch=batch, training=True)
         costs = api.load_costs(graph, device=args.device)
         for ratio, strategy in todo:
-            row = {"model": name, "batch": graph.meta.get("dims", {}).get("batch", args.batch),
+            row = {"model": name, "batch": graph.meta.get("dims", {}).get("batch", batch),
                    "device": args.device, "memory": args.memory or "default", "ratio": ratio,
                    "paper_ratio": paper_ratio(ratio), "strategy": strategy,
                    "solver": args.solver, "kernels": len(graph.kernels),

@@ -2,6 +2,7 @@
 decoding, and plan round trips."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -215,3 +216,30 @@ def test_sync_solution_is_a_feasible_start_of_the_async_model(device):
                              async_candidates=2), costs=costs)
     assert any("started from the sync plan" in n for n in res.plan.header.notes)
     assert res.objective_s <= first.objective / formulation.MS * (1 + 1e-9)
+
+
+def test_host_chain_is_monotone_and_falls_back(monkeypatch):
+    """static -> sync -> async warm starts: each plan is at least as good as the one before;
+    when the last search finds nothing in time, the best earlier plan is returned, marked."""
+    from autotm_py.planning import solve as solve_module
+
+    g = layered_net(2, width=3, kib=256)
+    costs = costs_for(g, "cpu")
+    times = {}
+    for strategy in ("static", "sync", "async"):
+        res = optimize(g, config(strategy=strategy, device="cpu", ratio=parse_ratio("1:4"),
+                                 gap=0.01), costs=costs)
+        times[strategy] = res.predicted_time_s
+    assert times["async"] <= times["sync"] * (1 + 1e-9) <= times["static"] * (1 + 1e-9)
+    real = solve_module._solve
+
+    def no_async(f, cfg, left, *, warm):
+        out = real(f, cfg, left, warm=warm)
+        return replace(out, status="no_solution") if f.strategy == "async" else out
+
+    monkeypatch.setattr(solve_module, "_solve", no_async)
+    res = optimize(g, config(strategy="async", device="cpu", ratio=parse_ratio("1:4")),
+                   costs=costs)
+    assert res.status == "time_limit" and res.plan.header.solver.hit_time_limit
+    assert any("this is the sync plan" in n for n in res.plan.header.notes)
+    simulate(g, res.plan, costs=costs)

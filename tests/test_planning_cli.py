@@ -59,3 +59,11 @@ def test_bad_options_and_bad_plans(net, tmp_path, capsys):
     bad.write_text("{\"format\": \"autotm-plan\", \"format_version\": 1")
     assert main(["simulate", "net", "--plan", str(bad)]) == 1
     assert "error:" in capsys.readouterr().err
+
+
+def test_async_candidates_option(net, capsys):
+    assert main(["optimize", "net", "--fast-mem", "900KiB", "--strategy", "async",
+                 "--async-candidates", "all", "--solver", "highs", "--no-baselines"]) == 0
+    assert "started from the sync plan" in capsys.readouterr().out
+    assert main(["optimize", "net", "--fast-mem", "900KiB", "--async-candidates", "few"]) == 2
+    assert "error: --async-candidates 'few'" in capsys.readouterr().err

@@ -189,3 +189,18 @@ def test_link_contention_stretches_both_engines():
     overlapped = [m for m in res.moves if m.mode == "async"]
     assert {m.stream for m in overlapped} == {"h2d", "d2h"}
     assert max(m.end_s for m in overlapped) == pytest.approx(step.step_end_s)
+
+
+def test_free_of_a_copy_source_waits_for_the_copy():
+    """A fast copy freed while an async copy still reads it keeps its bytes to the step end."""
+    g, _, initial, (x, a0, _, _) = chain_plan()
+    records = [Compute(0, (FAST, FAST)), Free(x, FAST), Move(a0, SLOW, "async", 1),
+               Free(a0, FAST), Compute(1, (SLOW, FAST)), Free(a0, SLOW),
+               Compute(2, (FAST, FAST)), Free(2, FAST)]
+    res = simulate(g, make_plan(g, records, initial, memory="optane"),
+                   costs=KernelCosts.from_times("cpu", [1e-3] * 3), strict=False)
+    # reading a0 from the slow tier while its copy is still running is a violation ...
+    assert any("still running" in v for v in res.violations)
+    # ... and its fast bytes stayed counted through kernel 1 (a0 + a1 = 2 MiB)
+    compute1 = res.memory["record"].index(4)
+    assert res.memory["fast_bytes"][compute1] == 2 * MB

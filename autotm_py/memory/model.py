@@ -70,7 +70,10 @@ class MachineModel:
 
     @cached_property
     def workspace(self) -> np.ndarray:
-        return np.array([accounting.aligned(k.workspace_bytes) for k in self.graph.kernels],
+        """Per kernel: the larger of the IR's workspace and the measured one (profiles)."""
+        measured = self.costs.workspace_bytes or (0,) * len(self.graph.kernels)
+        return np.array([accounting.aligned(max(k.workspace_bytes, int(w)))
+                         for k, w in zip(self.graph.kernels, measured, strict=True)],
                         dtype=np.int64)
 
     @cached_property

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import pulp
 
+from autotm_py.memory.accounting import ALIGN_BYTES
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.planning.gadgets import ASYNC, SYNC, tensor_gadgets
 from autotm_py.planning.paths import F0, READ, SOURCE, WRITE, TensorPaths, build_paths
@@ -187,7 +188,7 @@ def add_capacity(f: Formulation) -> None:
             start, end = model.live_ranges[tid]
             constant[start] += size
             constant[end + 1] -= 0.0 if tid in model.survivors else size
-    budget = (model.budget // 512) * 512  # sums of aligned sizes are multiples of 512
+    budget = model.budget // ALIGN_BYTES * ALIGN_BYTES  # sums of aligned sizes are multiples
     prev = None
     for k in range(n):
         room = max(budget - int(model.workspace[k]), 0) * MIB

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -83,7 +83,7 @@ class PlanResult:
             "min_feasible_budget_bytes": self.min_feasible_budget_bytes,
             "forcing_kernel": self.forcing_kernel,
             "forcing_kernel_name": self.forcing_kernel_name,
-            "solver": self.stats.__dict__,
+            "solver": asdict(self.stats),
             "counts": dict(self.plan.header.counts) if self.plan else {},
             "baselines": {k: v.to_dict() for k, v in self.baselines.items()},
         }
@@ -180,38 +180,48 @@ def _plan(model: MachineModel, config: PlanConfig) -> PlanResult:
 
 def _search(model: MachineModel, config: PlanConfig, small: frozenset[int]
             ) -> tuple[formulation.Formulation, SolveOutcome, SolverStats, list[str]]:
-    """Build and solve the ILP. The async model starts from the sync model's solution (see
-    `warmstart`); if the async search finds nothing in time, the sync plan is returned."""
+    """Build and solve the ILP, warm-started from the smaller strategies' solutions: every
+    static plan is a sync plan and every sync plan an async one (`warmstart`), so each search
+    starts from a good plan and can only improve on it. If the last search finds nothing in
+    time, the best earlier plan is returned."""
     started = time.perf_counter()
+    chain = [s for s in ("static", "sync", "async") if not (model.gpu and s == "static")]
+    chain = chain[:chain.index(config.strategy) + 1] if config.strategy in chain else \
+        [config.strategy]
     notes: list[str] = []
-    spent = (0.0, 0.0)  # build and solve seconds of the sync warm-up
-    sync = None
-    if config.strategy == "async":
-        sync = formulation.build(model, "sync", config.async_window, fixed=small)
-        first = _solve(sync, config, config.time_limit_s, warm=False)
-        spent = (sync.build_s, first.seconds)
-        sync = (sync, first) if first.has_solution else None
-    f = formulation.build(model, config.strategy, config.async_window, config.async_candidates,
-                          small)
-    log.info("built ILP: %d variables, %d constraints in %.2f s", f.n_vars, f.n_rows,
-             f.build_s)
-    warm = sync is not None and warmstart.apply(f, warmstart.events_of(sync[0]))
-    if warm:
-        notes.append(f"async search started from the sync plan ({sync[1].objective:.3f} ms)")
-    left = None if config.time_limit_s is None else \
-        max(config.time_limit_s - (time.perf_counter() - started), 1.0)
-    outcome = _solve(f, config, left, warm=warm)
-    if not outcome.has_solution and sync is not None:
-        notes.append("the async search found no plan in time: this is the sync plan")
-        f, outcome = sync[0], replace(sync[1], status="time_limit")
-    stats = SolverStats(
+    spent = [0.0, 0.0]  # build and solve seconds of every model in the chain
+    best: tuple[formulation.Formulation, SolveOutcome] | None = None
+    for strategy in chain:
+        candidates = config.async_candidates if strategy == "async" else None
+        f = formulation.build(model, strategy, config.async_window, candidates, small)
+        log.info("built the %s ILP: %d variables, %d constraints in %.2f s", strategy,
+                 f.n_vars, f.n_rows, f.build_s)
+        warm = best is not None and warmstart.apply(f, warmstart.events_of(best[0]))
+        left = None if config.time_limit_s is None else \
+            max(config.time_limit_s - (time.perf_counter() - started), 1.0)
+        outcome = _solve(f, config, left, warm=warm)
+        spent = [spent[0] + f.build_s, spent[1] + outcome.seconds]
+        if warm and strategy == config.strategy:
+            notes.append(f"{strategy} search started from the {best[0].strategy} plan "
+                         f"({best[1].objective:.3f} ms)")
+        if outcome.has_solution:
+            best = (f, outcome)
+    f, outcome = best if best is not None else (f, outcome)
+    if f.strategy != config.strategy:
+        notes.append(f"the {config.strategy} search found no plan in time: this is the "
+                     f"{f.strategy} plan")
+        outcome = replace(outcome, status="time_limit")
+    return f, outcome, _stats(config, f, outcome, spent), notes
+
+
+def _stats(config: PlanConfig, f: formulation.Formulation, outcome: SolveOutcome,
+           spent: list[float]) -> SolverStats:
+    return SolverStats(
         solver=config.solver, status=outcome.status,
         objective_s=None if outcome.objective is None else outcome.objective / formulation.MS,
-        gap=outcome.gap, variables=f.n_vars, constraints=f.n_rows,
-        build_s=f.build_s + spent[0], solve_s=outcome.seconds + spent[1],
-        time_limit_s=config.time_limit_s,
+        gap=outcome.gap, variables=f.n_vars, constraints=f.n_rows, build_s=spent[0],
+        solve_s=spent[1], time_limit_s=config.time_limit_s,
         hit_time_limit=outcome.status in ("time_limit", "no_solution"))
-    return f, outcome, stats, notes
 
 
 def _solve(f: formulation.Formulation, config: PlanConfig, time_limit: float | None, *,

@@ -89,7 +89,7 @@ def _solve_cbc(prob: pulp.LpProblem, gap: float, time_limit: float | None,
         log_path = Path(tmp) / "cbc.log"
         solver = pulp.COIN_CMD(path=cbc_path(), msg=False, gapRel=gap, timeLimit=time_limit,
                                threads=threads, logPath=str(log_path), keepFiles=False,
-                               warmStart=warm_start)
+                               warmStart=warm_start, timeMode="elapsed")
         try:
             prob.solve(solver)
         except pulp.PulpSolverError as exc:

@@ -54,6 +54,8 @@ class ProfileEntry:
     batch: int | None = None  # batch of the graph it was measured in (for batch scaling)
     op: str = ""
     load: float | None = None  # 1-minute load average while measured (CPU; shared machines)
+    # device memory a kernel allocates beyond its inputs and outputs while it runs (CUDA)
+    workspace_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -65,7 +67,9 @@ class ProfileEntry:
                     str(data.get("when", "")),
                     None if data.get("batch") is None else int(data["batch"]),
                     str(data.get("op", "")),
-                    None if data.get("load") is None else float(data["load"]))
+                    None if data.get("load") is None else float(data["load"]),
+                    None if data.get("workspace_bytes") is None
+                    else int(data["workspace_bytes"]))
         if entry.source not in (MEASURED, ESTIMATED) or not entry.median_s >= 0:
             raise ValueError(f"bad entry {dict(data)}")
         return entry

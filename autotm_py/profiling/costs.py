@@ -43,6 +43,9 @@ class KernelCosts:
     source: str = ""
     # counts: kernels, unique, exact, scaled, estimated (+ measured_now, failed after profile)
     summary: Mapping[str, Any] = field(default_factory=dict)
+    # per kernel: device memory it allocates beyond its IO while it runs (measured on CUDA;
+    # empty or 0 where unknown). The capacity rows count it (memory/model.py).
+    workspace_bytes: tuple[int, ...] = ()
 
     @classmethod
     def from_times(cls, device: str, times_s: Sequence[float],

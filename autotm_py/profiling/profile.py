@@ -212,11 +212,17 @@ def _measure_all(session: _Session, todo: list[Kernel], progress: bool | Progres
 
 def _measure_one(session: _Session, kernel: Kernel,
                  options: dict[str, Any]) -> ProfileEntry | None:
-    from autotm_py.profiling.torch_profiler import loadavg, make_inputs, time_kernel
+    from autotm_py.profiling.torch_profiler import (
+        loadavg,
+        make_inputs,
+        measure_workspace,
+        time_kernel,
+    )
 
     try:
         args = make_inputs(session.graph, kernel, session.device)
         timing = time_kernel(kernel, args, device=session.device, **options)
+        workspace = measure_workspace(kernel, args, device=session.device)
     except Exception as exc:  # any torch failure: skip this kernel, keep profiling the rest
         _release_memory(session.device)
         log.warning("kernel %s (%s) could not be profiled: %s: %s", kernel.name,
@@ -225,7 +231,7 @@ def _measure_one(session: _Session, kernel: Kernel,
         return None
     return ProfileEntry(timing.median_s, timing.p10_s, timing.p90_s, timing.runs, MEASURED,
                         now_iso(), graph_batch(session.graph), kernel.op_type,
-                        loadavg() if session.device == "cpu" else None)
+                        loadavg() if session.device == "cpu" else None, workspace)
 
 
 def _release_memory(device: str) -> None:

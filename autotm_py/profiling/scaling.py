@@ -93,6 +93,7 @@ class Scaled:
     p90_s: float
     ratio: Fraction
     source_signature: str
+    workspace_bytes: int = 0  # the source's workspace times the batch ratio
 
 
 def scale_time(t: float, factor: float, launch_s: float) -> float:
@@ -140,4 +141,5 @@ class BatchIndex:
         launch = roofline.launch_s
         return Scaled(scale_time(entry.median_s, factor, launch),
                       scale_time(entry.p10_s, factor, launch),
-                      scale_time(entry.p90_s, factor, launch), r, sig)
+                      scale_time(entry.p90_s, factor, launch), r, sig,
+                      int((entry.workspace_bytes or 0) * r))

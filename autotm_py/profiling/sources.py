@@ -57,6 +57,7 @@ class KernelTime:
     p90_s: float
     how: str  # EXACT, SCALED or ROOFLINE
     set_index: int  # rank of the serving set, -1 for the roofline
+    workspace_bytes: int = 0
 
 
 class CostSources:
@@ -100,12 +101,14 @@ class CostSources:
         for rank, s in enumerate(self.sets):
             entry = s.get(kernel.signature, placement)
             if entry is not None and entry.source != ESTIMATED:
-                return KernelTime(entry.median_s, entry.p10_s, entry.p90_s, EXACT, rank)
+                return KernelTime(entry.median_s, entry.p10_s, entry.p90_s, EXACT, rank,
+                                  entry.workspace_bytes or 0)
             shape = shape or OpShape.of_kernel(graph, kernel)
             roofline = self.roofline_for(s.fingerprint) or reference_roofline(self.kind)
             hit = self._index(rank).find(shape, placement, roofline, batch)
             if hit is not None:
-                return KernelTime(hit.median_s, hit.p10_s, hit.p90_s, SCALED, rank)
+                return KernelTime(hit.median_s, hit.p10_s, hit.p90_s, SCALED, rank,
+                                  hit.workspace_bytes)
         t = self.roofline.time_s(shape or OpShape.of_kernel(graph, kernel))
         return KernelTime(t, t, t, ROOFLINE, -1)
 
@@ -145,4 +148,5 @@ class CostSources:
             scaled=tuple(t.how == SCALED for t in times),
             source=source,
             summary=summary,
+            workspace_bytes=tuple(t.workspace_bytes for t in times),
         )

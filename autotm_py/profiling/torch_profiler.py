@@ -156,6 +156,25 @@ def time_kernel(kernel: Kernel, args: Sequence[torch.Tensor], *, device: str = "
     return Timing.of(samples)
 
 
+def measure_workspace(kernel: Kernel, args: Sequence[torch.Tensor], *, device: str,
+                      runner: Runner | None = None) -> int | None:
+    """CUDA: bytes the kernel allocates beyond its inputs and outputs while it runs (library
+    workspaces, temporaries): peak allocated during one run minus what is allocated after it,
+    when the outputs are still held. None on the CPU (host-mode budgets count tensors only)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    run = runner or default_runner()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    outputs = run(kernel, args)
+    torch.cuda.synchronize()
+    workspace = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+    del outputs
+    return max(int(workspace), 0)
+
+
 def _cpu_samples(kernel: Kernel, args: Sequence[torch.Tensor], run: Runner,
                  n: int) -> list[float]:
     samples = []

@@ -112,7 +112,7 @@ class _Step:
     """Async moves issued for the next kernel, and fast copies to release when it ends."""
 
     moves: list[tuple[int, Move]] = field(default_factory=list)
-    release: list[int] = field(default_factory=list)
+    release: list[tuple[int, str]] = field(default_factory=list)
 
 
 class Simulator(PlanInterpreter):
@@ -217,8 +217,8 @@ class Simulator(PlanInterpreter):
             return
         self.state[tid, slot] = ABSENT
         copying = any(m.tensor == tid and m.to != tier for _, m in self.step.moves)
-        if tier == FAST and copying:
-            self.step.release.append(tid)  # the async copy still reads it
+        if copying:
+            self.step.release.append((tid, tier))  # the async copy still reads it
         else:
             self.release(tid, tier)
         self.mark(self.clock)
@@ -309,8 +309,8 @@ class Simulator(PlanInterpreter):
             self._record_move(idx, m, begin, begin + seconds * stretch, stream)
             self.stream_free[stream] = begin + seconds * stretch
             self.state[m.tensor, TIER_INDEX[m.to]] = READY
-        for tid in self.step.release:
-            self.release(tid, FAST)
+        for tid, tier in self.step.release:
+            self.release(tid, tier)
         self.step = _Step()
         return start + step_len
 
