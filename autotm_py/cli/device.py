@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -32,12 +33,15 @@ DEVICES = click.Choice(["cpu", "cuda"])
 @click.option("--fresh", is_flag=True, help="Re-measure kernels that are already cached.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch's CPU thread count while measuring [default: torch's own].")
+@click.option("--in-context", is_flag=True,
+              help="CUDA: after isolated timing, time every kernel inside whole all-fast "
+                   "iterations (the graph must fit on the GPU) and keep those times.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @json_option
 def profile_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
                 optimizer: str, device: str, profiles_dir: str | None, repeats: int,
                 warmup: int, max_seconds: float | None, fresh: bool, threads: int | None,
-                no_progress: bool, as_json: bool) -> None:
+                in_context: bool, no_progress: bool, as_json: bool) -> None:
     """Measure the kernels of MODEL on a device and cache their times.
 
     Identical kernels (repeated blocks) are measured once; kernels already cached for this
@@ -49,6 +53,14 @@ def profile_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: 
     costs = api.profile(graph, device=device, profiles_dir=profiles_dir, repeats=repeats,
                         warmup=warmup, max_seconds=max_seconds, resume=not fresh,
                         threads=threads, progress=not (no_progress or as_json))
+    if in_context:
+        from autotm_py.profiling.in_context import profile_in_context
+
+        summary = costs.summary
+        costs = profile_in_context(graph, device=device, profiles_dir=profiles_dir)
+        costs = replace(costs, summary={**costs.summary, **{k: summary[k] for k in
+                                        ("measured_now", "seconds", "cache_file")
+                                        if k in summary}, "in_context": True})
     if as_json:
         print_json(_profile_json(graph.name, costs))
         return

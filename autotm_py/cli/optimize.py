@@ -46,7 +46,8 @@ RATIO_HELP = (
               help="Memory system: optane, cxl, h100-pcie5, or a JSON file (autotm "
                    "calibrate). Default: h100-pcie5 for cuda, optane for cpu.")
 @click.option("--solver", type=click.Choice(["cbc", "highs", "gurobi", "cplex"]),
-              default=DEFAULT_SOLVER, show_default=True)
+              default=DEFAULT_SOLVER, show_default=True,
+              help="MILP solver. cbc ships with PuLP; highs is much faster on async plans.")
 @click.option("--gap", type=float, default=DEFAULT_GAP, show_default=True,
               help="Relative MIP gap at which the solver stops (0.01 = 1%).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,

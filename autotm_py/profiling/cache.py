@@ -56,6 +56,8 @@ class ProfileEntry:
     load: float | None = None  # 1-minute load average while measured (CPU; shared machines)
     # device memory a kernel allocates beyond its inputs and outputs while it runs (CUDA)
     workspace_bytes: int | None = None
+    # "graph": timed inside whole-graph iterations (profiling/in_context.py); None: alone
+    context: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -69,7 +71,8 @@ class ProfileEntry:
                     str(data.get("op", "")),
                     None if data.get("load") is None else float(data["load"]),
                     None if data.get("workspace_bytes") is None
-                    else int(data["workspace_bytes"]))
+                    else int(data["workspace_bytes"]),
+                    None if data.get("context") is None else str(data["context"]))
         if entry.source not in (MEASURED, ESTIMATED) or not entry.median_s >= 0:
             raise ValueError(f"bad entry {dict(data)}")
         return entry

@@ -19,6 +19,7 @@ waits for it; a sync move is ordered on the compute stream.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 from collections.abc import Mapping
@@ -65,6 +66,8 @@ class RunResult:
     strategy: str
     model_name: str
     notes: tuple[str, ...] = ()
+    # every timed iteration's kernel times, when asked for (in-context profiling)
+    kernel_samples_s: tuple[tuple[float, ...], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,7 +102,7 @@ class Executor(PlanInterpreter):
             if self.cuda else None
         offsets, nbytes = slow_tier_layout(graph, plan)
         self.pool = PinnedPool(offsets, nbytes, pin=self.cuda)
-        self._kernel_events: list[tuple[Any, Any]] = []
+        self._kernel_events: list[Any] = []
 
     # ---- iteration boundaries ------------------------------------------------------------
     def prepare(self) -> None:
@@ -114,6 +117,10 @@ class Executor(PlanInterpreter):
         if not getattr(self, "_prepared", False):
             self.prepare()
         self._prepared = False
+        if self.kernel_times and self.cuda:
+            first = torch.cuda.Event(enable_timing=True)
+            first.record()
+            self._kernel_events = [first]
 
     def _place_initial(self, tid: int, tiers: tuple[str, ...]) -> None:
         carried = self.carry.get(tid)
@@ -155,14 +162,14 @@ class Executor(PlanInterpreter):
         kernel = self.graph.kernels[record.kernel]
         n_in = len(kernel.inputs)
         args = [self._read(tid, record.placement[i]) for i, tid in enumerate(kernel.inputs)]
-        if self.kernel_times and self.cuda:
-            begin = torch.cuda.Event(enable_timing=True)
-            begin.record()
         outputs = run_kernel(kernel, args)
         if self.kernel_times and self.cuda:
+            # One event after each kernel: a kernel's time is the interval since the previous
+            # event, i.e. what it adds to the iteration (dispatch gaps included), so the
+            # kernel times sum to the iteration's time.
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._kernel_events.append((begin, end))
+            self._kernel_events.append(end)
         for j, (tid, value) in enumerate(zip(kernel.outputs, outputs, strict=True)):
             tier = record.placement[n_in + j]
             if tier == SLOW and self.cuda:
@@ -226,7 +233,8 @@ class Executor(PlanInterpreter):
 
     # ---- results ---------------------------------------------------------------------------
     def kernel_seconds(self) -> list[float]:
-        return [b.elapsed_time(e) / 1e3 for b, e in self._kernel_events]
+        events = self._kernel_events
+        return [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(events)]
 
     def value(self, tid: int) -> torch.Tensor:
         """The final value of a tensor still held after `run()` (fast copy first)."""
@@ -239,7 +247,7 @@ class Executor(PlanInterpreter):
 def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations: int = 5,
             warmup: int = 2, seed: int = 0, kernel_times: bool = False,
             enforce_budget: bool = True, cap_slack_bytes: int = 64 << 20,
-            deterministic: bool = False) -> RunResult:
+            deterministic: bool = False, per_iteration_kernel_times: bool = False) -> RunResult:
     """Run `warmup` + `iterations` iterations of a plan and measure the timed ones."""
     from autotm_py.runtime.reference import init_values
 
@@ -253,25 +261,28 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     executor = Executor(graph, plan, device=dev, masters=masters, kernel_times=kernel_times)
     cap = _apply_cap(plan, dev, enforce_budget, cap_slack_bytes)
     try:
-        times, peak, kernels = _timed_iterations(executor, iterations, warmup)
+        times, peak, samples = _timed_iterations(executor, iterations, warmup)
     finally:
         if cap is not None:
             torch.cuda.set_per_process_memory_fraction(1.0, _cuda_index(dev))
     return RunResult(
         device=dev, device_name=_device_name(dev), iterations=iterations, warmup=warmup,
         iteration_times_s=tuple(times), median_s=statistics.median(times),
-        kernel_times_s=kernels, peak_fast_bytes=peak,
+        kernel_times_s=tuple(statistics.median(c) for c in zip(*samples, strict=True))
+        if samples else None, peak_fast_bytes=peak,
         modelled_peak_fast_bytes=plan.header.counts.get("fast_peak_bytes"),
         budget_bytes=plan.header.budget_bytes, cap_bytes=cap,
         predicted_time_s=plan.header.predicted_time_s, slow_pool_bytes=executor.pool.nbytes,
         strategy=plan.header.strategy, model_name=graph.name,
         notes=(f"cap = budget + {cap_slack_bytes >> 20} MiB slack for library workspaces",)
         if cap is not None else (),
+        kernel_samples_s=tuple(tuple(s) for s in samples) if per_iteration_kernel_times
+        else None,
     )
 
 
 def _timed_iterations(executor: Executor, iterations: int,
-                      warmup: int) -> tuple[list[float], int | None, tuple[float, ...] | None]:
+                      warmup: int) -> tuple[list[float], int | None, list[list[float]]]:
     times: list[float] = []
     peak: int | None = None
     per_kernel: list[list[float]] = []
@@ -288,9 +299,7 @@ def _timed_iterations(executor: Executor, iterations: int,
                 peak = max(peak or 0, iteration_peak)
             if executor.kernel_times and executor.cuda:
                 per_kernel.append(executor.kernel_seconds())
-    kernels = tuple(statistics.median(col) for col in zip(*per_kernel, strict=True)) \
-        if per_kernel else None
-    return times, peak, kernels
+    return times, peak, per_kernel
 
 
 def _one_iteration(executor: Executor) -> tuple[float, int | None]:
