@@ -25,12 +25,9 @@ def test_in_context_needs_cuda(tmp_path):
 
 @pytest.mark.gpu
 def test_in_context_times_sum_to_the_iteration(tmp_path):
-    from autotm_py.runtime.executor import execute
-
     graph = _graph("cnn")
-    costs = profile_in_context(graph, device="cuda", profiles_dir=tmp_path, iterations=5)
+    costs = profile_in_context(graph, device="cuda", profiles_dir=tmp_path, iterations=7)
     assert costs.n_estimated == 0 and costs.n_scaled == 0
-    run = execute(graph, all_fast_plan(graph), device="cuda", iterations=5, warmup=2,
-                  enforce_budget=False)
-    # per-signature medians of consecutive-event intervals: close to the measured iteration
-    assert costs.total_s == pytest.approx(run.median_s, rel=0.35)
+    # per-signature medians of consecutive-event intervals: they sum to the iteration measured
+    # in the same runs (medians of a few runs of a tiny graph: a loose tolerance)
+    assert costs.total_s == pytest.approx(costs.summary["iteration_median_s"], rel=0.25)

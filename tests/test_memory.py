@@ -98,8 +98,9 @@ def test_machine_model_times_and_step_rule():
     assert gpu.copy_time(0, FAST, "sync") == pytest.approx(link.latency_s + mb / link.read_bw)
     # GPU: two engines overlap; host: one copy thread serializes both directions
     read = preset("h100-pcie5").copy_time(mb, FAST, "async")
+    write = preset("h100-pcie5").copy_time(mb, SLOW, "async")
     both = gpu.step_time(0.0, [(0, FAST), (1, SLOW)])
-    assert both == pytest.approx(max(read, 2 * mb / link.both_directions_bw))
+    assert both == pytest.approx(max(read, write, 2 * mb / link.both_directions_bw))
     host = MachineModel(g, preset("optane"), costs)
     opt = preset("optane")
     expected = opt.copy_time(mb, FAST, "async") + opt.copy_time(mb, SLOW, "async")

@@ -195,16 +195,19 @@ PRESETS: dict[str, MemorySystem] = {
                   async_write_bw=20 * GB, latency_s=1e-6),
         source="Sun et al. MICRO 2023 (CXL memory expander, PCIe Gen5 x16)",
     ),
-    # H100 SXM over PCIe Gen5 x16, pinned host memory: about 55 GB/s each way, about 91 GB/s
-    # both ways at once (DESIGN section 5). Replaced by `autotm calibrate` output when present.
+    # H100 80GB HBM3 (SXM) over PCIe Gen5 x16, pinned host memory, measured by
+    # `autotm calibrate --device cuda` on 2026-11-26 (profiles/memory/h100-80gb-hbm3.json):
+    # 55.3 GB/s host->device and 55.2 GB/s device->host alone, about 50 GB/s each while matmuls
+    # run (the overlapped rates), 94.2 GB/s both ways at once, about 9 us per copy.
     "h100-pcie5": MemorySystem(
         name="h100-pcie5",
         mode="gpu",
-        fast=TierSpec("hbm3", read_bw=3000 * GB, write_bw=3000 * GB, latency_s=0.0),
-        slow=TierSpec("pinned-host", read_bw=55 * GB, write_bw=55 * GB, latency_s=0.0),
-        link=Link(read_bw=55 * GB, write_bw=55 * GB, async_read_bw=55 * GB,
-                  async_write_bw=55 * GB, latency_s=10e-6, both_directions_bw=91 * GB),
-        source="H100 SXM, PCIe Gen5 x16, pinned; measured (see DESIGN section 5)",
+        fast=TierSpec("hbm3", read_bw=3049 * GB, write_bw=3049 * GB, latency_s=0.0),
+        slow=TierSpec("pinned-host", read_bw=55.3 * GB, write_bw=55.2 * GB, latency_s=0.0),
+        link=Link(read_bw=55.3 * GB, write_bw=55.2 * GB, async_read_bw=50.2 * GB,
+                  async_write_bw=49.9 * GB, latency_s=9e-6, both_directions_bw=94.2 * GB),
+        source="autotm calibrate, NVIDIA H100 80GB HBM3, PCIe Gen5 x16, pinned, 2026-11-26 "
+               "(profiles/memory/h100-80gb-hbm3.json)",
     ),
 }
 

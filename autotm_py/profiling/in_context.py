@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -61,7 +62,9 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
     write_entries(path, fingerprint, entries)
     log.info("%s: %d kernels timed in context over %d iterations (median %.3f ms) into %s",
              graph.name, len(graph.kernels), iterations, run.median_s * 1e3, path)
-    return load_costs(graph, device="cuda", profiles_dir=profiles_dir)
+    costs = load_costs(graph, device="cuda", profiles_dir=profiles_dir)
+    return replace(costs, summary={**costs.summary, "iteration_median_s": run.median_s,
+                                   "iterations": iterations})
 
 
 def _entry(kernel, times: list[float], graph: TensorGraph, sources) -> ProfileEntry:

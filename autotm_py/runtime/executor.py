@@ -12,9 +12,10 @@ enforced with `torch.cuda.set_per_process_memory_fraction`, and the measured pea
 CPU (``device="cpu"``): the same records with real copies between two host dictionaries; this
 checks a plan's correctness (results are bitwise equal between plans, since moves are copies).
 
-Semantics follow `autotm_py.plan`: an async move issued before ``Compute(k)`` starts when kernel
-k starts (the copy stream waits for the work enqueued before k) and the next reader of the copy
-waits for it; a sync move is ordered on the compute stream.
+Semantics follow `autotm_py.plan` and the planner's model: an async move issued before
+``Compute(k)`` starts when kernel k starts (the copy stream waits for the work enqueued before
+k) and joins at k's end (the compute stream waits for it after k), so a step lasts
+max(kernel, its copies of each direction); a sync move is ordered on the compute stream.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class _State:
     fast: dict[int, torch.Tensor] = field(default_factory=dict)
     slow: dict[int, torch.Tensor] = field(default_factory=dict)
     pending: dict[tuple[int, str], Any] = field(default_factory=dict)  # copy events
+    attached: dict[int, list[Any]] = field(default_factory=dict)  # kernel -> its async copies
 
 
 class Executor(PlanInterpreter):
@@ -163,6 +165,10 @@ class Executor(PlanInterpreter):
         n_in = len(kernel.inputs)
         args = [self._read(tid, record.placement[i]) for i, tid in enumerate(kernel.inputs)]
         outputs = run_kernel(kernel, args)
+        for event in self.state.attached.pop(record.kernel, ()):
+            # AutoTM's join: the copies overlapped with this kernel finish with it, as the
+            # planner and the simulator assume (a step lasts max(kernel, its copies)).
+            torch.cuda.current_stream(self.device).wait_event(event)
         if self.kernel_times and self.cuda:
             # One event after each kernel: a kernel's time is the interval since the previous
             # event, i.e. what it adds to the iteration (dispatch gaps included), so the
@@ -197,6 +203,9 @@ class Executor(PlanInterpreter):
             self._store(to)[tid] = self._materialize(tid, src, to)
             return
         self._store(to)[tid] = self._copy_cuda(tid, src, to, record.mode == "async")
+        if record.mode == "async" and record.overlaps is not None:
+            self.state.attached.setdefault(record.overlaps, []).append(
+                self.state.pending[(tid, to)])
 
     def _copy_cuda(self, tid: int, src: torch.Tensor, to: str, asynchronous: bool) -> torch.Tensor:
         assert self.streams is not None
