@@ -31,3 +31,29 @@ def test_in_context_times_sum_to_the_iteration(tmp_path):
     # per-signature medians of consecutive-event intervals: they sum to the iteration measured
     # in the same runs (medians of a few runs of a tiny graph: a loose tolerance)
     assert costs.total_s == pytest.approx(costs.summary["iteration_median_s"], rel=0.25)
+
+
+def test_in_context_entries_belong_to_their_graph(tmp_path):
+    """An entry stored under "<placement>@<model hash>" serves that graph only; other graphs
+    with the same kernel signature keep the isolated time."""
+    from autotm_py.profiling.cache import ProfileEntry, write_entries
+    from autotm_py.profiling.fingerprint import target_fingerprint
+    from autotm_py.profiling.in_context import context_key
+    from autotm_py.profiling.profile import load_costs
+    from autotm_py.profiling.sources import all_fast
+    from tests.synthetic import chain
+
+    one, other = chain(3), chain(4)  # same Relu signature, different graphs
+    kernel = one.kernels[0]
+    assert kernel.signature == other.kernels[0].signature
+    fp = target_fingerprint("cuda")
+    isolated = {kernel.signature: {all_fast(kernel): ProfileEntry(2e-3, 2e-3, 2e-3, 3)}}
+    in_ctx = {kernel.signature: {f"{all_fast(kernel)}@{context_key(one)}":
+                                 ProfileEntry(1e-3, 1e-3, 1e-3, 3, context=context_key(one))}}
+    write_entries(tmp_path / "gpu.json", fp, isolated)
+    write_entries(tmp_path / "gpu.json", fp, in_ctx)
+    shipped = tmp_path / "none"
+    assert load_costs(one, device="cuda", profiles_dir=tmp_path,
+                      shipped_dir=shipped).times_s[0] == 1e-3
+    assert load_costs(other, device="cuda", profiles_dir=tmp_path,
+                      shipped_dir=shipped).times_s[0] == 2e-3

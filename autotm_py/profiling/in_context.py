@@ -8,7 +8,9 @@ the whole graph fits on the device, `profile_in_context` runs the all-fast plan 
 executor with a CUDA event between consecutive kernels and stores, per signature, the median,
 10th and 90th percentile over every instance and timed iteration. The interval between two
 events is what the kernel adds to the iteration where it stands, so the kernel times sum to the
-measured iteration time. Workspace sizes measured in isolation are kept.
+measured iteration time. Workspace sizes measured in isolation are kept. The entries are kept
+per graph (`context_key`): `load_costs` prefers them for that graph and uses the isolated
+times for every other graph.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
         for kernel, seconds in zip(graph.kernels, per_kernel, strict=True):
             samples[kernel.signature].append(seconds)
     sources = _sources("cuda", fingerprint, profiles_dir, None)
-    entries = {sig: {all_fast(k): _entry(k, samples[sig], graph, sources)}
+    key = context_key(graph)
+    entries = {sig: {f"{all_fast(k)}@{key}": _entry(k, samples[sig], graph, sources)}
                for sig, k in _first_by_signature(graph).items()}
     from autotm_py.profiling.cache import user_profiles_dir
 
@@ -72,7 +75,15 @@ def _entry(kernel, times: list[float], graph: TensorGraph, sources) -> ProfileEn
     isolated = sources.exact(kernel.signature, all_fast(kernel))
     workspace = isolated.workspace_bytes if isolated is not None else None
     return ProfileEntry(float(median), float(p10), float(p90), len(times), MEASURED, now_iso(),
-                        graph_batch(graph), kernel.op_type, None, workspace, context="graph")
+                        graph_batch(graph), kernel.op_type, None, workspace,
+                        context=context_key(graph))
+
+
+def context_key(graph: TensorGraph) -> str:
+    """In-context times belong to the graph they were measured in: the same signature costs
+    what its neighbours let it cost, so entries are stored per graph, under the placement
+    key ``"<placement>@<model hash>"`` beside the isolated ``"<placement>"`` entry."""
+    return graph.model_hash
 
 
 def _first_by_signature(graph: TensorGraph) -> dict[str, object]:

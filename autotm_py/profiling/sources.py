@@ -98,8 +98,9 @@ class CostSources:
     def lookup(self, graph: TensorGraph, kernel: Kernel, batch: int | None) -> KernelTime:
         placement = all_fast(kernel)
         shape: OpShape | None = None
+        in_context = f"{placement}@{graph.model_hash}"  # profiling/in_context.py
         for rank, s in enumerate(self.sets):
-            entry = s.get(kernel.signature, placement)
+            entry = s.get(kernel.signature, in_context) or s.get(kernel.signature, placement)
             if entry is not None and entry.source != ESTIMATED:
                 return KernelTime(entry.median_s, entry.p10_s, entry.p90_s, EXACT, rank,
                                   entry.workspace_bytes or 0)
