@@ -115,3 +115,26 @@ def test_two_level_memory_is_host_only_and_priced_at_raw_bandwidth():
     assert res["2lm"].plan.header.memory_system["link"]["read_bw"] == preset("optane").slow.read_bw
     with pytest.raises(Exception, match="host memory mode"):
         baseline_plan(model_for(g, "h100-pcie5"), "2lm")
+
+
+def test_transfer_bound_is_below_every_plan():
+    """No plan, ILP or baseline, is predicted faster than the transfer bound."""
+    from autotm_py.config import PlanConfig
+    from autotm_py.planning.baselines import run_baselines
+    from autotm_py.planning.bounds import transfer_bound
+    from autotm_py.planning.solve import machine_model, optimize
+    from tests.graphs import costs_for, layered_net
+
+    graph = layered_net(6, width=3, kib=512)
+    costs = costs_for(graph)
+    for frac in (0.4, 0.6, 0.8):
+        budget = int(graph.peak_live_bytes * frac)
+        config = PlanConfig(fast_mem_bytes=budget, device="cuda", strategy="async")
+        model = machine_model(graph, config, costs)
+        bound = transfer_bound(model)
+        assert bound >= sum(costs.times_s) - 1e-12
+        result = optimize(graph, config, costs=costs)
+        times = [r.time_s for r in run_baselines(model).values() if r.feasible and r.time_s]
+        if result.plan is not None:
+            times.append(result.predicted_time_s)
+        assert times and all(t >= bound * (1 - 1e-9) for t in times), (frac, bound, times)

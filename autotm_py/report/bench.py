@@ -41,7 +41,7 @@ COLUMNS = (
     *ROW_KEY, "mode", "budget_bytes", "peak_bytes", "max_working_set_bytes", "kernels",
     "status", "variables", "constraints", "build_s", "solve_s", "gap", "hit_time_limit",
     "predicted_s", "all_fast_s", "slowdown", "all_slow_s", "first_touch_s", "lru_s",
-    "offload_s", "2lm_s", "oracle_s", "bytes_to_fast", "bytes_to_slow", "sync_bytes_to_fast",
+    "offload_s", "2lm_s", "oracle_s", "transfer_bound_s", "bytes_to_fast", "bytes_to_slow", "sync_bytes_to_fast",
     "sync_bytes_to_slow", "async_bytes_to_fast", "async_bytes_to_slow", "input_fast_fraction",
     "output_fast_fraction", "peak_fast_bytes", "estimated_kernels", "scaled_kernels",
     "measured_s",

@@ -95,8 +95,12 @@ class ModelRunner:
 
     def _baseline_columns(self, ratio: str, config: PlanConfig) -> dict[str, Any]:
         if ratio not in self._ratio_columns:
+            from autotm_py.planning.bounds import transfer_bound
+            from autotm_py.planning.solve import machine_model
+
             results = api.baselines(self.graph, config, costs=self.costs)
-            cols: dict[str, Any] = {}
+            cols: dict[str, Any] = {"transfer_bound_s": transfer_bound(
+                machine_model(self.graph, config, self.costs))}
             for name, res in results.items():
                 cols[f"{_column(name)}_s"] = res.time_s if res.feasible else None
                 if self.spec.execute and res.feasible and name in EXECUTED_BASELINES:
