@@ -117,3 +117,26 @@ def test_machine_model_times_and_step_rule():
 def test_costs_must_match_graph():
     with pytest.raises(ConfigError, match="cover 2 kernels"):
         MachineModel(chain(3), preset("optane"), KernelCosts.from_times("cpu", [1.0, 1.0]))
+
+
+@pytest.mark.runtime_reserve
+def test_runtime_reserve_comes_out_of_the_budget():
+    """The H100 preset keeps torch's cuBLAS workspaces out of every budget: tensors get the
+    budget minus the reserve, plans report the user's budget, and the smallest feasible budget
+    includes the reserve."""
+    from autotm_py.config import PlanConfig
+    from autotm_py.planning.solve import machine_model, optimize
+
+    h100 = preset("h100-pcie5")
+    assert h100.runtime_reserve_bytes > 0
+    g = chain(3, size=2**20)  # 4 MiB tensors
+    costs = KernelCosts.from_times("cuda", [1e-3] * 3)
+    budget = h100.runtime_reserve_bytes + (16 << 20)
+    model = machine_model(g, PlanConfig(fast_mem_bytes=budget, device="cuda"), costs)
+    assert model.budget == 16 << 20 and model.user_budget == budget
+    result = optimize(g, PlanConfig(fast_mem_bytes=budget, device="cuda"), costs=costs)
+    assert result.plan is not None and result.plan.header.budget_bytes == budget
+    tight = optimize(g, PlanConfig(fast_mem_bytes=h100.runtime_reserve_bytes, device="cuda"),
+                     costs=costs)
+    assert tight.status == "infeasible"
+    assert tight.min_feasible_budget_bytes > h100.runtime_reserve_bytes

@@ -50,6 +50,14 @@ class MachineModel:
     # ---- bytes ---------------------------------------------------------------------------
     @property
     def budget(self) -> int | None:
+        """Bytes the plan's tensors and workspaces may use: the budget minus the runtime's
+        own reserve (`MemorySystem.runtime_reserve_bytes`)."""
+        total = self.memory.budget_bytes
+        return None if total is None else max(total - self.memory.runtime_reserve_bytes, 0)
+
+    @property
+    def user_budget(self) -> int | None:
+        """The budget as given (ratio or --fast-mem): the whole process's fast memory."""
         return self.memory.budget_bytes
 
     @property

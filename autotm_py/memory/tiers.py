@@ -67,6 +67,10 @@ class MemorySystem:
     source: str
     budget_bytes: int | None = None
     measured: dict[str, Any] = field(default_factory=dict)
+    # Fast memory the runtime keeps for itself whatever the plan (GPU: the cuBLAS/cuBLASLt
+    # workspaces torch allocates once per stream). It comes out of every budget, so tensors
+    # get budget - reserve and the process as a whole stays within the budget.
+    runtime_reserve_bytes: int = 0
 
     def with_budget(self, budget_bytes: int | None) -> MemorySystem:
         return replace(self, budget_bytes=None if budget_bytes is None else int(budget_bytes))
@@ -149,6 +153,7 @@ class MemorySystem:
                 source=str(data.get("source", origin)),
                 budget_bytes=data.get("budget_bytes"),
                 measured=dict(data.get("measured", {})),
+                runtime_reserve_bytes=int(data.get("runtime_reserve_bytes", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{origin}: not a valid memory-system file ({exc}); see "
@@ -198,7 +203,9 @@ PRESETS: dict[str, MemorySystem] = {
     # H100 80GB HBM3 (SXM) over PCIe Gen5 x16, pinned host memory, measured by
     # `autotm calibrate --device cuda` on 2026-11-26 (profiles/memory/h100-80gb-hbm3.json):
     # 55.3 GB/s host->device and 55.2 GB/s device->host alone, about 50 GB/s each while matmuls
-    # run (the overlapped rates), 94.2 GB/s both ways at once, about 9 us per copy.
+    # run (the overlapped rates), 94.2 GB/s both ways at once, about 9 us per copy. Runtime
+    # reserve: plans that copy only on the compute stream peaked 65-67 MiB above their modelled
+    # tensors in every run (docs/gpu.md): torch's cuBLAS and cuBLASLt workspaces.
     "h100-pcie5": MemorySystem(
         name="h100-pcie5",
         mode="gpu",
@@ -206,6 +213,7 @@ PRESETS: dict[str, MemorySystem] = {
         slow=TierSpec("pinned-host", read_bw=55.3 * GB, write_bw=55.2 * GB, latency_s=0.0),
         link=Link(read_bw=55.3 * GB, write_bw=55.2 * GB, async_read_bw=50.2 * GB,
                   async_write_bw=49.9 * GB, latency_s=9e-6, both_directions_bw=94.2 * GB),
+        runtime_reserve_bytes=68 << 20,
         source="autotm calibrate, NVIDIA H100 80GB HBM3, PCIe Gen5 x16, pinned, 2026-11-26 "
                "(profiles/memory/h100-80gb-hbm3.json)",
     ),

@@ -148,7 +148,7 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
 
 def _plan(model: MachineModel, config: PlanConfig) -> PlanResult:
     graph = model.graph
-    common = {"budget_bytes": model.budget, "all_fast_time_s": model.all_fast_time}
+    common = {"budget_bytes": model.user_budget, "all_fast_time_s": model.all_fast_time}
     if model.budget is None:
         plan = all_fast(model)
         plan = plan.with_header(strategy=config.strategy, config=_config(config),
@@ -248,11 +248,12 @@ def _verify(model: MachineModel, plan: Plan) -> tuple[float, int]:
 def _infeasible(model: MachineModel, need: int, kid: int, strategy: str,
                 common: dict[str, Any]) -> PlanResult:
     kernel = model.graph.kernels[kid]
+    need += model.memory.runtime_reserve_bytes  # in the user's terms: the whole budget
     why = ("the static strategy moves nothing, so the whole footprint must fit"
            if model.gpu and strategy == "static" else
            "its inputs, outputs and workspace must be in fast memory together" if model.gpu
            else "its workspace must be in fast memory")
-    message = (f"infeasible: the budget of {format_bytes(model.budget or 0)} is below the "
+    message = (f"infeasible: the budget of {format_bytes(model.user_budget or 0)} is below the "
                f"smallest feasible budget of {format_bytes(need)} ({need} bytes), forced by "
                f"kernel #{kid} {kernel.name!r} ({kernel.op_type}): {why}")
     return PlanResult("infeasible", None, message, predicted_time_s=None, stats=SolverStats(),

@@ -170,6 +170,11 @@ class ModelRunner:
         row.update(plan_metrics(result.plan, self.view).to_dict())
         sim = api.simulate(self.graph, result.plan, costs=self.costs, strict=False)
         row["peak_fast_bytes"] = sim.fast_peak_bytes
+        # The prediction comes from this machine's costs: a plan read from --plans may have
+        # been solved with profiles of another machine (its header keeps that prediction).
+        row["predicted_s"] = sim.total_s
+        row["slowdown"] = sim.total_s / result.all_fast_time_s if result.all_fast_time_s \
+            else None
         if self.spec.execute:
             row["measured_s"], row["measured_peak_fast_bytes"] = self._measure(result.plan)
         return row

@@ -3,9 +3,10 @@
 GPU (``device="cuda"``): compute runs on the current (default) stream; host->device and
 device->host copies run on two dedicated copy streams, ordered with events, so they overlap with
 compute and with each other. The slow tier is one pinned host pool, allocated once and reused
-across iterations (a `cudaHostAlloc` per tensor would cost milliseconds each). Tensors never leave
-the torch caching allocator's stream discipline: a tensor read by a copy stream is registered
-with `record_stream`, so its memory is not reused while the copy is in flight. The fast budget is
+across iterations (a `cudaHostAlloc` per tensor would cost milliseconds each). Every tensor is
+allocated and freed on the compute stream, and freed only after the compute stream has waited for
+any copy that touches it, so the caching allocator reuses memory in stream order and its peak is
+the plan's (`record_stream` would hold blocks until the host sees the copy end). The budget is
 enforced with `torch.cuda.set_per_process_memory_fraction`, and the measured peak
 (`max_memory_allocated`) is reported beside the modelled one.
 
@@ -224,18 +225,29 @@ class Executor(PlanInterpreter):
         with torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
         if stream is not current:
-            (src if to == SLOW else dst).record_stream(stream)
             event = torch.cuda.Event()
             event.record(stream)
             self.state.pending[(tid, to)] = event
         return dst
 
     def free(self, record: Free) -> None:
-        store = self._store(record.tier)
-        if store.pop(record.tensor, None) is None:
-            raise ExecutionError(f"free of {self.graph.name_of(record.tensor)!r}: not in the "
-                                 f"{record.tier} tier")
-        self.state.pending.pop((record.tensor, record.tier), None)
+        tid, tier = record.tensor, record.tier
+        store = self._store(tier)
+        if tid not in store:
+            raise ExecutionError(f"free of {self.graph.name_of(tid)!r}: not in the {tier} "
+                                 "tier")
+        if self.cuda and tier == FAST:
+            # A copy still reading (to slow) or writing (to fast) this memory must be done
+            # before the compute stream frees it: the caching allocator may hand the block to
+            # the next allocation on this stream at once. Usually the join after the overlapped
+            # kernel has already ordered it, and the wait is free. Without `record_stream`, the
+            # memory is released in stream order, so the allocator's peak is the plan's.
+            for key in ((tid, SLOW), (tid, FAST)):
+                event = self.state.pending.get(key)
+                if event is not None:
+                    torch.cuda.current_stream(self.device).wait_event(event)
+        del store[tid]
+        self.state.pending.pop((tid, tier), None)
 
     def _store(self, tier: str) -> dict[int, torch.Tensor]:
         return self.state.fast if tier == FAST else self.state.slow

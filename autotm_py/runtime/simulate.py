@@ -329,7 +329,7 @@ class Simulator(PlanInterpreter):
         return SimulationResult(
             model_name=self.graph.name, strategy=self.plan.header.strategy,
             mode=self.model.memory.mode, total_s=self.clock,
-            all_fast_s=self.model.all_fast_time, budget_bytes=self.model.budget,
+            all_fast_s=self.model.all_fast_time, budget_bytes=self.model.user_budget,
             fast_peak_bytes=self.peak[0], fast_peak_record=self.peak[1],
             slow_peak_bytes=int(max(cols[3], default=0)), pinned_bytes=pinned,
             kernels=tuple(self.kernels), moves=tuple(self.moves), memory=memory,
