@@ -114,6 +114,9 @@ class Executor(PlanInterpreter):
         self._kernel_events = []
         for tid, tiers in self.plan.initial.items():
             self._place_initial(tid, tiers)
+        # Drop the previous iteration's references: a carried copy in a tier where the next
+        # iteration does not start it would otherwise stay allocated through that iteration.
+        self.carry = {}
         self._prepared = True
 
     def start(self) -> None:
@@ -149,16 +152,16 @@ class Executor(PlanInterpreter):
             current.wait_stream(self.streams.d2h)
         self.carry = {}
         for first, last in self.graph.carried:
-            tier, value = self._final_copy(last)
-            self.carry[first] = (tier, value)
+            self.carry[first] = self._final_copy(first, last)
 
-    def _final_copy(self, tid: int) -> tuple[str, torch.Tensor]:
-        wanted = self.plan.initial.get(tid)
-        for tier in (*(wanted or ()), FAST, SLOW):
-            if tid in self._store(tier):
-                return tier, self._store(tier)[tid]
-        raise ExecutionError(f"carried tensor {self.graph.name_of(tid)!r} is in no tier at the "
-                             "end of the iteration; the plan freed it")
+    def _final_copy(self, first: int, last: int) -> tuple[str, torch.Tensor]:
+        """The copy of `last` in the tier where `first` starts the next iteration (a plan
+        ends carried tensors there), else any copy."""
+        for tier in (*self.plan.initial.get(first, ()), FAST, SLOW):
+            if last in self._store(tier):
+                return tier, self._store(tier)[last]
+        raise ExecutionError(f"carried tensor {self.graph.name_of(last)!r} is in no tier at "
+                             "the end of the iteration; the plan freed it")
 
     # ---- records ---------------------------------------------------------------------------
     def compute(self, record: Compute) -> None:
