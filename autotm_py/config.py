@@ -17,6 +17,7 @@ DEFAULT_ASYNC_WINDOW = 15
 DEFAULT_ASYNC_CANDIDATES = 4
 # Which memory system a device plans for unless --memory says otherwise.
 DEFAULT_MEMORY = {"cuda": "h100-pcie5", "cpu": "optane"}
+MAX_HEADROOM = 0.5
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class PlanConfig:
     async_candidates: int | None = DEFAULT_ASYNC_CANDIDATES
     pin_weights: bool = False
     threads: int | None = None
+    # Share of the budget the plan leaves free for the allocator's fragmentation (AutoTM's
+    # "defrag" margin): the ILP bounds the sum of live bytes, a real heap needs more.
+    headroom: float = 0.0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -45,6 +49,9 @@ class PlanConfig:
         if self.device not in DEFAULT_MEMORY:
             raise ConfigError(f"--device {self.device!r}: choose cuda (GPU mode) or cpu (host "
                               "mode)")
+        if not 0 <= self.headroom < MAX_HEADROOM:
+            raise ConfigError(f"--headroom {self.headroom}: a share of the budget in "
+                              f"[0, {MAX_HEADROOM}), e.g. 0.1 to leave 10% for fragmentation")
         if not 0 <= self.gap < 1:
             raise ConfigError(f"--gap {self.gap}: a relative gap in [0, 1), e.g. 0.01 for 1%")
         if self.time_limit_s is not None and self.time_limit_s <= 0:

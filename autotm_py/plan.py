@@ -21,6 +21,7 @@ first version starts, so the next iteration can run the same plan.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,7 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from autotm_py.errors import PlanError
-from autotm_py.fileio import atomic_write_text
+from autotm_py.fileio import atomic_write_bytes
+
+GZIP_MAGIC = b"\x1f\x8b"
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -161,15 +164,25 @@ class Plan:
         return cls.from_dict(data, origin=origin)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        return atomic_write_text(path, self.to_json())
+        """Write the plan as JSON; a name ending in .gz is gzip-compressed (plans of large
+        models are megabytes of JSON and compress about tenfold)."""
+        data = self.to_json().encode()
+        if str(path).endswith(".gz"):
+            data = gzip.compress(data, mtime=0)
+        return atomic_write_bytes(path, data)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """Read a plan written by `save`, compressed or not."""
         p = Path(path)
         try:
-            text = p.read_text()
-        except OSError as exc:
-            raise PlanError(f"cannot read plan {p}: {exc.strerror or exc}") from None
+            data = p.read_bytes()
+            if data[:2] == GZIP_MAGIC:
+                data = gzip.decompress(data)
+            text = data.decode()
+        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            raise PlanError(f"cannot read plan {p}: {why}") from None
         return cls.from_json(text, origin=str(p))
 
     # ---- checks --------------------------------------------------------------------------

@@ -66,12 +66,14 @@ def test_execute_records_measured_times(onnx_path, tmp_path, monkeypatch):
 
     def fake_execute(graph, plan, **kw):
         calls.append(plan.header.strategy)
-        return SimpleNamespace(median_s=0.5, peak_fast_bytes=1234)
+        return SimpleNamespace(median_s=0.5, peak_fast_bytes=1234, host_median_s=0.25,
+                               alloc_retries=0)
 
     monkeypatch.setattr(api, "execute", fake_execute)
     result = run_bench(spec(onnx_path, ratios=("1:1",), execute=True), tmp_path / "b.csv")
     row = result.rows[0]
     assert (row["measured_s"], row["measured_peak_fast_bytes"]) == (0.5, 1234)
+    assert (row["measured_host_s"], row["measured_alloc_retries"]) == (0.25, 0)
     assert row["measured_all_fast_s"] == 0.5
     assert "sync" in calls and "all-fast" in calls and "2lm" not in calls
 
@@ -118,3 +120,94 @@ def test_failed_runs_are_noted_not_fatal(onnx_path, tmp_path, monkeypatch):
         assert row["measured_s"] is None and row["status"] == "optimal"
         assert "run of all-fast failed" in row["notes"]  # baselines' failures on every row
         assert f"run of {row['strategy']} failed" in row["notes"]
+
+
+def test_fit_replans_with_more_headroom_until_the_run_fits(onnx_path, tmp_path, monkeypatch):
+    """--fit (AutoTM's defrag loop): a plan whose run fails under the cap or makes the
+    allocator retry is solved again with 5% more headroom; the row keeps the one that fit."""
+    from autotm_py.errors import ExecutionError
+
+    tried = []
+
+    def fake_execute(graph, plan, **kw):
+        headroom = (plan.header.config or {}).get("headroom")
+        if plan.header.strategy == "sync":
+            tried.append(headroom)
+            if headroom == 0.0:
+                raise ExecutionError("ran out of fast memory under its cap")
+        retries = 2 if headroom == 0.05 else 0
+        return SimpleNamespace(median_s=0.5, peak_fast_bytes=1, host_median_s=0.1,
+                               alloc_retries=retries)
+
+    monkeypatch.setattr(api, "execute", fake_execute)
+    plans = tmp_path / "plans"
+    result = run_bench(spec(onnx_path, ratios=("1:1",), execute=True, fit=True,
+                            plans_dir=str(plans)), tmp_path / "b.csv")
+    row = result.rows[0]
+    assert tried == [0.0, 0.05, 0.1]
+    assert row["headroom"] == 0.1 and row["measured_alloc_retries"] == 0
+    assert "headroom 0.00: the run failed" in row["notes"]
+    assert "headroom 0.05: 2 allocator retries" in row["notes"]
+    assert {p.name.split("_")[-1] for p in plans.glob("*.json.gz")} >= {"h0.05.json.gz",
+                                                                     "h0.10.json.gz"}
+    assert row["peak_fast_bytes"] <= row["budget_bytes"] * 0.9
+
+
+def test_fit_needs_execute_and_ladders_up_to_a_quarter():
+    assert BenchSpec(models=("m",), ratios=("1:4",), execute=True, fit=True,
+                     headroom=0.1).headrooms() == (0.1, 0.15, 0.2, 0.25)
+    assert BenchSpec(models=("m",), ratios=("1:4",), headroom=0.1).headrooms() == (0.1,)
+    with pytest.raises(ConfigError, match="--fit needs --execute"):
+        BenchSpec(models=("m",), ratios=("1:4",), fit=True)
+
+
+def test_fit_keeps_the_last_run_when_a_replan_cannot_be_solved(onnx_path, tmp_path,
+                                                                monkeypatch):
+    from autotm_py.errors import SolverError
+
+    real_optimize = api.optimize
+
+    def optimize(graph, config, **kw):
+        if config.headroom:
+            raise SolverError("solver highs is not installed")
+        return real_optimize(graph, config, **kw)
+
+    monkeypatch.setattr(api, "optimize", optimize)
+    monkeypatch.setattr(api, "execute", lambda graph, plan, **kw: SimpleNamespace(
+        median_s=0.5, peak_fast_bytes=1, host_median_s=0.1, alloc_retries=4))
+    row = run_bench(spec(onnx_path, ratios=("1:1",), execute=True, fit=True),
+                    tmp_path / "b.csv").rows[0]
+    assert row["status"] == "optimal" and row["headroom"] == 0.0
+    assert row["measured_alloc_retries"] == 4
+    assert "headroom 0.05: SolverError: solver highs is not installed" in row["notes"]
+
+
+def test_fit_gives_the_baselines_the_same_defrag_loop(onnx_path, tmp_path, monkeypatch):
+    """A baseline whose run fails under the cap is planned again with more headroom, as the
+    ILP plans are: the comparison stays fair."""
+    from autotm_py.errors import ExecutionError
+
+    runs = {"first-touch": 0}
+    replanned = []
+    real_baselines = api.baselines
+
+    def baselines(graph, config, **kw):
+        if kw.get("names"):
+            replanned.append((kw["names"], config.headroom))
+        return real_baselines(graph, config, **kw)
+
+    def fake_execute(graph, plan, **kw):
+        if plan.header.strategy == "first-touch":
+            runs["first-touch"] += 1
+            if runs["first-touch"] == 1:
+                raise ExecutionError("ran out of fast memory under its cap")
+        return SimpleNamespace(median_s=0.5, peak_fast_bytes=1, host_median_s=0.1,
+                               alloc_retries=0)
+
+    monkeypatch.setattr(api, "baselines", baselines)
+    monkeypatch.setattr(api, "execute", fake_execute)
+    row = run_bench(spec(onnx_path, ratios=("1:1",), execute=True, fit=True),
+                    tmp_path / "b.csv").rows[0]
+    assert replanned == [(("first-touch",), 0.05)]
+    assert row["measured_first_touch_s"] == 0.5
+    assert "first-touch at headroom 0.00: the run failed" in row["notes"]

@@ -67,6 +67,9 @@ def test_execute_reports_times_on_cpu():
     result = execute(graph, plan, device="cpu", iterations=2, warmup=1)
     assert result.iterations == 2 and len(result.iteration_times_s) == 2
     assert all(t > 0 for t in result.iteration_times_s)
+    # on the CPU the host does the work, so enqueueing is the iteration; no allocator retries
+    assert result.host_median_s == pytest.approx(result.median_s)
+    assert result.alloc_retries is None
     assert result.strategy == plan.header.strategy
     assert result.to_dict()["model_name"] == graph.name
 

@@ -54,3 +54,5 @@ def test_measured_peak_within_cap(cnn):
         result = execute(graph, plans[name], device="cuda", iterations=2, warmup=1)
         assert result.cap_bytes is not None and result.peak_fast_bytes is not None
         assert result.peak_fast_bytes <= result.cap_bytes
+        assert result.alloc_retries is not None and result.alloc_retries >= 0
+        assert result.host_median_s > 0

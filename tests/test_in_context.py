@@ -57,3 +57,15 @@ def test_in_context_entries_belong_to_their_graph(tmp_path):
                       shipped_dir=shipped).times_s[0] == 1e-3
     assert load_costs(other, device="cuda", profiles_dir=tmp_path,
                       shipped_dir=shipped).times_s[0] == 2e-3
+
+
+def test_event_overhead_is_taken_off_every_kernel_evenly():
+    """Events stretched the instrumented iteration from 9 to 12: 1 comes off each kernel, but a
+    kernel keeps at least half its time."""
+    from autotm_py.profiling.in_context import remove_event_overhead
+
+    corrected, share = remove_event_overhead([[1.0, 1.5, 9.5], [1.0, 1.5, 9.5]], 9.0)
+    assert share == pytest.approx(1.0)
+    assert corrected[0] == pytest.approx([0.5, 0.75, 8.5])
+    # an uninstrumented run that is slower (noise) takes nothing off
+    assert remove_event_overhead([[1.0, 2.0]], 5.0) == ([[1.0, 2.0]], 0.0)

@@ -140,3 +140,40 @@ def test_runtime_reserve_comes_out_of_the_budget():
                      costs=costs)
     assert tight.status == "infeasible"
     assert tight.min_feasible_budget_bytes > h100.runtime_reserve_bytes
+
+
+@pytest.mark.runtime_reserve
+def test_headroom_leaves_a_share_of_the_budget_free():
+    """--headroom (AutoTM's defrag margin): the plan's tensors get the budget minus the reserve
+    minus headroom x budget; the smallest feasible budget is in the user's terms, so planning
+    at it with the same headroom succeeds."""
+    from autotm_py.config import PlanConfig
+    from autotm_py.planning.solve import machine_model, optimize
+
+    h100 = preset("h100-pcie5")
+    g = chain(4, size=2**20)
+    costs = KernelCosts.from_times("cuda", [1e-3] * 4)
+    budget = h100.runtime_reserve_bytes + (40 << 20)
+    plain = machine_model(g, PlanConfig(fast_mem_bytes=budget, device="cuda"), costs)
+    roomy = machine_model(g, PlanConfig(fast_mem_bytes=budget, device="cuda", headroom=0.2),
+                          costs)
+    assert plain.budget - roomy.budget == int(budget * 0.2)
+    assert roomy.user_budget == budget
+    tight = optimize(g, PlanConfig(fast_mem_bytes=h100.runtime_reserve_bytes + (8 << 20),
+                                   device="cuda", headroom=0.2), costs=costs)
+    assert tight.status == "infeasible"
+    need = tight.min_feasible_budget_bytes
+    at_need = optimize(g, PlanConfig(fast_mem_bytes=need, device="cuda", headroom=0.2),
+                       costs=costs)
+    assert at_need.plan is not None
+    assert at_need.fast_peak_bytes <= need * 0.8 - h100.runtime_reserve_bytes
+    assert at_need.plan.header.config["headroom"] == 0.2
+
+
+def test_headroom_must_be_a_share_below_one_half():
+    from autotm_py.config import PlanConfig
+
+    with pytest.raises(ConfigError, match=r"--headroom 0\.6"):
+        PlanConfig(headroom=0.6)
+    with pytest.raises(ConfigError, match=r"--headroom -0\.1"):
+        PlanConfig(headroom=-0.1)

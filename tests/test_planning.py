@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from autotm_py.config import PlanConfig
+from autotm_py.errors import PlanError
 from autotm_py.memory.budget import parse_ratio
 from autotm_py.memory.model import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW, preset
@@ -135,6 +136,12 @@ def test_plan_json_roundtrip(tmp_path):
     assert again.records == res.plan.records and again.initial == res.plan.initial
     assert simulate(g, again, costs=costs).total_s == pytest.approx(res.predicted_time_s)
     assert json.loads(path.read_text())["header"]["solver"]["solver"] == "highs"
+    packed = res.plan.save(tmp_path / "plan.json.gz")  # compressed when the name says so
+    assert packed.read_bytes()[:2] == b"\x1f\x8b" and packed.stat().st_size < path.stat().st_size
+    assert Plan.load(packed).records == res.plan.records
+    (tmp_path / "bad.json.gz").write_bytes(b"\x1f\x8b" + b"not gzip")
+    with pytest.raises(PlanError, match=r"cannot read plan .*bad\.json\.gz"):
+        Plan.load(tmp_path / "bad.json.gz")
 
 
 def test_gadgets_per_strategy():

@@ -33,6 +33,11 @@ def model_options(func: F) -> F:
     return func
 
 
+headroom_option = click.option(
+    "--headroom", type=click.FloatRange(0, 0.5, max_open=True), default=0.0, show_default=True,
+    help="Share of the budget the plan leaves free for the allocator's fragmentation (the ILP "
+         "counts live bytes; a real heap needs more). Try 0.1 when `autotm run` reports "
+         "allocator retries or runs out of memory under the cap.")
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print machine-readable JSON instead of tables.")
 

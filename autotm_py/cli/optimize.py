@@ -13,7 +13,13 @@ from typing import Any
 import click
 
 from autotm_py.cli import cli
-from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
+from autotm_py.cli.common import (
+    headroom_option,
+    json_option,
+    load_model_from_cli,
+    model_options,
+    print_json,
+)
 from autotm_py.config import (
     DEFAULT_ASYNC_CANDIDATES,
     DEFAULT_ASYNC_WINDOW,
@@ -63,6 +69,7 @@ RATIO_HELP = (
               help="The paper's rule: inputs, weights and optimizer state stay in fast "
                    "memory, outside the budget.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Solver threads.")
+@headroom_option
 @click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
               help="Profile cache directory (default: $AUTOTM_PROFILES or ~/.cache/autotm).")
 @click.option("--no-baselines", is_flag=True, help="Skip planning the baselines.")
@@ -74,7 +81,8 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
                  device: str, memory: str | None, solver: str, gap: float,
                  time_limit: float | None, async_window: int,
                  async_candidates: int | None, pin_weights: bool,
-                 threads: int | None, profiles_dir: str | None, no_baselines: bool,
+                 threads: int | None, headroom: float, profiles_dir: str | None,
+                 no_baselines: bool,
                  output: str | None, as_json: bool) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
 
@@ -91,7 +99,7 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         fast_mem_bytes=parse_bytes(fast_mem) if fast_mem else None, device=device,
         memory=memory, solver=solver, gap=gap, time_limit_s=time_limit,
         async_window=async_window, async_candidates=async_candidates,
-        pin_weights=pin_weights, threads=threads)
+        pin_weights=pin_weights, threads=threads, headroom=headroom)
     graph = load_model_from_cli(model, batch, dims, training, optimizer)
     costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
     result = api.optimize(graph, config, costs=costs, baselines=not no_baselines)

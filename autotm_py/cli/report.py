@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from autotm_py.cli import cli
-from autotm_py.cli.common import json_option, print_json
+from autotm_py.cli.common import headroom_option, json_option, print_json
 from autotm_py.errors import ConfigError
 
 
@@ -156,6 +156,11 @@ def _split(text: str) -> tuple[str, ...]:
               help="With --execute: timed iterations per plan.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="With --execute: untimed iterations before them.")
+@headroom_option
+@click.option("--fit", is_flag=True,
+              help="With --execute: AutoTM's defragmentation loop. A plan that runs out of "
+                   "memory under its cap, or makes the allocator retry, is solved again with "
+                   "5% more --headroom (up to 25%); the row records the headroom that fit.")
 @click.option("--plans", "plans_dir", type=click.Path(file_okay=False), default=None,
               help="Keep each solved plan in this folder and reuse plans found there (solve "
                    "on one machine, --execute on another).")
@@ -167,7 +172,8 @@ def _split(text: str) -> tuple[str, ...]:
 def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: str,
               memory: str | None, training: bool, batch: int | None, dims: tuple[str, ...],
               time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
-              execute: bool, iterations: int, warmup: int, plans_dir: str | None, output: str,
+              execute: bool, iterations: int, warmup: int, headroom: float, fit: bool,
+              plans_dir: str | None, output: str,
               no_progress: bool, as_json: bool) -> None:
     """Sweep models x ratios x strategies x solvers; one row per plan (CSV + JSON).
 
@@ -184,7 +190,7 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
                      memory=memory, training=training, batch=batch, dims=parse_dims(dims),
                      time_limit_s=time_limit, gap=gap, pin_weights=pin_weights,
                      profiles_dir=profiles, execute=execute, iterations=iterations,
-                     warmup=warmup, plans_dir=plans_dir)
+                     warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir)
     if no_progress or as_json:
         result = run_bench(spec, output)
     else:

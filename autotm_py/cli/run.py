@@ -67,3 +67,9 @@ def _print_summary(result) -> None:
     click.echo(f"fast memory: measured peak {size(result.peak_fast_bytes)}, modelled "
                f"{size(result.modelled_peak_fast_bytes)}, budget {size(result.budget_bytes)}, "
                f"cap {size(result.cap_bytes)}; pinned pool {size(result.slow_pool_bytes)}")
+    if result.alloc_retries is not None:  # CUDA: on the CPU the host does the work itself
+        click.echo(f"host: enqueueing an iteration took {result.host_median_s * 1e3:.3f} ms "
+                   f"(median); allocator retries at the cap: {result.alloc_retries}")
+    if result.alloc_retries:
+        click.echo("hint: each retry frees the allocator's cache and synchronizes the GPU; "
+                   "re-plan with --headroom 0.05 or 0.1 to leave room for fragmentation")

@@ -14,6 +14,7 @@ object, so that a plan's predicted time is the same number whoever computes it:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -39,6 +40,7 @@ class MachineModel:
     memory: MemorySystem
     costs: KernelCosts
     pin_weights: bool = False
+    headroom: float = 0.0  # share of the budget left free for allocator fragmentation
 
     def __post_init__(self) -> None:
         n = len(self.graph.kernels)
@@ -51,9 +53,16 @@ class MachineModel:
     @property
     def budget(self) -> int | None:
         """Bytes the plan's tensors and workspaces may use: the budget minus the runtime's
-        own reserve (`MemorySystem.runtime_reserve_bytes`)."""
+        own reserve (`MemorySystem.runtime_reserve_bytes`) and the fragmentation headroom."""
         total = self.memory.budget_bytes
-        return None if total is None else max(total - self.memory.runtime_reserve_bytes, 0)
+        if total is None:
+            return None
+        return max(total - self.memory.runtime_reserve_bytes - int(total * self.headroom), 0)
+
+    def user_terms(self, plan_bytes: int) -> int:
+        """The budget a user must give for the plan's tensors to have `plan_bytes`."""
+        return math.ceil((plan_bytes + self.memory.runtime_reserve_bytes)
+                         / (1.0 - self.headroom))
 
     @property
     def user_budget(self) -> int | None:

@@ -101,7 +101,8 @@ def machine_model(graph: TensorGraph, config: PlanConfig,
         from autotm_py.profiling.profile import load_costs
 
         costs = load_costs(graph, device=config.device)
-    return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights)
+    return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights,
+                        config.headroom)
 
 
 def min_feasible_budget(model: MachineModel, strategy: str,
@@ -248,7 +249,7 @@ def _verify(model: MachineModel, plan: Plan) -> tuple[float, int]:
 def _infeasible(model: MachineModel, need: int, kid: int, strategy: str,
                 common: dict[str, Any]) -> PlanResult:
     kernel = model.graph.kernels[kid]
-    need += model.memory.runtime_reserve_bytes  # in the user's terms: the whole budget
+    need = model.user_terms(need)  # the whole budget: with the reserve and the headroom
     why = ("the static strategy moves nothing, so the whole footprint must fit"
            if model.gpu and strategy == "static" else
            "its inputs, outputs and workspace must be in fast memory together" if model.gpu

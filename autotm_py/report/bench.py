@@ -37,6 +37,8 @@ BENCH_FORMAT, BENCH_VERSION = "autotm-bench", 1
 ROW_KEY = ("model", "batch", "training", "device", "memory", "ratio", "strategy", "solver")
 # baselines in the order of the columns; names as in `autotm_py.planning.baselines`
 BASELINES = ("all_fast", "all_slow", "first_touch", "lru", "offload", "2lm")
+FIT_STEP = 0.05
+FIT_MAX = 0.25
 COLUMNS = (
     *ROW_KEY, "mode", "budget_bytes", "peak_bytes", "max_working_set_bytes", "kernels",
     "status", "variables", "constraints", "build_s", "solve_s", "gap", "hit_time_limit",
@@ -46,7 +48,8 @@ COLUMNS = (
     "sync_bytes_to_slow", "async_bytes_to_fast", "async_bytes_to_slow", "input_fast_fraction",
     "output_fast_fraction", "peak_fast_bytes", "estimated_kernels", "scaled_kernels",
     "measured_s",
-    "measured_peak_fast_bytes", "measured_all_fast_s", "measured_all_slow_s",
+    "measured_peak_fast_bytes", "measured_host_s", "measured_alloc_retries", "headroom",
+    "measured_all_fast_s", "measured_all_slow_s",
     "measured_first_touch_s", "measured_lru_s", "measured_offload_s",
     "measured_all_fast_peak_bytes", "measured_all_slow_peak_bytes",
     "measured_first_touch_peak_bytes", "measured_lru_peak_bytes",
@@ -80,6 +83,10 @@ class BenchSpec:
     # Where solved plans are kept: a cell whose plan is there is not solved again (plan on a
     # CPU machine, carry the folder, execute on the GPU machine).
     plans_dir: str | None = None
+    headroom: float = 0.0  # share of each budget left free for fragmentation
+    # AutoTM's defrag loop: re-plan with FIT_STEP more headroom (up to FIT_MAX) while a plan
+    # runs out of memory under its cap or makes the allocator retry.
+    fit: bool = False
 
     def __post_init__(self) -> None:
         if not self.models or not self.ratios:
@@ -87,9 +94,12 @@ class BenchSpec:
                               "(--ratios), e.g. --models resnet50 --ratios 1:4")
         for r in self.ratios:
             parse_ratio(r, flag="--ratios")
-        for s in self.strategies:  # validates strategy, device, gap and time limit up front
+        for s in self.strategies:  # validates strategy, device, gap, limit, headroom up front
             PlanConfig(strategy=s, device=self.device, gap=self.gap,
-                       time_limit_s=self.time_limit_s)
+                       time_limit_s=self.time_limit_s, headroom=self.headroom)
+        if self.fit and not self.execute:
+            raise ConfigError("--fit needs --execute: it re-plans the plans that do not fit "
+                              "when they run")
         bad = [s for s in self.solvers if s not in SOLVERS]
         if bad or not self.solvers:
             raise ConfigError(f"--solvers {','.join(self.solvers)}: unknown solver "
@@ -106,12 +116,23 @@ class BenchSpec:
                   "strategy": strategy, "solver": solver}
         return tuple(_cell(values[k]) for k in ROW_KEY)
 
-    def plan_path(self, model: str, ratio: str, strategy: str, solver: str) -> Path | None:
+    def plan_path(self, model: str, ratio: str, strategy: str, solver: str,
+                  headroom: float = 0.0) -> Path | None:
         if self.plans_dir is None:
             return None
         key = self.row_key(model, ratio, strategy, solver)
         stem = "_".join(k.replace(":", "-").replace("/", "-") for k in key if k)
-        return Path(self.plans_dir) / f"{stem}.json"
+        if headroom:
+            stem += f"_h{headroom:.2f}"
+        # compressed: a folder of plans for large models is carried to the GPU machine
+        return Path(self.plans_dir) / f"{stem}.json.gz"
+
+    def headrooms(self) -> tuple[float, ...]:
+        """The headrooms a cell tries in turn: the given one, then (with `fit`) more."""
+        if not self.fit:
+            return (self.headroom,)
+        steps = math.floor((FIT_MAX - self.headroom) / FIT_STEP + 1e-9)
+        return tuple(round(self.headroom + i * FIT_STEP, 4) for i in range(max(steps, 0) + 1))
 
     def cells(self) -> Iterator[tuple[str, str, str, str]]:
         for model in self.models:

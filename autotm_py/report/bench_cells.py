@@ -7,6 +7,7 @@ run) once per ratio and copied into every row of that ratio.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autotm_py import api
@@ -14,6 +15,7 @@ from autotm_py.config import PlanConfig
 from autotm_py.errors import AutoTMError
 from autotm_py.memory.budget import parse_ratio
 from autotm_py.plan import Plan
+from autotm_py.report.bench import FIT_STEP
 from autotm_py.report.metrics import plan_metrics
 from autotm_py.report.residency import PlanView
 
@@ -62,7 +64,8 @@ class ModelRunner:
         s = self.spec
         return PlanConfig(strategy=strategy, ratio=parse_ratio(ratio), device=s.device,
                           memory=s.memory, solver=solver, gap=s.gap,
-                          time_limit_s=s.time_limit_s, pin_weights=s.pin_weights)
+                          time_limit_s=s.time_limit_s, pin_weights=s.pin_weights,
+                          headroom=s.headroom)
 
     def row(self, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
         key = dict(zip(("model", "batch", "training", "device", "memory", "ratio", "strategy",
@@ -76,8 +79,7 @@ class ModelRunner:
             config = self.config(ratio, strategy, solver)
             row = {**key, **self._graph_columns(), **self._baseline_columns(ratio, config),
                    **self._eager_columns()}
-            row.update(self._plan_columns(config, self.spec.plan_path(self.model, ratio,
-                                                                       strategy, solver)))
+            row.update(self._fitted_plan_columns(config, ratio, strategy, solver))
         except AutoTMError as exc:
             log.warning("bench: %s %s %s %s: %s", self.model, ratio, strategy, solver, exc)
             return {**key, "status": "error", "error": _one_line(exc)}
@@ -104,7 +106,7 @@ class ModelRunner:
             for name, res in results.items():
                 cols[f"{_column(name)}_s"] = res.time_s if res.feasible else None
                 if self.spec.execute and res.feasible and name in EXECUTED_BASELINES:
-                    measured = self._measure_baseline(name, res.plan)
+                    measured = self._measure_baseline(name, res.plan, config)
                     cols[f"measured_{_column(name)}_s"] = measured[0]
                     cols[f"measured_{_column(name)}_peak_bytes"] = measured[1]
             self._ratio_columns[ratio] = cols
@@ -153,6 +155,29 @@ class ModelRunner:
             result.plan.save(path)
         return result
 
+    def _fitted_plan_columns(self, config: PlanConfig, ratio: str, strategy: str,
+                             solver: str) -> dict[str, Any]:
+        """The plan's columns at the first headroom whose plan fits when it runs (AutoTM's
+        defrag loop; without `fit`, the one headroom given)."""
+        cols: dict[str, Any] = {}
+        for headroom in self.spec.headrooms():
+            try:
+                next_cols = self._plan_columns(
+                    replace(config, headroom=headroom),
+                    self.spec.plan_path(self.model, ratio, strategy, solver, headroom))
+            except AutoTMError as exc:
+                if not cols:
+                    raise
+                # e.g. no solver on the GPU machine for a plan not solved beforehand
+                self._failures.append(f"headroom {headroom:.2f}: {_one_line(exc)[:160]}")
+                return cols
+            cols = {**next_cols, "headroom": headroom}
+            misfit = _misfit(cols) if self.spec.fit else None
+            if misfit is None:
+                return cols
+            self._failures.append(f"headroom {headroom:.2f}: {misfit}")
+        return cols
+
     def _plan_columns(self, config: PlanConfig, path: Path | None = None) -> dict[str, Any]:
         result = self._solve(config, path)
         st = result.stats
@@ -176,24 +201,43 @@ class ModelRunner:
         row["slowdown"] = sim.total_s / result.all_fast_time_s if result.all_fast_time_s \
             else None
         if self.spec.execute:
-            row["measured_s"], row["measured_peak_fast_bytes"] = self._measure(result.plan)
+            run = self._run(result.plan)
+            row["measured_s"], row["measured_peak_fast_bytes"] = _median_and_peak(run)
+            if run is not None:
+                row["measured_host_s"] = run.host_median_s
+                row["measured_alloc_retries"] = run.alloc_retries
         return row
 
-    def _measure_baseline(self, name: str, plan: Plan | None
+    def _measure_baseline(self, name: str, plan: Plan | None, config: PlanConfig
                           ) -> tuple[float | None, int | None]:
         """all-fast is the unlimited reference: the same at every ratio, so it runs once per
-        model and without a memory cap."""
-        if name != "all-fast":
-            return self._measure(plan)
-        if not hasattr(self, "_all_fast"):
-            self._all_fast = self._measure(plan, cap=False)
-        return self._all_fast
+        model and without a memory cap. With `fit`, a baseline gets the plans' defrag loop:
+        planned again with more headroom while its run fails or the allocator retries."""
+        if name == "all-fast":
+            if not hasattr(self, "_all_fast"):
+                self._all_fast = self._measure(plan, cap=False)
+            return self._all_fast
+        headrooms = self.spec.headrooms()
+        run = self._run(plan)
+        for headroom in headrooms[1:]:
+            misfit = _run_misfit(run)
+            if misfit is None:
+                break
+            self._failures.append(f"{name} at headroom {headroom - FIT_STEP:.2f}: {misfit}")
+            again = api.baselines(self.graph, replace(config, headroom=headroom),
+                                  costs=self.costs, names=(name,))[name]
+            run = self._run(again.plan if again.feasible else None)
+        return _median_and_peak(run)
 
     def _measure(self, plan: Plan | None, *, cap: bool = True
                  ) -> tuple[float | None, int | None]:
         """Median iteration time and allocator peak of a real run (None when it fails)."""
+        return _median_and_peak(self._run(plan, cap=cap))
+
+    def _run(self, plan: Plan | None, *, cap: bool = True):
+        """A real run of `plan` (None when there is no plan or the run fails)."""
         if plan is None:
-            return None, None
+            return None
         try:
             run = api.execute(self.graph, plan, device=self._device,
                               iterations=self.spec.iterations, warmup=self.spec.warmup,
@@ -203,5 +247,25 @@ class ModelRunner:
                         self.model, exc)
             self._failures.append(f"run of {plan.header.strategy} failed: "
                                   f"{_one_line(exc)[:160]}")
-            return None, None
-        return run.median_s, run.peak_fast_bytes
+            return None
+        return run
+
+
+def _misfit(cols: dict[str, Any]) -> str | None:
+    """Why a solved plan did not fit when it ran (None: it fit, or there is no plan to run)."""
+    if "measured_s" not in cols:  # no plan (infeasible, unsolved): more headroom won't help
+        return None
+    if cols["measured_s"] is None:
+        return "the run failed"
+    retries = cols.get("measured_alloc_retries") or 0
+    return f"{retries} allocator retries at the cap" if retries else None
+
+
+def _run_misfit(run) -> str | None:
+    if run is None:
+        return "the run failed"
+    return _misfit({"measured_s": run.median_s, "measured_alloc_retries": run.alloc_retries})
+
+
+def _median_and_peak(run) -> tuple[float | None, int | None]:
+    return (None, None) if run is None else (run.median_s, run.peak_fast_bytes)

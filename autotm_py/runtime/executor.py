@@ -70,6 +70,11 @@ class RunResult:
     notes: tuple[str, ...] = ()
     # every timed iteration's kernel times, when asked for (in-context profiling)
     kernel_samples_s: tuple[tuple[float, ...], ...] | None = None
+    # Diagnostics of a slow run. host_median_s: how long the host took to enqueue one
+    # iteration; near median_s, the GPU waited for Python dispatch. alloc_retries: times the
+    # caching allocator hit the cap, released its cache and retried (each synchronizes the GPU).
+    host_median_s: float | None = None
+    alloc_retries: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -285,76 +290,112 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     executor = Executor(graph, plan, device=dev, masters=masters, kernel_times=kernel_times)
     cap = _apply_cap(plan, dev, enforce_budget, cap_slack_bytes)
     try:
-        times, peak, samples = _timed_iterations(executor, iterations, warmup)
+        timed = _timed_iterations(executor, iterations, warmup)
     finally:
         if cap is not None:
             torch.cuda.set_per_process_memory_fraction(1.0, _cuda_index(dev))
     return RunResult(
         device=dev, device_name=_device_name(dev), iterations=iterations, warmup=warmup,
-        iteration_times_s=tuple(times), median_s=statistics.median(times),
-        kernel_times_s=tuple(statistics.median(c) for c in zip(*samples, strict=True))
-        if samples else None, peak_fast_bytes=peak,
+        iteration_times_s=tuple(timed.times), median_s=statistics.median(timed.times),
+        kernel_times_s=tuple(statistics.median(c) for c in zip(*timed.kernels, strict=True))
+        if timed.kernels else None, peak_fast_bytes=timed.peak,
         modelled_peak_fast_bytes=plan.header.counts.get("fast_peak_bytes"),
         budget_bytes=plan.header.budget_bytes, cap_bytes=cap,
         predicted_time_s=plan.header.predicted_time_s, slow_pool_bytes=executor.pool.nbytes,
         strategy=plan.header.strategy, model_name=graph.name,
         notes=(f"cap = budget + {cap_slack_bytes >> 20} MiB slack for library workspaces",)
         if cap is not None else (),
-        kernel_samples_s=tuple(tuple(s) for s in samples) if per_iteration_kernel_times
+        kernel_samples_s=tuple(tuple(s) for s in timed.kernels) if per_iteration_kernel_times
         else None,
+        host_median_s=statistics.median(timed.host_times),
+        alloc_retries=timed.alloc_retries,
     )
 
 
-def _timed_iterations(executor: Executor, iterations: int,
-                      warmup: int) -> tuple[list[float], int | None, list[list[float]]]:
-    times: list[float] = []
+@dataclass
+class _Timed:
+    times: list[float] = field(default_factory=list)
+    host_times: list[float] = field(default_factory=list)
+    kernels: list[list[float]] = field(default_factory=list)
     peak: int | None = None
-    per_kernel: list[list[float]] = []
+    alloc_retries: int | None = None
+
+
+def _timed_iterations(executor: Executor, iterations: int, warmup: int) -> _Timed:
+    timed = _Timed(alloc_retries=0 if executor.cuda else None)
     for i in range(warmup + iterations):
-        measured = i >= warmup
         try:
-            seconds, iteration_peak = _one_iteration(executor)
+            seconds, host_seconds, iteration_peak, retries = _one_iteration(executor)
         except torch.OutOfMemoryError as exc:
-            raise ExecutionError(f"the plan ran out of fast memory under its cap ({exc}); the "
-                                 "fast budget is too small for the real allocator") from None
-        if measured:
-            times.append(seconds)
-            if iteration_peak is not None:
-                peak = max(peak or 0, iteration_peak)
-            if executor.kernel_times and executor.cuda:
-                per_kernel.append(executor.kernel_seconds())
-    return times, peak, per_kernel
+            raise ExecutionError(
+                f"the plan ran out of fast memory under its cap ({_first_sentence(exc)}): the "
+                "allocator's fragmentation needs room the plan does not leave; re-plan with "
+                "--headroom 0.1 (or `autotm bench --execute --fit`)") from None
+        if i < warmup:
+            continue
+        timed.times.append(seconds)
+        timed.host_times.append(host_seconds)
+        if timed.alloc_retries is not None:
+            timed.alloc_retries += retries
+        if iteration_peak is not None:
+            timed.peak = max(timed.peak or 0, iteration_peak)
+        if executor.kernel_times and executor.cuda:
+            timed.kernels.append(executor.kernel_seconds())
+    return timed
 
 
-def _one_iteration(executor: Executor) -> tuple[float, int | None]:
+def _first_sentence(exc: BaseException) -> str:
+    return str(exc).split(". ")[0].strip()
+
+
+def _alloc_retries(device: torch.device) -> int:
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+
+
+def _one_iteration(executor: Executor) -> tuple[float, float, int | None, int]:
+    """(iteration time, host enqueue time, peak fast bytes, allocator retries) of one timed
+    iteration; the untimed placement before it (`prepare`) is left out of all four."""
     import time
 
     if not executor.cuda:
         executor.prepare()
         begin = time.perf_counter()
         executor.run()
-        return time.perf_counter() - begin, None
+        seconds = time.perf_counter() - begin
+        return seconds, seconds, None, 0
     dev = executor.device
     executor.prepare()
     torch.cuda.synchronize(dev)
     torch.cuda.reset_peak_memory_stats(dev)
+    retries = _alloc_retries(dev)
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
+    host_begin = time.perf_counter()
     executor.run()
+    host_seconds = time.perf_counter() - host_begin
     end.record()
     torch.cuda.synchronize(dev)
-    return begin.elapsed_time(end) / 1e3, int(torch.cuda.max_memory_allocated(dev))
+    return (begin.elapsed_time(end) / 1e3, host_seconds,
+            int(torch.cuda.max_memory_allocated(dev)), _alloc_retries(dev) - retries)
 
 
 def _configure_cuda(deterministic: bool) -> None:
     """Expandable segments keep the caching allocator's reserved memory close to what is
     allocated (little fragmentation), so the cap measures the plan, not the allocator.
     Deterministic algorithms make two plans' results bitwise equal on the GPU."""
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    _set_allocator_settings("expandable_segments:True")
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+
+
+def _set_allocator_settings(settings: str) -> None:
+    # torch >= 2.11 moved the setter to the accelerator API and deprecated the CUDA one.
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:
+        setter = torch.cuda.memory._set_allocator_settings
+    setter(settings)
 
 
 def _check_device(device: str) -> str:
@@ -374,6 +415,10 @@ def _apply_cap(plan: Plan, device: str, enforce: bool, slack: int) -> int | None
     if not enforce or budget is None or not device.startswith("cuda"):
         return None
     index = _cuda_index(device)
+    # Blocks cached by an earlier run in this process would serve allocations without ever
+    # meeting the cap (it bounds new segments), hiding this plan's fragmentation: start empty.
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(index).total_memory
     cap = min(budget + slack, total)
     torch.cuda.set_per_process_memory_fraction(cap / total, index)

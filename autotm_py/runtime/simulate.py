@@ -347,7 +347,8 @@ def model_for_plan(graph: TensorGraph, plan: Plan, costs: KernelCosts | None) ->
 
         device = str(config.get("device") or ("cuda" if memory.mode == "gpu" else "cpu"))
         costs = load_costs(graph, device=device)
-    return MachineModel(graph, memory, costs, bool(config.get("pin_weights", False)))
+    return MachineModel(graph, memory, costs, bool(config.get("pin_weights", False)),
+                        float(config.get("headroom") or 0.0))
 
 
 def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,
