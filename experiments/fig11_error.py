@@ -14,6 +14,7 @@ from pathlib import Path
 from figlib import (
     FIGURES,
     RESULTS,
+    executed,
     grouped_bars,
     model_label,
     new_figure,
@@ -66,10 +67,10 @@ def _error(rows: list[dict], name: str, model: str, batch: str, ratio: str) -> f
 
 
 def make(results: Path = RESULTS, figures: Path = FIGURES) -> list[Path]:
-    rows = require(results, "gpu_*.json",
-                   "run `python experiments/run_experiments.py gpu` on a GPU machine first")
+    rows = executed(require(results, "gpu_*.json", "run `python experiments/run_experiments.py "
+                                                   "gpu` on a GPU machine first"))
     labels, series = errors(rows)
-    fig, ax = new_figure(max(7.0, 1.3 * len(labels)), 4.5)
+    fig, ax = new_figure(max(7.0, 1.6 * len(labels)), 4.5)
     grouped_bars(ax, labels, series)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_ylabel("prediction error (%)\n(predicted − measured) / measured")

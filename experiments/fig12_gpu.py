@@ -16,6 +16,7 @@ from figlib import (
     FIGURES,
     LABELS,
     RESULTS,
+    executed,
     grouped_bars,
     model_label,
     new_figure,
@@ -63,8 +64,8 @@ def _speedup(rows: list[dict], name: str, reference: str, key: tuple[str, str, s
 
 
 def make(results: Path = RESULTS, figures: Path = FIGURES, reference: str = "lru") -> list[Path]:
-    rows = require(results, "gpu_*.json",
-                   "run `python experiments/run_experiments.py gpu` on a GPU machine first")
+    rows = executed(require(results, "gpu_*.json", "run `python experiments/run_experiments.py "
+                                                   "gpu` on a GPU machine first"))
     labels, series = speedups(rows, reference)
     fig, ax = new_figure(max(7.0, 1.4 * len(labels)), 4.5)
     grouped_bars(ax, labels, series)

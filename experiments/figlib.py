@@ -51,6 +51,19 @@ def load_rows(paths: Iterable[Path]) -> list[Row]:
     return rows
 
 
+def executed(rows: list[Row]) -> list[Row]:
+    """Rows with a measured plan or a measured capped baseline: a results folder may also hold
+    sweeps that only solved (gpu_plans.json), whose rows share the measured rows' keys."""
+    keys = ("measured_s", "measured_first_touch_s", "measured_lru_s", "measured_offload_s")
+    return [r for r in rows if any(not math.isnan(number(r.get(k))) for k in keys)]
+
+
+def bench_documents(paths: Iterable[Path]) -> list[Path]:
+    """The paths that hold `autotm bench` results (a glob such as host_*.json may also match
+    other experiments' documents, e.g. host_check.json)."""
+    return [p for p in paths if json.loads(Path(p).read_text()).get("format") == "autotm-bench"]
+
+
 def require(results: Path, pattern: str, how: str) -> list[Row]:
     """Rows of the files matching `pattern`, or MissingResults saying how to make them."""
     paths = sorted(Path(results).glob(pattern))
