@@ -9,7 +9,6 @@ Reads results/host_conventional.json (`run_experiments.py host`).
 
 from __future__ import annotations
 
-import argparse
 import math
 from fractions import Fraction
 from pathlib import Path
@@ -23,6 +22,7 @@ from figlib import (
     one,
     ratio_label,
     require,
+    run_figure,
     save_figure,
     unique,
 )
@@ -69,14 +69,5 @@ def make(results: Path = RESULTS, figures: Path = FIGURES) -> list[Path]:
     return save_figure(fig, figures, "fig09_cost")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--figures", type=Path, default=FIGURES)
-    args = parser.parse_args()
-    for path in make(args.results, args.figures):
-        print(f"wrote {path}")
-
-
 if __name__ == "__main__":
-    main()
+    run_figure(make, __doc__)

@@ -9,7 +9,6 @@ Reads results/host_inception_sweep.json (`run_experiments.py sweep`).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from figlib import (
@@ -20,6 +19,7 @@ from figlib import (
     new_figure,
     number,
     require,
+    run_figure,
     save_figure,
     select,
 )
@@ -71,14 +71,5 @@ def make(results: Path = RESULTS, figures: Path = FIGURES) -> list[Path]:
     return save_figure(fig, figures, "fig10_inception_sweep")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--figures", type=Path, default=FIGURES)
-    args = parser.parse_args()
-    for path in make(args.results, args.figures):
-        print(f"wrote {path}")
-
-
 if __name__ == "__main__":
-    main()
+    run_figure(make, __doc__)

@@ -7,7 +7,6 @@ Reads results/gpu_*.json: `autotm bench --device cuda --execute` on a GPU machin
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from figlib import (
     number,
     ratio_key,
     require,
+    run_figure,
     save_figure,
     unique,
 )
@@ -80,14 +80,5 @@ def make(results: Path = RESULTS, figures: Path = FIGURES) -> list[Path]:
     return save_figure(fig, figures, "fig11_error")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--figures", type=Path, default=FIGURES)
-    args = parser.parse_args()
-    for path in make(args.results, args.figures):
-        print(f"wrote {path}")
-
-
 if __name__ == "__main__":
-    main()
+    run_figure(make, __doc__)

@@ -7,7 +7,6 @@ Reads results/gpu_*.json (`autotm bench --device cuda --execute`, `run_experimen
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from figlib import (
     new_figure,
     number,
     require,
+    run_figure,
     save_figure,
     unique,
 )
@@ -77,15 +77,5 @@ def make(results: Path = RESULTS, figures: Path = FIGURES, reference: str = "lru
     return save_figure(fig, figures, "fig12_gpu")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--figures", type=Path, default=FIGURES)
-    parser.add_argument("--reference", default="lru", choices=OTHERS)
-    args = parser.parse_args()
-    for path in make(args.results, args.figures, args.reference):
-        print(f"wrote {path}")
-
-
 if __name__ == "__main__":
-    main()
+    run_figure(make, __doc__, [("--reference", {"default": "lru", "choices": OTHERS})])

@@ -5,7 +5,6 @@ Reads every bench result in results/ (host_*.json, gpu_*.json): any row solved b
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from figlib import (
     load_rows,
     new_figure,
     number,
+    run_figure,
     save_figure,
 )
 
@@ -56,14 +56,5 @@ def make(results: Path = RESULTS, figures: Path = FIGURES) -> list[Path]:
     return save_figure(fig, figures, "fig_ilp_times")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--figures", type=Path, default=FIGURES)
-    args = parser.parse_args()
-    for path in make(args.results, args.figures):
-        print(f"wrote {path}")
-
-
 if __name__ == "__main__":
-    main()
+    run_figure(make, __doc__)

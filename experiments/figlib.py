@@ -149,3 +149,18 @@ def zoom_if_flat(ax: Any, series: dict[str, Sequence[float]], *, reference: floa
 
 
 __all__ = ["FIGURES", "RESULTS", "MissingResults", "new_figure", "save_figure"]
+
+
+def run_figure(make: Callable[..., list[Path]], doc: str | None,
+               options: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
+    """The command line of one figure script: --results, --figures and its own `options`
+    (flag, argparse keywords), each passed to `make` by name."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--figures", type=Path, default=FIGURES)
+    for flag, keywords in options:
+        parser.add_argument(flag, **keywords)
+    for path in make(**vars(parser.parse_args())):
+        print(f"wrote {path}")

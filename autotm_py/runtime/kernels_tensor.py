@@ -4,32 +4,33 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import broadcast_shape, full_pads, normalize_axes, slice_ranges
-from autotm_py.runtime.kernels_util import pad_spec, register, torch_dtype, unsupported
+from autotm_py.runtime.kernels_util import Impl, pad_spec, register, torch_dtype, unsupported
 
 Tensors = Sequence[torch.Tensor]
 
 
 # ---- elementwise ------------------------------------------------------------------------
-@register("Add")
-def add(k: Kernel, args: Tensors) -> torch.Tensor:
-    return torch.add(args[0], args[1])
+# Binary ops that are one torch function of both inputs (broadcasting as ONNX does).
+BINARY = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Max": torch.maximum,
+          "Min": torch.minimum}
 
 
-@register("Sub")
-def sub(k: Kernel, args: Tensors) -> torch.Tensor:
-    return torch.sub(args[0], args[1])
+def _binary(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Impl:
+    def kernel(k: Kernel, args: Tensors) -> torch.Tensor:
+        return fn(args[0], args[1])
+
+    return kernel
 
 
-@register("Mul")
-def mul(k: Kernel, args: Tensors) -> torch.Tensor:
-    return torch.mul(args[0], args[1])
+for _op, _fn in BINARY.items():
+    register(_op)(_binary(_fn))
 
 
 @register("Div")
@@ -43,16 +44,6 @@ def div(k: Kernel, args: Tensors) -> torch.Tensor:
 @register("Pow")
 def pow_(k: Kernel, args: Tensors) -> torch.Tensor:
     return torch.pow(args[0], args[1]).to(args[0].dtype)
-
-
-@register("Max")
-def maximum(k: Kernel, args: Tensors) -> torch.Tensor:
-    return torch.maximum(args[0], args[1])
-
-
-@register("Min")
-def minimum(k: Kernel, args: Tensors) -> torch.Tensor:
-    return torch.minimum(args[0], args[1])
 
 
 @register("Where")
