@@ -67,3 +67,18 @@ def test_async_candidates_option(net, capsys):
     assert "started from the sync plan" in capsys.readouterr().out
     assert main(["optimize", "net", "--fast-mem", "900KiB", "--async-candidates", "few"]) == 2
     assert "error: --async-candidates 'few'" in capsys.readouterr().err
+
+
+def test_headroom_option_leaves_room_and_writes_compressed_plans(net, tmp_path, capsys):
+    from autotm_py.plan import Plan
+
+    path = tmp_path / "plan.json.gz"
+    code = main(["optimize", "net", "--fast-mem", "1MiB", "--headroom", "0.2", "--solver",
+                 "highs", "--no-baselines", "-o", str(path)])
+    capsys.readouterr()
+    plan = Plan.load(path)
+    assert code == 0 and path.read_bytes()[:2] == b"\x1f\x8b"
+    assert plan.header.config["headroom"] == 0.2 and plan.header.budget_bytes == 1 << 20
+    assert plan.header.counts["fast_peak_bytes"] <= 0.8 * (1 << 20)
+    assert main(["simulate", "net", "--plan", str(path)]) == 0
+    assert main(["optimize", "net", "--fast-mem", "1MiB", "--headroom", "0.5"]) == 2
