@@ -1,4 +1,5 @@
 import csv
+import gzip
 import json
 from types import SimpleNamespace
 
@@ -211,3 +212,17 @@ def test_fit_gives_the_baselines_the_same_defrag_loop(onnx_path, tmp_path, monke
     assert replanned == [(("first-touch",), 0.05)]
     assert row["measured_first_touch_s"] == 0.5
     assert "first-touch at headroom 0.00: the run failed" in row["notes"]
+
+
+def test_plans_folder_reuses_plain_json_plans(onnx_path, tmp_path, monkeypatch):
+    """Plans are kept gzip-compressed; a plain .json kept by an earlier version still serves."""
+    plans = tmp_path / "plans"
+    first = spec(onnx_path, ratios=("1:1",), plans_dir=str(plans))
+    run_bench(first, tmp_path / "a.csv")
+    (packed,) = plans.glob("*.json.gz")
+    plain = packed.with_suffix("")
+    plain.write_bytes(gzip.decompress(packed.read_bytes()))
+    packed.unlink()
+    monkeypatch.setattr(api, "optimize", lambda *a, **k: pytest.fail("solved again"))
+    row = run_bench(first, tmp_path / "b.csv").rows[0]
+    assert row["status"] == "optimal" and row["predicted_s"] > 0

@@ -143,6 +143,8 @@ class ModelRunner:
         """Solve, or read the plan a previous run solved for this cell (`plans_dir`)."""
         from autotm_py.planning.solve import PlanResult
 
+        if path is not None and not path.exists() and path.with_suffix("").exists():
+            path = path.with_suffix("")  # a plain plan.json kept by an earlier version
         if path is not None and path.exists():
             plan = Plan.load(path)
             h = plan.header
