@@ -17,6 +17,7 @@ verifier accepts:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -75,18 +76,25 @@ def live_ranges(graph: TensorGraph) -> tuple[tuple[int, int], ...]:
     return tuple(ranges)
 
 
+def live_bytes(n_kernels: int, sizes: np.ndarray, ranges: Sequence[tuple[int, int]],
+               tensors: Iterable[int]) -> np.ndarray:
+    """Per kernel, the sum of `sizes` over the given tensors live there (int64, length
+    `n_kernels`): one sweep over the (first, last) kernel of each tensor."""
+    delta = np.zeros(n_kernels + 1, dtype=np.int64)
+    for tid in tensors:
+        start, end = ranges[tid]
+        delta[start] += sizes[tid]
+        delta[end + 1] -= sizes[tid]
+    return np.cumsum(delta[:-1])
+
+
 def live_peak(graph: TensorGraph, sizes: np.ndarray, ranges: tuple[tuple[int, int], ...],
               exclude: frozenset[int] = frozenset()) -> tuple[int, int]:
     """(bytes, kernel) of the largest sum of `sizes` over the tensors live at one kernel."""
     n = len(graph.kernels)
     if n == 0:
         return 0, -1
-    delta = np.zeros(n + 1, dtype=np.int64)
-    for tid, (start, end) in enumerate(ranges):
-        if tid not in exclude:
-            delta[start] += sizes[tid]
-            delta[end + 1] -= sizes[tid]
-    live = np.cumsum(delta[:-1])
+    live = live_bytes(n, sizes, ranges, (t for t in range(len(ranges)) if t not in exclude))
     kid = int(live.argmax())
     return int(live[kid]), kid
 

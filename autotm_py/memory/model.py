@@ -114,16 +114,16 @@ class MachineModel:
     @cached_property
     def peak(self) -> tuple[int, int]:
         """(bytes, kernel) of the all-fast peak in accounted bytes, workspace included."""
-        n = len(self.graph.kernels)
-        if n == 0:
+        if not self.graph.kernels:
             return 0, -1
-        delta = np.zeros(n + 1, dtype=np.int64)
-        for tid, (start, end) in enumerate(self.live_ranges):
-            delta[start] += self.sizes[tid]
-            delta[end + 1] -= self.sizes[tid]
-        live = np.cumsum(delta[:-1]) + self.workspace
+        live = self.live_bytes(range(len(self.graph.tensors))) + self.workspace
         kid = int(live.argmax())
         return int(live[kid]), kid
+
+    def live_bytes(self, tensors: Iterable[int]) -> np.ndarray:
+        """Per kernel, the accounted bytes of the given tensors live there."""
+        return accounting.live_bytes(len(self.graph.kernels), self.sizes, self.live_ranges,
+                                     tensors)
 
     def io_bytes(self, kid: int) -> int:
         """Accounted bytes of a kernel's distinct inputs and outputs."""

@@ -46,10 +46,5 @@ def transfer_bound(model: MachineModel) -> float:
 
 def _transient_bytes(model: MachineModel) -> np.ndarray:
     """Accounted bytes of transient tensors (produced here, dead before the end) per kernel."""
-    n = len(model.graph.kernels)
-    delta = np.zeros(n + 1, dtype=np.int64)
-    for tid, (start, end) in enumerate(model.live_ranges):
-        if model.graph.tensors[tid].producer is not None and tid not in model.survivors:
-            delta[start] += model.sizes[tid]
-            delta[end + 1] -= model.sizes[tid]
-    return np.cumsum(delta[:-1])
+    return model.live_bytes(t.id for t in model.graph.tensors
+                            if t.producer is not None and t.id not in model.survivors)

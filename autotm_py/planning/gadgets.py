@@ -23,8 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 if TYPE_CHECKING:
     from autotm_py.memory.model import MachineModel
 
@@ -93,13 +91,7 @@ def small_tensors(model: MachineModel, share: float) -> frozenset[int]:
 
 
 def _live_peak(model: MachineModel, tensors: list[int]) -> int:
-    n = len(model.graph.kernels)
-    delta = np.zeros(n + 1, dtype=np.int64)
-    for t in tensors:
-        start, end = model.live_ranges[t]
-        delta[start] += model.sizes[t]
-        delta[end + 1] -= model.sizes[t]
-    return int(np.cumsum(delta[:-1]).max()) if n else 0
+    return int(model.live_bytes(tensors).max()) if model.graph.kernels else 0
 
 
 def _one(model: MachineModel, tid: int, strategy: str, window: int,

@@ -16,8 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from autotm_py.errors import PlanError, SolverError
 from autotm_py.memory import accounting
 from autotm_py.memory.budget import format_bytes
@@ -119,12 +117,7 @@ def min_feasible_budget(model: MachineModel, strategy: str,
         return 0, -1
     if model.gpu and strategy == "static":
         return model.peak
-    resident = np.zeros(n + 1, dtype=np.int64)
-    for t in fixed:
-        start, end = model.live_ranges[t]
-        resident[start] += model.sizes[t]
-        resident[end + 1] -= model.sizes[t]
-    resident = np.cumsum(resident[:-1])
+    resident = model.live_bytes(fixed)
     need = []
     for k, kernel in enumerate(graph.kernels):
         io = set(kernel.io)
