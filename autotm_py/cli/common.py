@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from autotm_py.config import MAX_HEADROOM
 from autotm_py.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -34,7 +35,8 @@ def model_options(func: F) -> F:
 
 
 headroom_option = click.option(
-    "--headroom", type=click.FloatRange(0, 0.5, max_open=True), default=0.0, show_default=True,
+    "--headroom", type=click.FloatRange(0, MAX_HEADROOM, max_open=True), default=0.0,
+    show_default=True,
     help="Share of the budget the plan leaves free for the allocator's fragmentation (the ILP "
          "counts live bytes; a real heap needs more). Try 0.1 when `autotm run` reports "
          "allocator retries or runs out of memory under the cap.")

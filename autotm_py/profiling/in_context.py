@@ -31,7 +31,7 @@ import numpy as np
 from autotm_py.errors import ProfileError
 from autotm_py.profiling.cache import MEASURED, ProfileEntry, now_iso, profile_path, write_entries
 from autotm_py.profiling.fingerprint import current_fingerprint
-from autotm_py.profiling.profile import _sources, load_costs
+from autotm_py.profiling.profile import _sources, load_costs, unique_kernels
 from autotm_py.profiling.sources import all_fast, graph_batch
 
 if TYPE_CHECKING:
@@ -65,8 +65,9 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
             samples[kernel.signature].append(seconds)
     sources = _sources("cuda", fingerprint, profiles_dir, None)
     key = context_key(graph)
-    entries = {sig: {f"{all_fast(k)}@{key}": _entry(k, samples[sig], graph, sources)}
-               for sig, k in _first_by_signature(graph).items()}
+    entries = {k.signature: {f"{all_fast(k)}@{key}": _entry(k, samples[k.signature], graph,
+                                                          sources)}
+               for k in unique_kernels(graph)}
     from autotm_py.profiling.cache import user_profiles_dir
 
     path = profile_path(user_profiles_dir(profiles_dir), fingerprint)
@@ -113,13 +114,6 @@ def context_key(graph: TensorGraph) -> str:
     what its neighbours let it cost, so entries are stored per graph, under the placement
     key ``"<placement>@<model hash>"`` beside the isolated ``"<placement>"`` entry."""
     return graph.model_hash
-
-
-def _first_by_signature(graph: TensorGraph) -> dict[str, object]:
-    first: dict[str, object] = {}
-    for k in graph.kernels:
-        first.setdefault(k.signature, k)
-    return first
 
 
 def all_fast_plan(graph: TensorGraph) -> Plan:

@@ -7,15 +7,15 @@ run) once per ratio and copied into every row of that ratio.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotm_py import api
 from autotm_py.config import PlanConfig
 from autotm_py.errors import AutoTMError
 from autotm_py.memory.budget import parse_ratio
 from autotm_py.plan import Plan
-from autotm_py.report.bench import FIT_STEP
 from autotm_py.report.metrics import plan_metrics
 from autotm_py.report.residency import PlanView
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from autotm_py.report.bench import BenchSpec
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Baselines run for real with --execute. all-slow is left out: it copies every tensor in and
 # out around every use, which costs minutes of GPU time per model and tells nothing new.
@@ -159,26 +160,37 @@ class ModelRunner:
 
     def _fitted_plan_columns(self, config: PlanConfig, ratio: str, strategy: str,
                              solver: str) -> dict[str, Any]:
-        """The plan's columns at the first headroom whose plan fits when it runs (AutoTM's
-        defrag loop; without `fit`, the one headroom given)."""
-        cols: dict[str, Any] = {}
+        """The plan's columns at the first headroom whose plan fits when it runs."""
+
+        def attempt(headroom: float) -> dict[str, Any]:
+            cols = self._plan_columns(
+                replace(config, headroom=headroom),
+                self.spec.plan_path(self.model, ratio, strategy, solver, headroom))
+            return {**cols, "headroom": headroom}
+
+        return self._fit("", attempt, _misfit)
+
+    def _fit(self, label: str, attempt: Callable[[float], T],
+             misfit: Callable[[T], str | None]) -> T:
+        """AutoTM's defrag loop: `attempt` at each headroom in turn (only the given one
+        without `fit`) until `misfit` finds nothing wrong; each miss goes into the notes. A
+        re-plan that fails (e.g. no solver on the GPU machine for a plan not solved
+        beforehand) keeps the last attempt."""
+        tried: list[T] = []  # the last attempt (an attempt may itself be None: a failed run)
         for headroom in self.spec.headrooms():
             try:
-                next_cols = self._plan_columns(
-                    replace(config, headroom=headroom),
-                    self.spec.plan_path(self.model, ratio, strategy, solver, headroom))
+                result = attempt(headroom)
             except AutoTMError as exc:
-                if not cols:
+                if not tried:
                     raise
-                # e.g. no solver on the GPU machine for a plan not solved beforehand
-                self._failures.append(f"headroom {headroom:.2f}: {_one_line(exc)[:160]}")
-                return cols
-            cols = {**next_cols, "headroom": headroom}
-            misfit = _misfit(cols) if self.spec.fit else None
-            if misfit is None:
-                return cols
-            self._failures.append(f"headroom {headroom:.2f}: {misfit}")
-        return cols
+                self._failures.append(f"{label}headroom {headroom:.2f}: {_one_line(exc)[:160]}")
+                return tried[-1]
+            tried.append(result)
+            why = misfit(result) if self.spec.fit else None
+            if why is None:
+                return result
+            self._failures.append(f"{label}headroom {headroom:.2f}: {why}")
+        return result
 
     def _plan_columns(self, config: PlanConfig, path: Path | None = None) -> dict[str, Any]:
         result = self._solve(config, path)
@@ -219,17 +231,17 @@ class ModelRunner:
             if not hasattr(self, "_all_fast"):
                 self._all_fast = self._measure(plan, cap=False)
             return self._all_fast
-        headrooms = self.spec.headrooms()
-        run = self._run(plan)
-        for headroom in headrooms[1:]:
-            misfit = _run_misfit(run)
-            if misfit is None:
-                break
-            self._failures.append(f"{name} at headroom {headroom - FIT_STEP:.2f}: {misfit}")
+
+        first = self.spec.headrooms()[0]
+
+        def attempt(headroom: float):
+            if headroom == first:  # planned with the other baselines already
+                return self._run(plan)
             again = api.baselines(self.graph, replace(config, headroom=headroom),
                                   costs=self.costs, names=(name,))[name]
-            run = self._run(again.plan if again.feasible else None)
-        return _median_and_peak(run)
+            return self._run(again.plan if again.feasible else None)
+
+        return _median_and_peak(self._fit(f"{name} at ", attempt, _run_misfit))
 
     def _measure(self, plan: Plan | None, *, cap: bool = True
                  ) -> tuple[float | None, int | None]:
@@ -254,19 +266,22 @@ class ModelRunner:
 
 
 def _misfit(cols: dict[str, Any]) -> str | None:
-    """Why a solved plan did not fit when it ran (None: it fit, or there is no plan to run)."""
-    if "measured_s" not in cols:  # no plan (infeasible, unsolved): more headroom won't help
+    """Why a solved plan did not fit when it ran (None: it fit, or there is no plan to run:
+    infeasible or unsolved, where more headroom won't help)."""
+    if "measured_s" not in cols:
         return None
-    if cols["measured_s"] is None:
-        return "the run failed"
-    retries = cols.get("measured_alloc_retries") or 0
-    return f"{retries} allocator retries at the cap" if retries else None
+    return _why_misfit(cols["measured_s"], cols.get("measured_alloc_retries"))
 
 
 def _run_misfit(run) -> str | None:
-    if run is None:
+    """Why a baseline's run did not fit (None: it ran without allocator retries)."""
+    return "the run failed" if run is None else _why_misfit(run.median_s, run.alloc_retries)
+
+
+def _why_misfit(measured_s: float | None, retries: int | None) -> str | None:
+    if measured_s is None:
         return "the run failed"
-    return _misfit({"measured_s": run.median_s, "measured_alloc_retries": run.alloc_retries})
+    return f"{retries} allocator retries at the cap" if retries else None
 
 
 def _median_and_peak(run) -> tuple[float | None, int | None]:

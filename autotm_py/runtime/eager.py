@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from autotm_py.errors import ConfigError
-from autotm_py.runtime.executor import RunResult, _check_device, _device_name
+from autotm_py.runtime.executor import RunResult, _check_device, _device_name, time_region
 from autotm_py.runtime.kernels import run_kernel
 from autotm_py.runtime.reference import init_values
 
@@ -59,29 +59,20 @@ def measure_autograd(graph: TensorGraph, *, device: str = "cuda", iterations: in
 
 
 def _iteration(forward, values, params, opt, loss_id, dev, save_on_cpu):
-    import time
+    offload = torch.autograd.graph.save_on_cpu(pin_memory=dev.startswith("cuda")) \
+        if save_on_cpu else contextlib.nullcontext()
 
-    cuda = dev.startswith("cuda")
-    offload = torch.autograd.graph.save_on_cpu(pin_memory=cuda) if save_on_cpu \
-        else contextlib.nullcontext()
-    if cuda:
-        torch.cuda.synchronize(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-    else:
-        start = time.perf_counter()
-    env = {**values, **params}
-    with offload:
-        for k in forward:
-            env.update(zip(k.outputs, run_kernel(k, [env[t] for t in k.inputs]), strict=True))
-    loss = env[loss_id]
-    del env
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    if not cuda:
-        return time.perf_counter() - start, None
-    end.record()
-    torch.cuda.synchronize(dev)
-    return begin.elapsed_time(end) / 1e3, int(torch.cuda.max_memory_allocated(dev))
+    def step() -> None:
+        env = {**values, **params}
+        with offload:
+            for k in forward:
+                env.update(zip(k.outputs, run_kernel(k, [env[t] for t in k.inputs]),
+                               strict=True))
+        loss = env[loss_id]
+        del env
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    sample = time_region(torch.device(dev), step)
+    return sample.seconds, sample.peak

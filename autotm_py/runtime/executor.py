@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -278,16 +278,10 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
             enforce_budget: bool = True, cap_slack_bytes: int = 64 << 20,
             deterministic: bool = False, per_iteration_kernel_times: bool = False) -> RunResult:
     """Run `warmup` + `iterations` iterations of a plan and measure the timed ones."""
-    from autotm_py.runtime.reference import init_values
-
     plan.validate(graph)
     if iterations < 1 or warmup < 0:
         raise ConfigError("--iterations must be >= 1 and --warmup >= 0")
-    dev = _check_device(device)
-    if dev.startswith("cuda"):
-        _configure_cuda(deterministic)
-    masters = {tid: v.cpu() for tid, v in init_values(graph, seed=seed, device="cpu").items()}
-    executor = Executor(graph, plan, device=dev, masters=masters, kernel_times=kernel_times)
+    dev, executor = _new_executor(graph, plan, device, seed, deterministic, kernel_times)
     cap = _apply_cap(plan, dev, enforce_budget, cap_slack_bytes)
     try:
         timed = _timed_iterations(executor, iterations, warmup)
@@ -312,6 +306,18 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     )
 
 
+def _new_executor(graph: TensorGraph, plan: Plan, device: str, seed: int, deterministic: bool,
+                  kernel_times: bool = False) -> tuple[str, Executor]:
+    """The checked device and an executor on it, with the initial values drawn from `seed`."""
+    from autotm_py.runtime.reference import init_values
+
+    dev = _check_device(device)
+    if dev.startswith("cuda"):
+        _configure_cuda(deterministic)
+    masters = {tid: v.cpu() for tid, v in init_values(graph, seed=seed, device="cpu").items()}
+    return dev, Executor(graph, plan, device=dev, masters=masters, kernel_times=kernel_times)
+
+
 @dataclass
 class _Timed:
     times: list[float] = field(default_factory=list)
@@ -324,8 +330,9 @@ class _Timed:
 def _timed_iterations(executor: Executor, iterations: int, warmup: int) -> _Timed:
     timed = _Timed(alloc_retries=0 if executor.cuda else None)
     for i in range(warmup + iterations):
+        executor.prepare()  # untimed: placing the iteration's inputs, like a data loader
         try:
-            seconds, host_seconds, iteration_peak, retries = _one_iteration(executor)
+            sample = time_region(executor.device, executor.run)
         except torch.OutOfMemoryError as exc:
             raise ExecutionError(
                 f"the plan ran out of fast memory under its cap ({_first_sentence(exc)}): the "
@@ -333,12 +340,12 @@ def _timed_iterations(executor: Executor, iterations: int, warmup: int) -> _Time
                 "--headroom 0.1 (or `autotm bench --execute --fit`)") from None
         if i < warmup:
             continue
-        timed.times.append(seconds)
-        timed.host_times.append(host_seconds)
+        timed.times.append(sample.seconds)
+        timed.host_times.append(sample.host_seconds)
         if timed.alloc_retries is not None:
-            timed.alloc_retries += retries
-        if iteration_peak is not None:
-            timed.peak = max(timed.peak or 0, iteration_peak)
+            timed.alloc_retries += sample.retries
+        if sample.peak is not None:
+            timed.peak = max(timed.peak or 0, sample.peak)
         if executor.kernel_times and executor.cuda:
             timed.kernels.append(executor.kernel_seconds())
     return timed
@@ -352,37 +359,44 @@ def _alloc_retries(device: torch.device) -> int:
     return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
 
 
-def _one_iteration(executor: Executor) -> tuple[float, float, int | None, int]:
-    """(iteration time, host enqueue time, peak fast bytes, allocator retries) of one timed
-    iteration; the untimed placement before it (`prepare`) is left out of all four."""
+@dataclass(frozen=True)
+class Sample:
+    """One measured run of a piece of work (`time_region`)."""
+
+    seconds: float  # wall time on the CPU; CUDA events on the current stream on a GPU
+    host_seconds: float  # how long the host took to enqueue it
+    peak: int | None  # CUDA: max_memory_allocated during it
+    retries: int  # CUDA: allocator retries during it
+
+
+def time_region(device: torch.device, body: Callable[[], object]) -> Sample:
+    """Run `body` once and measure it. On a GPU the device is synchronized first, so the
+    events, the peak and the retries cover `body` alone."""
     import time
 
-    if not executor.cuda:
-        executor.prepare()
+    if device.type != "cuda":
         begin = time.perf_counter()
-        executor.run()
+        body()
         seconds = time.perf_counter() - begin
-        return seconds, seconds, None, 0
-    dev = executor.device
-    executor.prepare()
-    torch.cuda.synchronize(dev)
-    torch.cuda.reset_peak_memory_stats(dev)
-    retries = _alloc_retries(dev)
+        return Sample(seconds, seconds, None, 0)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    retries = _alloc_retries(device)
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
     host_begin = time.perf_counter()
-    executor.run()
+    body()
     host_seconds = time.perf_counter() - host_begin
     end.record()
-    torch.cuda.synchronize(dev)
-    return (begin.elapsed_time(end) / 1e3, host_seconds,
-            int(torch.cuda.max_memory_allocated(dev)), _alloc_retries(dev) - retries)
+    torch.cuda.synchronize(device)
+    return Sample(begin.elapsed_time(end) / 1e3, host_seconds,
+                  int(torch.cuda.max_memory_allocated(device)), _alloc_retries(device) - retries)
 
 
 def _configure_cuda(deterministic: bool) -> None:
-    """Expandable segments keep the caching allocator's reserved memory close to what is
-    allocated (little fragmentation), so the cap measures the plan, not the allocator.
-    Deterministic algorithms make two plans' results bitwise equal on the GPU."""
+    """Expandable segments let the caching allocator unmap free pages when it meets the cap
+    (less fragmentation, though plans still need `--headroom`: docs/gpu.md). Deterministic
+    algorithms make two plans' results bitwise equal on the GPU."""
     _set_allocator_settings("expandable_segments:True")
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -442,14 +456,8 @@ def run_steps(graph: TensorGraph, plan: Plan, *, steps: int = 3, device: str = "
               seed: int = 0, deterministic: bool = True) -> list[dict[int, torch.Tensor]]:
     """Execute `steps` iterations (untimed) and return each step's graph outputs on the CPU:
     the values to compare with `reference.train_steps` and with other plans."""
-    from autotm_py.runtime.reference import init_values
-
     plan.validate(graph)
-    dev = _check_device(device)
-    if dev.startswith("cuda"):
-        _configure_cuda(deterministic)
-    masters = {tid: v.cpu() for tid, v in init_values(graph, seed=seed, device="cpu").items()}
-    executor = Executor(graph, plan, device=dev, masters=masters)
+    _, executor = _new_executor(graph, plan, device, seed, deterministic)
     results = []
     for _ in range(steps):
         executor.prepare()
