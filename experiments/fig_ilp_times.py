@@ -12,7 +12,6 @@ from figlib import (
     FIGURES,
     RESULTS,
     MissingResults,
-    bench_documents,
     grouped_bars,
     load_rows,
     new_figure,
@@ -40,7 +39,7 @@ def medians(rows: list[dict], key: str) -> tuple[list[str], dict[str, list[float
 
 def make(results: Path = RESULTS, figures: Path = FIGURES) -> list[Path]:
     paths = sorted(Path(results).glob("host_*.json")) + sorted(Path(results).glob("gpu_*.json"))
-    rows = [r for r in load_rows(bench_documents(paths)) if number(r.get("variables")) > 0]
+    rows = [r for r in load_rows(paths, skip_others=True) if number(r.get("variables")) > 0]
     if not rows:
         raise MissingResults(f"no ILP rows in {results}/host_*.json or gpu_*.json; run "
                              "`python experiments/run_experiments.py host` first")

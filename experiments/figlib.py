@@ -40,12 +40,16 @@ class MissingResults(Exception):
 Row = dict[str, Any]
 
 
-def load_rows(paths: Iterable[Path]) -> list[Row]:
-    """Every row of every bench JSON document in `paths`."""
+def load_rows(paths: Iterable[Path], *, skip_others: bool = False) -> list[Row]:
+    """Every row of every bench JSON document in `paths`. A document of another kind is an
+    error, or with `skip_others` left out (a glob such as host_*.json may also match other
+    experiments' documents, e.g. host_check.json)."""
     rows: list[Row] = []
     for path in paths:
         doc = json.loads(Path(path).read_text())
         if doc.get("format") != "autotm-bench":
+            if skip_others:
+                continue
             raise ValueError(f"{path}: not an `autotm bench` result (format {doc.get('format')})")
         rows += doc["rows"]
     return rows
@@ -56,12 +60,6 @@ def executed(rows: list[Row]) -> list[Row]:
     sweeps that only solved (gpu_plans.json), whose rows share the measured rows' keys."""
     keys = ("measured_s", "measured_first_touch_s", "measured_lru_s", "measured_offload_s")
     return [r for r in rows if any(not math.isnan(number(r.get(k))) for k in keys)]
-
-
-def bench_documents(paths: Iterable[Path]) -> list[Path]:
-    """The paths that hold `autotm bench` results (a glob such as host_*.json may also match
-    other experiments' documents, e.g. host_check.json)."""
-    return [p for p in paths if json.loads(Path(p).read_text()).get("format") == "autotm-bench"]
 
 
 def require(results: Path, pattern: str, how: str) -> list[Row]:
@@ -141,14 +139,11 @@ def zoom_if_flat(ax: Any, series: dict[str, Sequence[float]], *, reference: floa
     title says so); return whether it zoomed."""
     values = [v for vs in series.values() for v in vs if not math.isnan(v)] + [reference]
     low, high = min(values), max(values)
-    if not values or high > 1.1 * reference or low < 0.9 * reference:
+    if high > 1.1 * reference or low < 0.9 * reference:
         return False
     span = max(high - low, 1e-3 * reference)
     ax.set_ylim(low - 0.5 * span, high + 1.5 * span)
     return True
-
-
-__all__ = ["FIGURES", "RESULTS", "MissingResults", "new_figure", "save_figure"]
 
 
 def run_figure(make: Callable[..., list[Path]], doc: str | None,
@@ -164,3 +159,7 @@ def run_figure(make: Callable[..., list[Path]], doc: str | None,
         parser.add_argument(flag, **keywords)
     for path in make(**vars(parser.parse_args())):
         print(f"wrote {path}")
+
+
+__all__ = ["FIGURES", "RESULTS", "MissingResults", "new_figure", "save_figure"]
+

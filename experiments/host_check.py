@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -63,7 +63,7 @@ def check(speedup: float, solver: str) -> dict[str, object]:
         print(f"  x{speedup:g} {name}: sync {result.slowdown:.3f}, first-touch "
               f"{base['first-touch'].time_s / fast:.3f}, all-slow "
               f"{base['all-slow'].time_s / fast:.3f}", flush=True)
-    geo = {key: math.exp(sum(math.log(r[key]) for r in rows) / len(rows))
+    geo = {key: statistics.geometric_mean(r[key] for r in rows)
            for key in ("sync_slowdown", "first_touch_slowdown", "all_slow_slowdown")}
     return {"speedup": speedup, "rows": rows, "geomean": geo}
 

@@ -51,8 +51,8 @@ def diagnose(cell: str, iterations: int, trace_dir: Path | None) -> dict:
 
         plan = all_fast_plan(graph)
     else:
-        plan = Plan.load(PLANS / f"{model}_{batch}_True_cuda_h100-pcie5_{ratio}_{strategy}"
-                         "_highs.json")
+        plan = Plan.load(_plan_path(model, int(batch), dim_map, ratio.replace("-", ":"),
+                                    strategy))
     row = {"cell": cell, "predicted_at_solve_s": plan.header.predicted_time_s}
     for label, cap in (("capped", True), ("uncapped", False)):
         torch.cuda.empty_cache()
@@ -75,6 +75,18 @@ def diagnose(cell: str, iterations: int, trace_dir: Path | None) -> dict:
     if trace_dir is not None:
         _trace(graph, plan, trace_dir / f"trace_{cell.replace(':', '_')}.json")
     return row
+
+
+def _plan_path(model: str, batch: int, dims: dict[str, int], ratio: str, strategy: str) -> Path:
+    """Where `plan_all.sh` (`autotm bench --plans`) kept the cell's plan (headroom 0)."""
+    from autotm_py.report.bench import BenchSpec
+
+    spec = BenchSpec(models=(model,), ratios=(ratio,), strategies=(strategy,),
+                     solvers=("highs",), device="cuda", training=True, batch=batch, dims=dims,
+                     plans_dir=str(PLANS))
+    path = spec.plan_path(model, ratio, strategy, "highs")
+    assert path is not None
+    return path
 
 
 def _trace(graph, plan, path: Path) -> None:

@@ -5,7 +5,8 @@
 # so the predictions (the simulator on this machine's kernel times) and the measurements come
 # from the same machine; the profile file is copied to $OUT. --fit: a plan that runs out of memory
 # under its cap or makes the allocator retry falls back to the plan solved with 5% more
-# headroom (plan_all.sh with HEADROOMS solves them; this machine has no HiGHS).
+# headroom (plan_all.sh with HEADROOMS solves them beforehand, so GPU time goes to running them;
+# a plan missing there is solved here, which needs a HiGHS wheel carried in .whl).
 # Usage: bash experiments/gpu/measure_all.sh OUT.csv [MODEL...]   (default: every model)
 set -u
 . experiments/gpu/setup.sh

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
-from fractions import Fraction
 from pathlib import Path
+
+from autotm_py.memory.budget import parse_ratio
 
 # Measured baselines that run under the same cap as the plans (torch's own run uncapped, so
 # save_on_cpu counts only where its measured peak is within the budget).
 CAPPED_BASELINES = ("first_touch", "lru", "offload")
-BUDGET_SHARE = {"2:1": "67%", "1:1": "50%", "1:2": "33%", "1:3": "25%"}
 
 
 def main() -> None:
@@ -57,7 +56,7 @@ def table(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
-            f"| {r['model']} b{r['batch']} | {BUDGET_SHARE.get(r['ratio'], r['ratio'])} | "
+            f"| {r['model']} b{r['batch']} | {budget_share(r['ratio'])} | "
             f"{r['strategy']} | {r.get('headroom') or 0:.2f} | {ms(r['predicted_s'])} | "
             f"{ms(r['measured_s'])} | {ms(r.get('measured_all_fast_s'))} | "
             f"{ms(r.get('measured_first_touch_s'))} | {ms(r.get('measured_lru_s'))} | "
@@ -71,13 +70,15 @@ def targets(rows: list[dict]) -> str:
     out = []
     half = [r for r in rows if r["ratio"] == "1:1" and r["strategy"] == "async"]
     if half:
-        ratios = [r["measured_s"] / r["measured_all_fast_s"] for r in half]
-        bounds = [r["transfer_bound_s"] / r["measured_all_fast_s"] for r in half]
-        out.append(f"- async at 50% vs all-fast: geometric mean {geomean(ratios):.2f}x over "
-                   f"{len(half)} models (target 1.15x); the transfer bound alone is "
-                   f"{geomean(bounds):.2f}x")
+        ratio = statistics.geometric_mean(r["measured_s"] / r["measured_all_fast_s"] for r in half)
+        bound = statistics.geometric_mean(r["transfer_bound_s"] / r["measured_all_fast_s"]
+                                          for r in half)
+        out.append(f"- async at 50% vs all-fast: geometric mean {ratio:.2f}x over {len(half)} "
+                   f"models (target 1.15x); the transfer bound alone is {bound:.2f}x")
     out.append("- best plan (sync or async) vs the best baseline that fits, per budget:")
-    for ratio in sorted({r["ratio"] for r in rows}, key=fast_share, reverse=True):
+    by_share = sorted({r["ratio"] for r in rows}, key=lambda r: parse_ratio(r).fast_fraction,
+                      reverse=True)
+    for ratio in by_share:
         cells = []
         for model in dict.fromkeys(r["model"] for r in rows):
             group = [r for r in rows if r["model"] == model and r["ratio"] == ratio]
@@ -88,8 +89,7 @@ def targets(rows: list[dict]) -> str:
             if base:
                 cells.append(f"{model} {base / best['measured_s']:.2f}x ({best['strategy']} "
                              f"vs {name})")
-        share = BUDGET_SHARE.get(ratio, ratio)
-        out.append(f"  - {share}: " + "; ".join(cells))
+        out.append(f"  - {budget_share(ratio)}: " + "; ".join(cells))
     errors = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in rows]
     out.append(f"- median |predicted - measured| / measured: {statistics.median(errors):.1%} "
                f"over {len(errors)} runs (max {max(errors):.1%}; target under 10%)")
@@ -98,13 +98,9 @@ def targets(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def fast_share(ratio: str) -> Fraction:
-    fast, slow = ratio.split(":")
-    return Fraction(int(fast), int(fast) + int(slow))
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+def budget_share(ratio: str) -> str:
+    """The budget as a share of the peak: "1:3" -> "25%"."""
+    return f"{float(parse_ratio(ratio).fast_fraction):.0%}"
 
 
 if __name__ == "__main__":
