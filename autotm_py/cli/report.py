@@ -158,12 +158,13 @@ def _split(text: str) -> tuple[str, ...]:
               help="With --execute: untimed iterations before them.")
 @headroom_option
 @click.option("--fit", is_flag=True,
-              help="With --execute: AutoTM's defragmentation loop. A plan that runs out of "
-                   "memory under its cap, or makes the allocator retry, is solved again with "
-                   "5% more --headroom (up to 25%); the row records the headroom that fit.")
+              help="With --execute: AutoTM's defragmentation loop. A plan (or capped baseline) "
+                   "that runs out of memory under its cap, or makes the allocator retry, is "
+                   "solved again with 5% more --headroom (up to 25%); the row records the "
+                   "headroom that fit.")
 @click.option("--plans", "plans_dir", type=click.Path(file_okay=False), default=None,
-              help="Keep each solved plan in this folder and reuse plans found there (solve "
-                   "on one machine, --execute on another).")
+              help="Keep each solved plan in this folder (gzip-compressed JSON) and reuse "
+                   "plans found there (solve on one machine, --execute on another).")
 @click.option("-o", "--output", default="bench.csv", show_default=True,
               help="CSV to write; a JSON document with the same stem is written beside it. "
                    "Rows already there are skipped (the sweep resumes).")

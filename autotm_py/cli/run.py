@@ -33,7 +33,9 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     """Run PLAN on MODEL (the same model options as `optimize`) and report measured times.
 
     On a GPU the plan's fast budget is enforced as a cap on torch's allocator; the measured
-    peak (max_memory_allocated) is printed beside the modelled one."""
+    peak (max_memory_allocated) is printed beside the modelled one, with the host's enqueue
+    time and the allocator's retries at the cap (if it retried or ran out of memory, re-plan
+    with `autotm optimize --headroom`)."""
     import json
 
     from autotm_py import api
