@@ -183,6 +183,25 @@ def test_fit_keeps_the_last_run_when_a_replan_cannot_be_solved(onnx_path, tmp_pa
     assert "headroom 0.05: SolverError: solver highs is not installed" in row["notes"]
 
 
+def test_fit_keeps_the_fastest_run_when_every_headroom_retries(onnx_path, tmp_path,
+                                                               monkeypatch):
+    """A run that makes the allocator retry at every headroom (a constant cost more headroom
+    does not remove) keeps the fastest measured attempt, not the last one."""
+    times = {0.0: 0.9, 0.05: 0.6, 0.1: 0.7, 0.15: 0.8, 0.2: 0.8, 0.25: 0.8}
+
+    def fake_execute(graph, plan, **kw):
+        headroom = (plan.header.config or {}).get("headroom") or 0.0
+        return SimpleNamespace(median_s=times[headroom], peak_fast_bytes=1,
+                               host_median_s=0.1, alloc_retries=3)
+
+    monkeypatch.setattr(api, "execute", fake_execute)
+    row = run_bench(spec(onnx_path, ratios=("1:1",), strategies=("sync",), execute=True,
+                         fit=True), tmp_path / "b.csv").rows[0]
+    assert row["headroom"] == 0.05 and row["measured_s"] == 0.6
+    assert "no headroom ran without retries: kept the fastest run (headroom 0.05)" in \
+        row["notes"]
+
+
 def test_fit_gives_the_baselines_the_same_defrag_loop(onnx_path, tmp_path, monkeypatch):
     """A baseline whose run fails under the cap is planned again with more headroom, as the
     ILP plans are: the comparison stays fair."""

@@ -161,7 +161,7 @@ def _split(text: str) -> tuple[str, ...]:
               help="With --execute: AutoTM's defragmentation loop. A plan (or capped baseline) "
                    "that runs out of memory under its cap, or makes the allocator retry, is "
                    "solved again with 5% more --headroom (up to 25%); the row records the "
-                   "headroom that fit.")
+                   "headroom that fit, or the fastest run when every headroom retried.")
 @click.option("--plans", "plans_dir", type=click.Path(file_okay=False), default=None,
               help="Keep each solved plan in this folder (gzip-compressed JSON) and reuse "
                    "plans found there (solve on one machine, --execute on another).")

@@ -85,7 +85,8 @@ class BenchSpec:
     plans_dir: str | None = None
     headroom: float = 0.0  # share of each budget left free for fragmentation
     # AutoTM's defrag loop: re-plan with FIT_STEP more headroom (up to FIT_MAX) while a plan
-    # runs out of memory under its cap or makes the allocator retry.
+    # runs out of memory under its cap or makes the allocator retry (when every headroom
+    # retries, the fastest run is kept).
     fit: bool = False
 
     def __post_init__(self) -> None:

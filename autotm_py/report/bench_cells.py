@@ -168,15 +168,17 @@ class ModelRunner:
                 self.spec.plan_path(self.model, ratio, strategy, solver, headroom))
             return {**cols, "headroom": headroom}
 
-        return self._fit("", attempt, _misfit)
+        return self._fit("", attempt, _misfit, lambda cols: cols.get("measured_s"))
 
     def _fit(self, label: str, attempt: Callable[[float], T],
-             misfit: Callable[[T], str | None]) -> T:
+             misfit: Callable[[T], str | None], measured: Callable[[T], float | None]) -> T:
         """AutoTM's defrag loop: `attempt` at each headroom in turn (only the given one
-        without `fit`) until `misfit` finds nothing wrong; each miss goes into the notes. A
-        re-plan that fails (e.g. no solver on the GPU machine for a plan not solved
-        beforehand) keeps the last attempt."""
-        tried: list[T] = []  # the last attempt (an attempt may itself be None: a failed run)
+        without `fit`) until `misfit` finds nothing wrong; each miss goes into the notes.
+        When no headroom runs cleanly (a run that makes the allocator retry at every headroom,
+        then one that cannot be planned or fails), the fastest attempt that ran is kept: a
+        user would pick that headroom, retries and all. A re-plan that fails (e.g. no solver
+        on the GPU machine for a plan not solved beforehand) ends the loop the same way."""
+        tried: list[tuple[float, T]] = []  # (headroom, attempt); an attempt may be None
         for headroom in self.spec.headrooms():
             try:
                 result = attempt(headroom)
@@ -184,13 +186,22 @@ class ModelRunner:
                 if not tried:
                     raise
                 self._failures.append(f"{label}headroom {headroom:.2f}: {_one_line(exc)[:160]}")
-                return tried[-1]
-            tried.append(result)
+                break
+            ran_before = any(measured(t) is not None for _, t in tried)
+            tried.append((headroom, result))
             why = misfit(result) if self.spec.fit else None
-            if why is None:
+            if why is None and (measured(result) is not None or not ran_before):
                 return result
+            if why is None:  # nothing to run here (no plan): more headroom will not help
+                break
             self._failures.append(f"{label}headroom {headroom:.2f}: {why}")
-        return result
+        ran = [(h, t) for h, t in tried if measured(t) is not None]
+        if not ran:
+            return tried[-1][1]
+        headroom, best = min(ran, key=lambda ht: measured(ht[1]) or 0.0)
+        self._failures.append(f"{label}no headroom ran without retries: kept the fastest run "
+                              f"(headroom {headroom:.2f})")
+        return best
 
     def _plan_columns(self, config: PlanConfig, path: Path | None = None) -> dict[str, Any]:
         result = self._solve(config, path)
@@ -241,7 +252,8 @@ class ModelRunner:
                                   costs=self.costs, names=(name,))[name]
             return self._run(again.plan if again.feasible else None)
 
-        return _median_and_peak(self._fit(f"{name} at ", attempt, _run_misfit))
+        return _median_and_peak(self._fit(f"{name} at ", attempt, _run_misfit,
+                                          lambda run: None if run is None else run.median_s))
 
     def _measure(self, plan: Plan | None, *, cap: bool = True
                  ) -> tuple[float | None, int | None]:
