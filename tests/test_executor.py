@@ -24,9 +24,10 @@ def _graph(name: str):
     return derive_training(forward, optimizer="sgd")
 
 
-def _plans(graph):
+def _plans(graph, reserve: int = 0):
     # Halfway between the largest working set and the peak: every baseline fits, moves needed.
-    budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
+    # `reserve`: the preset's runtime reserve, when the test keeps it (marked runtime_reserve).
+    budget = reserve + (graph.max_working_set[0] + graph.peak_live_bytes) // 2
     config = PlanConfig(fast_mem_bytes=budget, device="cuda")
     costs = costs_for(graph)
     model = machine_model(graph, config, costs)
