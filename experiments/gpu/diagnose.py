@@ -77,14 +77,15 @@ def diagnose(cell: str, iterations: int, trace_dir: Path | None) -> dict:
     return row
 
 
-def _plan_path(model: str, batch: int, dims: dict[str, int], ratio: str, strategy: str) -> Path:
-    """Where `plan_all.sh` (`autotm bench --plans`) kept the cell's plan (headroom 0)."""
+def _plan_path(model: str, batch: int, dims: dict[str, int], ratio: str, strategy: str,
+               headroom: float = 0.0) -> Path:
+    """Where `plan_all.sh` (`autotm bench --plans`) kept the cell's plan."""
     from autotm_py.report.bench import BenchSpec
 
     spec = BenchSpec(models=(model,), ratios=(ratio,), strategies=(strategy,),
                      solvers=("highs",), device="cuda", training=True, batch=batch, dims=dims,
                      plans_dir=str(PLANS))
-    path = spec.plan_path(model, ratio, strategy, "highs")
+    path = spec.plan_path(model, ratio, strategy, "highs", headroom)
     assert path is not None
     return path
 
