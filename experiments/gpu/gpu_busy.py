@@ -1,0 +1,78 @@
+"""How long is the GPU busy in an iteration, against its wall time?
+
+Kernel times in the profiles are CUDA-event intervals, which include the gaps where the GPU
+waited for Python to launch the next kernel. This runs one iteration of each cell under the
+torch profiler (CUDA activity) after warm-up iterations and sums the device durations of the
+kernels and of the copies: what the GPU itself spends. Wall minus kernel time is launch gaps
+(and waits); a plan whose copies occupy the GPU lets the host run ahead into them.
+
+Usage (on the GPU machine):
+  python3 experiments/gpu/gpu_busy.py densenet264:32:1-1:all-fast densenet264:32:1-1:sync:0.15
+Cells are MODEL:BATCH:RATIO:STRATEGY[:HEADROOM] (STRATEGY all-fast: every tensor on the GPU,
+uncapped); results go to $OUT/gpu_busy.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    rows = [busy(cell) for cell in sys.argv[1:]]
+    out = Path(os.environ.get("OUT", "/tmp")) / "gpu_busy.json"
+    out.write_text(json.dumps(rows, indent=1))
+
+
+def busy(cell: str) -> dict:
+    import torch
+    from diagnose import _plan_path
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from autotm_py import api
+    from autotm_py.plan import Plan
+    from autotm_py.profiling.in_context import all_fast_plan
+    from autotm_py.runtime.executor import _apply_cap, _new_executor, time_region
+
+    model, batch, ratio, strategy, *rest = cell.split(":")
+    graph = api.load_model(model, batch=int(batch), training=True)
+    plan = all_fast_plan(graph) if strategy == "all-fast" else Plan.load(
+        _plan_path(model, int(batch), {}, ratio.replace("-", ":"), strategy,
+                   float(rest[0]) if rest else 0.0))
+    dev, executor = _new_executor(graph, plan, "cuda:0", seed=0, deterministic=False)
+    cap = _apply_cap(plan, dev, enforce=strategy != "all-fast", slack=64 << 20)
+    try:
+        for _ in range(3):
+            executor.prepare()
+            plain = time_region(executor.device, executor.run)
+        executor.prepare()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            executor.run()
+            torch.cuda.synchronize()
+    finally:
+        if cap is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0, 0)
+    kernels = copies = 0.0
+    for event in prof.events():
+        if event.device_type != DeviceType.CUDA:
+            continue
+        seconds = event.time_range.elapsed_us() / 1e6
+        if "memcpy" in event.name.lower():
+            copies += seconds
+        else:
+            kernels += seconds
+    row = {"cell": cell, "wall_s": plain.seconds, "host_s": plain.host_seconds,
+           "kernel_busy_s": kernels, "copy_busy_s": copies,
+           "profiled_kernels": sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)}
+    print(f"{cell:34s} wall {plain.seconds * 1e3:7.1f} ms  host {plain.host_seconds * 1e3:7.1f}"
+          f"  GPU kernels {kernels * 1e3:7.1f}  copies {copies * 1e3:7.1f}", flush=True)
+    return row
+
+
+if __name__ == "__main__":
+    main()
