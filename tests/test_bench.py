@@ -245,3 +245,24 @@ def test_plans_folder_reuses_plain_json_plans(onnx_path, tmp_path, monkeypatch):
     monkeypatch.setattr(api, "optimize", lambda *a, **k: pytest.fail("solved again"))
     row = run_bench(first, tmp_path / "b.csv").rows[0]
     assert row["status"] == "optimal" and row["predicted_s"] > 0
+
+
+def test_dims_are_part_of_the_row_key_and_the_plan_file():
+    """Two sequence lengths of one model are two rows and two plans; a sweep without dims
+    keeps the keys and plan names of files written before dims were in the key."""
+    from autotm_py.report.bench import _key
+
+    def bench(dims):
+        return BenchSpec(models=("bert_base",), ratios=("1:2",), dims=dims, plans_dir="p")
+
+    short, long, none = bench({"seq": 128}), bench({"seq": 512}), bench({})
+    cell = ("bert_base", "1:2", "sync", "cbc")
+    assert short.row_key(*cell) != long.row_key(*cell)
+    assert short.plan_path(*cell) != long.plan_path(*cell)
+    assert "seq-512" in long.plan_path(*cell).name
+    memory = none.memory_name
+    assert none.plan_path(*cell).name == f"bert_base_False_cpu_{memory}_1-2_sync_cbc.json.gz"
+    old_row = dict(zip(("model", "training", "device", "memory", "ratio", "strategy", "solver"),
+                       ("bert_base", "False", "cpu", none.memory_name, "1:2", "sync", "cbc"),
+                       strict=True))
+    assert _key(old_row) == none.row_key(*cell)

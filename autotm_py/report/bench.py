@@ -34,7 +34,8 @@ from autotm_py.report import bench_env
 log = logging.getLogger(__name__)
 
 BENCH_FORMAT, BENCH_VERSION = "autotm-bench", 1
-ROW_KEY = ("model", "batch", "training", "device", "memory", "ratio", "strategy", "solver")
+ROW_KEY = ("model", "batch", "dims", "training", "device", "memory", "ratio", "strategy",
+           "solver")
 # baselines in the order of the columns; names as in `autotm_py.planning.baselines`
 BASELINES = ("all_fast", "all_slow", "first_touch", "lru", "offload", "2lm")
 FIT_STEP = 0.05
@@ -111,18 +112,28 @@ class BenchSpec:
     def memory_name(self) -> str:
         return PlanConfig(device=self.device, memory=self.memory).memory_name
 
+    def key_values(self, model: str, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
+        """A row's key columns. Dims (e.g. "seq=512") are part of it: sweeps of one model at
+        two sequence lengths into one output are two rows, and two plans in `plans_dir`."""
+        return {"model": model, "batch": self.batch, "dims": self.dims_text,
+                "training": self.training, "device": self.device, "memory": self.memory_name,
+                "ratio": ratio, "strategy": strategy, "solver": solver}
+
     def row_key(self, model: str, ratio: str, strategy: str, solver: str) -> tuple[str, ...]:
-        values = {"model": model, "batch": self.batch, "training": self.training,
-                  "device": self.device, "memory": self.memory_name, "ratio": ratio,
-                  "strategy": strategy, "solver": solver}
+        values = self.key_values(model, ratio, strategy, solver)
         return tuple(_cell(values[k]) for k in ROW_KEY)
+
+    @property
+    def dims_text(self) -> str | None:
+        return ",".join(f"{k}={v}" for k, v in sorted(self.dims.items())) or None
 
     def plan_path(self, model: str, ratio: str, strategy: str, solver: str,
                   headroom: float = 0.0) -> Path | None:
         if self.plans_dir is None:
             return None
         key = self.row_key(model, ratio, strategy, solver)
-        stem = "_".join(k.replace(":", "-").replace("/", "-") for k in key if k)
+        stem = "_".join(k.replace(":", "-").replace("/", "-").replace("=", "-").replace(",", "-")
+                        for k in key if k)
         if headroom:
             stem += f"_h{headroom:.2f}"
         # compressed: a folder of plans for large models is carried to the GPU machine

@@ -69,10 +69,7 @@ class ModelRunner:
                           headroom=s.headroom)
 
     def row(self, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
-        key = dict(zip(("model", "batch", "training", "device", "memory", "ratio", "strategy",
-                        "solver"), (self.model, self.spec.batch, self.spec.training,
-                                    self.spec.device, self.spec.memory_name, ratio, strategy,
-                                    solver), strict=True))
+        key = self.spec.key_values(self.model, ratio, strategy, solver)
         if self.error is not None:
             return {**key, "status": "error", "error": self.error}
         self._failures = []

@@ -9,57 +9,60 @@ earlier than that, for its isolated time (the profile entry without a context), 
 as its overlapped copies take; sync moves run on the GPU clock. It prints the measured time,
 the simulator's prediction (recomputed with the shipped profiles) and the replay's.
 
+The isolated times of launch-bound kernels still hold their launch gaps; `--device-times FILE`
+(kernel device times measured by `gpu_busy.py` for one model's graph) replaces them.
+
 Runs on the CPU from committed files:
   python experiments/gpu/host_replay.py experiments/results/gpu_h100.json [MODEL...]
+      [--device-times experiments/results/validation/device_times_densenet264_b32.json]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "h100-80gb-hbm3.json"
-CONFIGS = Path(__file__).resolve().parent / "configs.sh"
 
 
 def main() -> None:
-    document, *models = sys.argv[1:] or ["experiments/results/gpu_h100.json"]
-    for row in json.loads(Path(document).read_text())["rows"]:
-        if row.get("measured_s") and (not models or row["model"] in models):
-            print(replay_row(row))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("document")
+    parser.add_argument("models", nargs="*")
+    parser.add_argument("--device-times", type=Path, default=None)
+    args = parser.parse_args()
+    device_times = json.loads(args.device_times.read_text()) if args.device_times else None
+    for row in json.loads(Path(args.document).read_text())["rows"]:
+        if row.get("measured_s") and (not args.models or row["model"] in args.models):
+            print(replay_row(row, device_times))
 
 
-def replay_row(row: dict) -> str:
+def replay_row(row: dict, device_times: list[float] | None = None) -> str:
     from diagnose import _plan_path
 
     from autotm_py import api
     from autotm_py.plan import Plan
 
-    dims = benchmark_dims()[row["model"]]
+    dims = {k: int(v) for k, v in (d.split("=") for d in (row.get("dims") or "").split(",") if d)}
     graph = api.load_model(row["model"], batch=row["batch"], dims=dims or None, training=True)
     costs = api.load_costs(graph, device="cuda")
     plan = Plan.load(_plan_path(row["model"], row["batch"], dims, row["ratio"], row["strategy"],
                                 row.get("headroom") or 0.0))
     sim = api.simulate(graph, plan, costs=costs, strict=False)
-    replayed = two_clocks(plan, sim, costs.times_s, isolated_times(graph, costs.times_s))
+    gpu_times = device_times or isolated_times(graph, costs.times_s)
+    if len(gpu_times) != len(graph.kernels):
+        raise SystemExit(f"--device-times has {len(gpu_times)} kernels, {graph.name} has "
+                         f"{len(graph.kernels)}: measure them on this model's graph")
+    replayed = two_clocks(plan, sim, costs.times_s, gpu_times)
     measured = row["measured_s"]
     return (f"{row['model']:12s} {row['ratio']} {row['strategy']:5s} measured "
             f"{measured * 1e3:6.1f} ms  simulator {sim.total_s * 1e3:6.1f} "
             f"({_error(sim.total_s, measured)})  host replay {replayed * 1e3:6.1f} "
             f"({_error(replayed, measured)})")
-
-
-def benchmark_dims() -> dict[str, dict[str, int]]:
-    """Each model's --dim values, from configs.sh (bench rows do not record them)."""
-    dims: dict[str, dict[str, int]] = {}
-    for model, args in re.findall(r'\[(\w+)\]="([^"]*)"', CONFIGS.read_text()):
-        pairs = re.findall(r"--dim (\w+)=(\d+)", args)
-        dims[model] = {name: int(value) for name, value in pairs}
-    return dims
 
 
 def isolated_times(graph, in_context: tuple[float, ...]) -> list[float]:
