@@ -31,6 +31,10 @@ def test_in_context_times_sum_to_the_iteration(tmp_path):
     # per-signature medians of consecutive-event intervals: they sum to the iteration measured
     # in the same runs (medians of a few runs of a tiny graph: a loose tolerance)
     assert costs.total_s == pytest.approx(costs.summary["iteration_median_s"], rel=0.25)
+    # device times (torch profiler ranges): every kernel launched GPU work, and the GPU work of
+    # an iteration is no more than its wall time plus the noise of a few tiny kernels
+    assert len(costs.device_s) == len(graph.kernels) and min(costs.device_s) > 0
+    assert sum(costs.device_s) <= 1.25 * costs.summary["iteration_median_s"]
 
 
 def test_in_context_entries_belong_to_their_graph(tmp_path):
@@ -69,3 +73,88 @@ def test_event_overhead_is_taken_off_every_kernel_evenly():
     assert corrected[0] == pytest.approx([0.5, 0.75, 8.5])
     # an uninstrumented run that is slower (noise) takes nothing off
     assert remove_event_overhead([[1.0, 2.0]], 5.0) == ([[1.0, 2.0]], 0.0)
+
+
+def test_device_times_come_from_the_kernel_ranges():
+    """The host-side range of each kernel carries the device time of what it launched; the
+    device-side copy of a range is not counted twice; instances are summed per kernel id and
+    a signature's entry takes the median over its instances."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from autotm_py.profiling.in_context import kernel_device_times, per_signature_median
+    from autotm_py.runtime.executor import KERNEL_RANGE
+
+    def event(name, device, us):
+        return SimpleNamespace(name=name, device_type=device, device_time_total=us)
+
+    events = [event(f"{KERNEL_RANGE}0", DeviceType.CPU, 30.0),
+              event(f"{KERNEL_RANGE}0", DeviceType.CUDA, 30.0),  # the device-side copy
+              event(f"{KERNEL_RANGE}2", DeviceType.CPU, 10.0),
+              event("aten::relu", DeviceType.CPU, 99.0)]
+    assert kernel_device_times(events, 3) == pytest.approx([30e-6, 0.0, 10e-6])
+    graph = _graph("cnn")
+    times = [1e-6 * (k.id + 1) for k in graph.kernels]
+    medians = per_signature_median(graph, times)
+    for signature in {k.signature for k in graph.kernels}:
+        ids = [k.id for k in graph.kernels if k.signature == signature]
+        assert medians[signature] == pytest.approx(sorted(times[i] for i in ids)[len(ids) // 2]
+                                                   if len(ids) % 2 else
+                                                   sum(sorted(times[i] for i in ids)
+                                                       [len(ids) // 2 - 1:len(ids) // 2 + 1]) / 2)
+    assert per_signature_median(graph, []) == {}
+
+
+def test_kernel_ranges_wrap_every_kernel():
+    """The executor's ranges (CPU here: the plumbing the CUDA device times rely on)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from autotm_py.runtime.executor import KERNEL_RANGE, _new_executor
+
+    graph = _graph("cnn")
+    _, executor = _new_executor(graph, all_fast_plan(graph), "cpu", seed=0,
+                                deterministic=False, kernel_ranges=True)
+    executor.prepare()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        executor.run()
+    named = {e.name for e in prof.events() if e.name.startswith(KERNEL_RANGE)}
+    assert named == {f"{KERNEL_RANGE}{k.id}" for k in graph.kernels}
+    assert torch.is_tensor(executor.value(graph.outputs[0]))
+
+
+def test_device_times_travel_from_profile_to_costs(tmp_path):
+    """An in-context entry's device time reaches `KernelCosts.device_s`; without one the costs
+    have none (the simulator then keeps one clock)."""
+    from autotm_py.profiling.cache import ProfileEntry, write_entries
+    from autotm_py.profiling.fingerprint import target_fingerprint
+    from autotm_py.profiling.in_context import context_key
+    from autotm_py.profiling.profile import load_costs
+    from autotm_py.profiling.sources import all_fast
+    from tests.synthetic import chain
+
+    graph = chain(2)
+    fp = target_fingerprint("cuda")
+    key = context_key(graph)
+    entry = ProfileEntry(1e-3, 1e-3, 1e-3, 3, context=key, device_s=2e-4)
+    assert ProfileEntry.from_dict(entry.to_dict()) == entry
+    write_entries(tmp_path / "gpu.json", fp,
+                  {k.signature: {f"{all_fast(k)}@{key}": entry} for k in graph.kernels})
+    shipped = tmp_path / "none"
+    costs = load_costs(graph, device="cuda", profiles_dir=tmp_path, shipped_dir=shipped)
+    assert costs.device_s == (2e-4,) * len(graph.kernels)
+    other = tmp_path / "other"
+    write_entries(other / "gpu.json", fp, {k.signature: {f"{all_fast(k)}@{key}": ProfileEntry(
+        1e-3, 1e-3, 1e-3, 3, context=key)} for k in graph.kernels})
+    assert load_costs(graph, device="cuda", profiles_dir=other, shipped_dir=shipped).device_s == ()
+
+
+def test_profile_summary_prints_the_device_time():
+    from autotm_py.cli.device import profile_lines
+
+    summary = {"kernels": 3, "unique": 2, "exact": 3, "device_total_s": 0.068}
+    assert any("device time" in line and "68.000 ms" in line
+               for line in profile_lines(summary, 0.104))
+    assert not any("device time" in line for line in profile_lines(
+        {k: v for k, v in summary.items() if k != "device_total_s"}, 0.104))

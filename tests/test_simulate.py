@@ -204,3 +204,34 @@ def test_free_of_a_copy_source_waits_for_the_copy():
     # ... and its fast bytes stayed counted through kernel 1 (a0 + a1 = 2 MiB)
     compute1 = res.memory["record"].index(4)
     assert res.memory["fast_bytes"][compute1] == 2 * MB
+
+
+def test_device_times_let_a_sync_copy_hide_launch_gaps():
+    """Two clocks (profiles with device times): kernels of 1 ms in context but 0.25 ms of GPU
+    work are host-bound; a sync copy holds the GPU back while the host dispatches ahead, so
+    the kernel after it starts as soon as the copy ends. Without device times, or without
+    copies, the prediction is the plain sum."""
+    from dataclasses import replace
+
+    g, _, initial, (x, a0, a1, _) = chain_plan()
+    link = preset("h100-pcie5").link
+    write = link.latency_s + MB / link.write_bw
+    read = link.latency_s + MB / link.read_bw
+    sync = [Compute(0, (FAST, FAST)), Free(x, FAST), Move(a0, SLOW, "sync"), Free(a0, FAST),
+            Move(a0, FAST, "sync"), Compute(1, (FAST, FAST)), Free(a0, FAST), Free(a0, SLOW),
+            Compute(2, (FAST, FAST)), Free(a1, FAST)]
+    plain, plan = costs(g), make_plan(g, sync, initial)
+    two_clocks = replace(plain, device_s=(0.25e-3,) * 3)
+    assert simulate(g, plan, costs=plain).total_s == pytest.approx(3e-3 + write + read)
+    # a kernel ends no earlier than its dispatch: kernel 0 at 1 ms; the copies run to
+    # 1 + write + read ms, long past kernel 1's dispatch (2 ms), so kernel 1 follows them at
+    # once; kernel 2 ends with its dispatch (3 ms) unless the GPU is later still
+    copies_end = 1e-3 + write + read
+    expected = max(copies_end + 0.25e-3, 2e-3)
+    expected = max(expected + 0.25e-3, 3e-3)
+    assert simulate(g, plan, costs=two_clocks).total_s == pytest.approx(expected)
+    assert simulate(g, plan, costs=two_clocks).total_s < simulate(g, plan, costs=plain).total_s
+    g2, records, initial2, _ = chain_plan()
+    no_moves = make_plan(g2, records, initial2)
+    assert simulate(g2, no_moves, costs=replace(costs(g2), device_s=(0.25e-3,) * 3)
+                    ).total_s == pytest.approx(3e-3)  # host-bound: the dispatch sum

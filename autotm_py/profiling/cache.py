@@ -58,6 +58,9 @@ class ProfileEntry:
     workspace_bytes: int | None = None
     # "graph": timed inside whole-graph iterations (profiling/in_context.py); None: alone
     context: str | None = None
+    # in-context entries (CUDA): the time the kernel keeps the GPU busy, without the launch
+    # gaps that `median_s` includes (torch profiler); the simulator's GPU clock uses it
+    device_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -72,7 +75,8 @@ class ProfileEntry:
                     None if data.get("load") is None else float(data["load"]),
                     None if data.get("workspace_bytes") is None
                     else int(data["workspace_bytes"]),
-                    None if data.get("context") is None else str(data["context"]))
+                    None if data.get("context") is None else str(data["context"]),
+                    None if data.get("device_s") is None else float(data["device_s"]))
         if entry.source not in (MEASURED, ESTIMATED) or not entry.median_s >= 0:
             raise ValueError(f"bad entry {dict(data)}")
         return entry

@@ -46,6 +46,10 @@ class KernelCosts:
     # per kernel: device memory it allocates beyond its IO while it runs (measured on CUDA;
     # empty or 0 where unknown). The capacity rows count it (memory/model.py).
     workspace_bytes: tuple[int, ...] = ()
+    # per kernel: seconds it keeps the GPU busy, without the launch gaps that `times_s` holds
+    # (in-context CUDA profiles; 0 where unknown, empty where none is). The simulator runs
+    # kernels on a GPU clock with it and the host's dispatch on a clock of `times_s`.
+    device_s: tuple[float, ...] = ()
 
     @classmethod
     def from_times(cls, device: str, times_s: Sequence[float],

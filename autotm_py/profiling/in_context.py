@@ -12,7 +12,9 @@ measured iteration time. Recording an event costs the host a few microseconds pe
 Python dispatch bounds the iteration (many small kernels: ResNet-200, DenseNet-264) that
 stretches the instrumented iteration (DenseNet-264: 160 ms against 128 ms), so the same
 iteration is also timed without events and the excess is taken off every kernel in equal
-shares (`remove_event_overhead`). Workspace sizes measured in isolation are kept. The entries
+shares (`remove_event_overhead`). One more iteration runs under the torch profiler with every
+kernel in a range, which gives each kernel's device time (`device_s`: GPU work without launch
+gaps; the simulator's GPU clock). Workspace sizes measured in isolation are kept. The entries
 are kept per graph (`context_key`): `load_costs` prefers them for that graph and uses the isolated
 times for every other graph.
 """
@@ -63,23 +65,79 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
     for per_kernel in corrected:
         for kernel, seconds in zip(graph.kernels, per_kernel, strict=True):
             samples[kernel.signature].append(seconds)
+    device_s = per_signature_median(graph, measure_device_times(graph, plan, device))
     sources = _sources("cuda", fingerprint, profiles_dir, None)
     key = context_key(graph)
-    entries = {k.signature: {f"{all_fast(k)}@{key}": _entry(k, samples[k.signature], graph,
-                                                          sources)}
-               for k in unique_kernels(graph)}
+    entries = {k.signature: {f"{all_fast(k)}@{key}": replace(
+        _entry(k, samples[k.signature], graph, sources), device_s=device_s.get(k.signature))}
+        for k in unique_kernels(graph)}
     from autotm_py.profiling.cache import user_profiles_dir
 
     path = profile_path(user_profiles_dir(profiles_dir), fingerprint)
     write_entries(path, fingerprint, entries)
     log.info("%s: %d kernels timed in context over %d iterations (median %.3f ms, %.3f ms "
-             "with events; %.2f us per event taken off) into %s", graph.name,
-             len(graph.kernels), iterations, plain.median_s * 1e3, run.median_s * 1e3,
-             overhead * 1e6, path)
+             "with events; %.2f us per event taken off; %.3f ms of device time) into %s",
+             graph.name, len(graph.kernels), iterations, plain.median_s * 1e3,
+             run.median_s * 1e3, overhead * 1e6,
+             sum(device_s.get(k.signature, 0.0) for k in graph.kernels) * 1e3, path)
     costs = load_costs(graph, device="cuda", profiles_dir=profiles_dir)
     return replace(costs, summary={**costs.summary, "iteration_median_s": plain.median_s,
                                    "instrumented_median_s": run.median_s,
-                                   "event_overhead_s": overhead, "iterations": iterations})
+                                   "event_overhead_s": overhead, "iterations": iterations,
+                                   "device_total_s": sum(costs.device_s)})
+
+
+def measure_device_times(graph: TensorGraph, plan: Plan, device: str,
+                         warmup: int = 2) -> list[float]:
+    """Per kernel, seconds of GPU work it launched in one iteration: each kernel runs inside
+    a profiler range, and the torch profiler's CUDA activity gives the range's device time.
+    Unlike the event intervals, this leaves out the gaps where the GPU waited for the host.
+    Empty when the profiler fails (the entries then keep event times only)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from autotm_py.runtime.executor import _new_executor
+
+    _, executor = _new_executor(graph, plan, device, seed=0, deterministic=False,
+                                kernel_ranges=True)
+    try:
+        for _ in range(warmup):
+            executor.prepare()
+            executor.run()
+        executor.prepare()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            executor.run()
+            torch.cuda.synchronize()
+    except RuntimeError as exc:  # the profiler (CUPTI) may be unavailable
+        log.warning("%s: device times not measured (%s); the simulator keeps one clock",
+                    graph.name, str(exc).splitlines()[0][:200])
+        return []
+    return kernel_device_times(prof.events(), len(graph.kernels))
+
+
+def kernel_device_times(events, n_kernels: int) -> list[float]:
+    """Seconds of device work under each kernel's range (host-side range events only: the
+    device-side copy of a range spans the same work)."""
+    from torch.autograd import DeviceType
+
+    from autotm_py.runtime.executor import KERNEL_RANGE
+
+    seconds = [0.0] * n_kernels
+    for event in events:
+        if event.name.startswith(KERNEL_RANGE) and event.device_type == DeviceType.CPU:
+            total = getattr(event, "device_time_total", None)  # torch < 2.4: cuda_time_total
+            total = event.cuda_time_total if total is None else total
+            seconds[int(event.name[len(KERNEL_RANGE):])] += total / 1e6
+    return seconds
+
+
+def per_signature_median(graph: TensorGraph, per_kernel: Sequence[float]) -> dict[str, float]:
+    """The median over each signature's instances (empty input: nothing known)."""
+    by_signature: dict[str, list[float]] = defaultdict(list)
+    for kernel, seconds in zip(graph.kernels, per_kernel, strict=False):
+        by_signature[kernel.signature].append(seconds)
+    return {sig: float(np.median(v)) for sig, v in by_signature.items() if max(v) > 0}
 
 
 # A kernel keeps at least this share of its instrumented time: the overhead is taken evenly,

@@ -58,6 +58,7 @@ class KernelTime:
     how: str  # EXACT, SCALED or ROOFLINE
     set_index: int  # rank of the serving set, -1 for the roofline
     workspace_bytes: int = 0
+    device_s: float | None = None  # GPU busy time without launch gaps (in-context entries)
 
 
 class CostSources:
@@ -103,7 +104,7 @@ class CostSources:
             entry = s.get(kernel.signature, in_context) or s.get(kernel.signature, placement)
             if entry is not None and entry.source != ESTIMATED:
                 return KernelTime(entry.median_s, entry.p10_s, entry.p90_s, EXACT, rank,
-                                  entry.workspace_bytes or 0)
+                                  entry.workspace_bytes or 0, entry.device_s)
             shape = shape or OpShape.of_kernel(graph, kernel)
             roofline = self.roofline_for(s.fingerprint) or reference_roofline(self.kind)
             hit = self._index(rank).find(shape, placement, roofline, batch)
@@ -150,4 +151,6 @@ class CostSources:
             source=source,
             summary=summary,
             workspace_bytes=tuple(t.workspace_bytes for t in times),
+            device_s=tuple(t.device_s or 0.0 for t in times)
+            if any(t.device_s for t in times) else (),
         )

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 # Roles re-materialized (untimed) at the start of every iteration from host master copies: the
 # data batch and constants. Weights and optimizer state carry over from the previous iteration.
 _REFRESHED_ROLES = (Role.INPUT, Role.LABEL, Role.CONSTANT)
+KERNEL_RANGE = "autotm-kernel-"  # profiler range around kernel k: KERNEL_RANGE + str(k)
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,15 @@ class Executor(PlanInterpreter):
     """Executes one iteration per `run()`; `values` carries weights between iterations."""
 
     def __init__(self, graph: TensorGraph, plan: Plan, *, device: str,
-                 masters: Mapping[int, torch.Tensor], kernel_times: bool = False) -> None:
+                 masters: Mapping[int, torch.Tensor], kernel_times: bool = False,
+                 kernel_ranges: bool = False) -> None:
         super().__init__(graph, plan)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.masters = masters  # host copies of every no-producer tensor (initial values)
         self.kernel_times = kernel_times
+        # each kernel inside a profiler range named KERNEL_RANGE + id (device-time profiling)
+        self.kernel_ranges = kernel_ranges
         self.state = _State()
         self.carry: dict[int, tuple[str, torch.Tensor]] = {}
         self.streams = _Streams(torch.cuda.Stream(self.device), torch.cuda.Stream(self.device)) \
@@ -173,7 +177,11 @@ class Executor(PlanInterpreter):
         kernel = self.graph.kernels[record.kernel]
         n_in = len(kernel.inputs)
         args = [self._read(tid, record.placement[i]) for i, tid in enumerate(kernel.inputs)]
-        outputs = run_kernel(kernel, args)
+        if self.kernel_ranges:
+            with torch.profiler.record_function(f"{KERNEL_RANGE}{record.kernel}"):
+                outputs = run_kernel(kernel, args)
+        else:
+            outputs = run_kernel(kernel, args)
         for event in self.state.attached.pop(record.kernel, ()):
             # AutoTM's join: the copies overlapped with this kernel finish with it, as the
             # planner and the simulator assume (a step lasts max(kernel, its copies)).
@@ -307,7 +315,8 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
 
 
 def _new_executor(graph: TensorGraph, plan: Plan, device: str, seed: int, deterministic: bool,
-                  kernel_times: bool = False) -> tuple[str, Executor]:
+                  kernel_times: bool = False, kernel_ranges: bool = False
+                  ) -> tuple[str, Executor]:
     """The checked device and an executor on it, with the initial values drawn from `seed`."""
     from autotm_py.runtime.reference import init_values
 
@@ -315,7 +324,8 @@ def _new_executor(graph: TensorGraph, plan: Plan, device: str, seed: int, determ
     if dev.startswith("cuda"):
         _configure_cuda(deterministic)
     masters = {tid: v.cpu() for tid, v in init_values(graph, seed=seed, device="cpu").items()}
-    return dev, Executor(graph, plan, device=dev, masters=masters, kernel_times=kernel_times)
+    return dev, Executor(graph, plan, device=dev, masters=masters, kernel_times=kernel_times,
+                         kernel_ranges=kernel_ranges)
 
 
 @dataclass

@@ -4,14 +4,20 @@ Streams: one compute stream, and copy streams from `MemorySystem.stream_of`: GPU
 engine per direction (``h2d``, ``d2h``) that overlap with compute and with each other; host mode
 has one copy thread (``copy``) that both directions share, as in AutoTM's runtime.
 
-Timing rules (the ILP's objective uses the same ones, through `MachineModel`):
+Timing rules (the ILP's objective uses the same ones, through `MachineModel`, except the host
+clock of the last rule):
 - a sync move blocks compute: it starts when the compute stream and its copy stream are free;
 - async moves attached to kernel k (records before ``Compute(k)``) start when k starts, run in
   record order on their stream, and join at the end of the step: the next record starts at
   max(kernel end, copy ends). With a both-directions bandwidth (GPU), copies of the two
   engines share it: if their bytes need longer than either engine alone, both are stretched
   evenly so the step lasts bytes / both_directions_bw, the fluid lower bound;
-- a kernel lasts `MachineModel.kernel_time` for its placement.
+- a kernel lasts `MachineModel.kernel_time` for its placement;
+- GPU mode, where profiles give device times (`KernelCosts.device_s`): the host dispatches
+  kernel after kernel at their profiled times (launch gaps included) and never waits; a kernel
+  lasts its device time and ends no earlier than its dispatch does. While copies hold the GPU
+  back the host runs ahead, so launch gaps stop counting. Without device times, or without
+  copies, this is the plain sum above.
 
 Memory rules: a tensor occupies its aligned size in a tier from the record that creates the
 copy (a move's destination is taken when the move is issued; an output when its kernel starts)
@@ -128,7 +134,8 @@ class Simulator(PlanInterpreter):
         self.produced = np.zeros(n, dtype=bool)
         self.slow_sizes = aligned_sizes(graph)
         self.bytes = [0, 0]
-        self.clock = 0.0
+        self.clock = 0.0  # the compute stream (the GPU clock)
+        self.host = 0.0  # when the host starts dispatching the next kernel (see compute)
         self.stream_free: dict[str, float] = {}
         self.step = _Step()
         self.kernels: list[KernelSpan] = []
@@ -235,8 +242,16 @@ class Simulator(PlanInterpreter):
             self._check_readable(tid, rec.placement[slot], "input")
         for tid, tier in zip(kernel.outputs, rec.placement[len(kernel.inputs):], strict=True):
             self._create_output(tid, tier)
-        start = self.clock
-        duration = self.model.kernel_time(kid, rec.placement)
+        # Two clocks: the host dispatches kernel after kernel, each taking its profiled time
+        # (launch gaps included), and never waits for the GPU; the GPU runs a kernel for its
+        # device time, ending no earlier than its dispatch ends (so a host-bound stretch
+        # lasts its profiled sum, as it was measured). Without device times the two are equal
+        # and this is the plain sum. Where copies hold the GPU back, the host runs ahead and
+        # the launch gaps vanish (docs/gpu.md, DenseNet-264).
+        profiled = self.model.kernel_time(kid, rec.placement)
+        self.host += profiled
+        duration = self.model.device_time(kid) if self.model.gpu else profiled
+        start = max(self.clock, self.host - duration)
         self.mark(start, extra=int(self.model.workspace[kid]))
         step_end = self._run_copies(start, duration)
         code = "".join(TIER_CODES[p] for p in rec.placement)

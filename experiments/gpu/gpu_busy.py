@@ -7,8 +7,8 @@ kernels and of the copies: what the GPU itself spends. Wall minus kernel time is
 (and waits); a plan whose copies occupy the GPU lets the host run ahead into them.
 
 Each IR kernel runs inside a profiler range, so the device time of every kernel comes out too
-($OUT/device_times_CELL.json, seconds by kernel id): `host_replay.py --device-times` prices the
-kernels on the GPU clock with them.
+($OUT/device_times_CELL.json, seconds by kernel id; `import_device_times.py` puts them into a
+profile, which `autotm profile --in-context` now does by itself).
 
 Usage (on the GPU machine):
   python3 experiments/gpu/gpu_busy.py densenet264:32:1-1:all-fast densenet264:32:1-1:sync:0.15
@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-RANGE = "autotm-kernel-"
 
 
 def main() -> None:
@@ -41,16 +40,8 @@ def busy(cell: str, out: Path) -> dict:
 
     from autotm_py import api
     from autotm_py.plan import Plan
-    from autotm_py.profiling.in_context import all_fast_plan
-    from autotm_py.runtime.executor import Executor, _apply_cap, _new_executor, time_region
-
-    class RangedExecutor(Executor):
-        """Each kernel in a profiler range named after its id: the range's device time is
-        the device time of the CUDA kernels it launched."""
-
-        def compute(self, record) -> None:
-            with torch.profiler.record_function(f"{RANGE}{record.kernel}"):
-                super().compute(record)
+    from autotm_py.profiling.in_context import all_fast_plan, kernel_device_times
+    from autotm_py.runtime.executor import KERNEL_RANGE, _apply_cap, _new_executor, time_region
 
     model, batch, ratio, strategy, *rest = cell.split(":")
     graph = api.load_model(model, batch=int(batch), training=True)
@@ -63,7 +54,7 @@ def busy(cell: str, out: Path) -> dict:
         for _ in range(3):
             executor.prepare()
             plain = time_region(executor.device, executor.run)
-        executor.__class__ = RangedExecutor  # ranges cost host time: not in the timed runs
+        executor.kernel_ranges = True  # ranges cost host time: not in the timed runs
         executor.prepare()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             executor.run()
@@ -72,13 +63,9 @@ def busy(cell: str, out: Path) -> dict:
         if cap is not None:
             torch.cuda.set_per_process_memory_fraction(1.0, 0)
     kernels = copies = 0.0
-    per_kernel = [0.0] * len(graph.kernels)
+    per_kernel = kernel_device_times(prof.events(), len(graph.kernels))
     for event in prof.events():
-        if event.name.startswith(RANGE):  # the host-side range (a device-side copy is skipped)
-            if event.device_type == DeviceType.CPU:
-                per_kernel[int(event.name[len(RANGE):])] += _device_seconds(event)
-            continue
-        if event.device_type != DeviceType.CUDA:
+        if event.name.startswith(KERNEL_RANGE) or event.device_type != DeviceType.CUDA:
             continue
         seconds = event.time_range.elapsed_us() / 1e6
         if "memcpy" in event.name.lower():
@@ -93,12 +80,6 @@ def busy(cell: str, out: Path) -> dict:
           f"  GPU kernels {kernels * 1e3:7.1f}  copies {copies * 1e3:7.1f}  per-kernel sum "
           f"{sum(per_kernel) * 1e3:7.1f}", flush=True)
     return row
-
-
-def _device_seconds(event) -> float:
-    # torch >= 2.4 names it device_time_total; older versions cuda_time_total (microseconds)
-    total = getattr(event, "device_time_total", None)
-    return (total if total is not None else event.cuda_time_total) / 1e6
 
 
 if __name__ == "__main__":

@@ -1,0 +1,53 @@
+"""Add device times measured by `gpu_busy.py` to a model's in-context entries in a profile file.
+
+`autotm profile --in-context` now measures device times itself; the DenseNet-264 and ResNet-200
+entries shipped in profiles/h100-80gb-hbm3.json were measured before it did, and their device
+times were measured separately (`gpu_busy.py`, experiments/results/validation/
+device_times_*_b32.json, per kernel id of the all-fast iteration). This writes each signature's
+median over its instances into the model's in-context entries, as in_context.py would.
+
+Usage (CPU):
+  python experiments/gpu/import_device_times.py densenet264 32 \
+      experiments/results/validation/device_times_densenet264_b32.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "h100-80gb-hbm3.json"
+
+
+def main() -> None:
+    from autotm_py import api
+    from autotm_py.profiling.cache import read_profile_file, write_entries
+    from autotm_py.profiling.in_context import context_key, per_signature_median
+    from autotm_py.profiling.sources import all_fast
+
+    model, batch, times_file = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    graph = api.load_model(model, batch=batch, training=True)
+    per_kernel = json.loads(times_file.read_text())
+    if len(per_kernel) != len(graph.kernels):
+        raise SystemExit(f"{times_file}: {len(per_kernel)} kernels, {graph.name} has "
+                         f"{len(graph.kernels)}: measured on another graph")
+    device = per_signature_median(graph, per_kernel)
+    (profile,) = read_profile_file(PROFILE, shipped=True).values()
+    key = context_key(graph)
+    entries = {}
+    for kernel in graph.kernels:
+        placement = f"{all_fast(kernel)}@{key}"
+        entry = profile.get(kernel.signature, placement)
+        if entry is None:
+            raise SystemExit(f"{PROFILE}: no in-context entry for {kernel.name} of {graph.name}")
+        if kernel.signature in device:
+            entries[kernel.signature] = {placement: replace(entry,
+                                                            device_s=device[kernel.signature])}
+    write_entries(PROFILE, profile.fingerprint, entries)
+    print(f"{graph.name}: device times for {len(entries)} signatures into {PROFILE}")
+
+
+if __name__ == "__main__":
+    main()
