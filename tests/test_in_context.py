@@ -31,10 +31,6 @@ def test_in_context_times_sum_to_the_iteration(tmp_path):
     # per-signature medians of consecutive-event intervals: they sum to the iteration measured
     # in the same runs (medians of a few runs of a tiny graph: a loose tolerance)
     assert costs.total_s == pytest.approx(costs.summary["iteration_median_s"], rel=0.25)
-    # device times (torch profiler ranges): every kernel launched GPU work, and the GPU work of
-    # an iteration is no more than its wall time plus the noise of a few tiny kernels
-    assert len(costs.device_s) == len(graph.kernels) and min(costs.device_s) > 0
-    assert sum(costs.device_s) <= 1.25 * costs.summary["iteration_median_s"]
 
 
 def test_in_context_entries_belong_to_their_graph(tmp_path):
@@ -148,13 +144,3 @@ def test_device_times_travel_from_profile_to_costs(tmp_path):
     write_entries(other / "gpu.json", fp, {k.signature: {f"{all_fast(k)}@{key}": ProfileEntry(
         1e-3, 1e-3, 1e-3, 3, context=key)} for k in graph.kernels})
     assert load_costs(graph, device="cuda", profiles_dir=other, shipped_dir=shipped).device_s == ()
-
-
-def test_profile_summary_prints_the_device_time():
-    from autotm_py.cli.device import profile_lines
-
-    summary = {"kernels": 3, "unique": 2, "exact": 3, "device_total_s": 0.068}
-    assert any("device time" in line and "68.000 ms" in line
-               for line in profile_lines(summary, 0.104))
-    assert not any("device time" in line for line in profile_lines(
-        {k: v for k, v in summary.items() if k != "device_total_s"}, 0.104))

@@ -80,9 +80,6 @@ def profile_lines(summary: dict[str, Any] | Any, total_s: float) -> list[str]:
     if s.get("estimated"):
         detail += f", {s['estimated']} estimated (roofline)"
     lines.append(f"{detail}; one iteration sums to {total_s * 1e3:.3f} ms")
-    if s.get("device_total_s"):
-        lines.append(f"device time (GPU work without launch gaps): "
-                     f"{s['device_total_s'] * 1e3:.3f} ms per iteration")
     failed = s.get("failed") or ()
     if failed:
         lines.append(f"warning: {len(failed)} kernels could not be profiled (see -v): "

@@ -12,9 +12,12 @@ measured iteration time. Recording an event costs the host a few microseconds pe
 Python dispatch bounds the iteration (many small kernels: ResNet-200, DenseNet-264) that
 stretches the instrumented iteration (DenseNet-264: 160 ms against 128 ms), so the same
 iteration is also timed without events and the excess is taken off every kernel in equal
-shares (`remove_event_overhead`). One more iteration runs under the torch profiler with every
-kernel in a range, which gives each kernel's device time (`device_s`: GPU work without launch
-gaps; the simulator's GPU clock). Workspace sizes measured in isolation are kept. The entries
+shares (`remove_event_overhead`). Workspace sizes measured in isolation are kept. Device times
+(`device_s`: the GPU work a kernel launched, without launch gaps; the simulator's GPU clock)
+come from a profiler run with every kernel in a range: `kernel_device_times` reads them and
+`per_signature_median` makes entries of them (experiments/gpu/gpu_busy.py and
+import_device_times.py; not yet part of `profile_in_context`, whose GPU path they would change
+untested). The entries
 are kept per graph (`context_key`): `load_costs` prefers them for that graph and uses the isolated
 times for every other graph.
 """
@@ -65,55 +68,23 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
     for per_kernel in corrected:
         for kernel, seconds in zip(graph.kernels, per_kernel, strict=True):
             samples[kernel.signature].append(seconds)
-    device_s = per_signature_median(graph, measure_device_times(graph, plan, device))
     sources = _sources("cuda", fingerprint, profiles_dir, None)
     key = context_key(graph)
-    entries = {k.signature: {f"{all_fast(k)}@{key}": replace(
-        _entry(k, samples[k.signature], graph, sources), device_s=device_s.get(k.signature))}
-        for k in unique_kernels(graph)}
+    entries = {k.signature: {f"{all_fast(k)}@{key}": _entry(k, samples[k.signature], graph,
+                                                          sources)}
+               for k in unique_kernels(graph)}
     from autotm_py.profiling.cache import user_profiles_dir
 
     path = profile_path(user_profiles_dir(profiles_dir), fingerprint)
     write_entries(path, fingerprint, entries)
     log.info("%s: %d kernels timed in context over %d iterations (median %.3f ms, %.3f ms "
-             "with events; %.2f us per event taken off; %.3f ms of device time) into %s",
-             graph.name, len(graph.kernels), iterations, plain.median_s * 1e3,
-             run.median_s * 1e3, overhead * 1e6,
-             sum(device_s.get(k.signature, 0.0) for k in graph.kernels) * 1e3, path)
+             "with events; %.2f us per event taken off) into %s", graph.name,
+             len(graph.kernels), iterations, plain.median_s * 1e3, run.median_s * 1e3,
+             overhead * 1e6, path)
     costs = load_costs(graph, device="cuda", profiles_dir=profiles_dir)
     return replace(costs, summary={**costs.summary, "iteration_median_s": plain.median_s,
                                    "instrumented_median_s": run.median_s,
-                                   "event_overhead_s": overhead, "iterations": iterations,
-                                   "device_total_s": sum(costs.device_s)})
-
-
-def measure_device_times(graph: TensorGraph, plan: Plan, device: str,
-                         warmup: int = 2) -> list[float]:
-    """Per kernel, seconds of GPU work it launched in one iteration: each kernel runs inside
-    a profiler range, and the torch profiler's CUDA activity gives the range's device time.
-    Unlike the event intervals, this leaves out the gaps where the GPU waited for the host.
-    Empty when the profiler fails (the entries then keep event times only)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from autotm_py.runtime.executor import _new_executor
-
-    _, executor = _new_executor(graph, plan, device, seed=0, deterministic=False,
-                                kernel_ranges=True)
-    try:
-        for _ in range(warmup):
-            executor.prepare()
-            executor.run()
-        executor.prepare()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            executor.run()
-            torch.cuda.synchronize()
-    except RuntimeError as exc:  # the profiler (CUPTI) may be unavailable
-        log.warning("%s: device times not measured (%s); the simulator keeps one clock",
-                    graph.name, str(exc).splitlines()[0][:200])
-        return []
-    return kernel_device_times(prof.events(), len(graph.kernels))
+                                   "event_overhead_s": overhead, "iterations": iterations})
 
 
 def kernel_device_times(events, n_kernels: int) -> list[float]:
