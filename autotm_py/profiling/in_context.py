@@ -17,9 +17,8 @@ shares (`remove_event_overhead`). Workspace sizes measured in isolation are kept
 come from a profiler run with every kernel in a range: `kernel_device_times` reads them and
 `per_signature_median` makes entries of them (experiments/gpu/gpu_busy.py and
 import_device_times.py; not yet part of `profile_in_context`, whose GPU path they would change
-untested). The entries
-are kept per graph (`context_key`): `load_costs` prefers them for that graph and uses the isolated
-times for every other graph.
+untested). The entries are kept per graph (`context_key`): `load_costs` prefers them for that
+graph and uses the isolated times for every other graph.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from autotm_py.errors import ProfileError
 from autotm_py.profiling.cache import MEASURED, ProfileEntry, now_iso, profile_path, write_entries
 from autotm_py.profiling.fingerprint import current_fingerprint
 from autotm_py.profiling.profile import _sources, load_costs, unique_kernels
-from autotm_py.profiling.sources import all_fast, graph_batch
+from autotm_py.profiling.sources import all_fast, graph_batch, in_context_placement
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -69,9 +68,8 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
         for kernel, seconds in zip(graph.kernels, per_kernel, strict=True):
             samples[kernel.signature].append(seconds)
     sources = _sources("cuda", fingerprint, profiles_dir, None)
-    key = context_key(graph)
-    entries = {k.signature: {f"{all_fast(k)}@{key}": _entry(k, samples[k.signature], graph,
-                                                          sources)}
+    entries = {k.signature: {in_context_placement(graph, k): _entry(k, samples[k.signature],
+                                                                    graph, sources)}
                for k in unique_kernels(graph)}
     from autotm_py.profiling.cache import user_profiles_dir
 
@@ -105,8 +103,10 @@ def kernel_device_times(events, n_kernels: int) -> list[float]:
 
 def per_signature_median(graph: TensorGraph, per_kernel: Sequence[float]) -> dict[str, float]:
     """The median over each signature's instances (empty input: nothing known)."""
+    if not per_kernel:
+        return {}
     by_signature: dict[str, list[float]] = defaultdict(list)
-    for kernel, seconds in zip(graph.kernels, per_kernel, strict=False):
+    for kernel, seconds in zip(graph.kernels, per_kernel, strict=True):
         by_signature[kernel.signature].append(seconds)
     return {sig: float(np.median(v)) for sig, v in by_signature.items() if max(v) > 0}
 

@@ -34,6 +34,12 @@ def all_fast(kernel: Kernel) -> str:
     return "F" * len(kernel.io)
 
 
+def in_context_placement(graph: TensorGraph, kernel: Kernel) -> str:
+    """The placement key of a kernel's in-context entry, "<placement>@<model hash>": its time
+    inside whole iterations of that graph (profiling/in_context.py)."""
+    return f"{all_fast(kernel)}@{graph.model_hash}"
+
+
 def graph_batch(graph: TensorGraph) -> int | None:
     """The batch a graph was built at: `meta['batch']`, else `meta['dims']['batch']` (the
     importer's bindings), else dim 0 of its first input."""
@@ -99,7 +105,7 @@ class CostSources:
     def lookup(self, graph: TensorGraph, kernel: Kernel, batch: int | None) -> KernelTime:
         placement = all_fast(kernel)
         shape: OpShape | None = None
-        in_context = f"{placement}@{graph.model_hash}"  # profiling/in_context.py
+        in_context = in_context_placement(graph, kernel)
         for rank, s in enumerate(self.sets):
             entry = s.get(kernel.signature, in_context) or s.get(kernel.signature, placement)
             if entry is not None and entry.source != ESTIMATED:

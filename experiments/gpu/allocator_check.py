@@ -66,11 +66,10 @@ def _in_fresh_process(cell: str, setting: str, headroom: float, iterations: int)
 
 def check(cell: str, setting: str, headroom: float, iterations: int) -> dict:
     import torch
-    from diagnose import _plan_path
+    from diagnose import load_plan, parse_cell
 
     from autotm_py import api
     from autotm_py.errors import AutoTMError
-    from autotm_py.plan import Plan
     from autotm_py.runtime import executor
 
     if setting.startswith("runtime:"):
@@ -78,11 +77,7 @@ def check(cell: str, setting: str, headroom: float, iterations: int) -> dict:
         executor._configure_cuda = lambda deterministic: executor._set_allocator_settings(conf)
     elif setting != "runtime":
         executor._configure_cuda = lambda deterministic: None  # the environment decides
-    model, batch, ratio, strategy, *dims = cell.split(":")
-    dim_map = {k: int(v) for k, v in (d.split("=") for d in dims)}
-    graph = api.load_model(model, batch=int(batch), dims=dim_map or None, training=True)
-    plan = Plan.load(_plan_path(model, int(batch), dim_map, ratio.replace("-", ":"), strategy,
-                                headroom))
+    graph, plan = load_plan(*parse_cell(cell), headroom)
     row: dict = {"cell": cell, "setting": setting, "headroom": headroom,
                  "budget": plan.header.budget_bytes,
                  "modelled_peak": plan.header.counts.get("fast_peak_bytes")}

@@ -41,18 +41,8 @@ def diagnose(cell: str, iterations: int, trace_dir: Path | None) -> dict:
 
     from autotm_py import api
     from autotm_py.errors import AutoTMError
-    from autotm_py.plan import Plan
 
-    model, batch, ratio, strategy, *dims = cell.split(":")
-    dim_map = {k: int(v) for k, v in (d.split("=") for d in dims)}
-    graph = api.load_model(model, batch=int(batch), dims=dim_map or None, training=True)
-    if strategy == "all-fast":
-        from autotm_py.profiling.in_context import all_fast_plan
-
-        plan = all_fast_plan(graph)
-    else:
-        plan = Plan.load(_plan_path(model, int(batch), dim_map, ratio.replace("-", ":"),
-                                    strategy))
+    graph, plan = load_plan(*parse_cell(cell))
     row = {"cell": cell, "predicted_at_solve_s": plan.header.predicted_time_s}
     for label, cap in (("capped", True), ("uncapped", False)):
         torch.cuda.empty_cache()
@@ -75,6 +65,42 @@ def diagnose(cell: str, iterations: int, trace_dir: Path | None) -> dict:
     if trace_dir is not None:
         _trace(graph, plan, trace_dir / f"trace_{cell.replace(':', '_')}.json")
     return row
+
+
+def parse_cell(cell: str) -> tuple[str, int, dict[str, int], str, str]:
+    """MODEL:BATCH:RATIO:STRATEGY[:dim=value...] -> (model, batch, dims, ratio, strategy)."""
+    model, batch, ratio, strategy, *dims = cell.split(":")
+    return model, int(batch), parse_dims(dims), ratio.replace("-", ":"), strategy
+
+
+def row_cell(row: dict) -> tuple[str, int, dict[str, int], str, str]:
+    """The same of a bench row (its dims column reads "seq=512,...")."""
+    return (row["model"], row["batch"], parse_dims((row.get("dims") or "").split(",")),
+            row["ratio"], row["strategy"])
+
+
+def parse_dims(items) -> dict[str, int]:
+    return {k: int(v) for k, v in (item.split("=") for item in items if item)}
+
+
+def load_plan(model: str, batch: int, dims: dict[str, int], ratio: str, strategy: str,
+              headroom: float = 0.0):
+    """The training graph and the plan `plan_all.sh` kept for the cell at `headroom`
+    (strategy all-fast: every tensor on the GPU)."""
+    from autotm_py import api
+    from autotm_py.profiling.in_context import all_fast_plan
+
+    graph = api.load_model(model, batch=batch, dims=dims or None, training=True)
+    if strategy == "all-fast":
+        return graph, all_fast_plan(graph)
+    return graph, kept_plan(model, batch, dims, ratio, strategy, headroom)
+
+
+def kept_plan(model: str, batch: int, dims: dict[str, int], ratio: str, strategy: str,
+              headroom: float = 0.0):
+    from autotm_py.plan import Plan
+
+    return Plan.load(_plan_path(model, batch, dims, ratio, strategy, headroom))
 
 
 def _plan_path(model: str, batch: int, dims: dict[str, int], ratio: str, strategy: str,

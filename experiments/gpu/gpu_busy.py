@@ -34,20 +34,16 @@ def main() -> None:
 
 def busy(cell: str, out: Path) -> dict:
     import torch
-    from diagnose import _plan_path
+    from diagnose import load_plan
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from autotm_py import api
-    from autotm_py.plan import Plan
-    from autotm_py.profiling.in_context import all_fast_plan, kernel_device_times
+    from autotm_py.profiling.in_context import kernel_device_times
     from autotm_py.runtime.executor import KERNEL_RANGE, _apply_cap, _new_executor, time_region
 
     model, batch, ratio, strategy, *rest = cell.split(":")
-    graph = api.load_model(model, batch=int(batch), training=True)
-    plan = all_fast_plan(graph) if strategy == "all-fast" else Plan.load(
-        _plan_path(model, int(batch), {}, ratio.replace("-", ":"), strategy,
-                   float(rest[0]) if rest else 0.0))
+    graph, plan = load_plan(model, int(batch), {}, ratio.replace("-", ":"), strategy,
+                            float(rest[0]) if rest else 0.0)
     dev, executor = _new_executor(graph, plan, "cuda:0", seed=0, deterministic=False)
     cap = _apply_cap(plan, dev, enforce=strategy != "all-fast", slack=64 << 20)
     try:

@@ -24,8 +24,8 @@ PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "h100-80gb-hbm3.jso
 def main() -> None:
     from autotm_py import api
     from autotm_py.profiling.cache import read_profile_file, write_entries
-    from autotm_py.profiling.in_context import context_key, per_signature_median
-    from autotm_py.profiling.sources import all_fast
+    from autotm_py.profiling.in_context import per_signature_median
+    from autotm_py.profiling.sources import in_context_placement
 
     model, batch, times_file = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     graph = api.load_model(model, batch=batch, training=True)
@@ -35,10 +35,9 @@ def main() -> None:
                          f"{len(graph.kernels)}: measured on another graph")
     device = per_signature_median(graph, per_kernel)
     (profile,) = read_profile_file(PROFILE, shipped=True).values()
-    key = context_key(graph)
     entries = {}
     for kernel in graph.kernels:
-        placement = f"{all_fast(kernel)}@{key}"
+        placement = in_context_placement(graph, kernel)
         entry = profile.get(kernel.signature, placement)
         if entry is None:
             raise SystemExit(f"{PROFILE}: no in-context entry for {kernel.name} of {graph.name}")

@@ -38,10 +38,10 @@ def main() -> None:
 
 def trace(cell: str, headroom: float, top: int) -> dict:
     import torch
-    from diagnose import _plan_path
+    from diagnose import load_plan, parse_cell
 
     from autotm_py import api
-    from autotm_py.plan import Compute, Plan
+    from autotm_py.plan import Compute
     from autotm_py.runtime.executor import Executor, _new_executor
     from autotm_py.runtime.simulate import model_for_plan
 
@@ -58,11 +58,7 @@ def trace(cell: str, headroom: float, top: int) -> dict:
             self.samples.append((self.index, before,
                                  torch.cuda.max_memory_allocated(self.device)))
 
-    model, batch, ratio, strategy, *dims = cell.split(":")
-    dim_map = {k: int(v) for k, v in (d.split("=") for d in dims)}
-    graph = api.load_model(model, batch=int(batch), dims=dim_map or None, training=True)
-    plan = Plan.load(_plan_path(model, int(batch), dim_map, ratio.replace("-", ":"), strategy,
-                                headroom))
+    graph, plan = load_plan(*parse_cell(cell), headroom)
     costs = api.load_costs(graph, device="cuda")
     sim = api.simulate(graph, plan, costs=costs, strict=False)
     workspace = model_for_plan(graph, plan, costs).workspace

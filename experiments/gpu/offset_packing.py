@@ -45,18 +45,14 @@ def main() -> None:
 
 
 def pack_row(row: dict) -> str:
-    from diagnose import _plan_path
+    from diagnose import kept_plan, load_plan, row_cell
 
     from autotm_py import api
-    from autotm_py.plan import Plan
 
-    dims = {k: int(v) for k, v in (d.split("=") for d in (row.get("dims") or "").split(",") if d)}
-    graph = api.load_model(row["model"], batch=row["batch"], dims=dims or None, training=True)
-    costs = api.load_costs(graph, device="cuda")
-    plan = Plan.load(_plan_path(row["model"], row["batch"], dims, row["ratio"], row["strategy"]))
     headroom = row.get("headroom") or 0.0
-    fitted = Plan.load(_plan_path(row["model"], row["batch"], dims, row["ratio"],
-                                  row["strategy"], headroom))
+    graph, plan = load_plan(*row_cell(row))
+    fitted = kept_plan(*row_cell(row), headroom)
+    costs = api.load_costs(graph, device="cuda")
     intervals, live_peak = lifetimes(graph, plan, costs)
     arena = pack(intervals)
     cost = fitted.header.predicted_time_s / plan.header.predicted_time_s - 1

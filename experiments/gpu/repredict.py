@@ -49,15 +49,11 @@ def main() -> None:
 
 
 def predict(row: dict) -> float:
-    from diagnose import _plan_path
+    from diagnose import load_plan, row_cell
 
     from autotm_py import api
-    from autotm_py.plan import Plan
 
-    dims = {k: int(v) for k, v in (d.split("=") for d in (row.get("dims") or "").split(",") if d)}
-    graph = api.load_model(row["model"], batch=row["batch"], dims=dims or None, training=True)
-    plan = Plan.load(_plan_path(row["model"], row["batch"], dims, row["ratio"], row["strategy"],
-                                row.get("headroom") or 0.0))
+    graph, plan = load_plan(*row_cell(row), row.get("headroom") or 0.0)
     costs = api.load_costs(graph, device="cuda")
     return api.simulate(graph, plan, costs=costs, strict=False).total_s
 
