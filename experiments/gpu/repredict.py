@@ -4,7 +4,8 @@ A row's `predicted_s` is the simulator's time for its plan on the costs of the m
 it, as they were then. After a profile or the simulator changes (e.g. device times, which give
 the simulator a host clock and a GPU clock: docs/gpu.md), this recomputes each prediction from
 the committed plan (experiments/plans/gpu, the row's headroom) and prints it beside the
-measurement; `--write` stores the new predictions (and slowdowns) in the document (CSV and JSON).
+measurement, after a line per model with its kernel time sums; `--write` stores the new
+predictions (and slowdowns) in the document (CSV and JSON).
 
 Runs on the CPU from committed files:
   python experiments/gpu/repredict.py experiments/results/gpu_h100.json [MODEL...] [--write]
@@ -29,8 +30,12 @@ def main() -> None:
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     doc = json.loads(Path(args.document).read_text())
+    seen: set[tuple[str, int]] = set()
     for row in doc["rows"]:
         if row.get("measured_s") and (not args.models or row["model"] in args.models):
+            if (row["model"], row["batch"]) not in seen:
+                seen.add((row["model"], row["batch"]))
+                print(kernel_sums(row), flush=True)
             predicted = predict(row)
             print(f"{row['model']:12s} {row['ratio']} {row['strategy']:5s} measured "
                   f"{row['measured_s'] * 1e3:6.1f} ms  predicted then "
@@ -56,6 +61,20 @@ def predict(row: dict) -> float:
     graph, plan = load_plan(*row_cell(row), row.get("headroom") or 0.0)
     costs = api.load_costs(graph, device="cuda")
     return api.simulate(graph, plan, costs=costs, strict=False).total_s
+
+
+def kernel_sums(row: dict) -> str:
+    """What the profiles say of one all-fast iteration: the in-context kernel times (launch
+    gaps included) and, where measured, the device times (GPU work alone)."""
+    from diagnose import load_plan, row_cell
+
+    from autotm_py import api
+
+    graph, _ = load_plan(*row_cell(row)[:3], row["ratio"], "all-fast")
+    costs = api.load_costs(graph, device="cuda")
+    device = f"{sum(costs.device_s) * 1e3:.1f} ms" if costs.device_s else "not measured"
+    return (f"{row['model']} b{row['batch']}: in-context kernel times sum to "
+            f"{costs.total_s * 1e3:.1f} ms, device times to {device}")
 
 
 def _error(predicted: float, row: dict) -> str:
