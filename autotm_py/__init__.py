@@ -25,7 +25,7 @@ _EXPORTS = {
     "Plan": "autotm_py.plan",
     "PlanConfig": "autotm_py.config",
     "MemorySystem": "autotm_py.memory.tiers",
-    "parse_ratio": "autotm_py.memory.budget",
+    "parse_ratio": "autotm_py.units",
     "import_onnx": "autotm_py.api",
     "derive_training": "autotm_py.api",
     "load_model": "autotm_py.api",

@@ -14,11 +14,11 @@ from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 
 if TYPE_CHECKING:
+    from autotm_py.costs import KernelCosts
     from autotm_py.ir.graph import TensorGraph
     from autotm_py.memory.tiers import MemorySystem
     from autotm_py.plan import Plan
     from autotm_py.planning.solve import PlanResult
-    from autotm_py.profiling.costs import KernelCosts
     from autotm_py.runtime.executor import RunResult
     from autotm_py.runtime.simulate import SimulationResult
 

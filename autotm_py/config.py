@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from autotm_py.errors import ConfigError
-from autotm_py.memory.budget import Ratio, parse_ratio
+from autotm_py.units import Ratio, parse_ratio
 
 Strategy = Literal["static", "sync", "async"]
 STRATEGIES: tuple[str, ...] = ("static", "sync", "async")

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parent))
 from autotm_py import api  # noqa: E402
 from autotm_py.config import PlanConfig  # noqa: E402
 from autotm_py.fileio import atomic_write_text  # noqa: E402
-from autotm_py.memory.budget import parse_ratio  # noqa: E402
+from autotm_py.units import parse_ratio  # noqa: E402
 
 MODELS = ("vgg19", "vgg416", "resnet50", "resnet200", "inception_v4", "densenet264",
           "transformer", "dlrm", "bert_base", "gpt2_small")

@@ -26,11 +26,11 @@ sys.path.insert(0, str(HERE.parent))
 
 from autotm_py import api  # noqa: E402
 from autotm_py.config import PlanConfig  # noqa: E402
+from autotm_py.costs import KernelCosts  # noqa: E402
 from autotm_py.fileio import atomic_write_text  # noqa: E402
-from autotm_py.memory.budget import parse_ratio  # noqa: E402
 from autotm_py.planning.baselines import run_baselines  # noqa: E402
 from autotm_py.planning.solve import machine_model  # noqa: E402
-from autotm_py.profiling.costs import KernelCosts  # noqa: E402
+from autotm_py.units import parse_ratio  # noqa: E402
 
 MODELS = ("inception_v4", "resnet200", "vgg19", "densenet264")
 PAPER = {"sync": 0.277, "first-touch": 0.719}

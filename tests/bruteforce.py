@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from autotm_py.memory.model import MachineModel
+from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import Plan
 from autotm_py.planning.gadgets import ASYNC, MODE_NAMES, NONE, SYNC, tensor_gadgets

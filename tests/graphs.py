@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
+from autotm_py.costs import KernelCosts
 from autotm_py.ir import GraphBuilder, Role, TensorGraph
-from autotm_py.profiling.costs import KernelCosts
 
 KIB = 1024
 

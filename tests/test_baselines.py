@@ -2,7 +2,7 @@
 
 import pytest
 
-from autotm_py.memory.model import MachineModel
+from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW, preset
 from autotm_py.planning.baselines import BASELINES, baseline_plan, run_baselines
 from autotm_py.planning.solve import min_feasible_budget

@@ -4,8 +4,10 @@ import json
 
 import pytest
 
+from autotm_py.costs import KernelCosts
 from autotm_py.errors import ConfigError
 from autotm_py.ir import Role
+from autotm_py.machine import MachineModel
 from autotm_py.memory import PRESETS, load_memory_system, parse_ratio, preset
 from autotm_py.memory.accounting import (
     ALIGN_BYTES,
@@ -16,9 +18,7 @@ from autotm_py.memory.accounting import (
     resolve_budget,
     steady_pairs,
 )
-from autotm_py.memory.model import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW
-from autotm_py.profiling.costs import KernelCosts
 from tests.graphs import residual_block, small_training
 from tests.synthetic import chain
 

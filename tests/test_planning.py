@@ -8,8 +8,7 @@ import pytest
 
 from autotm_py.config import PlanConfig
 from autotm_py.errors import PlanError
-from autotm_py.memory.budget import parse_ratio
-from autotm_py.memory.model import MachineModel
+from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW, preset
 from autotm_py.plan import Move, Plan
 from autotm_py.planning import formulation
@@ -19,6 +18,7 @@ from autotm_py.planning.paths import DROP, F0, READ, S, build_paths
 from autotm_py.planning.solve import min_feasible_budget, optimize
 from autotm_py.planning.solvers import parse_cbc_log
 from autotm_py.runtime.simulate import simulate
+from autotm_py.units import parse_ratio
 from tests.graphs import costs_for, layered_net, small_training
 from tests.synthetic import chain
 

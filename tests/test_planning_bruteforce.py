@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from autotm_py.memory.model import MachineModel
+from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import preset
 from autotm_py.plan import SolverStats
 from autotm_py.planning import formulation

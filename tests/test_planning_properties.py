@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autotm_py.config import PlanConfig
-from autotm_py.memory.model import MachineModel
+from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import preset
 from autotm_py.planning.solve import min_feasible_budget, optimize
 from autotm_py.runtime.simulate import simulate

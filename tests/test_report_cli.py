@@ -7,7 +7,7 @@ import pytest
 from autotm_py import api
 from autotm_py.cli import main
 from autotm_py.config import PlanConfig
-from autotm_py.memory.budget import parse_ratio
+from autotm_py.units import parse_ratio
 from tests.test_report_support import tiny_onnx
 from tests.test_trace import check_trace
 

@@ -3,8 +3,8 @@ import io
 
 import pytest
 
+from autotm_py.costs import KernelCosts
 from autotm_py.ir import GraphBuilder, Role
-from autotm_py.profiling.costs import KernelCosts
 from autotm_py.report.tables import (
     describe_signature,
     kernel_csv,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from autotm_py.memory.model import MachineModel
+from autotm_py.costs import KernelCosts
+from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import preset
 from autotm_py.profiling.cache import ProfileEntry
-from autotm_py.profiling.costs import KernelCosts
 from tests.synthetic import chain
 
 

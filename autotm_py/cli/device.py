@@ -114,7 +114,7 @@ def calibrate_cmd(device: str, output: str, repeats: int, max_size: str, no_prog
     and pinned-allocation cost; write a GPU-mode memory-system file."""
     from autotm_py import api
     from autotm_py.fileio import atomic_write_text
-    from autotm_py.memory.budget import parse_bytes
+    from autotm_py.units import parse_bytes
 
     sizes = _sizes_up_to(parse_bytes(max_size, flag="--max-size"))
     memory = api.calibrate(device=device, sizes=sizes, repeats=repeats,

@@ -20,7 +20,7 @@ from autotm_py.cli.common import json_option, load_model_from_cli, model_options
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.ir.graph import TensorGraph
-from autotm_py.memory.budget import format_bytes
+from autotm_py.units import format_bytes
 
 TOP_KERNELS = 8
 CSV_FIELDS = ("id", "name", "op", "working_set_bytes", "live_bytes")

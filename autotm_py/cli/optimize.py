@@ -92,7 +92,7 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
     """
     from autotm_py import api
     from autotm_py.config import PlanConfig
-    from autotm_py.memory.budget import parse_bytes, parse_ratio
+    from autotm_py.units import parse_bytes, parse_ratio
 
     config = PlanConfig(
         strategy=strategy, ratio=parse_ratio(ratio) if ratio else None,
@@ -126,7 +126,7 @@ def _candidates(value: str) -> int | None:
 
 def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]:
     """The human summary of `autotm optimize`."""
-    from autotm_py.memory.budget import format_bytes
+    from autotm_py.units import format_bytes
 
     s = graph.summary()
     lines = [f"model      {s['name']}: {s['kernels']} kernels, {s['tensors']} tensors, peak "
@@ -149,7 +149,7 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
 
 
 def _plan_lines(result: Any) -> list[str]:
-    from autotm_py.memory.budget import format_bytes
+    from autotm_py.units import format_bytes
 
     st = result.stats
     counts = result.plan.header.counts
@@ -177,7 +177,7 @@ def _moved(counts: Any, tier: str) -> tuple[int, int]:
 
 
 def _baseline_lines(result: Any) -> list[str]:
-    from autotm_py.memory.budget import format_bytes
+    from autotm_py.units import format_bytes
 
     if not result.baselines:
         return []
@@ -239,7 +239,7 @@ def simulate_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
 
 def simulation_lines(sim: Any) -> list[str]:
     """The human summary of `autotm simulate`."""
-    from autotm_py.memory.budget import format_bytes
+    from autotm_py.units import format_bytes
 
     budget = "none" if sim.budget_bytes is None else format_bytes(sim.budget_bytes)
     moved = sum(sim.bytes_moved.values())

@@ -105,7 +105,7 @@ def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: str | 
 
 
 def _print_report(result: Any) -> None:
-    from autotm_py.memory.budget import format_bytes
+    from autotm_py.units import format_bytes
 
     o, m = result.overview, result.metrics
     click.echo(f"{o['model']}: {o['strategy']} plan, budget "

@@ -56,7 +56,7 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
 
 
 def _print_summary(result) -> None:
-    from autotm_py.memory.budget import format_bytes
+    from autotm_py.units import format_bytes
 
     def size(n: int | None) -> str:
         return "-" if n is None else format_bytes(n)

@@ -1,9 +1,7 @@
-"""Memory systems (tiers, links, presets), budgets, byte accounting, and `MachineModel`: the
-time and memory rules that the planner, the baselines and the simulator share."""
+"""Memory systems (tiers, links, presets) and byte accounting: how budgets are counted. The
+time and memory rules built on them are `autotm_py.machine.MachineModel`."""
 
 from autotm_py.memory.accounting import ALIGN_BYTES, aligned, resolve_budget
-from autotm_py.memory.budget import Ratio, format_bytes, parse_bytes, parse_ratio
-from autotm_py.memory.model import MachineModel
 from autotm_py.memory.tiers import (
     FAST,
     PRESETS,
@@ -14,9 +12,10 @@ from autotm_py.memory.tiers import (
     load_memory_system,
     preset,
 )
+from autotm_py.units import Ratio, format_bytes, parse_bytes, parse_ratio
 
 __all__ = [
-    "ALIGN_BYTES", "FAST", "PRESETS", "SLOW", "Link", "MachineModel", "MemorySystem", "Ratio",
+    "ALIGN_BYTES", "FAST", "PRESETS", "SLOW", "Link", "MemorySystem", "Ratio",
     "TierSpec", "aligned", "format_bytes", "load_memory_system", "parse_bytes", "parse_ratio",
     "preset", "resolve_budget",
 ]

@@ -27,8 +27,8 @@ from autotm_py.ir.graph import Role
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
-    from autotm_py.memory.budget import Ratio
     from autotm_py.memory.tiers import MemorySystem
+    from autotm_py.units import Ratio
 
 ALIGN_BYTES = 512
 PINNED_ROLES = frozenset({Role.INPUT, Role.LABEL, Role.WEIGHT, Role.OPTIMIZER_STATE,

@@ -31,7 +31,7 @@ import numpy as np
 
 from autotm_py.errors import AutoTMError, ConfigError
 from autotm_py.ir.graph import Role
-from autotm_py.memory.model import MachineModel
+from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW, MemorySystem
 from autotm_py.planning.baselines_swap import lru_plan
 from autotm_py.planning.schedule import ScheduleBuilder, to_plan

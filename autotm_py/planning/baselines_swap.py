@@ -17,7 +17,7 @@ from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.planning.schedule import ScheduleBuilder, to_plan
 
 if TYPE_CHECKING:
-    from autotm_py.memory.model import MachineModel
+    from autotm_py.machine import MachineModel
     from autotm_py.plan import Plan
 
 

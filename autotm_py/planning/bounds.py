@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from autotm_py.memory.model import MachineModel
+    from autotm_py.machine import MachineModel
 
 
 def transfer_bound(model: MachineModel) -> float:

@@ -35,7 +35,7 @@ from autotm_py.planning.gadgets import ASYNC, SYNC, tensor_gadgets
 from autotm_py.planning.paths import F0, READ, SOURCE, WRITE, TensorPaths, build_paths
 
 if TYPE_CHECKING:
-    from autotm_py.memory.model import MachineModel
+    from autotm_py.machine import MachineModel
 
 MS = 1e3  # seconds -> objective units (milliseconds)
 MIB = 1.0 / 2**20  # bytes -> capacity units
@@ -247,7 +247,7 @@ def add_kernel_times(f: Formulation) -> None:
         if penalties is None and len(distinct) <= MAX_ONE_HOT_TENSORS:
             f.kernel_time[kid] = add_io_configs(f, kid, sorted(distinct))
             continue
-        penalties = penalties or _model_penalties(model, kid)
+        penalties = penalties or model.slot_penalties(kid, separable_only=False)
         const, expr = base, {}
         for slot, tid in enumerate(kernel.io):
             if f.paths[tid] is None or penalties[slot] == 0.0:
@@ -256,18 +256,6 @@ def add_kernel_times(f: Formulation) -> None:
             for v, c in f.residency_at(tid, kid).items():
                 _add(expr, v, -penalties[slot] * c)
         f.kernel_time[kid] = (const, expr)
-
-
-def _model_penalties(model: MachineModel, kid: int) -> list[float]:
-    """Per-slot penalties of the bandwidth model, for kernels too wide for one-hot configs."""
-    n = len(model.graph.kernels[kid].io)
-    out = []
-    for slot in range(n):
-        placement = [FAST] * n
-        placement[slot] = SLOW
-        out.append(model.costs.placement_time(model.graph, model.memory, kid, placement)
-                   - model.fast_time(kid))
-    return [max(p, 0.0) for p in out]
 
 
 def add_io_configs(f: Formulation, kid: int, tensors: list[int]) -> tuple[float, Expr]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from autotm_py.memory.model import MachineModel
+    from autotm_py.machine import MachineModel
 
 NONE, SYNC, ASYNC = 0, 1, 2
 MODE_NAMES = {SYNC: "sync", ASYNC: "async"}

@@ -25,7 +25,7 @@ from autotm_py.plan import Compute, Free, Move, Plan, PlanHeader, Record, Solver
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
-    from autotm_py.memory.model import MachineModel
+    from autotm_py.machine import MachineModel
 
 
 @dataclass

@@ -17,9 +17,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.errors import PlanError, SolverError
+from autotm_py.machine import MachineModel
 from autotm_py.memory import accounting
-from autotm_py.memory.budget import format_bytes
-from autotm_py.memory.model import MachineModel
 from autotm_py.memory.tiers import load_memory_system
 from autotm_py.plan import Plan, SolverStats
 from autotm_py.planning import formulation, warmstart
@@ -27,11 +26,12 @@ from autotm_py.planning.baselines import BASELINES, BaselineResult, all_fast, ru
 from autotm_py.planning.decode import decode
 from autotm_py.planning.gadgets import small_tensors
 from autotm_py.planning.solvers import SolveOutcome, run_solver
+from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
     from autotm_py.config import PlanConfig
+    from autotm_py.costs import KernelCosts
     from autotm_py.ir.graph import TensorGraph
-    from autotm_py.profiling.costs import KernelCosts
 
 log = logging.getLogger(__name__)
 

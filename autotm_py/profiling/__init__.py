@@ -8,6 +8,6 @@
 See docs/profiling.md.
 """
 
-from autotm_py.profiling.costs import KernelCosts
+from autotm_py.costs import KernelCosts
 
 __all__ = ["KernelCosts"]

@@ -39,9 +39,9 @@ from autotm_py.profiling.profile import _sources, load_costs, unique_kernels
 from autotm_py.profiling.sources import all_fast, graph_batch, in_context_placement
 
 if TYPE_CHECKING:
+    from autotm_py.costs import KernelCosts
     from autotm_py.ir.graph import TensorGraph
     from autotm_py.plan import Plan
-    from autotm_py.profiling.costs import KernelCosts
 
 log = logging.getLogger(__name__)
 PathLike = str | os.PathLike[str]
@@ -147,10 +147,10 @@ def context_key(graph: TensorGraph) -> str:
 
 def all_fast_plan(graph: TensorGraph) -> Plan:
     """Every tensor in fast memory, freed after its last use: the unlimited reference."""
-    from autotm_py.memory.model import MachineModel
+    from autotm_py.costs import KernelCosts
+    from autotm_py.machine import MachineModel
     from autotm_py.memory.tiers import preset
     from autotm_py.planning.baselines import all_fast
-    from autotm_py.profiling.costs import KernelCosts
 
     costs = KernelCosts.from_times("cuda", [0.0] * len(graph.kernels))
     return all_fast(MachineModel(graph, preset("h100-pcie5"), costs))

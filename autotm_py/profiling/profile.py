@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotm_py.costs import KernelCosts
 from autotm_py.errors import ConfigError
 from autotm_py.profiling.cache import (
     MEASURED,
@@ -30,7 +31,6 @@ from autotm_py.profiling.cache import (
     user_profiles_dir,
     write_entries,
 )
-from autotm_py.profiling.costs import KernelCosts
 from autotm_py.profiling.fingerprint import (
     Fingerprint,
     check_device,

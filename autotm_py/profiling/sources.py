@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from autotm_py.costs import KernelCosts
 from autotm_py.profiling.cache import ESTIMATED, ProfileEntry, ProfileSet
 from autotm_py.profiling.costmodel import CPU_REFERENCE, H100_SXM, OpShape, Roofline
-from autotm_py.profiling.costs import KernelCosts
 from autotm_py.profiling.fingerprint import Fingerprint, closeness
 from autotm_py.profiling.scaling import BatchIndex
 

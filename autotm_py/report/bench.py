@@ -26,10 +26,10 @@ from typing import Any
 from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
-from autotm_py.memory.budget import parse_ratio
 from autotm_py.memory.tiers import load_memory_system
 from autotm_py.planning.solvers import SOLVERS
 from autotm_py.report import bench_env
+from autotm_py.units import parse_ratio
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from autotm_py import api
 from autotm_py.config import PlanConfig
 from autotm_py.errors import AutoTMError
-from autotm_py.memory.budget import parse_ratio
 from autotm_py.plan import Plan
 from autotm_py.report.metrics import plan_metrics
 from autotm_py.report.residency import PlanView
+from autotm_py.units import parse_ratio
 
 if TYPE_CHECKING:
     from pathlib import Path

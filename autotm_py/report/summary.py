@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotm_py.memory.budget import format_bytes
 from autotm_py.plan import Plan
 from autotm_py.report.metrics import PlanMetrics
 from autotm_py.report.residency import PlanView, Residency
 from autotm_py.report.timeline import Timeline
+from autotm_py.units import format_bytes
 
 
 def _pct(x: float) -> str:

@@ -17,11 +17,11 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from autotm_py.memory.budget import format_bytes
+from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
+    from autotm_py.costs import KernelCosts
     from autotm_py.ir.graph import TensorGraph
-    from autotm_py.profiling.costs import KernelCosts
 
 KERNEL_COLUMNS = ("id", "name", "op", "working_set_bytes", "live_bytes", "working_share",
                   "time_s", "estimated")

@@ -16,7 +16,7 @@ import json
 import statistics
 from pathlib import Path
 
-from autotm_py.memory.budget import parse_ratio
+from autotm_py.units import parse_ratio
 
 # Measured baselines that run under the same cap as the plans (torch's own run uncapped, so
 # save_on_cpu counts only where its measured peak is within the budget).

@@ -1,29 +1,16 @@
-"""`KernelCosts`: what each kernel of a graph costs, and the host-mode slow-tier model.
+"""`KernelCosts`: what each kernel of a graph costs, as measured or estimated; a plain record.
 
 Times are seconds with every input and output in fast memory (medians of measured runs, or
-roofline estimates flagged in `estimated`). In host mode a kernel may touch the slow tier
-directly; `placement_time` models that cost from the fast-memory time and the bytes per tier:
-
-    t(k, placement) = t_fast(k)
-                      + sum over inputs  i in slow: bytes_i * (1/slow.read_bw  - 1/fast.read_bw)
-                      + sum over outputs o in slow: bytes_o * (1/slow.write_bw - 1/fast.write_bw)
-
-i.e. each operand is streamed once, and an operand in the slow tier streams at the slow tier's
-bandwidth instead of the fast tier's. Where the slow tier is real (a second NUMA node), measured
-per-placement times replace the model (`measured_placements`).
+roofline estimates flagged in `estimated`). Where the slow tier is real (a second NUMA node),
+`measured_placements` holds times of kernels with IO in the slow tier. Pricing a placement on
+a memory system is the machine model's job (`machine.MachineModel.placement_time`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from autotm_py.memory.tiers import SLOW
-
-if TYPE_CHECKING:
-    from autotm_py.ir.graph import TensorGraph
-    from autotm_py.memory.tiers import MemorySystem
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -69,24 +56,3 @@ class KernelCosts:
     @property
     def n_scaled(self) -> int:
         return sum(self.scaled)
-
-    def placement_time(self, graph: TensorGraph, memory: MemorySystem, kid: int,
-                       placement: Sequence[str]) -> float:
-        """Time of kernel `kid` with its IO slots in the given tiers (see module docstring)."""
-        code = "".join("S" if p == SLOW else "F" for p in placement)
-        measured = self.measured_placements.get(kid)
-        if measured is not None and code in measured:
-            return measured[code]
-        kernel = graph.kernels[kid]
-        extra = 0.0
-        n_in = len(kernel.inputs)
-        fast, slow = memory.fast, memory.slow
-        for slot, tid in enumerate(kernel.io):
-            if placement[slot] != SLOW:
-                continue
-            nbytes = graph.tensors[tid].nbytes
-            if slot < n_in:
-                extra += nbytes * (1.0 / slow.read_bw - 1.0 / fast.read_bw)
-            else:
-                extra += nbytes * (1.0 / slow.write_bw - 1.0 / fast.write_bw)
-        return self.times_s[kid] + max(extra, 0.0)

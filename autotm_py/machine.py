@@ -4,7 +4,15 @@ The ILP, the baselines and the simulator all price kernels, copies and memory th
 object, so that a plan's predicted time is the same number whoever computes it:
 
 - kernel time: GPU mode, the profiled all-fast time (every input and output must be in fast
-  memory); host mode, `KernelCosts.placement_time` for the tiers of its inputs and outputs;
+  memory); host mode, `placement_time` for the tiers of its inputs and outputs:
+
+      t(k, placement) = t_fast(k)
+                + sum over inputs  i in slow: bytes_i * (1/slow.read_bw  - 1/fast.read_bw)
+                + sum over outputs o in slow: bytes_o * (1/slow.write_bw - 1/fast.write_bw)
+
+  i.e. each operand is streamed once, and an operand in the slow tier streams at the slow
+  tier's bandwidth instead of the fast tier's; measured per-placement times
+  (`KernelCosts.measured_placements`, a real slow tier) replace the model;
 - copy time: latency + bytes / bandwidth of the link, per direction, blocking or overlapped;
 - step time of a kernel with overlapped copies: max(kernel time, each `MemorySystem.async_terms`
   sum over its copies);
@@ -27,9 +35,9 @@ from autotm_py.memory import accounting
 from autotm_py.memory.tiers import FAST, SLOW
 
 if TYPE_CHECKING:
+    from autotm_py.costs import KernelCosts
     from autotm_py.ir.graph import TensorGraph
     from autotm_py.memory.tiers import MemorySystem
-    from autotm_py.profiling.costs import KernelCosts
 
 
 @dataclass(frozen=True)
@@ -134,7 +142,28 @@ class MachineModel:
         """Seconds of kernel `kid` with its IO slots in the given tiers."""
         if self.gpu:
             return self.costs.times_s[kid]
-        return self.costs.placement_time(self.graph, self.memory, kid, placement)
+        return self.placement_time(kid, placement)
+
+    def placement_time(self, kid: int, placement: Sequence[str]) -> float:
+        """Host mode: time of kernel `kid` with its IO slots in the given tiers (the model in
+        the module docstring, or a measured time of that placement)."""
+        code = "".join("S" if p == SLOW else "F" for p in placement)
+        measured = self.costs.measured_placements.get(kid)
+        if measured is not None and code in measured:
+            return measured[code]
+        kernel = self.graph.kernels[kid]
+        extra = 0.0
+        n_in = len(kernel.inputs)
+        fast, slow = self.memory.fast, self.memory.slow
+        for slot, tid in enumerate(kernel.io):
+            if placement[slot] != SLOW:
+                continue
+            nbytes = self.graph.tensors[tid].nbytes
+            if slot < n_in:
+                extra += nbytes * (1.0 / slow.read_bw - 1.0 / fast.read_bw)
+            else:
+                extra += nbytes * (1.0 / slow.write_bw - 1.0 / fast.write_bw)
+        return self.costs.times_s[kid] + max(extra, 0.0)
 
     def device_time(self, kid: int) -> float:
         """Seconds kernel `kid` keeps the GPU busy: its device time where a profile measured
@@ -162,11 +191,13 @@ class MachineModel:
     def all_fast_time(self) -> float:
         return float(sum(self.costs.times_s))
 
-    def slot_penalties(self, kid: int) -> list[float] | None:
-        """Host mode: extra seconds per IO slot when that slot alone is in the slow tier, if
-        the kernel's time is separable (t_fast + the sum over slow slots); None otherwise."""
+    def slot_penalties(self, kid: int, *, separable_only: bool = True) -> list[float] | None:
+        """Host mode: extra seconds per IO slot when that slot alone is in the slow tier.
+        `separable_only`: None unless the kernel's time is separable (t_fast + the sum over
+        slow slots); otherwise the per-slot penalties of the bandwidth model, at least 0 (for
+        kernels too wide for one-hot IO configurations)."""
         kernel = self.graph.kernels[kid]
-        if kid in self.costs.measured_placements:
+        if separable_only and kid in self.costs.measured_placements:
             return None
         base = self.costs.times_s[kid]
         n = len(kernel.io)
@@ -175,6 +206,8 @@ class MachineModel:
             placement = [FAST] * n
             placement[slot] = SLOW
             out.append(self.kernel_time(kid, placement) - base)
+        if not separable_only:
+            return [max(p, 0.0) for p in out]
         # The documented model is separable when the slow tier is no faster than the fast one;
         # check the all-slow placement so that a different model falls back to one-hot configs.
         everything = self.kernel_time(kid, [SLOW] * n) - base

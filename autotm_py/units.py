@@ -1,4 +1,5 @@
-"""Budgets: `--ratio F:S` (fast:slow capacity) or `--fast-mem BYTES` to a fast-tier byte limit."""
+"""Units: `--ratio F:S` (fast:slow capacity), byte sizes (`--fast-mem 16GiB`), and printing
+sizes. On the ground floor: the config, the memory systems and every face use them."""
 
 from __future__ import annotations
 
