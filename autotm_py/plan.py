@@ -1,6 +1,6 @@
 """The Plan: one versioned JSON document, a header and an ordered list of small records.
 
-Records (executed in order by `runtime.interpreter.PlanInterpreter` subclasses):
+Records (executed in order by `interpreter.PlanInterpreter` subclasses):
 
 - ``Compute(kernel, placement)``: run a kernel. `placement` gives the tier of each IO slot
   (inputs then outputs, as in `Kernel.io`); every input must be resident there, and each output

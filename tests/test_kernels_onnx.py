@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 
 from autotm_py.ir.graph import Kernel, freeze_attrs
 from autotm_py.ir.ops import FORWARD_OPS
-from autotm_py.runtime.kernels import run_kernel
+from autotm_py.kernels import run_kernel
 
 RNG = np.random.default_rng(3)
 OPSET = 20

@@ -21,7 +21,7 @@ from autotm_py.ir.graph import Kernel, freeze_attrs
 from autotm_py.ir.ops import FORWARD_OPS
 from autotm_py.ir.rules import RULES, TRAINING_OPS
 from autotm_py.ir.training import derive_training
-from autotm_py.runtime.kernels import SUPPORTED_KERNELS, TORCH_DTYPES, run_kernel
+from autotm_py.kernels import SUPPORTED_KERNELS, TORCH_DTYPES, run_kernel
 from autotm_py.runtime.reference import autograd_steps, init_values, train_steps
 
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}

@@ -14,7 +14,7 @@ import pytest
 from autotm_py.frontend.zoo import ZOO, build_graph
 from autotm_py.ir.graph import Role, TensorGraph
 from autotm_py.ir.training import derive_training
-from autotm_py.runtime.kernels import SUPPORTED_KERNELS
+from autotm_py.kernels import SUPPORTED_KERNELS
 from tests.test_training_ops import compare_training
 
 

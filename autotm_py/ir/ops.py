@@ -1,7 +1,7 @@
 """The forward op vocabulary: which ONNX ops the IR carries, and their canonical form.
 
 Every op here is imported by the frontend, has a training rule (`ir/training.py`) and a torch
-kernel (`runtime/kernels.py`); tests check the three lists agree.
+kernel (`kernels/__init__.py`); tests check the three lists agree.
 
 Canonical form (what a `Kernel` of domain "" looks like, whatever the ONNX opset of the file):
 - `inputs` are the op's *data* slots below, in order; trailing absent optionals are dropped.

@@ -90,7 +90,7 @@ def numel(shape: Shape) -> int:
     return math.prod(shape) if shape else 1
 
 
-# Ops that runtime/kernels.py runs as torch views of their input (no copy, no arithmetic):
+# Ops that kernels/__init__.py runs as torch views of their input (no copy, no arithmetic):
 # only the per-kernel cost remains.
 VIEW_OPS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
                       "Expand", "Split", "Slice", "ReshapeGrad", "TransposeGrad", "ConcatGrad"})

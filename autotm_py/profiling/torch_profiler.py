@@ -2,7 +2,7 @@
 
 Inputs are random tensors of the kernel's shapes and dtypes, allocated on the device; integer
 inputs (Gather indices, class labels) are drawn inside the range that the op indexes, and graph
-constants keep their values. The kernel runs through `runtime.kernels.run_kernel`, the same
+constants keep their values. The kernel runs through `kernels.run_kernel`, the same
 implementation the executor uses. Warm-up runs are excluded; the median and the 10th/90th
 percentiles of the timed runs are kept. CPU runs are timed with `time.perf_counter`; CUDA runs
 with a pair of CUDA events around each run.
@@ -65,8 +65,8 @@ class Timing:
 
 
 def default_runner() -> Runner:
-    """`runtime.kernels.run_kernel`, imported when first needed (it imports torch)."""
-    from autotm_py.runtime.kernels import run_kernel
+    """`kernels.run_kernel`, imported when first needed (it imports torch)."""
+    from autotm_py.kernels import run_kernel
 
     return run_kernel
 

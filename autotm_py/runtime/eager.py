@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from autotm_py.errors import ConfigError
-from autotm_py.runtime.executor import RunResult, _check_device, _device_name, time_region
-from autotm_py.runtime.kernels import run_kernel
+from autotm_py.kernels import run_kernel
+from autotm_py.runtime.device import check_device, device_name, time_region
+from autotm_py.runtime.executor import RunResult
 from autotm_py.runtime.reference import init_values
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def measure_autograd(graph: TensorGraph, *, device: str = "cuda", iterations: in
     if meta is None:
         raise ConfigError(f"graph {graph.name!r} is not a training graph; derive it with "
                           "--training to compare against torch.autograd")
-    dev = _check_device(device)
+    dev = check_device(device)
     cuda = dev.startswith("cuda")
     values = init_values(graph, seed, dev)
     weights = dict(meta["weight_grads"])
@@ -50,7 +51,7 @@ def measure_autograd(graph: TensorGraph, *, device: str = "cuda", iterations: in
             times.append(seconds)
             peak = max(peak, iteration_peak or 0)
     return RunResult(
-        device=dev, device_name=_device_name(dev), iterations=iterations, warmup=warmup,
+        device=dev, device_name=device_name(dev), iterations=iterations, warmup=warmup,
         iteration_times_s=tuple(times), median_s=statistics.median(times), kernel_times_s=None,
         peak_fast_bytes=peak if cuda else None, modelled_peak_fast_bytes=None,
         budget_bytes=None, cap_bytes=None, predicted_time_s=None, slow_pool_bytes=0,

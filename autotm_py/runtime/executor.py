@@ -24,18 +24,27 @@ from __future__ import annotations
 import itertools
 import logging
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autotm_py.errors import ConfigError, ExecutionError
+from autotm_py.interpreter import PlanInterpreter
 from autotm_py.ir.graph import Role
+from autotm_py.kernels import run_kernel
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import Compute, Free, Move, Plan
-from autotm_py.runtime.interpreter import PlanInterpreter
-from autotm_py.runtime.kernels import run_kernel
+from autotm_py.runtime.device import (
+    DEFAULT_ALLOCATOR_SETTINGS,
+    apply_cap,
+    check_device,
+    configure_cuda,
+    device_name,
+    release_cap,
+    time_region,
+)
 from autotm_py.runtime.pinned import PinnedPool, slow_tier_layout
 
 if TYPE_CHECKING:
@@ -284,20 +293,23 @@ class Executor(PlanInterpreter):
 def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations: int = 5,
             warmup: int = 2, seed: int = 0, kernel_times: bool = False,
             enforce_budget: bool = True, cap_slack_bytes: int = 64 << 20,
-            deterministic: bool = False, per_iteration_kernel_times: bool = False) -> RunResult:
-    """Run `warmup` + `iterations` iterations of a plan and measure the timed ones."""
+            deterministic: bool = False, per_iteration_kernel_times: bool = False,
+            allocator_settings: str | None = DEFAULT_ALLOCATOR_SETTINGS) -> RunResult:
+    """Run `warmup` + `iterations` iterations of a plan and measure the timed ones.
+    `allocator_settings`: the CUDA caching allocator's settings (None: the environment's)."""
     plan.validate(graph)
     if iterations < 1 or warmup < 0:
         raise ConfigError("--iterations must be >= 1 and --warmup >= 0")
-    dev, executor = _new_executor(graph, plan, device, seed, deterministic, kernel_times)
-    cap = _apply_cap(plan, dev, enforce_budget, cap_slack_bytes)
+    dev, executor = new_executor(graph, plan, device, seed, deterministic, kernel_times,
+                                 allocator_settings=allocator_settings)
+    cap = apply_cap(plan.header.budget_bytes, dev, enforce_budget, cap_slack_bytes)
     try:
         timed = _timed_iterations(executor, iterations, warmup)
     finally:
         if cap is not None:
-            torch.cuda.set_per_process_memory_fraction(1.0, _cuda_index(dev))
+            release_cap(dev)
     return RunResult(
-        device=dev, device_name=_device_name(dev), iterations=iterations, warmup=warmup,
+        device=dev, device_name=device_name(dev), iterations=iterations, warmup=warmup,
         iteration_times_s=tuple(timed.times), median_s=statistics.median(timed.times),
         kernel_times_s=tuple(statistics.median(c) for c in zip(*timed.kernels, strict=True))
         if timed.kernels else None, peak_fast_bytes=timed.peak,
@@ -314,15 +326,18 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     )
 
 
-def _new_executor(graph: TensorGraph, plan: Plan, device: str, seed: int, deterministic: bool,
-                  kernel_times: bool = False, kernel_ranges: bool = False
-                  ) -> tuple[str, Executor]:
-    """The checked device and an executor on it, with the initial values drawn from `seed`."""
+def new_executor(graph: TensorGraph, plan: Plan, device: str, seed: int = 0,
+                 deterministic: bool = False, kernel_times: bool = False,
+                 kernel_ranges: bool = False, *,
+                 allocator_settings: str | None = DEFAULT_ALLOCATOR_SETTINGS
+                 ) -> tuple[str, Executor]:
+    """The checked device and an executor on it, with the initial values drawn from `seed`
+    (untimed; `execute` and `run_steps` drive it, experiments may too)."""
     from autotm_py.runtime.reference import init_values
 
-    dev = _check_device(device)
+    dev = check_device(device)
     if dev.startswith("cuda"):
-        _configure_cuda(deterministic)
+        configure_cuda(deterministic, allocator_settings)
     masters = {tid: v.cpu() for tid, v in init_values(graph, seed=seed, device="cpu").items()}
     return dev, Executor(graph, plan, device=dev, masters=masters, kernel_times=kernel_times,
                          kernel_ranges=kernel_ranges)
@@ -365,109 +380,12 @@ def _first_sentence(exc: BaseException) -> str:
     return str(exc).split(". ")[0].strip()
 
 
-def _alloc_retries(device: torch.device) -> int:
-    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One measured run of a piece of work (`time_region`)."""
-
-    seconds: float  # wall time on the CPU; CUDA events on the current stream on a GPU
-    host_seconds: float  # how long the host took to enqueue it
-    peak: int | None  # CUDA: max_memory_allocated during it
-    retries: int  # CUDA: allocator retries during it
-
-
-def time_region(device: torch.device, body: Callable[[], object]) -> Sample:
-    """Run `body` once and measure it. On a GPU the device is synchronized first, so the
-    events, the peak and the retries cover `body` alone."""
-    import time
-
-    if device.type != "cuda":
-        begin = time.perf_counter()
-        body()
-        seconds = time.perf_counter() - begin
-        return Sample(seconds, seconds, None, 0)
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    retries = _alloc_retries(device)
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    host_begin = time.perf_counter()
-    body()
-    host_seconds = time.perf_counter() - host_begin
-    end.record()
-    torch.cuda.synchronize(device)
-    return Sample(begin.elapsed_time(end) / 1e3, host_seconds,
-                  int(torch.cuda.max_memory_allocated(device)), _alloc_retries(device) - retries)
-
-
-def _configure_cuda(deterministic: bool) -> None:
-    """Expandable segments let the caching allocator unmap free pages when it meets the cap
-    (less fragmentation, though plans still need `--headroom`: docs/gpu.md). Deterministic
-    algorithms make two plans' results bitwise equal on the GPU."""
-    _set_allocator_settings("expandable_segments:True")
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-
-
-def _set_allocator_settings(settings: str) -> None:
-    # torch >= 2.11 moved the setter to the accelerator API and deprecated the CUDA one.
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    if setter is None:
-        setter = torch.cuda.memory._set_allocator_settings
-    setter(settings)
-
-
-def _check_device(device: str) -> str:
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {device}: no CUDA GPU is visible to torch here; use "
-                              "--device cpu to check the plan's results on the CPU")
-        return device
-    if device != "cpu":
-        raise ConfigError(f"--device {device!r}: choose cuda or cpu")
-    return device
-
-
-def _apply_cap(plan: Plan, device: str, enforce: bool, slack: int) -> int | None:
-    """Cap the caching allocator at budget + slack, so a plan that claims to fit really fits."""
-    budget = plan.header.budget_bytes
-    if not enforce or budget is None or not device.startswith("cuda"):
-        return None
-    index = _cuda_index(device)
-    # Blocks cached by an earlier run in this process would serve allocations without ever
-    # meeting the cap (it bounds new segments), hiding this plan's fragmentation: start empty.
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    total = torch.cuda.get_device_properties(index).total_memory
-    cap = min(budget + slack, total)
-    torch.cuda.set_per_process_memory_fraction(cap / total, index)
-    return cap
-
-
-def _cuda_index(device: str) -> int:
-    dev = torch.device(device)
-    return dev.index if dev.index is not None else torch.cuda.current_device()
-
-
-def _device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
 def run_steps(graph: TensorGraph, plan: Plan, *, steps: int = 3, device: str = "cpu",
               seed: int = 0, deterministic: bool = True) -> list[dict[int, torch.Tensor]]:
     """Execute `steps` iterations (untimed) and return each step's graph outputs on the CPU:
     the values to compare with `reference.train_steps` and with other plans."""
     plan.validate(graph)
-    _, executor = _new_executor(graph, plan, device, seed, deterministic)
+    _, executor = new_executor(graph, plan, device, seed, deterministic)
     results = []
     for _ in range(steps):
         executor.prepare()

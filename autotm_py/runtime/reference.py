@@ -19,8 +19,8 @@ import torch
 
 from autotm_py.errors import ExecutionError
 from autotm_py.ir.graph import Role, Tensor, TensorGraph
-from autotm_py.runtime.kernels import run_kernel
-from autotm_py.runtime.kernels_util import torch_dtype
+from autotm_py.kernels import run_kernel
+from autotm_py.kernels.util import torch_dtype
 
 Values = dict[int, torch.Tensor]
 

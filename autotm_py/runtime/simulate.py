@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autotm_py.errors import PlanError
+from autotm_py.interpreter import PlanInterpreter
 from autotm_py.machine import MachineModel
 from autotm_py.memory.accounting import aligned_sizes
 from autotm_py.memory.tiers import FAST, SLOW, MemorySystem
 from autotm_py.plan import TIER_CODES, Compute, Free, Move, Plan
-from autotm_py.runtime.interpreter import PlanInterpreter
 
 if TYPE_CHECKING:
     from autotm_py.costs import KernelCosts

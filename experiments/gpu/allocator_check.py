@@ -70,19 +70,18 @@ def check(cell: str, setting: str, headroom: float, iterations: int) -> dict:
 
     from autotm_py import api
     from autotm_py.errors import AutoTMError
-    from autotm_py.runtime import executor
+    from autotm_py.runtime.device import DEFAULT_ALLOCATOR_SETTINGS
 
-    if setting.startswith("runtime:"):
-        conf = setting.removeprefix("runtime:")
-        executor._configure_cuda = lambda deterministic: executor._set_allocator_settings(conf)
-    elif setting != "runtime":
-        executor._configure_cuda = lambda deterministic: None  # the environment decides
+    # "runtime": the executor's own settings; "runtime:CONF": those; else the environment's
+    settings = setting.removeprefix("runtime:") if setting.startswith("runtime:") else \
+        DEFAULT_ALLOCATOR_SETTINGS if setting == "runtime" else None
     graph, plan = load_plan(*parse_cell(cell), headroom)
     row: dict = {"cell": cell, "setting": setting, "headroom": headroom,
                  "budget": plan.header.budget_bytes,
                  "modelled_peak": plan.header.counts.get("fast_peak_bytes")}
     try:
-        run = api.execute(graph, plan, device="cuda", iterations=iterations, warmup=1)
+        run = api.execute(graph, plan, device="cuda", iterations=iterations, warmup=1,
+                          allocator_settings=settings)
         row.update(fit=True, median_s=run.median_s, retries=run.alloc_retries,
                    peak=run.peak_fast_bytes)
     except AutoTMError as exc:

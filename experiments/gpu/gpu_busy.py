@@ -39,13 +39,14 @@ def busy(cell: str, out: Path) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from autotm_py.profiling.in_context import kernel_device_times
-    from autotm_py.runtime.executor import KERNEL_RANGE, _apply_cap, _new_executor, time_region
+    from autotm_py.runtime.device import apply_cap, release_cap, time_region
+    from autotm_py.runtime.executor import KERNEL_RANGE, new_executor
 
     model, batch, ratio, strategy, *rest = cell.split(":")
     graph, plan = load_plan(model, int(batch), {}, ratio.replace("-", ":"), strategy,
                             float(rest[0]) if rest else 0.0)
-    dev, executor = _new_executor(graph, plan, "cuda:0", seed=0, deterministic=False)
-    cap = _apply_cap(plan, dev, enforce=strategy != "all-fast", slack=64 << 20)
+    dev, executor = new_executor(graph, plan, "cuda:0", seed=0, deterministic=False)
+    cap = apply_cap(plan.header.budget_bytes, dev, enforce=strategy != "all-fast", slack=64 << 20)
     try:
         for _ in range(3):
             executor.prepare()
@@ -57,7 +58,7 @@ def busy(cell: str, out: Path) -> dict:
             torch.cuda.synchronize()
     finally:
         if cap is not None:
-            torch.cuda.set_per_process_memory_fraction(1.0, 0)
+            release_cap(dev)
     kernels = copies = 0.0
     per_kernel = kernel_device_times(prof.events(), len(graph.kernels))
     for event in prof.events():

@@ -2,7 +2,7 @@
 
 `RULES[op_type]` says how a forward op trains (see `base.Rule`). `TRAINING_OPS` lists every op
 of ours (domain "autotm") that `derive_training` may emit, with its inputs, outputs and
-meaning: it is the list the executor (`runtime/kernels.py`) implements.
+meaning: it is the list the executor (`kernels/__init__.py`) implements.
 """
 
 from __future__ import annotations

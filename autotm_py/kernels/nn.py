@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import conv_transpose_window, pool_output_size, window
-from autotm_py.runtime.kernels_util import (
+from autotm_py.kernels.util import (
     attrs,
     conv_padding,
     pad_spatial,

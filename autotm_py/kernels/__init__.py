@@ -2,8 +2,9 @@
 
 `run_kernel(kernel, args)` runs one kernel on torch tensors (any device) and returns its
 outputs in `kernel.outputs` order. The profiler, the reference runner and the plan executor
-all call it. Implementations live in `kernels_nn`, `kernels_tensor`, `kernels_resize` (forward)
-and `kernels_grad_nn`, `kernels_grad_tensor` (backward, loss gradient, optimizers).
+all call it. Implementations live in `nn`, `tensor`, `resize` (forward) and `grad_nn`,
+`grad_tensor` (backward, loss gradient, optimizers); `util` holds the registry. This package sits
+below profiling and runtime, which both run kernels.
 
 Contract for callers:
 - arguments are never modified; outputs may be views of arguments (shape ops, Identity,
@@ -22,14 +23,14 @@ import torch
 
 from autotm_py.errors import ExecutionError, UnsupportedOpError
 from autotm_py.ir.graph import Kernel
-from autotm_py.runtime import (  # noqa: F401  (importing registers the kernels)
-    kernels_grad_nn,
-    kernels_grad_tensor,
-    kernels_nn,
-    kernels_resize,
-    kernels_tensor,
+from autotm_py.kernels import (  # noqa: F401  (importing registers the kernels)
+    grad_nn,
+    grad_tensor,
+    nn,
+    resize,
+    tensor,
 )
-from autotm_py.runtime.kernels_util import REGISTRY, TORCH_DTYPES, Impl, torch_dtype
+from autotm_py.kernels.util import REGISTRY, TORCH_DTYPES, Impl, torch_dtype
 
 KERNELS: dict[str, Impl] = REGISTRY
 SUPPORTED_KERNELS: frozenset[str] = frozenset(REGISTRY)

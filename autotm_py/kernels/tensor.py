@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import broadcast_shape, full_pads, normalize_axes, slice_ranges
-from autotm_py.runtime.kernels_util import Impl, pad_spec, register, torch_dtype, unsupported
+from autotm_py.kernels.util import Impl, pad_spec, register, torch_dtype, unsupported
 
 Tensors = Sequence[torch.Tensor]
 

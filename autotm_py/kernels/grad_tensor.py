@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
-from autotm_py.runtime.kernels_tensor import pad_indices, slice_index
-from autotm_py.runtime.kernels_util import negate, pad_spec, register, sum_to
+from autotm_py.kernels.tensor import pad_indices, slice_index
+from autotm_py.kernels.util import negate, pad_spec, register, sum_to
 
 Tensors = Sequence[torch.Tensor]
 

@@ -17,7 +17,7 @@ import torch
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import resize_plan
-from autotm_py.runtime.kernels_util import attrs, register, unsupported
+from autotm_py.kernels.util import attrs, register, unsupported
 
 Tensors = Sequence[torch.Tensor]
 

@@ -14,7 +14,7 @@ import torch
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import pool_output_size
-from autotm_py.runtime.kernels_nn import (
+from autotm_py.kernels.nn import (
     avg_pool_counts,
     channel_window_sum,
     class_last,
@@ -23,7 +23,7 @@ from autotm_py.runtime.kernels_nn import (
     transpose_crop,
     transpose_fast,
 )
-from autotm_py.runtime.kernels_util import (
+from autotm_py.kernels.util import (
     conv_padding,
     expanded_like,
     negate,

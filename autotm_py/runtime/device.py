@@ -1,0 +1,120 @@
+"""Device plumbing shared by the executor, the eager baselines, profiling and the experiments:
+checking and naming a device, configuring CUDA, capping the caching allocator at a budget, and
+timing one region of work. torch is imported by this module.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from autotm_py.errors import ConfigError
+
+# Expandable segments let the caching allocator unmap free pages when it meets the cap (less
+# fragmentation, though plans still need `--headroom`: docs/gpu.md).
+DEFAULT_ALLOCATOR_SETTINGS = "expandable_segments:True"
+
+
+def check_device(device: str) -> str:
+    """`device` when torch can use it here, else a `ConfigError` that says what to use."""
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: no CUDA GPU is visible to torch here; use "
+                              "--device cpu to check the plan's results on the CPU")
+        return device
+    if device != "cpu":
+        raise ConfigError(f"--device {device!r}: choose cuda or cpu")
+    return device
+
+
+def device_name(device: str) -> str:
+    """The GPU's name for a CUDA device, else the CPU's."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine()
+
+
+def cuda_index(device: str) -> int:
+    dev = torch.device(device)
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+def configure_cuda(deterministic: bool,
+                   allocator_settings: str | None = DEFAULT_ALLOCATOR_SETTINGS) -> None:
+    """Allocator settings (None: leave the environment's `PYTORCH_CUDA_ALLOC_CONF`), and
+    deterministic algorithms, which make two plans' results bitwise equal on the GPU."""
+    if allocator_settings is not None:
+        set_allocator_settings(allocator_settings)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+def set_allocator_settings(settings: str) -> None:
+    # torch >= 2.11 moved the setter to the accelerator API and deprecated the CUDA one.
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:
+        setter = torch.cuda.memory._set_allocator_settings
+    setter(settings)
+
+
+def apply_cap(budget: int | None, device: str, enforce: bool, slack: int) -> int | None:
+    """Cap the caching allocator at budget + slack, so a plan that claims to fit really fits;
+    returns the cap (None: no cap). Undo it with `release_cap`."""
+    if not enforce or budget is None or not device.startswith("cuda"):
+        return None
+    index = cuda_index(device)
+    # Blocks cached by an earlier run in this process would serve allocations without ever
+    # meeting the cap (it bounds new segments), hiding this plan's fragmentation: start empty.
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(index).total_memory
+    cap = min(budget + slack, total)
+    torch.cuda.set_per_process_memory_fraction(cap / total, index)
+    return cap
+
+
+def release_cap(device: str) -> None:
+    torch.cuda.set_per_process_memory_fraction(1.0, cuda_index(device))
+
+
+def alloc_retries(device: torch.device) -> int:
+    """Times the caching allocator met the cap, released its cache and retried (so far)."""
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured run of a piece of work (`time_region`)."""
+
+    seconds: float  # wall time on the CPU; CUDA events on the current stream on a GPU
+    host_seconds: float  # how long the host took to enqueue it
+    peak: int | None  # CUDA: max_memory_allocated during it
+    retries: int  # CUDA: allocator retries during it
+
+
+def time_region(device: torch.device, body: Callable[[], object]) -> Sample:
+    """Run `body` once and measure it. On a GPU the device is synchronized first, so the
+    events, the peak and the retries cover `body` alone."""
+    if device.type != "cuda":
+        begin = time.perf_counter()
+        body()
+        seconds = time.perf_counter() - begin
+        return Sample(seconds, seconds, None, 0)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    retries = alloc_retries(device)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    host_begin = time.perf_counter()
+    body()
+    host_seconds = time.perf_counter() - host_begin
+    end.record()
+    torch.cuda.synchronize(device)
+    return Sample(begin.elapsed_time(end) / 1e3, host_seconds,
+                  int(torch.cuda.max_memory_allocated(device)), alloc_retries(device) - retries)
