@@ -1,6 +1,7 @@
-"""The Python API: thin functions over the subsystems, imported lazily.
+"""The Python API: thin functions over the pipeline and the stages.
 
 Everything the CLI does goes through here, so notebooks and benchmarks get the same behaviour.
+Only what needs torch (profiling, calibrating, executing) imports it, when called.
 """
 
 from __future__ import annotations
@@ -10,8 +11,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotm_py import pipeline
 from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
+from autotm_py.frontend.onnx import import_onnx as _import_onnx
+from autotm_py.frontend.zoo import ZOO, build_graph
+from autotm_py.ir.training import derive_training as _derive_training
+from autotm_py.planning.baselines import BASELINES, BaselineResult
+from autotm_py.profiling import profile as _profiling
+from autotm_py.profiling.calibrate import calibrate as _calibrate
 
 if TYPE_CHECKING:
     from autotm_py.costs import KernelCosts
@@ -28,17 +36,13 @@ PathLike = str | os.PathLike[str]
 def import_onnx(path: PathLike, *, batch: int | None = None,
                 dims: Mapping[str, int] | None = None) -> TensorGraph:
     """Read an ONNX file (weights as shapes only) into a forward `TensorGraph`."""
-    from autotm_py.frontend.onnx import import_onnx as _import
-
-    return _import(path, batch=batch, dims=dims)
+    return _import_onnx(path, batch=batch, dims=dims)
 
 
 def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
                     learning_rate: float = 0.01) -> TensorGraph:
     """Forward + loss + backward + optimizer update: one training iteration."""
-    from autotm_py.ir.training import derive_training as _derive
-
-    return _derive(graph, optimizer=optimizer, learning_rate=learning_rate)
+    return _derive_training(graph, optimizer=optimizer, learning_rate=learning_rate)
 
 
 def load_model(model: PathLike, *, batch: int | None = None,
@@ -49,8 +53,6 @@ def load_model(model: PathLike, *, batch: int | None = None,
     if path.exists() or path.suffix == ".onnx" or os.sep in str(model):
         graph = import_onnx(path, batch=batch, dims=dims)
     else:
-        from autotm_py.frontend.zoo import ZOO, build_graph
-
         if str(model) not in ZOO:
             raise ConfigError(f"model {str(model)!r} is neither an existing file nor a zoo model "
                               f"({', '.join(sorted(ZOO))}); see `autotm zoo list`")
@@ -61,54 +63,54 @@ def load_model(model: PathLike, *, batch: int | None = None,
 def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike | None = None,
             **options: Any) -> KernelCosts:
     """Measure every unique kernel on `device` (cached), return the graph's costs."""
-    from autotm_py.profiling.profile import profile as _profile
-
-    return _profile(graph, device=device, profiles_dir=profiles_dir, **options)
+    return _profiling.profile(graph, device=device, profiles_dir=profiles_dir, **options)
 
 
 def load_costs(graph: TensorGraph, *, device: str = "cuda",
                profiles_dir: PathLike | None = None) -> KernelCosts:
     """Costs from shipped/cached profiles; kernels without one get flagged estimates."""
-    from autotm_py.profiling.profile import load_costs as _load
-
-    return _load(graph, device=device, profiles_dir=profiles_dir)
+    return _profiling.load_costs(graph, device=device, profiles_dir=profiles_dir)
 
 
 def calibrate(*, device: str = "cuda", **options: Any) -> MemorySystem:
     """Measure the host<->GPU link of this machine into a GPU-mode memory system."""
-    from autotm_py.profiling.calibrate import calibrate as _calibrate
 
     return _calibrate(device, **options)
 
 
 def optimize(graph: TensorGraph, config: PlanConfig | None = None, *,
-             costs: KernelCosts | None = None,
+             costs: KernelCosts | None = None, profiles_dir: PathLike | None = None,
              baselines: bool | Sequence[str] = False) -> PlanResult:
     """Solve the placement ILP; infeasible budgets come back as a result, not an exception.
+    Costs: `costs`, else the profiles (`profiles_dir`, else the cache and shipped profiles).
     `baselines`: also plan and simulate the baselines (True: all) for comparison."""
-    from autotm_py.planning.solve import optimize as _optimize
-
-    return _optimize(graph, config or PlanConfig(), costs=costs, baselines=baselines)
+    return pipeline.optimize(graph, config or PlanConfig(), costs=costs,
+                             profiles_dir=profiles_dir, baselines=baselines)
 
 
 def baselines(graph: TensorGraph, config: PlanConfig | None = None, *,
-              costs: KernelCosts | None = None,
-              names: tuple[str, ...] | None = None) -> dict[str, Any]:
+              costs: KernelCosts | None = None, profiles_dir: PathLike | None = None,
+              names: tuple[str, ...] | None = None) -> dict[str, BaselineResult]:
     """Plan and simulate the baselines (all-fast, all-slow, first-touch, lru, offload, 2lm) at
     the budget of `config`: name -> `planning.baselines.BaselineResult`."""
-    from autotm_py.planning.baselines import BASELINES, run_baselines
-    from autotm_py.planning.solve import machine_model
-
-    model = machine_model(graph, config or PlanConfig(), costs)
-    return run_baselines(model, names or BASELINES)
+    machine = pipeline.machine_for(graph, config or PlanConfig(), costs,
+                                   profiles_dir=profiles_dir)
+    return pipeline.run_baselines(machine, names or BASELINES)
 
 
 def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,
-             strict: bool = True) -> SimulationResult:
+             strict: bool = True, profiles_dir: PathLike | None = None) -> SimulationResult:
     """Predicted timeline and memory curve of a plan; strict mode raises at a violation."""
-    from autotm_py.runtime.simulate import simulate as _simulate
+    return pipeline.simulate(graph, plan, costs=costs, strict=strict,
+                             profiles_dir=profiles_dir)
 
-    return _simulate(graph, plan, costs=costs, strict=strict)
+
+def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
+                       profiles_dir: PathLike | None = None, iterations: int = 5,
+                       warmup: int = 2) -> KernelCosts:
+    """Time every kernel inside real all-fast iterations on the GPU; cache; return costs."""
+    return pipeline.profile_in_context(graph, device=device, profiles_dir=profiles_dir,
+                                       iterations=iterations, warmup=warmup)
 
 
 def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations: int = 5,

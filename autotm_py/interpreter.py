@@ -1,8 +1,11 @@
 """`PlanInterpreter`: walks a plan's records in order and dispatches each to a handler.
 
-The simulator (predicted timeline), the verifier (strict simulator) and the executor (torch)
-subclass it and override `compute`, `move` and `free`. Any error raised by a handler is
-re-raised as a `PlanError`/`ExecutionError` subclass that names the record.
+The one interpreter of plan records: the simulator (predicted timeline), the verifier (strict
+simulator), the executor (torch) and the report's residency walk subclass it and override
+`compute`, `move` and `free` (and `after` to observe each record's effect). Any error raised by
+a handler is re-raised as a `PlanError`/`ExecutionError` subclass that names the record. A
+walk without a graph (reports of a saved plan) names tensors and kernels from the plan's own
+names tables.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ if TYPE_CHECKING:
 class PlanInterpreter:
     """Base class: `run()` calls `start()`, one handler per record, then `finish()`."""
 
-    def __init__(self, graph: TensorGraph, plan: Plan) -> None:
+    def __init__(self, graph: TensorGraph | None, plan: Plan) -> None:
         self.graph = graph
         self.plan = plan
         self.index = -1  # the record being executed
@@ -32,6 +35,7 @@ class PlanInterpreter:
                 self.dispatch(record)
             except AutoTMError as exc:
                 raise type(exc)(f"record #{i} {self.describe(record)}: {exc}") from exc
+            self.after(record)
         self.index = len(self.plan.records)
         self.finish()
 
@@ -47,14 +51,27 @@ class PlanInterpreter:
 
     def describe(self, record: Record) -> str:
         """Human-readable record text with names, for error messages and traces."""
-        g = self.graph
         if isinstance(record, Compute):
-            k = g.kernels[record.kernel]
-            return f"compute {k.name!r} ({k.op_type}, #{k.id})"
+            name, op = self._kernel_name(record.kernel)
+            return f"compute {name!r} ({op}, #{record.kernel})"
         if isinstance(record, Move):
             how = record.mode + (f" over #{record.overlaps}" if record.overlaps is not None else "")
-            return f"move {g.name_of(record.tensor)!r} to {record.to} ({how})"
-        return f"free {g.name_of(record.tensor)!r} from {record.tier}"
+            return f"move {self._tensor_name(record.tensor)!r} to {record.to} ({how})"
+        return f"free {self._tensor_name(record.tensor)!r} from {record.tier}"
+
+    def _tensor_name(self, tid: int) -> str:
+        if self.graph is not None:
+            return self.graph.name_of(tid)
+        rows = {int(row[0]): str(row[1]) for row in self.plan.names.get("tensors", ())}
+        return rows.get(tid, f"#{tid}")
+
+    def _kernel_name(self, kid: int) -> tuple[str, str]:
+        if self.graph is not None:
+            kernel = self.graph.kernels[kid]
+            return kernel.name, kernel.op_type
+        rows = {int(row[0]): (str(row[1]), str(row[2])) for row in self.plan.names.get("kernels",
+                                                                                       ())}
+        return rows.get(kid, (f"#{kid}", "?"))
 
     # ---- handlers for subclasses ---------------------------------------------------------
     def start(self) -> None:
@@ -62,6 +79,9 @@ class PlanInterpreter:
 
     def finish(self) -> None:
         """Called once after the last record."""
+
+    def after(self, record: Record) -> None:
+        """Called after each record's handler (a walk that observes every record's effect)."""
 
     def compute(self, record: Compute) -> None:
         raise NotImplementedError

@@ -60,11 +60,10 @@ def run_one(graph: Any, costs: Any, args: argparse.Namespace, ratio: str,
     wall = time.perf_counter() - started
     base = {}
     if args.baselines and result.plan is not None:
-        from autotm_py.planning.baselines import run_baselines
-        from autotm_py.planning.solve import machine_model
+        from autotm_py.pipeline import machine_for, run_baselines
 
-        model = machine_model(graph, config, costs)
-        base = run_baselines(model, ("first-touch", "all-slow"))
+        machine = machine_for(graph, config, costs)
+        base = run_baselines(machine, ("first-touch", "all-slow"))
     st = result.stats
     counts = result.plan.header.counts if result.plan else {}
     target = TARGET_S.get(strategy)

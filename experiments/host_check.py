@@ -28,8 +28,7 @@ from autotm_py import api  # noqa: E402
 from autotm_py.config import PlanConfig  # noqa: E402
 from autotm_py.costs import KernelCosts  # noqa: E402
 from autotm_py.fileio import atomic_write_text  # noqa: E402
-from autotm_py.planning.baselines import run_baselines  # noqa: E402
-from autotm_py.planning.solve import machine_model  # noqa: E402
+from autotm_py.pipeline import machine_for, run_baselines  # noqa: E402
 from autotm_py.units import parse_ratio  # noqa: E402
 
 MODELS = ("inception_v4", "resnet200", "vgg19", "densenet264")
@@ -53,7 +52,7 @@ def check(speedup: float, solver: str) -> dict[str, object]:
         config = PlanConfig(strategy="sync", ratio=parse_ratio("1:4"), device="cpu",
                             memory="optane", solver=solver)
         result = api.optimize(graph, config, costs=costs)
-        base = run_baselines(machine_model(graph, config, costs), ("first-touch", "all-slow"))
+        base = run_baselines(machine_for(graph, config, costs), ("first-touch", "all-slow"))
         fast = result.all_fast_time_s
         rows.append({"model": name, "batch": graph.meta.get("dims", {}).get("batch"),
                      "all_fast_s": fast, "sync_slowdown": result.slowdown,

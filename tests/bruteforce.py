@@ -60,16 +60,16 @@ def _transitions(state: str, k: int, reads: dict[int, int], writes: dict[int, in
 class BruteForce:
     """Exhaustive search; `solve()` returns (best time in seconds, Plan) or (None, None)."""
 
-    def __init__(self, model: MachineModel, strategy: str, window: int = 15,
+    def __init__(self, machine: MachineModel, strategy: str, window: int = 15,
                  fixed: frozenset[int] = frozenset()) -> None:
-        self.model = model
+        self.machine = machine
         self.strategy = strategy
-        gl = tensor_gadgets(model, strategy, window, fixed=fixed)
+        gl = tensor_gadgets(machine, strategy, window, fixed=fixed)
         self.gadgets = {g.tensor: g for g in gl if g is not None}
         self.modes = {t: _modes(self.gadgets, t) for t in self.gadgets}
-        self.n = len(model.graph.kernels)
-        self.ranges = model.live_ranges
-        self.carried_first = tuple(a for a, _ in model.steady_pairs)
+        self.n = len(machine.graph.kernels)
+        self.ranges = machine.live_ranges
+        self.carried_first = tuple(a for a, _ in machine.steady_pairs)
 
     def live(self, k: int) -> list[int]:
         return [t for t in self.gadgets if self.ranges[t][0] <= k <= self.ranges[t][1]]
@@ -79,18 +79,18 @@ class BruteForce:
 
     # ---- the per-step checks and prices ----------------------------------------------------
     def fits(self, k: int, states: dict[int, str]) -> bool:
-        used = sum(int(self.model.sizes[t]) for t, s in states.items() if s in FASTISH)
-        budget = self.model.budget
-        return budget is None or used + int(self.model.workspace[k]) <= budget
+        used = sum(int(self.machine.sizes[t]) for t, s in states.items() if s in FASTISH)
+        budget = self.machine.budget
+        return budget is None or used + int(self.machine.workspace[k]) <= budget
 
     def gpu_ok(self, k: int, states: dict[int, str]) -> bool:
-        if not self.model.gpu:
+        if not self.machine.gpu:
             return True
-        io = set(self.model.graph.kernels[k].io)
+        io = set(self.machine.graph.kernels[k].io)
         return all(s in FASTISH for t, s in states.items() if t in io)
 
     def placement(self, k: int, states: dict[int, str]) -> tuple[str, ...]:
-        return tuple(SLOW if states.get(t) == S else FAST for t in self.model.graph.kernels[k].io)
+        return tuple(SLOW if states.get(t) == S else FAST for t in self.machine.graph.kernels[k].io)
 
     def start_options(self, t: int) -> list[Option]:
         g = self.gadgets[t]
@@ -127,7 +127,7 @@ class BruteForce:
             starts = tuple((t, F0 if states[t] == F0 else S) for t in self.carried_first
                            if t in states)
             reads = frozenset(t for t, e in events if e[2] == "async")
-            cost = sum(self.model.copy_time(t, FAST, "sync") for t, e in events
+            cost = sum(self.machine.copy_time(t, FAST, "sync") for t, e in events
                        if e[2] == "sync")
             key = (tuple(sorted(states.items())), reads, starts)
             if key not in layer or cost < layer[key][0]:
@@ -151,7 +151,7 @@ class BruteForce:
                 else:
                     areads = frozenset(t for t, e in events if e[0] == "read" and e[2] == "async")
                     new_key = (tuple(sorted(new_states.items())), areads, key[2])
-                total += sum(self.model.copy_time(t, FAST, "sync") for t, e in events
+                total += sum(self.machine.copy_time(t, FAST, "sync") for t, e in events
                              if e[0] == "read" and e[2] == "sync")
                 if new_key not in nxt or total < nxt[new_key][0]:
                     nxt[new_key] = (total, key, events)
@@ -161,11 +161,11 @@ class BruteForce:
         movers, options = [], []
         for t, s in states.items():
             end = self.ranges[t][1]
-            if end == k and not (last and t in self.model.survivors):
+            if end == k and not (last and t in self.machine.survivors):
                 continue  # dies after k
             reads, writes = self.modes[t]
             opts = _transitions(s, k, reads, writes, to_end=last)
-            if last and (t in {z for _, z in self.model.steady_pairs}):
+            if last and (t in {z for _, z in self.machine.steady_pairs}):
                 opts = [o for o in opts if o.state != F1]
             movers.append(t)
             options.append(opts)
@@ -188,13 +188,13 @@ class BruteForce:
             if mode == "async":
                 copies.append((t, SLOW))
             else:
-                sync += self.model.copy_time(t, SLOW, "sync")
-        kernel_s = self.model.kernel_time(k, self.placement(k, states))
-        return self.model.step_time(kernel_s, copies) + sync
+                sync += self.machine.copy_time(t, SLOW, "sync")
+        kernel_s = self.machine.kernel_time(k, self.placement(k, states))
+        return self.machine.step_time(kernel_s, copies) + sync
 
     def _steady(self, starts: tuple, end_states: dict[int, str]) -> bool:
         start = dict(starts)
-        for first, last in self.model.steady_pairs:
+        for first, last in self.machine.steady_pairs:
             if first in start and end_states.get(last) != start[first]:
                 return False
         return True
@@ -209,13 +209,13 @@ class BruteForce:
         return self._to_plan(list(reversed(keys[:-1])), list(reversed(events)), keys[-1])
 
     def _to_plan(self, keys: list, steps: list, first_key: tuple) -> Plan:
-        model, b = self.model, ScheduleBuilder(self.n)
+        machine, b = self.machine, ScheduleBuilder(self.n)
         first_states = dict(first_key[0])
         for t, g in self.gadgets.items():
             if g.given:
                 b.initial[t] = (FAST,) if first_states[t] == F0 else (SLOW,)
-        for t in model.pinned:
-            if model.graph.tensors[t].producer is None:
+        for t in machine.pinned:
+            if machine.graph.tensors[t].producer is None:
                 b.initial[t] = (FAST,)
         init_events = [ev for ev in _initial_events(first_states, self)]
         per_kernel_states = [first_states] + [dict(k[1] if k[0] == "end" else k[0])
@@ -230,12 +230,12 @@ class BruteForce:
         for k in range(self.n):
             b.compute(k, self.placement(k, per_kernel_states[k]))
         self._free_dead(b, per_kernel_states)
-        return to_plan(model, b, self.strategy, config={"device": model.costs.device})
+        return to_plan(machine, b, self.strategy, config={"device": machine.costs.device})
 
     def _free_dead(self, b: ScheduleBuilder, per_kernel: list[dict[int, str]]) -> None:
         for t in self.gadgets:
             end = self.ranges[t][1]
-            if t in self.model.survivors:
+            if t in self.machine.survivors:
                 continue
             state = per_kernel[end][t]
             if state in FASTISH:

@@ -4,13 +4,14 @@ import pytest
 
 from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW, preset
-from autotm_py.planning.baselines import BASELINES, baseline_plan, run_baselines
+from autotm_py.pipeline import run_baselines
+from autotm_py.planning.baselines import BASELINES, baseline_plan
 from autotm_py.planning.solve import min_feasible_budget
 from autotm_py.runtime.simulate import Simulator
 from tests.graphs import costs_for, layered_net, small_training
 
 
-def model_for(graph, memory, frac=0.5, pin=False):
+def machine_at(graph, memory, frac=0.5, pin=False):
     costs = costs_for(graph, "cuda" if preset(memory).mode == "gpu" else "cpu")
     mem = preset(memory)
     peak = MachineModel(graph, mem.with_budget(None), costs, pin).peak[0]
@@ -18,8 +19,8 @@ def model_for(graph, memory, frac=0.5, pin=False):
     return MachineModel(graph, mem.with_budget(int(need + frac * (peak - need))), costs, pin)
 
 
-def verify(model, plan):
-    sim = Simulator(model.graph, plan, model, strict=True)
+def verify(machine, plan):
+    sim = Simulator(machine.graph, plan, machine, strict=True)
     sim.run()
     return sim.result()
 
@@ -29,14 +30,14 @@ def verify(model, plan):
 @pytest.mark.parametrize("pin", [False, True])
 def test_every_feasible_baseline_verifies(memory, frac, pin):
     g = layered_net(2, width=3, kib=256)
-    model = model_for(g, memory, frac, pin)
-    results = run_baselines(model)
+    machine = machine_at(g, memory, frac, pin)
+    results = run_baselines(machine)
     assert set(results) == set(BASELINES)
     for name, res in results.items():
-        if name == "2lm" and model.gpu:
+        if name == "2lm" and machine.gpu:
             assert not res.feasible and "host mode" in res.message
             continue
-        if name in ("lru", "2lm") and not model.gpu and frac == 0.0:
+        if name in ("lru", "2lm") and not machine.gpu and frac == 0.0:
             # host mode's smallest budget is the workspace; swapping needs whole working sets
             assert not res.feasible and "needs" in res.message
             continue
@@ -45,41 +46,41 @@ def test_every_feasible_baseline_verifies(memory, frac, pin):
         if res.feasible:
             if name == "2lm":
                 continue  # priced on its own memory system; checked below
-            check = model if name != "all-fast" else MachineModel(
-                g, model.memory.with_budget(None), model.costs, pin)
+            check = machine if name != "all-fast" else MachineModel(
+                g, machine.memory.with_budget(None), machine.costs, pin)
             assert verify(check, res.plan).total_s == pytest.approx(res.time_s)
 
 
 def test_all_fast_is_the_sum_of_kernel_times():
     g = small_training()
-    model = model_for(g, "h100-pcie5")
-    res = run_baselines(model, ["all-fast"])["all-fast"]
-    assert res.time_s == pytest.approx(sum(model.costs.times_s))
+    machine = machine_at(g, "h100-pcie5")
+    res = run_baselines(machine, ["all-fast"])["all-fast"]
+    assert res.time_s == pytest.approx(sum(machine.costs.times_s))
     assert not list(res.plan.moves()) and res.plan.header.budget_bytes is None
 
 
 def test_all_slow_host_reads_the_slow_tier_directly():
     g = small_training()
-    model = model_for(g, "optane")
-    plan = baseline_plan(model, "all-slow")
+    machine = machine_at(g, "optane")
+    plan = baseline_plan(machine, "all-slow")
     assert not list(plan.moves())
     assert all(p == SLOW for c in plan.computes() for p in c.placement)
-    assert verify(model, plan).fast_peak_bytes == 0
+    assert verify(machine, plan).fast_peak_bytes == 0
 
 
 def test_all_slow_gpu_copies_around_every_kernel():
     g = small_training()
-    model = model_for(g, "h100-pcie5", frac=0.0)
-    plan = baseline_plan(model, "all-slow")
+    machine = machine_at(g, "h100-pcie5", frac=0.0)
+    plan = baseline_plan(machine, "all-slow")
     moves = list(plan.moves())
     assert {m.to for m in moves} == {FAST, SLOW} and all(m.mode == "sync" for m in moves)
-    assert verify(model, plan).total_s > sum(model.costs.times_s)
+    assert verify(machine, plan).total_s > sum(machine.costs.times_s)
 
 
 def test_first_touch_keeps_early_tensors_fast():
     g = layered_net(2, width=3, kib=256)
-    model = model_for(g, "optane", frac=0.3)
-    plan = baseline_plan(model, "first-touch")
+    machine = machine_at(g, "optane", frac=0.3)
+    plan = baseline_plan(machine, "first-touch")
     first = plan.records[0]
     assert all(p == FAST for p in first.placement)  # room at the start of the iteration
     assert any(p == SLOW for c in plan.computes() for p in c.placement)
@@ -87,42 +88,41 @@ def test_first_touch_keeps_early_tensors_fast():
 
 def test_lru_swaps_and_returns_carried_tensors():
     g = layered_net(2, width=3, kib=256)
-    model = model_for(g, "h100-pcie5", frac=0.1)
-    plan = baseline_plan(model, "lru")
+    machine = machine_at(g, "h100-pcie5", frac=0.1)
+    plan = baseline_plan(machine, "lru")
     w = g.carried[0][0]
     assert plan.initial[w] == (SLOW,)  # cold start
     assert any(m.to == SLOW for m in plan.moves())
-    verify(model, plan)  # includes the steady-state check
+    verify(machine, plan)  # includes the steady-state check
 
 
 def test_offload_overlaps_and_may_break_the_budget():
     g = layered_net(3, width=3, kib=256)
-    model = model_for(g, "h100-pcie5", frac=0.2)
-    plan = baseline_plan(model, "offload")
+    machine = machine_at(g, "h100-pcie5", frac=0.2)
+    plan = baseline_plan(machine, "offload")
     moves = list(plan.moves())
     assert moves and all(m.mode == "async" for m in moves)
-    unlimited = MachineModel(g, model.memory.with_budget(None), model.costs)
+    unlimited = MachineModel(g, machine.memory.with_budget(None), machine.costs)
     assert verify(unlimited, plan).fast_peak_bytes < unlimited.peak[0]
-    res = run_baselines(model, ["offload"])["offload"]
-    assert res.feasible == (res.fast_peak_bytes <= model.budget)
+    res = run_baselines(machine, ["offload"])["offload"]
+    assert res.feasible == (res.fast_peak_bytes <= machine.budget)
 
 
 def test_two_level_memory_is_host_only_and_priced_at_raw_bandwidth():
     g = small_training()
-    model = model_for(g, "optane", frac=0.7)
-    res = run_baselines(model, ["2lm", "lru"])
+    machine = machine_at(g, "optane", frac=0.7)
+    res = run_baselines(machine, ["2lm", "lru"])
     assert res["2lm"].feasible
     assert res["2lm"].plan.header.memory_system["link"]["read_bw"] == preset("optane").slow.read_bw
     with pytest.raises(Exception, match="host memory mode"):
-        baseline_plan(model_for(g, "h100-pcie5"), "2lm")
+        baseline_plan(machine_at(g, "h100-pcie5"), "2lm")
 
 
 def test_transfer_bound_is_below_every_plan():
     """No plan, ILP or baseline, is predicted faster than the transfer bound."""
     from autotm_py.config import PlanConfig
-    from autotm_py.planning.baselines import run_baselines
+    from autotm_py.pipeline import machine_for, optimize, run_baselines
     from autotm_py.planning.bounds import transfer_bound
-    from autotm_py.planning.solve import machine_model, optimize
     from tests.graphs import costs_for, layered_net
 
     graph = layered_net(6, width=3, kib=512)
@@ -130,11 +130,11 @@ def test_transfer_bound_is_below_every_plan():
     for frac in (0.4, 0.6, 0.8):
         budget = int(graph.peak_live_bytes * frac)
         config = PlanConfig(fast_mem_bytes=budget, device="cuda", strategy="async")
-        model = machine_model(graph, config, costs)
-        bound = transfer_bound(model)
+        machine = machine_for(graph, config, costs)
+        bound = transfer_bound(machine)
         assert bound >= sum(costs.times_s) - 1e-12
         result = optimize(graph, config, costs=costs)
-        times = [r.time_s for r in run_baselines(model).values() if r.feasible and r.time_s]
+        times = [r.time_s for r in run_baselines(machine).values() if r.feasible and r.time_s]
         if result.plan is not None:
             times.append(result.predicted_time_s)
         assert times and all(t >= bound * (1 - 1e-9) for t in times), (frac, bound, times)

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 
 from autotm_py import api
+from autotm_py.bench import COLUMNS, BenchSpec, read_rows, run_bench
 from autotm_py.cli import main
 from autotm_py.errors import ConfigError
-from autotm_py.report.bench import COLUMNS, BenchSpec, read_rows, run_bench
 from tests.test_report_support import tiny_onnx
 
 
@@ -250,7 +250,7 @@ def test_plans_folder_reuses_plain_json_plans(onnx_path, tmp_path, monkeypatch):
 def test_dims_are_part_of_the_row_key_and_the_plan_file():
     """Two sequence lengths of one model are two rows and two plans; a sweep without dims
     keeps the keys and plan names of files written before dims were in the key."""
-    from autotm_py.report.bench import _key
+    from autotm_py.bench import key_of as _key
 
     def bench(dims):
         return BenchSpec(models=("bert_base",), ratios=("1:2",), dims=dims, plans_dir="p")

@@ -9,8 +9,7 @@ import torch
 from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.ir.training import derive_training
-from autotm_py.planning.baselines import run_baselines
-from autotm_py.planning.solve import machine_model, optimize
+from autotm_py.pipeline import machine_for, optimize, run_baselines
 from autotm_py.runtime.executor import execute, run_steps
 from autotm_py.runtime.reference import train_steps
 from tests.graphs import costs_for
@@ -30,7 +29,7 @@ def _plans(graph, reserve: int = 0):
     budget = reserve + (graph.max_working_set[0] + graph.peak_live_bytes) // 2
     config = PlanConfig(fast_mem_bytes=budget, device="cuda")
     costs = costs_for(graph)
-    model = machine_model(graph, config, costs)
+    model = machine_for(graph, config, costs)
     results = run_baselines(model, ("all-fast", "all-slow", "first-touch", "lru", "offload"))
     plans = {name: r.plan for name, r in results.items() if r.feasible and r.plan is not None}
     assert {"all-fast", "all-slow", "first-touch"} <= set(plans), results

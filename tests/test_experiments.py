@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotm_py.report.bench import COLUMNS, write_results
+from autotm_py.bench import COLUMNS, write_results
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 sys.path.insert(0, str(EXPERIMENTS))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autotm_py.errors import ProfileError
-from autotm_py.profiling.in_context import all_fast_plan, profile_in_context
+from autotm_py.pipeline import all_fast_plan, profile_in_context
 from tests.test_executor import _graph
 
 

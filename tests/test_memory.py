@@ -125,15 +125,15 @@ def test_runtime_reserve_comes_out_of_the_budget():
     budget minus the reserve, plans report the user's budget, and the smallest feasible budget
     includes the reserve."""
     from autotm_py.config import PlanConfig
-    from autotm_py.planning.solve import machine_model, optimize
+    from autotm_py.pipeline import machine_for, optimize
 
     h100 = preset("h100-pcie5")
     assert h100.runtime_reserve_bytes > 0
     g = chain(3, size=2**20)  # 4 MiB tensors
     costs = KernelCosts.from_times("cuda", [1e-3] * 3)
     budget = h100.runtime_reserve_bytes + (16 << 20)
-    model = machine_model(g, PlanConfig(fast_mem_bytes=budget, device="cuda"), costs)
-    assert model.budget == 16 << 20 and model.user_budget == budget
+    machine = machine_for(g, PlanConfig(fast_mem_bytes=budget, device="cuda"), costs)
+    assert machine.budget == 16 << 20 and machine.user_budget == budget
     result = optimize(g, PlanConfig(fast_mem_bytes=budget, device="cuda"), costs=costs)
     assert result.plan is not None and result.plan.header.budget_bytes == budget
     tight = optimize(g, PlanConfig(fast_mem_bytes=h100.runtime_reserve_bytes, device="cuda"),
@@ -148,14 +148,14 @@ def test_headroom_leaves_a_share_of_the_budget_free():
     minus headroom x budget; the smallest feasible budget is in the user's terms, so planning
     at it with the same headroom succeeds."""
     from autotm_py.config import PlanConfig
-    from autotm_py.planning.solve import machine_model, optimize
+    from autotm_py.pipeline import machine_for, optimize
 
     h100 = preset("h100-pcie5")
     g = chain(4, size=2**20)
     costs = KernelCosts.from_times("cuda", [1e-3] * 4)
     budget = h100.runtime_reserve_bytes + (40 << 20)
-    plain = machine_model(g, PlanConfig(fast_mem_bytes=budget, device="cuda"), costs)
-    roomy = machine_model(g, PlanConfig(fast_mem_bytes=budget, device="cuda", headroom=0.2),
+    plain = machine_for(g, PlanConfig(fast_mem_bytes=budget, device="cuda"), costs)
+    roomy = machine_for(g, PlanConfig(fast_mem_bytes=budget, device="cuda", headroom=0.2),
                           costs)
     assert plain.budget - roomy.budget == int(budget * 0.2)
     assert roomy.user_budget == budget

@@ -10,14 +10,14 @@ from autotm_py.config import PlanConfig
 from autotm_py.errors import PlanError
 from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW, preset
+from autotm_py.pipeline import optimize, simulate
 from autotm_py.plan import Move, Plan
 from autotm_py.planning import formulation
 from autotm_py.planning.decode import Walk, fast_intervals, prune_reads
 from autotm_py.planning.gadgets import ASYNC, NONE, SYNC, tensor_gadgets
 from autotm_py.planning.paths import DROP, F0, READ, S, build_paths
-from autotm_py.planning.solve import min_feasible_budget, optimize
+from autotm_py.planning.solve import min_feasible_budget
 from autotm_py.planning.solvers import parse_cbc_log
-from autotm_py.runtime.simulate import simulate
 from autotm_py.units import parse_ratio
 from tests.graphs import costs_for, layered_net, small_training
 from tests.synthetic import chain
@@ -50,8 +50,8 @@ def test_plans_verify_and_match_objective(strategy, device):
 def test_tight_gpu_budget_moves_tensors_and_keeps_steady_state():
     g = small_training(kib=256)
     costs = costs_for(g)
-    model = MachineModel(g, preset("h100-pcie5"), costs)
-    need, _ = min_feasible_budget(model, "sync")
+    machine = MachineModel(g, preset("h100-pcie5"), costs)
+    need, _ = min_feasible_budget(machine, "sync")
     res = optimize(g, config(fast_mem_bytes=need), costs=costs)
     assert res.status == "optimal"
     moves = list(res.plan.moves())
@@ -146,11 +146,11 @@ def test_plan_json_roundtrip(tmp_path):
 
 def test_gadgets_per_strategy():
     g = small_training()
-    model = MachineModel(g, preset("h100-pcie5"), costs_for(g))
+    machine = MachineModel(g, preset("h100-pcie5"), costs_for(g))
     h = g.by_name("h").id  # produced by kernel 0, read by kernels 1 and 4
-    static = tensor_gadgets(model, "static", 15)[h]
-    sync = tensor_gadgets(model, "sync", 15)[h]
-    asyn = tensor_gadgets(model, "async", 1)[h]
+    static = tensor_gadgets(machine, "static", 15)[h]
+    sync = tensor_gadgets(machine, "sync", 15)[h]
+    asyn = tensor_gadgets(machine, "async", 1)[h]
     assert static.kernels == (0,) and static.write == (NONE,)
     assert sync.kernels == (0, 1, 4) and sync.read == (NONE, SYNC, SYNC)
     assert asyn.kernels == (0, 1, 2, 3, 4)
@@ -169,9 +169,9 @@ def test_paths_forbid_slow_io_on_gpu():
 
 def test_prune_reads_without_consumer():
     g = small_training()
-    model = MachineModel(g, preset("h100-pcie5"), costs_for(g))
+    machine = MachineModel(g, preset("h100-pcie5"), costs_for(g))
     x = g.by_name("x").id  # given, read by kernels 0 and 5; async gadgets around them
-    p = build_paths(tensor_gadgets(model, "async", 2)[x], gpu=True, carried_end=False)
+    p = build_paths(tensor_gadgets(machine, "async", 2)[x], gpu=True, carried_end=False)
     kernels = p.gadgets.kernels
     j = kernels.index(1)
     useless = Walk(F0, [(0, "write"), (j, READ), (j + 1, DROP)])
@@ -182,8 +182,8 @@ def test_prune_reads_without_consumer():
 
 def test_formulation_units_and_sizes():
     g = layered_net(3, width=3, kib=512)
-    model = MachineModel(g, preset("h100-pcie5").with_budget(64 * 2**20), costs_for(g))
-    f = formulation.build(model, "sync", 15)
+    machine = MachineModel(g, preset("h100-pcie5").with_budget(64 * 2**20), costs_for(g))
+    f = formulation.build(machine, "sync", 15)
     assert f.n_vars > 0 and f.n_rows > 0 and f.build_s < 10
     caps = [v for v in f.prob.variables() if v.name.startswith("U")]
     assert len(caps) == len(g.kernels)
@@ -209,17 +209,17 @@ def test_sync_solution_is_a_feasible_start_of_the_async_model(device):
     costs = costs_for(g, device)
     memory = preset("h100-pcie5" if device == "cuda" else "optane")
     probe = MachineModel(g, memory, costs)
-    model = MachineModel(g, memory.with_budget(probe.peak[0] // 3), costs)
-    sync = formulation.build(model, "sync", 15)
+    machine = MachineModel(g, memory.with_budget(probe.peak[0] // 3), costs)
+    sync = formulation.build(machine, "sync", 15)
     first = run_solver(sync.prob, "highs", gap=0.0, time_limit=60)
-    asyn = formulation.build(model, "async", 15, candidates=2)
+    asyn = formulation.build(machine, "async", 15, candidates=2)
     assert warmstart.apply(asyn, warmstart.events_of(sync))
     for c in asyn.prob._constraints.values():
         activity = sum(coef * v.varValue for v, coef in c.items()) + c.constant
         assert (activity <= 1e-6 if c.sense == pulp.LpConstraintLE else
                 activity >= -1e-6 if c.sense == pulp.LpConstraintGE else abs(activity) < 1e-6)
     assert pulp.value(asyn.prob.objective) == pytest.approx(first.objective, rel=1e-9)
-    res = optimize(g, config(strategy="async", device=device, fast_mem_bytes=model.budget,
+    res = optimize(g, config(strategy="async", device=device, fast_mem_bytes=machine.budget,
                              async_candidates=2), costs=costs)
     assert any("started from the sync plan" in n for n in res.plan.header.notes)
     assert res.objective_s <= first.objective / formulation.MS * (1 + 1e-9)

@@ -27,7 +27,7 @@ GRAPHS = {
 }
 
 
-def model_at(graph, memory, strategy, frac, *, pin=False, costs=None):
+def machine_at(graph, memory, strategy, frac, *, pin=False, costs=None):
     """The model with a budget `frac` of the way from the smallest feasible one to the peak."""
     costs = costs or costs_for(graph, "cuda" if memory.mode == "gpu" else "cpu")
     peak = MachineModel(graph, memory.with_budget(None), costs, pin).peak[0]
@@ -37,23 +37,23 @@ def model_at(graph, memory, strategy, frac, *, pin=False, costs=None):
     return MachineModel(graph, memory.with_budget(budget), costs, pin)
 
 
-def simulated(model, plan):
-    sim = Simulator(model.graph, plan, model, strict=True)
+def simulated(machine, plan):
+    sim = Simulator(machine.graph, plan, machine, strict=True)
     sim.run()
     return sim.result().total_s
 
 
-def check(model, strategy, fixed=frozenset()):
-    best, best_plan = BruteForce(model, strategy, window=WINDOW, fixed=fixed).solve()
-    f = formulation.build(model, strategy, WINDOW, fixed=fixed)
+def check(machine, strategy, fixed=frozenset()):
+    best, best_plan = BruteForce(machine, strategy, window=WINDOW, fixed=fixed).solve()
+    f = formulation.build(machine, strategy, WINDOW, fixed=fixed)
     outcome = run_solver(f.prob, "highs", gap=0.0, time_limit=60)
     assert outcome.status == "optimal"
     ilp = outcome.objective / formulation.MS
-    plan = decode(f, config={"device": model.costs.device}, solver=SolverStats())
+    plan = decode(f, config={"device": machine.costs.device}, solver=SolverStats())
     assert best is not None
     assert ilp == pytest.approx(best, rel=1e-9)
-    assert simulated(model, plan) == pytest.approx(ilp, rel=1e-9)
-    assert simulated(model, best_plan) == pytest.approx(best, rel=1e-12)
+    assert simulated(machine, plan) == pytest.approx(ilp, rel=1e-9)
+    assert simulated(machine, best_plan) == pytest.approx(best, rel=1e-12)
 
 
 @pytest.mark.parametrize("graph", list(GRAPHS))
@@ -62,15 +62,15 @@ def check(model, strategy, fixed=frozenset()):
 @pytest.mark.parametrize("frac", [0.0, 0.4])
 def test_ilp_equals_exhaustive_search(graph, memory, strategy, frac):
     g = GRAPHS[graph]()
-    check(model_at(g, preset(memory), strategy, frac), strategy)
+    check(machine_at(g, preset(memory), strategy, frac), strategy)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("memory", ["h100-pcie5", "cxl"])
 def test_random_training_graphs(seed, memory):
     g = random_training(seed, n_forward=3)
-    check(model_at(g, preset(memory), "sync", 0.3), "sync")
-    check(model_at(g, preset(memory), "sync", 0.3, pin=True), "sync")
+    check(machine_at(g, preset(memory), "sync", 0.3), "sync")
+    check(machine_at(g, preset(memory), "sync", 0.3, pin=True), "sync")
 
 
 def test_measured_placements_use_one_hot_configurations():
@@ -83,11 +83,11 @@ def test_measured_placements_use_one_hot_configurations():
     table = {"FFF": t, "SFF": 3 * t, "FSF": 3 * t, "SSF": 3.5 * t,
              "FFS": 2 * t, "SFS": 4 * t, "FSS": 4 * t, "SSS": 4.2 * t}
     costs = replace(base, measured_placements={3: table})
-    model = model_at(g, preset("optane"), "sync", 0.2, costs=costs)
-    assert model.slot_penalties(3) is None
-    f = formulation.build(model, "sync", WINDOW)
+    machine = machine_at(g, preset("optane"), "sync", 0.2, costs=costs)
+    assert machine.slot_penalties(3) is None
+    f = formulation.build(machine, "sync", WINDOW)
     assert any(v.name.startswith("c3_") for v in f.prob.variables())
-    check(model, "sync")
+    check(machine, "sync")
 
 
 @pytest.mark.parametrize("memory", ["h100-pcie5", "optane"])
@@ -95,21 +95,21 @@ def test_small_tensors_fixed_in_fast_memory(memory):
     """Tensors kept in fast memory for life enter the ILP as constants; the optimum over the
     remaining choices still matches, and they are never moved."""
     g = small_training()
-    model = model_at(g, preset(memory), "sync", 0.5)
+    machine = machine_at(g, preset(memory), "sync", 0.5)
     fixed = frozenset({g.by_name("label").id, g.by_name("loss").id, g.by_name("dw").id})
-    check(model, "sync", fixed)
-    f = formulation.build(model, "sync", WINDOW, fixed=fixed)
+    check(machine, "sync", fixed)
+    f = formulation.build(machine, "sync", WINDOW, fixed=fixed)
     run_solver(f.prob, "highs", gap=0.0, time_limit=60)
-    plan = decode(f, config={"device": model.costs.device}, solver=SolverStats())
+    plan = decode(f, config={"device": machine.costs.device}, solver=SolverStats())
     assert not any(m.tensor in fixed for m in plan.moves())
 
 
 def test_small_tensors_share_of_the_budget():
     g = small_training()
-    model = model_at(g, preset("h100-pcie5"), "sync", 0.5)
-    small = small_tensors(model, 0.2)
+    machine = machine_at(g, preset("h100-pcie5"), "sync", 0.5)
+    small = small_tensors(machine, 0.2)
     assert g.by_name("loss").id in small  # 1 KiB
     assert g.by_name("h").id not in small  # 64 KiB of a ~200 KiB budget
-    live = sum(int(model.sizes[t]) for t in small)
-    assert live <= 0.2 * model.budget
-    assert small_tensors(model, 0.0) == frozenset()
+    live = sum(int(machine.sizes[t]) for t in small)
+    assert live <= 0.2 * machine.budget
+    assert small_tensors(machine, 0.0) == frozenset()

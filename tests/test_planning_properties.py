@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from autotm_py.config import PlanConfig
 from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import preset
-from autotm_py.planning.solve import min_feasible_budget, optimize
-from autotm_py.runtime.simulate import simulate
+from autotm_py.pipeline import optimize, simulate
+from autotm_py.planning.solve import min_feasible_budget
 from tests.graphs import costs_for, random_training
 from tests.synthetic import random_dag
 

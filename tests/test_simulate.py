@@ -7,8 +7,8 @@ import pytest
 from autotm_py.costs import KernelCosts
 from autotm_py.errors import PlanError
 from autotm_py.memory.tiers import FAST, SLOW, preset
+from autotm_py.pipeline import simulate
 from autotm_py.plan import Compute, Free, Move, Plan, PlanHeader, names_table
-from autotm_py.runtime.simulate import simulate
 from tests.graphs import small_training
 from tests.synthetic import chain
 

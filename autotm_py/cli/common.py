@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from autotm_py import api
 from autotm_py.config import MAX_HEADROOM
 from autotm_py.errors import ConfigError
 
@@ -65,7 +66,6 @@ def parse_dims(values: Sequence[str] | None) -> dict[str, int]:
 def load_model_from_cli(model: str, batch: int | None, dims: Sequence[str] | None,
                         training: bool, optimizer: str) -> Any:
     """The graph that MODEL (an ONNX file or a zoo name) and the model options describe."""
-    from autotm_py import api
 
     if batch is not None and batch <= 0:
         raise ConfigError(f"--batch {batch}: must be a positive integer")

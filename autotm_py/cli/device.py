@@ -11,8 +11,13 @@ from typing import Any
 
 import click
 
+from autotm_py import api
 from autotm_py.cli import cli
 from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
+from autotm_py.errors import ConfigError
+from autotm_py.fileio import atomic_write_text
+from autotm_py.profiling.calibrate import MiB
+from autotm_py.units import parse_bytes
 
 DEVICES = click.Choice(["cpu", "cuda"])
 
@@ -47,17 +52,14 @@ def profile_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: 
     Identical kernels (repeated blocks) are measured once; kernels already cached for this
     device are not measured again, so an interrupted run resumes where it stopped.
     """
-    from autotm_py import api
 
     graph = load_model_from_cli(model, batch, dims, training, optimizer)
     costs = api.profile(graph, device=device, profiles_dir=profiles_dir, repeats=repeats,
                         warmup=warmup, max_seconds=max_seconds, resume=not fresh,
                         threads=threads, progress=not (no_progress or as_json))
     if in_context:
-        from autotm_py.profiling.in_context import profile_in_context
-
         summary = costs.summary
-        costs = profile_in_context(graph, device=device, profiles_dir=profiles_dir)
+        costs = api.profile_in_context(graph, device=device, profiles_dir=profiles_dir)
         costs = replace(costs, summary={**costs.summary, **{k: summary[k] for k in
                                         ("measured_now", "seconds", "cache_file")
                                         if k in summary}, "in_context": True})
@@ -112,9 +114,6 @@ def calibrate_cmd(device: str, output: str, repeats: int, max_size: str, no_prog
                   as_json: bool) -> None:
     """Measure pinned/pageable copy bandwidth, both directions at once, copies under compute
     and pinned-allocation cost; write a GPU-mode memory-system file."""
-    from autotm_py import api
-    from autotm_py.fileio import atomic_write_text
-    from autotm_py.units import parse_bytes
 
     sizes = _sizes_up_to(parse_bytes(max_size, flag="--max-size"))
     memory = api.calibrate(device=device, sizes=sizes, repeats=repeats,
@@ -132,8 +131,6 @@ def calibrate_cmd(device: str, output: str, repeats: int, max_size: str, no_prog
 
 
 def _sizes_up_to(max_bytes: int) -> tuple[int, ...]:
-    from autotm_py.errors import ConfigError
-    from autotm_py.profiling.calibrate import MiB
 
     if max_bytes < MiB:
         raise ConfigError(f"--max-size {max_bytes} bytes: must be at least 1MiB")

@@ -15,11 +15,13 @@ from typing import Any
 
 import click
 
+from autotm_py import api
 from autotm_py.cli import cli
 from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.ir.graph import TensorGraph
+from autotm_py.report.tables import kernel_csv, kernel_report, render_kernel_report
 from autotm_py.units import format_bytes
 
 TOP_KERNELS = 8
@@ -129,6 +131,23 @@ def write_csv(path: str, report: dict[str, Any]) -> None:
                           "path in a writable folder") from None
 
 
+def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
+                        as_json: bool) -> None:
+    """`autotm inspect MODEL --kernels [DEVICE]`: print the report (and write the CSV)."""
+    report = kernel_report(graph, api.load_costs(graph, device=device))
+    if csv_path:
+        atomic_write_text(csv_path, kernel_csv(report))
+    if as_json:
+        print_json(report)
+        return
+    click.echo(render_kernel_report(report), nl=False)
+    if report["estimated_kernels"]:
+        click.echo(f"({report['estimated_kernels']} kernels have no {device} profile: their "
+                   "times are roofline estimates)")
+    if csv_path:
+        click.echo(f"per-kernel table written to {csv_path}")
+
+
 @cli.command("inspect")
 @model_options
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
@@ -149,9 +168,7 @@ def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], traini
     the smallest fast-memory budget any plan can meet.
     """
     graph = load_model_from_cli(model, batch, dims, training, optimizer)
-    if kernels_device:  # the report engineer's kernel table (autotm_py/report/tables.py)
-        from autotm_py.report.tables import print_kernel_report
-
+    if kernels_device:  # the kernel table of autotm_py/report/tables.py
         return print_kernel_report(graph, kernels_device, csv_path, as_json)
     report = inspect_report(graph)
     if csv_path:

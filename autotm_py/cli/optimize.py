@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from autotm_py import api
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
     headroom_option,
@@ -26,8 +27,12 @@ from autotm_py.config import (
     DEFAULT_GAP,
     DEFAULT_SOLVER,
     STRATEGIES,
+    PlanConfig,
 )
 from autotm_py.errors import ConfigError
+from autotm_py.fileio import atomic_write_text
+from autotm_py.plan import Plan
+from autotm_py.units import format_bytes, parse_bytes, parse_ratio
 
 EXIT_INFEASIBLE = 3
 
@@ -90,9 +95,6 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
     baselines, bytes moved, the fast-tier peak and the solver's statistics. Exit code 3 when
     the budget is infeasible (the smallest feasible budget is printed).
     """
-    from autotm_py import api
-    from autotm_py.config import PlanConfig
-    from autotm_py.units import parse_bytes, parse_ratio
 
     config = PlanConfig(
         strategy=strategy, ratio=parse_ratio(ratio) if ratio else None,
@@ -126,7 +128,6 @@ def _candidates(value: str) -> int | None:
 
 def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]:
     """The human summary of `autotm optimize`."""
-    from autotm_py.units import format_bytes
 
     s = graph.summary()
     lines = [f"model      {s['name']}: {s['kernels']} kernels, {s['tensors']} tensors, peak "
@@ -149,7 +150,6 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
 
 
 def _plan_lines(result: Any) -> list[str]:
-    from autotm_py.units import format_bytes
 
     st = result.stats
     counts = result.plan.header.counts
@@ -177,7 +177,6 @@ def _moved(counts: Any, tier: str) -> tuple[int, int]:
 
 
 def _baseline_lines(result: Any) -> list[str]:
-    from autotm_py.units import format_bytes
 
     if not result.baselines:
         return []
@@ -215,9 +214,6 @@ def simulate_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
     state). Exits 1 naming the first record that breaks a rule."""
     import json
 
-    from autotm_py import api
-    from autotm_py.fileio import atomic_write_text
-    from autotm_py.plan import Plan
 
     plan = Plan.load(plan_path)
     graph = load_model_from_cli(model, batch, dims, training, optimizer)
@@ -239,7 +235,6 @@ def simulate_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
 
 def simulation_lines(sim: Any) -> list[str]:
     """The human summary of `autotm simulate`."""
-    from autotm_py.units import format_bytes
 
     budget = "none" if sim.budget_bytes is None else format_bytes(sim.budget_bytes)
     moved = sum(sim.bytes_moved.values())

@@ -8,9 +8,21 @@ from typing import Any
 
 import click
 
+from autotm_py import api
+from autotm_py.bench import BenchSpec, run_bench
 from autotm_py.cli import cli
-from autotm_py.cli.common import headroom_option, json_option, print_json
+from autotm_py.cli.common import (
+    headroom_option,
+    json_option,
+    load_model_from_cli,
+    parse_dims,
+    print_json,
+)
 from autotm_py.errors import ConfigError
+from autotm_py.plan import Plan
+from autotm_py.report.build import make_report
+from autotm_py.report.timeline import load_measured
+from autotm_py.units import format_bytes
 
 
 def read_json(path: str, what: str) -> Any:
@@ -26,9 +38,6 @@ def read_json(path: str, what: str) -> Any:
 def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple[str, ...],
                            training: bool, optimizer: str, device: str | None,
                            profiles: str | None) -> tuple[Any, dict[str, Any]]:
-    from autotm_py import api
-    from autotm_py.cli.common import load_model_from_cli
-
     graph = load_model_from_cli(model, batch, dims, training, optimizer)
     plan.validate(graph)
     mode = plan.header.memory_system.get("mode")
@@ -78,9 +87,6 @@ def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: str | 
       autotm report plan.json --model resnet50 --training -o report/ --trace trace.json
       autotm report plan.json --timeline timeline.json --measured run.json -o report/
     """
-    from autotm_py.plan import Plan
-    from autotm_py.report.build import make_report
-    from autotm_py.report.timeline import load_measured
 
     if timeline and model:
         raise ConfigError("give either --timeline or --model, not both")
@@ -105,7 +111,6 @@ def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: str | 
 
 
 def _print_report(result: Any) -> None:
-    from autotm_py.units import format_bytes
 
     o, m = result.overview, result.metrics
     click.echo(f"{o['model']}: {o['strategy']} plan, budget "
@@ -183,8 +188,6 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
       autotm bench --models resnet50,vgg19 --ratios 1:8,1:4,1:1 --strategies static,sync \\
           --device cpu --training --batch 16 -o results/bench.csv
     """
-    from autotm_py.cli.common import parse_dims
-    from autotm_py.report.bench import BenchSpec, run_bench
 
     spec = BenchSpec(models=_split(models), ratios=_split(ratios),
                      strategies=_split(strategies), solvers=_split(solvers), device=device,
@@ -213,7 +216,6 @@ def _bench_with_progress(spec: Any, output: str) -> Any:
         TimeElapsedColumn,
     )
 
-    from autotm_py.report.bench import run_bench
 
     columns = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))

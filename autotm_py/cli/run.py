@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import click
 
+from autotm_py import api
 from autotm_py.cli import cli
 from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
+from autotm_py.fileio import atomic_write_text
+from autotm_py.plan import Plan
+from autotm_py.units import format_bytes
 
 
 @cli.command("run")
@@ -38,9 +42,6 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     with `autotm optimize --headroom`)."""
     import json
 
-    from autotm_py import api
-    from autotm_py.fileio import atomic_write_text
-    from autotm_py.plan import Plan
 
     plan = Plan.load(plan_path)
     graph = load_model_from_cli(model, batch, dims, training, optimizer)
@@ -56,7 +57,6 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
 
 
 def _print_summary(result) -> None:
-    from autotm_py.units import format_bytes
 
     def size(n: int | None) -> str:
         return "-" if n is None else format_bytes(n)

@@ -6,6 +6,7 @@ import click
 
 from autotm_py.cli import cli
 from autotm_py.cli.common import json_option, print_json
+from autotm_py.frontend.zoo import ZOO, build_model, count_params, export_model, resolve_dims
 
 
 @cli.group("zoo")
@@ -17,7 +18,6 @@ def zoo() -> None:
 
 
 def _rows() -> list[dict[str, object]]:
-    from autotm_py.frontend.zoo import ZOO, build_model, count_params
 
     return [{"name": e.name, "params": count_params(build_model(e.name)),
              "published_params": e.published_params, "default_dims": dict(e.default_dims),
@@ -61,7 +61,6 @@ def list_models(as_json: bool) -> None:
 def export(name: str, output: str, batch: int | None, seq_len: int | None,
            with_weights: bool, as_json: bool) -> None:
     """Write zoo model NAME as ONNX (weights as external data, written only if asked)."""
-    from autotm_py.frontend.zoo import export_model, resolve_dims
 
     path = export_model(name, output, batch=batch, seq_len=seq_len, with_weights=with_weights)
     weights = path.parent / f"{path.stem}.weights.bin"

@@ -27,19 +27,8 @@ from typing import Any
 import numpy as np
 
 from autotm_py.errors import GraphError
-
-DTYPE_SIZES: dict[str, int] = {
-    "float64": 8,
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
-}
+from autotm_py.ir.dtypes import DTYPE_SIZES
+from autotm_py.ir.validate import validate_graph
 
 
 class Role(StrEnum):
@@ -313,7 +302,5 @@ class TensorGraph:
     # ---- checks --------------------------------------------------------------------------
     def validate(self) -> TensorGraph:
         """Raise `GraphError` naming the first broken invariant; return self when all hold."""
-        from autotm_py.ir.validate import validate_graph
-
         validate_graph(self)
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotm_py.errors import GraphError
-from autotm_py.ir.graph import DTYPE_SIZES
+from autotm_py.ir.dtypes import DTYPE_SIZES
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import Kernel, TensorGraph

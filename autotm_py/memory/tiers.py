@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotm_py.errors import ConfigError
+from autotm_py.fileio import atomic_write_text
 
 Mode = Literal["gpu", "host"]
 FAST, SLOW = "fast", "slow"
@@ -80,7 +81,6 @@ class MemorySystem:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the system as a memory-system JSON file (atomically)."""
-        from autotm_py.fileio import atomic_write_text
 
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 

@@ -24,15 +24,15 @@ if TYPE_CHECKING:
 class _Cache:
     """Fast-tier contents in recency order, the bytes they hold, and valid slow copies."""
 
-    def __init__(self, model: MachineModel, builder: ScheduleBuilder) -> None:
-        self.model = model
+    def __init__(self, machine: MachineModel, builder: ScheduleBuilder) -> None:
+        self.machine = machine
         self.b = builder
         self.fast: OrderedDict[int, None] = OrderedDict()
         self.has_slow: set[int] = set()
         self.used = 0
 
     def size(self, tid: int) -> int:
-        return int(self.model.sizes[tid])
+        return int(self.machine.sizes[tid])
 
     def add(self, tid: int) -> None:
         self.fast[tid] = None
@@ -48,7 +48,7 @@ class _Cache:
         self.used -= self.size(tid)
 
     def make_room(self, need: int, keep: set[int], kid: int) -> None:
-        budget = self.model.budget
+        budget = self.machine.budget
         if budget is None:
             return
         victims = (t for t in list(self.fast) if t not in keep)
@@ -60,33 +60,33 @@ class _Cache:
             self.evict(victim, kid - 1)
 
 
-def lru_plan(model: MachineModel, name: str = "lru") -> Plan:
+def lru_plan(machine: MachineModel, name: str = "lru") -> Plan:
     """The LRU on-demand swapping plan (see the module docstring)."""
-    graph = model.graph
+    graph = machine.graph
     b = ScheduleBuilder(len(graph.kernels))
-    cache = _Cache(model, b)
+    cache = _Cache(machine, b)
     for t in graph.tensors:
         if t.producer is None:
-            b.initial[t.id] = (FAST,) if t.id in model.pinned else (SLOW,)
+            b.initial[t.id] = (FAST,) if t.id in machine.pinned else (SLOW,)
             cache.has_slow.add(t.id)
     for kid, kernel in enumerate(graph.kernels):
         _step(cache, kid)
         b.compute(kid, (FAST,) * len(kernel.io))
     last = len(graph.kernels) - 1
-    for _, end in model.steady_pairs:
+    for _, end in machine.steady_pairs:
         if end in cache.fast:
             cache.evict(end, last)
-    return to_plan(model, b, name, config={"baseline": name, "device": model.costs.device})
+    return to_plan(machine, b, name, config={"baseline": name, "device": machine.costs.device})
 
 
 def _step(cache: _Cache, kid: int) -> None:
     """Copy kernel `kid`'s missing inputs in, making room first; then free what dies."""
-    model, b = cache.model, cache.b
-    kernel = model.graph.kernels[kid]
-    io = [t for t in dict.fromkeys(kernel.io) if t not in model.pinned]
+    machine, b = cache.machine, cache.b
+    kernel = machine.graph.kernels[kid]
+    io = [t for t in dict.fromkeys(kernel.io) if t not in machine.pinned]
     missing = [t for t in dict.fromkeys(kernel.inputs) if t in io and t not in cache.fast]
-    outputs = [t for t in kernel.outputs if t not in model.pinned]
-    need = sum(cache.size(t) for t in missing + outputs) + int(model.workspace[kid])
+    outputs = [t for t in kernel.outputs if t not in machine.pinned]
+    need = sum(cache.size(t) for t in missing + outputs) + int(machine.workspace[kid])
     cache.make_room(need, set(io), kid)
     for t in missing:
         b.read(t, kid)
@@ -95,7 +95,7 @@ def _step(cache: _Cache, kid: int) -> None:
         cache.add(t)
     for t in io:
         cache.fast.move_to_end(t)
-        if model.live_ranges[t][1] == kid and t not in model.survivors:
+        if machine.live_ranges[t][1] == kid and t not in machine.survivors:
             b.free(t, FAST, kid)
             cache.used -= cache.size(t)
             del cache.fast[t]

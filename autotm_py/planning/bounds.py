@@ -25,17 +25,17 @@ if TYPE_CHECKING:
     from autotm_py.machine import MachineModel
 
 
-def transfer_bound(model: MachineModel) -> float:
+def transfer_bound(machine: MachineModel) -> float:
     """Seconds no plan of `model` at its budget can beat (all-fast time when it all fits)."""
-    times = np.asarray(model.costs.times_s, dtype=np.float64)
-    budget = model.budget
-    if budget is None or not model.gpu or len(times) == 0:
+    times = np.asarray(machine.costs.times_s, dtype=np.float64)
+    budget = machine.budget
+    if budget is None or not machine.gpu or len(times) == 0:
         return float(times.sum())
     # Weights, inputs and survivors may sit in the slow tier without ever being copied out,
     # so only transient bytes beyond what fits beside k's workspace are certain to move.
-    transient = _transient_bytes(model)
-    excess = np.maximum(transient + model.workspace - budget, 0).astype(np.float64)
-    link = model.memory.link
+    transient = _transient_bytes(machine)
+    excess = np.maximum(transient + machine.workspace - budget, 0).astype(np.float64)
+    link = machine.memory.link
     write_bw = max(link.write_bw, link.async_write_bw)
     read_bw = max(link.read_bw, link.async_read_bw)
     before = np.cumsum(times)
@@ -44,7 +44,7 @@ def transfer_bound(model: MachineModel) -> float:
     return float(bound.max())
 
 
-def _transient_bytes(model: MachineModel) -> np.ndarray:
+def _transient_bytes(machine: MachineModel) -> np.ndarray:
     """Accounted bytes of transient tensors (produced here, dead before the end) per kernel."""
-    return model.live_bytes(t.id for t in model.graph.tensors
-                            if t.producer is not None and t.id not in model.survivors)
+    return machine.live_bytes(t.id for t in machine.graph.tensors
+                            if t.producer is not None and t.id not in machine.survivors)

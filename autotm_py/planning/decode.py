@@ -78,7 +78,7 @@ def fast_intervals(p: TensorPaths, w: Walk, birth: int, last: int) -> list[tuple
     return out
 
 
-def emit(b: ScheduleBuilder, model: MachineModel, tid: int, p: TensorPaths, w: Walk) -> None:
+def emit(b: ScheduleBuilder, machine: MachineModel, tid: int, p: TensorPaths, w: Walk) -> None:
     """Add the tensor's initial tier, moves and frees to the schedule."""
     g = p.gadgets
     kernels = g.kernels
@@ -97,7 +97,7 @@ def emit(b: ScheduleBuilder, model: MachineModel, tid: int, p: TensorPaths, w: W
             b.free(tid, FAST, k)
             fast = False
     if not g.survives:
-        last = model.live_ranges[tid][1]
+        last = machine.live_ranges[tid][1]
         for tier, present in ((FAST, fast), (SLOW, slow)):
             if present:
                 b.free(tid, tier, last)
@@ -106,24 +106,24 @@ def emit(b: ScheduleBuilder, model: MachineModel, tid: int, p: TensorPaths, w: W
 def decode(f: Formulation, *, config: Mapping[str, Any], solver: SolverStats,
            notes: tuple[str, ...] = ()) -> Plan:
     """The Plan of a solved formulation (variable values read from PuLP)."""
-    model = f.model
-    graph = model.graph
+    machine = f.machine
+    graph = machine.graph
     b = ScheduleBuilder(len(graph.kernels))
     intervals: dict[int, list[tuple[int, int]]] = {}
     for tid, p in enumerate(f.paths):
         if p is None:  # pinned, or fixed in fast memory for life
             if graph.tensors[tid].producer is None:
                 b.initial[tid] = (FAST,)
-            if tid in f.fixed and tid not in model.survivors:
-                b.free(tid, FAST, model.live_ranges[tid][1])
+            if tid in f.fixed and tid not in machine.survivors:
+                b.free(tid, FAST, machine.live_ranges[tid][1])
             continue
         values = [v.varValue or 0.0 for v in f.x[tid]]
         w = prune_reads(p, walk(p, values), graph.tensors[tid].users)
-        emit(b, model, tid, p, w)
-        birth, last = model.live_ranges[tid]
+        emit(b, machine, tid, p, w)
+        birth, last = machine.live_ranges[tid]
         intervals[tid] = fast_intervals(p, w, birth, last)
     for kid, kernel in enumerate(graph.kernels):
         b.compute(kid, tuple(FAST if tid not in intervals or
                              any(a <= kid <= z for a, z in intervals[tid]) else SLOW
                              for tid in kernel.io))
-    return to_plan(model, b, f.strategy, config=config, solver=solver, notes=notes)
+    return to_plan(machine, b, f.strategy, config=config, solver=solver, notes=notes)

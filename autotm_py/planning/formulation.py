@@ -52,7 +52,7 @@ def _add(expr: Expr, var: Any, coef: float) -> None:
 class Formulation:
     """The ILP of one (model, strategy, window) and the maps needed to decode it."""
 
-    model: MachineModel
+    machine: MachineModel
     strategy: str
     window: int
     candidates: int | None = None
@@ -108,12 +108,12 @@ def residency_edges(p: TensorPaths, kid: int) -> tuple[int, ...]:
     return p.after[j]
 
 
-def build(model: MachineModel, strategy: str, window: int, candidates: int | None = None,
+def build(machine: MachineModel, strategy: str, window: int, candidates: int | None = None,
           fixed: frozenset[int] = frozenset()) -> Formulation:
     """Build the ILP: every family below, in order, then the objective. `fixed` tensors stay
     in fast memory (`gadgets.small_tensors`): they enter as constants."""
     started = time.perf_counter()
-    f = Formulation(model, strategy, window, candidates, fixed)
+    f = Formulation(machine, strategy, window, candidates, fixed)
     add_paths(f)
     add_steady_state(f)
     add_capacity(f)
@@ -129,14 +129,14 @@ def build(model: MachineModel, strategy: str, window: int, candidates: int | Non
 def add_paths(f: Formulation) -> None:
     """Flow conservation (AutoTM 1.5.1): out(SOURCE) = 1; in(v) = out(v) at inner vertices;
     in(v) >= out(v) at terminal ones (the path may end there)."""
-    model = f.model
-    carried_ends = {z for _, z in model.steady_pairs}
-    for g in tensor_gadgets(model, f.strategy, f.window, f.candidates, f.fixed):
+    machine = f.machine
+    carried_ends = {z for _, z in machine.steady_pairs}
+    for g in tensor_gadgets(machine, f.strategy, f.window, f.candidates, f.fixed):
         if g is None or g.fixed:
             f.paths.append(None)
             f.x.append([])
             continue
-        p = build_paths(g, gpu=model.gpu, carried_end=g.tensor in carried_ends)
+        p = build_paths(g, gpu=machine.gpu, carried_end=g.tensor in carried_ends)
         xs = [f.var(f"x{g.tensor}_{i}") for i in range(len(p.edges))]
         f.paths.append(p)
         f.x.append(xs)
@@ -156,7 +156,7 @@ def add_paths(f: Formulation) -> None:
 def add_steady_state(f: Formulation) -> None:
     """x(SOURCE -> k of W) = flow into end vertex k of W', for k in {F0, S}: the next
     iteration starts each carried tensor where this one leaves it (one tier, no F1)."""
-    for first, last in f.model.steady_pairs:
+    for first, last in f.machine.steady_pairs:
         p_first, p_last = f.paths[first], f.paths[last]
         if p_first is None or p_last is None:
             continue  # pinned or fixed: both ends fast (`small_tensors` keeps pairs together)
@@ -174,24 +174,24 @@ def add_capacity(f: Formulation) -> None:
     U_k is a continuous variable chained as U_k = U_{k-1} + (what changes at k): a tensor's
     residency changes only at its gadgets, births and deaths, so the matrix stays sparse.
     The LP relaxation equals that of the dense rows (the chain is a change of variables)."""
-    model = f.model
-    if model.budget is None:
+    machine = f.machine
+    if machine.budget is None:
         return
-    n = len(model.graph.kernels)
+    n = len(machine.graph.kernels)
     changes: list[Expr] = [{} for _ in range(n + 1)]
     constant = [0.0] * (n + 1)  # fixed tensors: born and freed in fast memory
     for tid, p in enumerate(f.paths):
-        size = float(model.sizes[tid]) * MIB
+        size = float(machine.sizes[tid]) * MIB
         if p is not None and size > 0:
             _residency_changes(f, tid, p, size, changes)
         elif tid in f.fixed:
-            start, end = model.live_ranges[tid]
+            start, end = machine.live_ranges[tid]
             constant[start] += size
-            constant[end + 1] -= 0.0 if tid in model.survivors else size
-    budget = model.budget // ALIGN_BYTES * ALIGN_BYTES  # sums of aligned sizes are multiples
+            constant[end + 1] -= 0.0 if tid in machine.survivors else size
+    budget = machine.budget // ALIGN_BYTES * ALIGN_BYTES  # sums of aligned sizes are multiples
     prev = None
     for k in range(n):
-        room = max(budget - int(model.workspace[k]), 0) * MIB
+        room = max(budget - int(machine.workspace[k]), 0) * MIB
         u = f.var(f"U{k}", 0, room, binary=False)
         expr = {u: 1.0}
         if prev is not None:
@@ -207,7 +207,7 @@ def _residency_changes(f: Formulation, tid: int, p: TensorPaths, size: float,
                        changes: list[Expr]) -> None:
     """Add size * (R(t,k) - R(t,k-1)) at every kernel k where R(t, .) may change."""
     previous: tuple[int, ...] = ()
-    for k, edges in residency_pieces(p, f.model.live_ranges[tid][1]):
+    for k, edges in residency_pieces(p, f.machine.live_ranges[tid][1]):
         for v in f.flows(tid, edges):
             _add(changes[k], v, size)
         for v in f.flows(tid, previous):
@@ -236,18 +236,18 @@ def residency_pieces(p: TensorPaths, last: int) -> list[tuple[int, tuple[int, ..
 def add_kernel_times(f: Formulation) -> None:
     """T_k in seconds as (constant, expression). GPU: t_k. Host: t_k + sum over IO slots of
     penalty_slot * (1 - R(t_slot, k)) when separable, else the one-hot configurations."""
-    model = f.model
-    for kid, kernel in enumerate(model.graph.kernels):
-        base = model.fast_time(kid)
-        if model.gpu or all(f.paths[t] is None for t in kernel.io):
+    machine = f.machine
+    for kid, kernel in enumerate(machine.graph.kernels):
+        base = machine.fast_time(kid)
+        if machine.gpu or all(f.paths[t] is None for t in kernel.io):
             f.kernel_time[kid] = (base, {})
             continue
-        penalties = model.slot_penalties(kid)
+        penalties = machine.slot_penalties(kid)
         distinct = {t for t in kernel.io if f.paths[t] is not None}
         if penalties is None and len(distinct) <= MAX_ONE_HOT_TENSORS:
             f.kernel_time[kid] = add_io_configs(f, kid, sorted(distinct))
             continue
-        penalties = penalties or model.slot_penalties(kid, separable_only=False)
+        penalties = penalties or machine.slot_penalties(kid, separable_only=False)
         const, expr = base, {}
         for slot, tid in enumerate(kernel.io):
             if f.paths[tid] is None or penalties[slot] == 0.0:
@@ -262,7 +262,7 @@ def add_io_configs(f: Formulation, kid: int, tensors: list[int]) -> tuple[float,
     """One-hot IO configurations c_kappa of kernel k (AutoTM 1.5.4), tied to residency by
     marginals: sum_kappa c = 1 and, per tensor i, sum of c over configs with i fast = R(i,k).
     Exact for binary R, and tighter than AutoTM's AND linearization."""
-    kernel = f.model.graph.kernels[kid]
+    kernel = f.machine.graph.kernels[kid]
     configs = list(itertools.product((True, False), repeat=len(tensors)))
     cs = [f.var(f"c{kid}_{i}") for i in range(len(configs))]
     f.configs[kid] = (tensors, configs, cs)
@@ -276,7 +276,7 @@ def add_io_configs(f: Formulation, kid: int, tensors: list[int]) -> tuple[float,
     for c, conf in zip(cs, configs, strict=True):
         fast = {t for t, is_fast in zip(tensors, conf, strict=True) if is_fast}
         placement = [FAST if (t in fast or f.paths[t] is None) else SLOW for t in kernel.io]
-        expr[c] = f.model.kernel_time(kid, placement)
+        expr[c] = f.machine.kernel_time(kid, placement)
     return 0.0, expr
 
 
@@ -284,22 +284,22 @@ def add_io_configs(f: Formulation, kid: int, tensors: list[int]) -> tuple[float,
 def add_moves(f: Formulation) -> None:
     """Sync reads and writes add their copy time to the objective; async ones add to the
     terms of the kernel they overlap (`MemorySystem.async_terms`)."""
-    model = f.model
+    machine = f.machine
     for tid, p in enumerate(f.paths):
         if p is None:
             continue
-        nbytes = int(model.graph.tensor_bytes[tid])
+        nbytes = int(machine.graph.tensor_bytes[tid])
         for e, v in zip(p.edges, f.x[tid], strict=True):
             if e.kind not in (READ, WRITE):
                 continue
             to = FAST if e.kind == READ else SLOW
             mode = (p.gadgets.read if e.kind == READ else p.gadgets.write)[e.layer]
             if mode == SYNC:
-                _add(f.objective, v, model.memory.copy_time(nbytes, to, "sync") * MS)
+                _add(f.objective, v, machine.memory.copy_time(nbytes, to, "sync") * MS)
             elif mode == ASYNC:
                 kid = p.gadgets.kernels[e.layer]
                 terms = f.async_terms.setdefault(kid, {})
-                for name, seconds in model.memory.async_terms(nbytes, to):
+                for name, seconds in machine.memory.async_terms(nbytes, to):
                     _add(terms.setdefault(name, {}), v, seconds)
 
 

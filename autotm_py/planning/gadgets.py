@@ -45,59 +45,59 @@ class TensorGadgets:
     fixed: bool = False  # kept in fast memory for life (a small tensor, see `small_tensors`)
 
 
-def tensor_gadgets(model: MachineModel, strategy: str, window: int,
+def tensor_gadgets(machine: MachineModel, strategy: str, window: int,
                    candidates: int | None = None,
                    fixed: frozenset[int] = frozenset()) -> list[TensorGadgets | None]:
     """Gadgets of every tensor (None for pinned tensors, which never move). `candidates`
     (async): keep only that many kernels per window, the longest ones (see `_add_windows`).
     `fixed`: tensors that stay in fast memory for life (no decision points but their birth)."""
     out: list[TensorGadgets | None] = []
-    for t in model.graph.tensors:
-        if t.id in model.pinned:
+    for t in machine.graph.tensors:
+        if t.id in machine.pinned:
             out.append(None)
         elif t.id in fixed:
-            birth = model.live_ranges[t.id][0]
+            birth = machine.live_ranges[t.id][0]
             out.append(TensorGadgets(t.id, (birth,), (NONE,), (NONE,), (True,),
-                                     t.producer is None, t.id in model.survivors, False, True))
+                                     t.producer is None, t.id in machine.survivors, False, True))
         else:
-            out.append(_one(model, t.id, strategy, window, candidates))
+            out.append(_one(machine, t.id, strategy, window, candidates))
     return out
 
 
-def small_tensors(model: MachineModel, share: float) -> frozenset[int]:
+def small_tensors(machine: MachineModel, share: float) -> frozenset[int]:
     """The smallest tensors whose sizes, summed over all of them alive at once, never exceed
     `share` of the budget. Kept in fast memory for life, they cost at most that share of the
     budget, while giving them decision points would add most of the ILP's variables (a
     training graph has thousands of statistics, biases and small weights). Carried pairs are
     kept together."""
-    if model.budget is None or share <= 0:
+    if machine.budget is None or share <= 0:
         return frozenset()
-    cap = share * model.budget
-    order = sorted((t for t in range(len(model.graph.tensors)) if t not in model.pinned),
-                   key=lambda t: model.sizes[t])
+    cap = share * machine.budget
+    order = sorted((t for t in range(len(machine.graph.tensors)) if t not in machine.pinned),
+                   key=lambda t: machine.sizes[t])
     lo, hi = 0, len(order)  # the largest prefix of `order` whose live peak fits in `cap`
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _live_peak(model, order[:mid]) <= cap:
+        if _live_peak(machine, order[:mid]) <= cap:
             lo = mid
         else:
             hi = mid - 1
     chosen = set(order[:lo])
-    for first, last in model.graph.carried:
+    for first, last in machine.graph.carried:
         if (first in chosen) != (last in chosen):
             chosen.discard(first)
             chosen.discard(last)
     return frozenset(chosen)
 
 
-def _live_peak(model: MachineModel, tensors: list[int]) -> int:
-    return int(model.live_bytes(tensors).max()) if model.graph.kernels else 0
+def _live_peak(machine: MachineModel, tensors: list[int]) -> int:
+    return int(machine.live_bytes(tensors).max()) if machine.graph.kernels else 0
 
 
-def _one(model: MachineModel, tid: int, strategy: str, window: int,
+def _one(machine: MachineModel, tid: int, strategy: str, window: int,
          candidates: int | None) -> TensorGadgets:
-    t = model.graph.tensors[tid]
-    birth, end = model.live_ranges[tid]
+    t = machine.graph.tensors[tid]
+    birth, end = machine.live_ranges[tid]
     uses = set(t.users) | ({t.producer} if t.producer is not None else set())
     read: dict[int, int] = {birth: NONE}
     write: dict[int, int] = {birth: SYNC if t.producer is not None else NONE}
@@ -106,12 +106,13 @@ def _one(model: MachineModel, tid: int, strategy: str, window: int,
             read[u] = SYNC
             write[u] = SYNC
         if strategy == "async":
-            times = model.costs.times_s
+            times = machine.costs.times_s
             _add_windows(read, write, uses, t.users, (birth, end), window,
                          lambda ks: _longest(ks, times, candidates))
     kernels = tuple(sorted(read.keys() | write.keys()))
     # GPU static has no moves at all and kernels need fast IO: everything stays fast.
-    may_slow = (t.producer is None or not model.gpu) and not (model.gpu and strategy == "static")
+    may_slow = (t.producer is None or not machine.gpu) and \
+        not (machine.gpu and strategy == "static")
     if strategy == "static":
         read, write = {birth: NONE}, {birth: NONE}
     return TensorGadgets(
@@ -121,7 +122,7 @@ def _one(model: MachineModel, tid: int, strategy: str, window: int,
         write=tuple(write.get(k, NONE) for k in kernels),
         io=tuple(k in uses for k in kernels),
         given=t.producer is None,
-        survives=tid in model.survivors,
+        survives=tid in machine.survivors,
         may_start_slow=may_slow,
     )
 

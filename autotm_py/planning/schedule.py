@@ -90,11 +90,11 @@ def move_counts(records: tuple[Record, ...], graph: TensorGraph) -> dict[str, in
     return counts
 
 
-def to_plan(model: MachineModel, builder: ScheduleBuilder, strategy: str, *,
+def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
             config: Mapping[str, Any], solver: SolverStats | None = None,
             notes: tuple[str, ...] = ()) -> Plan:
     """A Plan of `model.graph` from the builder's records (predicted time set by the caller)."""
-    graph = model.graph
+    graph = machine.graph
     records = builder.records()
     counts = {"kernels": len(graph.kernels), "records": len(records),
               **move_counts(records, graph)}
@@ -102,12 +102,12 @@ def to_plan(model: MachineModel, builder: ScheduleBuilder, strategy: str, *,
         model_hash=graph.model_hash,
         model_name=graph.name,
         strategy=strategy,
-        budget_bytes=model.user_budget,
-        memory_system=model.memory.to_dict(),
+        budget_bytes=machine.user_budget,
+        memory_system=machine.memory.to_dict(),
         solver=solver or SolverStats(),
         graph_summary=graph.summary(),
         counts=counts,
-        config={**config, "pin_weights": model.pin_weights},
+        config={**config, "pin_weights": machine.pin_weights},
         notes=notes,
     )
     return Plan(header, dict(builder.initial), records, names_table(graph))

@@ -1,28 +1,26 @@
-"""`optimize`: from a graph and a `PlanConfig` to a verified Plan (or an infeasible result).
+"""`plan`: from a machine model and a `PlanConfig` to an unverified Plan (or an infeasible
+result) with the solver's statistics.
 
-Steps: resolve the memory system and the budget; price kernels (`load_costs` unless costs are
-given); check the budget against the smallest feasible one; build the ILP
-(`formulation.build`); solve it (`solvers.run_solver`); decode the solution into a Plan; and
-simulate the plan in strict mode, which verifies it and gives its predicted time. A budget
-below the smallest feasible one is a result with status ``infeasible`` that names that budget
-and the kernel forcing it, never an exception.
+Steps: check the budget against the smallest feasible one; build the ILP
+(`formulation.build`); solve it (`solvers.run_solver`); decode the solution into a Plan. A
+budget below the smallest feasible one is a result with status ``infeasible`` that names that
+budget and the kernel forcing it, never an exception. Resolving the machine (memory system,
+budget, costs), verifying the plan by strict simulation (which gives its predicted time) and the
+baselines are the pipeline's (`autotm_py.pipeline.optimize`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autotm_py.errors import PlanError, SolverError
-from autotm_py.machine import MachineModel
-from autotm_py.memory import accounting
-from autotm_py.memory.tiers import load_memory_system
+from autotm_py.errors import SolverError
 from autotm_py.plan import Plan, SolverStats
 from autotm_py.planning import formulation, warmstart
-from autotm_py.planning.baselines import BASELINES, BaselineResult, all_fast, run_baselines
+from autotm_py.planning.baselines import BaselineResult, all_fast
 from autotm_py.planning.decode import decode
 from autotm_py.planning.gadgets import small_tensors
 from autotm_py.planning.solvers import SolveOutcome, run_solver
@@ -30,8 +28,8 @@ from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
     from autotm_py.config import PlanConfig
-    from autotm_py.costs import KernelCosts
     from autotm_py.ir.graph import TensorGraph
+    from autotm_py.machine import MachineModel
 
 log = logging.getLogger(__name__)
 
@@ -87,23 +85,7 @@ class PlanResult:
         }
 
 
-def machine_model(graph: TensorGraph, config: PlanConfig,
-                  costs: KernelCosts | None = None) -> MachineModel:
-    """The memory system (with its budget), costs and pinning that `config` describes."""
-    memory = load_memory_system(config.memory_name)
-    pinned = accounting.pinned_tensors(graph, config.pin_weights)
-    budget = accounting.resolve_budget(graph, ratio=config.ratio,
-                                       fast_mem_bytes=config.fast_mem_bytes, pinned=pinned,
-                                       memory=memory)
-    if costs is None:
-        from autotm_py.profiling.profile import load_costs
-
-        costs = load_costs(graph, device=config.device)
-    return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights,
-                        config.headroom)
-
-
-def min_feasible_budget(model: MachineModel, strategy: str,
+def min_feasible_budget(machine: MachineModel, strategy: str,
                         fixed: frozenset[int] = frozenset()) -> tuple[int, int]:
     """(bytes, kernel): the smallest budget at which a plan exists, and the kernel forcing it.
 
@@ -111,75 +93,62 @@ def min_feasible_budget(model: MachineModel, strategy: str,
     (and with the static strategy nothing moves, so the whole all-fast peak must fit). Host
     mode: only workspace must be fast; kernels can read and write the slow tier. Tensors in
     `fixed` (kept fast for life) count wherever they are alive."""
-    graph = model.graph
+    graph = machine.graph
     n = len(graph.kernels)
     if not n:
         return 0, -1
-    if model.gpu and strategy == "static":
-        return model.peak
-    resident = model.live_bytes(fixed)
+    if machine.gpu and strategy == "static":
+        return machine.peak
+    resident = machine.live_bytes(fixed)
     need = []
     for k, kernel in enumerate(graph.kernels):
         io = set(kernel.io)
-        own = model.io_bytes(k) - sum(int(model.sizes[t]) for t in io & fixed) if model.gpu \
+        own = machine.io_bytes(k) - sum(int(machine.sizes[t]) for t in io & fixed) if machine.gpu \
             else 0
-        need.append(int(model.workspace[k]) + own + int(resident[k]))
+        need.append(int(machine.workspace[k]) + own + int(resident[k]))
     kid = max(range(n), key=need.__getitem__)
     return need[kid], kid
 
 
-def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | None = None,
-             baselines: bool | Sequence[str] = False) -> PlanResult:
-    """Plan `graph` under `config` (see the module docstring). `baselines`: also plan and
-    simulate these baselines (True: all of them) for comparison."""
-    model = machine_model(graph, config, costs)
-    result = _plan(model, config)
-    if baselines and result.feasible:
-        names = BASELINES if baselines is True else tuple(baselines)
-        result = replace(result, baselines=run_baselines(model, names))
-    return result
-
-
-def _plan(model: MachineModel, config: PlanConfig) -> PlanResult:
-    graph = model.graph
-    common = {"budget_bytes": model.user_budget, "all_fast_time_s": model.all_fast_time}
-    if model.budget is None:
-        plan = all_fast(model)
-        plan = plan.with_header(strategy=config.strategy, config=_config(config),
-                                predicted_time_s=model.all_fast_time,
-                                notes=("no budget: every tensor stays in fast memory",))
-        return PlanResult("optimal", plan, "no budget: all-fast is optimal",
-                          predicted_time_s=model.all_fast_time, stats=SolverStats(),
-                          fast_peak_bytes=model.peak[0], **common)
-    small = small_tensors(model, SMALL_SHARE)
-    need, kid = min_feasible_budget(model, config.strategy, small)
-    if model.budget < need and small:  # too tight to keep small tensors fast: let them move
+def plan(machine: MachineModel, config: PlanConfig) -> PlanResult:
+    """Plan `model.graph` under `config` (see the module docstring). A solved plan comes back
+    unverified: no predicted time yet, and `fast_peak_bytes` unset."""
+    graph = machine.graph
+    common = {"budget_bytes": machine.user_budget, "all_fast_time_s": machine.all_fast_time}
+    if machine.budget is None:
+        unbounded = all_fast(machine).with_header(
+            strategy=config.strategy, config=_config(config),
+            predicted_time_s=machine.all_fast_time,
+            notes=("no budget: every tensor stays in fast memory",))
+        return PlanResult("optimal", unbounded, "no budget: all-fast is optimal",
+                          predicted_time_s=machine.all_fast_time, stats=SolverStats(),
+                          fast_peak_bytes=machine.peak[0], **common)
+    small = small_tensors(machine, SMALL_SHARE)
+    need, kid = min_feasible_budget(machine, config.strategy, small)
+    if machine.budget < need and small:  # too tight to keep small tensors fast: let them move
         small = frozenset()
-        need, kid = min_feasible_budget(model, config.strategy)
-    if model.budget < need:
-        return _infeasible(model, need, kid, config.strategy, common)
-    f, outcome, stats, notes = _search(model, config, small)
+        need, kid = min_feasible_budget(machine, config.strategy)
+    if machine.budget < need:
+        return _infeasible(machine, need, kid, config.strategy, common)
+    f, outcome, stats, notes = _search(machine, config, small)
     if not outcome.has_solution:
         return _unsolved(outcome.status, stats, need, kid, graph, common, config)
     if outcome.status == "time_limit":
         notes.append("time limit reached: best plan found, not proven within the gap")
-    plan = decode(f, config=_config(config), solver=stats, notes=tuple(notes))
-    predicted, peak = _verify(model, plan)
-    plan = plan.with_header(predicted_time_s=predicted,
-                            counts={**plan.header.counts, "fast_peak_bytes": peak})
-    message = f"{outcome.status}: predicted {predicted * 1e3:.3f} ms per iteration"
-    return PlanResult(outcome.status, plan, message, predicted_time_s=predicted, stats=stats,
-                      objective_s=stats.objective_s, fast_peak_bytes=peak, **common)
+    decoded = decode(f, config=_config(config), solver=stats, notes=tuple(notes))
+    return PlanResult(outcome.status, decoded, f"{outcome.status}: not verified yet",
+                      predicted_time_s=None, stats=stats, objective_s=stats.objective_s,
+                      **common)
 
 
-def _search(model: MachineModel, config: PlanConfig, small: frozenset[int]
+def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int]
             ) -> tuple[formulation.Formulation, SolveOutcome, SolverStats, list[str]]:
     """Build and solve the ILP, warm-started from the smaller strategies' solutions: every
     static plan is a sync plan and every sync plan an async one (`warmstart`), so each search
     starts from a good plan and can only improve on it. If the last search finds nothing in
     time, the best earlier plan is returned."""
     started = time.perf_counter()
-    chain = [s for s in ("static", "sync", "async") if not (model.gpu and s == "static")]
+    chain = [s for s in ("static", "sync", "async") if not (machine.gpu and s == "static")]
     chain = chain[:chain.index(config.strategy) + 1] if config.strategy in chain else \
         [config.strategy]
     notes: list[str] = []
@@ -187,7 +156,7 @@ def _search(model: MachineModel, config: PlanConfig, small: frozenset[int]
     best: tuple[formulation.Formulation, SolveOutcome] | None = None
     for strategy in chain:
         candidates = config.async_candidates if strategy == "async" else None
-        f = formulation.build(model, strategy, config.async_window, candidates, small)
+        f = formulation.build(machine, strategy, config.async_window, candidates, small)
         log.info("built the %s ILP: %d variables, %d constraints in %.2f s", strategy,
                  f.n_vars, f.n_rows, f.build_s)
         warm = best is not None and warmstart.apply(f, warmstart.events_of(best[0]))
@@ -224,30 +193,15 @@ def _solve(f: formulation.Formulation, config: PlanConfig, time_limit: float | N
                       threads=config.threads, warm_start=warm)
 
 
-def _verify(model: MachineModel, plan: Plan) -> tuple[float, int]:
-    """Simulate the decoded plan strictly (a violation here is a planner bug); return its
-    predicted time and fast-tier peak."""
-    from autotm_py.runtime.simulate import Simulator
-
-    sim = Simulator(model.graph, plan, model, strict=True)
-    try:
-        sim.run()
-    except PlanError as exc:
-        raise SolverError(f"the decoded plan fails verification ({exc}); please report this "
-                          "with the model and options") from exc
-    res = sim.result()
-    return res.total_s, res.fast_peak_bytes
-
-
-def _infeasible(model: MachineModel, need: int, kid: int, strategy: str,
+def _infeasible(machine: MachineModel, need: int, kid: int, strategy: str,
                 common: dict[str, Any]) -> PlanResult:
-    kernel = model.graph.kernels[kid]
-    need = model.user_terms(need)  # the whole budget: with the reserve and the headroom
+    kernel = machine.graph.kernels[kid]
+    need = machine.user_terms(need)  # the whole budget: with the reserve and the headroom
     why = ("the static strategy moves nothing, so the whole footprint must fit"
-           if model.gpu and strategy == "static" else
-           "its inputs, outputs and workspace must be in fast memory together" if model.gpu
+           if machine.gpu and strategy == "static" else
+           "its inputs, outputs and workspace must be in fast memory together" if machine.gpu
            else "its workspace must be in fast memory")
-    message = (f"infeasible: the budget of {format_bytes(model.user_budget or 0)} is below the "
+    message = (f"infeasible: the budget of {format_bytes(machine.user_budget or 0)} is below the "
                f"smallest feasible budget of {format_bytes(need)} ({need} bytes), forced by "
                f"kernel #{kid} {kernel.name!r} ({kernel.op_type}): {why}")
     return PlanResult("infeasible", None, message, predicted_time_s=None, stats=SolverStats(),

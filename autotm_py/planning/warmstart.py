@@ -32,7 +32,7 @@ Events = dict[int, tuple[int, list[tuple[int, str]]]]  # tensor -> (start kind, 
 def events_of(f: Formulation) -> Events:
     """The solved formulation's plan as per-tensor events keyed by kernel."""
     out: Events = {}
-    users = {t.id: t.users for t in f.model.graph.tensors}
+    users = {t.id: t.users for t in f.machine.graph.tensors}
     for tid, p in enumerate(f.paths):
         if p is None:
             continue
@@ -85,15 +85,15 @@ def _path(p: TensorPaths, start: int, events: list[tuple[int, str]]) -> set[int]
 
 def _continuous(f: Formulation, values: dict[int, list[float]]) -> None:
     """U_k from the residencies, one-hot configurations, y_k = max of its lower bounds."""
-    model = f.model
-    n = len(model.graph.kernels)
+    machine = f.machine
+    n = len(machine.graph.kernels)
     if f.capacity:
         delta = np.zeros(n + 1)
         for tid, vals in values.items():
             previous = 0.0
-            for k, edges in residency_pieces(f.paths[tid], model.live_ranges[tid][1]):
+            for k, edges in residency_pieces(f.paths[tid], machine.live_ranges[tid][1]):
                 now = sum(vals[i] for i in edges)
-                delta[k] += (now - previous) * float(model.sizes[tid]) * MIB
+                delta[k] += (now - previous) * float(machine.sizes[tid]) * MIB
                 previous = now
         for var, u in zip(f.capacity, np.cumsum(delta[:n]), strict=True):
             var.varValue = max(float(u), 0.0)

@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autotm_py.errors import ProfileError
-from autotm_py.profiling.cache import MEASURED, ProfileEntry, now_iso, profile_path, write_entries
+from autotm_py.profiling.cache import (
+    MEASURED,
+    ProfileEntry,
+    now_iso,
+    profile_path,
+    user_profiles_dir,
+    write_entries,
+)
 from autotm_py.profiling.fingerprint import current_fingerprint
 from autotm_py.profiling.profile import _sources, load_costs, unique_kernels
 from autotm_py.profiling.sources import all_fast, graph_batch, in_context_placement
@@ -47,17 +54,17 @@ log = logging.getLogger(__name__)
 PathLike = str | os.PathLike[str]
 
 
-def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
+def profile_in_context(graph: TensorGraph, plan: Plan, *, device: str = "cuda",
                        profiles_dir: PathLike | None = None, iterations: int = 5,
                        warmup: int = 2) -> KernelCosts:
-    """Measure every kernel inside `iterations` all-fast iterations; cache; return costs."""
+    """Measure every kernel inside `iterations` iterations of `plan` (the all-fast plan:
+    `autotm_py.pipeline.profile_in_context` makes it); cache; return costs."""
     from autotm_py.runtime.executor import execute
 
     if not device.startswith("cuda"):
         raise ProfileError("--in-context needs --device cuda: on the CPU a kernel's time does "
                            "not depend on its neighbours, so `autotm profile` already measures it")
     fingerprint = current_fingerprint("cuda")
-    plan = all_fast_plan(graph)
     plain = execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
                     enforce_budget=False)
     run = execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
@@ -71,7 +78,6 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
     entries = {k.signature: {in_context_placement(graph, k): _entry(k, samples[k.signature],
                                                                     graph, sources)}
                for k in unique_kernels(graph)}
-    from autotm_py.profiling.cache import user_profiles_dir
 
     path = profile_path(user_profiles_dir(profiles_dir), fingerprint)
     write_entries(path, fingerprint, entries)
@@ -143,14 +149,3 @@ def context_key(graph: TensorGraph) -> str:
     what its neighbours let it cost, so entries are stored per graph, under the placement
     key ``"<placement>@<model hash>"`` beside the isolated ``"<placement>"`` entry."""
     return graph.model_hash
-
-
-def all_fast_plan(graph: TensorGraph) -> Plan:
-    """Every tensor in fast memory, freed after its last use: the unlimited reference."""
-    from autotm_py.costs import KernelCosts
-    from autotm_py.machine import MachineModel
-    from autotm_py.memory.tiers import preset
-    from autotm_py.planning.baselines import all_fast
-
-    costs = KernelCosts.from_times("cuda", [0.0] * len(graph.kernels))
-    return all_fast(MachineModel(graph, preset("h100-pcie5"), costs))

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotm_py.costs import KernelCosts
 from autotm_py.errors import ConfigError
+from autotm_py.profiling import torch_profiler
 from autotm_py.profiling.cache import (
     MEASURED,
     ProfileEntry,
@@ -187,9 +188,8 @@ def _roofline_if_missing(sources: CostSources, fingerprint: Fingerprint, todo: l
     own profiles: once per fingerprint, and again when re-measuring (`refresh`)."""
     if not todo or (sources.roofline_for(fingerprint) is not None and not refresh):
         return None
-    from autotm_py.profiling.torch_profiler import measure_roofline
 
-    return measure_roofline(fingerprint.kind, fingerprint.name, runner).to_dict()
+    return torch_profiler.measure_roofline(fingerprint.kind, fingerprint.name, runner).to_dict()
 
 
 def _measure_all(session: _Session, todo: list[Kernel], progress: bool | ProgressCallback,
@@ -212,17 +212,10 @@ def _measure_all(session: _Session, todo: list[Kernel], progress: bool | Progres
 
 def _measure_one(session: _Session, kernel: Kernel,
                  options: dict[str, Any]) -> ProfileEntry | None:
-    from autotm_py.profiling.torch_profiler import (
-        loadavg,
-        make_inputs,
-        measure_workspace,
-        time_kernel,
-    )
-
     try:
-        args = make_inputs(session.graph, kernel, session.device)
-        timing = time_kernel(kernel, args, device=session.device, **options)
-        workspace = measure_workspace(kernel, args, device=session.device)
+        args = torch_profiler.make_inputs(session.graph, kernel, session.device)
+        timing = torch_profiler.time_kernel(kernel, args, device=session.device, **options)
+        workspace = torch_profiler.measure_workspace(kernel, args, device=session.device)
     except Exception as exc:  # any torch failure: skip this kernel, keep profiling the rest
         _release_memory(session.device)
         log.warning("kernel %s (%s) could not be profiled: %s: %s", kernel.name,
@@ -231,7 +224,7 @@ def _measure_one(session: _Session, kernel: Kernel,
         return None
     return ProfileEntry(timing.median_s, timing.p10_s, timing.p90_s, timing.runs, MEASURED,
                         now_iso(), graph_batch(session.graph), kernel.op_type,
-                        loadavg() if session.device == "cpu" else None, workspace)
+                        torch_profiler.loadavg() if session.device == "cpu" else None, workspace)
 
 
 def _release_memory(device: str) -> None:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autotm_py.ir.builder import GraphBuilder
+from autotm_py.ir.graph import Role
 from autotm_py.profiling.costmodel import Roofline
 
 if TYPE_CHECKING:
@@ -292,8 +294,6 @@ def _dispatch_cost(device: str, runner: Runner, sync: Callable[[], None]) -> flo
     """Seconds of a kernel that does (almost) nothing: the fixed cost of every kernel."""
     import torch
 
-    from autotm_py.ir.builder import GraphBuilder
-    from autotm_py.ir.graph import Role
 
     b = GraphBuilder("dispatch")
     x = b.add_tensor("x", (1,), "float32", Role.INPUT)

@@ -22,6 +22,7 @@ from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.plan import Plan
 from autotm_py.report.metrics import plan_metrics
+from autotm_py.report.plots import plot_memory, plot_moves, plot_residency, save_figure
 from autotm_py.report.residency import PlanView, Residency, walk
 from autotm_py.report.summary import markdown_summary, overview
 from autotm_py.report.timeline import (
@@ -30,6 +31,7 @@ from autotm_py.report.timeline import (
     plan_order_timeline,
     simulated_timeline,
 )
+from autotm_py.report.trace import chrome_trace
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -73,7 +75,6 @@ def make_report(plan: Plan, out_dir: str | os.PathLike[str], *,
                 max_tensors: int = 300,
                 origin: Mapping[str, Any] | None = None) -> ReportResult:
     """Write memory.*, residency.*, moves.*, summary.md, report.json (and the trace)."""
-    from autotm_py.report.plots import plot_memory, plot_moves, plot_residency, save_figure
 
     _check_formats(formats)
     out = Path(out_dir)
@@ -101,8 +102,6 @@ def make_report(plan: Plan, out_dir: str | os.PathLike[str], *,
 
 def write_trace(view: PlanView, predicted: Timeline, measured: Timeline | None,
                 path: str | os.PathLike[str], plan: Plan) -> Path:
-    from autotm_py.report.trace import chrome_trace
-
     meta = {"strategy": plan.header.strategy, "budget_bytes": plan.header.budget_bytes,
             "memory_system": plan.header.memory_system.get("name")}
     doc = chrome_trace(view, predicted, measured, meta=meta)

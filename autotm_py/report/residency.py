@@ -2,7 +2,8 @@
 
 A plan carries a names table (`plan.names`: tensor names, bytes and roles, kernel names and op
 types, and each kernel's input/output tensor ids), so reports need no graph: `PlanView` reads
-those tables (or a `TensorGraph` when one is at hand), and `walk` replays the records:
+those tables (or a `TensorGraph` when one is at hand), and `walk` replays the records with the
+plan interpreter (`autotm_py.interpreter.PlanInterpreter`):
 
 - a tensor without a producer starts in the tiers of `plan.initial`;
 - ``Compute(k, placement)`` creates each output of k in its slot's tier;
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autotm_py.errors import PlanError
+from autotm_py.interpreter import PlanInterpreter
 from autotm_py.memory.accounting import PINNED_ROLES, aligned
 from autotm_py.plan import Compute, Free, Move, Plan
 
@@ -129,11 +131,12 @@ class Residency:
         return {m.tensor for m in self.moves}
 
 
-class _Walker:
+class _Walker(PlanInterpreter):
     """Replays records, keeping each tensor's mask and the running bytes per tier."""
 
     def __init__(self, view: PlanView, plan: Plan) -> None:
-        self.view, self.plan = view, plan
+        super().__init__(None, plan)
+        self.view = view
         pinned = {r.value for r in PINNED_ROLES} if plan.header.config.get("pin_weights") \
             else set()
         self.counted = [0 if role in pinned else aligned(n)
@@ -142,6 +145,10 @@ class _Walker:
         self.fast = self.slow = 0
         self.position = 0
         self.changes: list[list[tuple[int, int]]] = [[] for _ in range(view.n_tensors)]
+        self.fast_after: list[int] = []  # counted bytes per tier after each record
+        self.slow_after: list[int] = []
+        self.order: list[int] = []  # kernel ids in plan order
+        self.compute_records: list[int] = []
 
     def set_mask(self, tid: int, mask: int) -> None:
         old = int(self.mask[tid])
@@ -151,26 +158,35 @@ class _Walker:
         self.mask[tid] = mask
         self.changes[tid].append((self.position, mask))
 
-    def record(self, rec: Compute | Move | Free) -> None:
-        if isinstance(rec, Compute):
-            self._compute(rec)
-        elif isinstance(rec, Move):
-            self._check(rec.tensor)
-            self.set_mask(rec.tensor, int(self.mask[rec.tensor]) | _BITS[rec.to])
-        else:
-            self._check(rec.tensor)
-            self.set_mask(rec.tensor, int(self.mask[rec.tensor]) & ~_BITS[rec.tier])
+    def start(self) -> None:
+        for tid, tiers in self.plan.initial.items():
+            self._check(tid)
+            self.set_mask(tid, sum(_BITS[t] for t in set(tiers)))
 
-    def _compute(self, rec: Compute) -> None:
-        if not 0 <= rec.kernel < len(self.view.kernel_io):
-            raise PlanError(f"compute of kernel #{rec.kernel}: no such kernel in the plan's "
+    def move(self, record: Move) -> None:
+        self._check(record.tensor)
+        self.set_mask(record.tensor, int(self.mask[record.tensor]) | _BITS[record.to])
+
+    def free(self, record: Free) -> None:
+        self._check(record.tensor)
+        self.set_mask(record.tensor, int(self.mask[record.tensor]) & ~_BITS[record.tier])
+
+    def compute(self, record: Compute) -> None:
+        if not 0 <= record.kernel < len(self.view.kernel_io):
+            raise PlanError(f"compute of kernel #{record.kernel}: no such kernel in the plan's "
                             "names table; is the plan complete?")
-        ins, outs = self.view.kernel_io[rec.kernel]
+        self.order.append(record.kernel)
+        self.compute_records.append(self.index)
+        ins, outs = self.view.kernel_io[record.kernel]
         for slot, tid in enumerate(outs, start=len(ins)):
-            tier = rec.placement[slot] if slot < len(rec.placement) else "fast"
+            tier = record.placement[slot] if slot < len(record.placement) else "fast"
             self.set_mask(tid, int(self.mask[tid]) | _BITS[tier])
         # changes made before this increment (moves before k, k's outputs) show during k
         self.position += 1
+
+    def after(self, record: Compute | Move | Free) -> None:
+        self.fast_after.append(self.fast)
+        self.slow_after.append(self.slow)
 
     def _check(self, tid: int) -> None:
         if not 0 <= tid < self.view.n_tensors:
@@ -180,22 +196,12 @@ class _Walker:
 def walk(plan: Plan, view: PlanView) -> Residency:
     """Replay `plan` and return its residency (see the module docstring)."""
     w = _Walker(view, plan)
-    for tid, tiers in plan.initial.items():
-        w._check(tid)
-        w.set_mask(tid, sum(_BITS[t] for t in set(tiers)))
-    fast, slow, order, compute_records = [], [], [], []
-    for i, rec in enumerate(plan.records):
-        if isinstance(rec, Compute):
-            order.append(rec.kernel)
-            compute_records.append(i)
-        w.record(rec)
-        fast.append(w.fast)
-        slow.append(w.slow)
+    w.run()
     return Residency(
-        order=tuple(order),
-        compute_records=tuple(compute_records),
-        fast_bytes=np.asarray(fast, dtype=np.int64),
-        slow_bytes=np.asarray(slow, dtype=np.int64),
+        order=tuple(w.order),
+        compute_records=tuple(w.compute_records),
+        fast_bytes=np.asarray(w.fast_after, dtype=np.int64),
+        slow_bytes=np.asarray(w.slow_after, dtype=np.int64),
         moves=_moves(plan, view),
         changes=tuple(tuple(c) for c in w.changes),
     )

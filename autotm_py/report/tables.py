@@ -123,26 +123,3 @@ def kernel_csv(report: Mapping[str, Any]) -> str:
     for row in report["per_kernel"]:
         writer.writerow(row)
     return buf.getvalue()
-
-
-def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
-                        as_json: bool) -> None:
-    """`autotm inspect MODEL --kernels [DEVICE]`: print the report (and write the CSV)."""
-    import click
-
-    from autotm_py import api
-    from autotm_py.cli.common import print_json
-    from autotm_py.fileio import atomic_write_text
-
-    report = kernel_report(graph, api.load_costs(graph, device=device))
-    if csv_path:
-        atomic_write_text(csv_path, kernel_csv(report))
-    if as_json:
-        print_json(report)
-        return
-    click.echo(render_kernel_report(report), nl=False)
-    if report["estimated_kernels"]:
-        click.echo(f"({report['estimated_kernels']} kernels have no {device} profile: their "
-                   "times are roofline estimates)")
-    if csv_path:
-        click.echo(f"per-kernel table written to {csv_path}")

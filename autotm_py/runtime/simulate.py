@@ -37,11 +37,10 @@ from autotm_py.errors import PlanError
 from autotm_py.interpreter import PlanInterpreter
 from autotm_py.machine import MachineModel
 from autotm_py.memory.accounting import aligned_sizes
-from autotm_py.memory.tiers import FAST, SLOW, MemorySystem
+from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import TIER_CODES, Compute, Free, Move, Plan
 
 if TYPE_CHECKING:
-    from autotm_py.costs import KernelCosts
     from autotm_py.ir.graph import TensorGraph
 
 ABSENT, READY, ARRIVING = 0, 1, 2
@@ -124,10 +123,10 @@ class _Step:
 class Simulator(PlanInterpreter):
     """Walks a plan, predicting times and bytes; `strict` raises at the first violation."""
 
-    def __init__(self, graph: TensorGraph, plan: Plan, model: MachineModel, *,
+    def __init__(self, graph: TensorGraph, plan: Plan, machine: MachineModel, *,
                  strict: bool = True) -> None:
         super().__init__(graph, plan)
-        self.model = model
+        self.machine = machine
         self.strict = strict
         n = len(graph.tensors)
         self.state = np.zeros((n, 2), dtype=np.int8)  # [tensor, fast|slow] -> ABSENT/READY/...
@@ -161,7 +160,7 @@ class Simulator(PlanInterpreter):
 
     def size(self, tid: int, tier: str = FAST) -> int:
         """Accounted bytes: aligned; pinned tensors count nothing in the fast budget."""
-        return int(self.model.sizes[tid] if tier == FAST else self.slow_sizes[tid])
+        return int(self.machine.sizes[tid] if tier == FAST else self.slow_sizes[tid])
 
     def alloc(self, tid: int, tier: str, state: int = READY) -> None:
         self.state[tid, TIER_INDEX[tier]] = state
@@ -175,7 +174,7 @@ class Simulator(PlanInterpreter):
         self.points.append((self.index, time_s, fast, self.bytes[1]))
         if fast > self.peak[0]:
             self.peak = (fast, self.index)
-        budget = self.model.budget
+        budget = self.machine.budget
         if budget is not None and fast > budget:
             self.violate(f"fast tier holds {fast} bytes, over the budget of {budget} bytes")
 
@@ -184,7 +183,7 @@ class Simulator(PlanInterpreter):
         for t in self.graph.tensors:
             if t.producer is not None:
                 continue
-            tiers = (FAST,) if t.id in self.model.pinned else self.plan.initial.get(t.id)
+            tiers = (FAST,) if t.id in self.machine.pinned else self.plan.initial.get(t.id)
             if tiers is None:
                 self.violate(f"given tensor {self.name(t.id)} has no initial tier in the plan")
                 tiers = (SLOW,)
@@ -196,7 +195,7 @@ class Simulator(PlanInterpreter):
     def move(self, rec: Move) -> None:
         tid, to = rec.tensor, rec.to
         src = SLOW if to == FAST else FAST
-        if tid in self.model.pinned:
+        if tid in self.machine.pinned:
             self.violate(f"tensor {self.name(tid)} is pinned in fast memory (--pin-weights) "
                          "and must not move")
         self._check_readable(tid, src, "move")
@@ -208,9 +207,9 @@ class Simulator(PlanInterpreter):
             self.mark(self.clock)
             return
         self.alloc(tid, to)
-        stream = self.model.memory.stream_of(to)
+        stream = self.machine.memory.stream_of(to)
         start = max(self.clock, self.stream_free.get(stream, 0.0))
-        end = start + self.model.copy_time(tid, to, "sync")
+        end = start + self.machine.copy_time(tid, to, "sync")
         self.clock = self.stream_free[stream] = end
         self._record_move(self.index, rec, start, end, stream)
         self.mark(start)
@@ -236,7 +235,7 @@ class Simulator(PlanInterpreter):
         if stray:
             self.violate(f"async move of {self.name(stray[0].tensor)} overlaps kernel "
                          f"#{stray[0].overlaps} but stands before kernel #{kid}")
-        if self.model.gpu and SLOW in rec.placement:
+        if self.machine.gpu and SLOW in rec.placement:
             self.violate("GPU mode: every input and output must be in fast memory")
         for slot, tid in enumerate(kernel.inputs):
             self._check_readable(tid, rec.placement[slot], "input")
@@ -248,11 +247,11 @@ class Simulator(PlanInterpreter):
         # lasts its profiled sum, as it was measured). Without device times the two are equal
         # and this is the plain sum. Where copies hold the GPU back, the host runs ahead and
         # the launch gaps vanish (docs/gpu.md, DenseNet-264).
-        profiled = self.model.kernel_time(kid, rec.placement)
+        profiled = self.machine.kernel_time(kid, rec.placement)
         self.host += profiled
-        duration = self.model.device_time(kid) if self.model.gpu else profiled
+        duration = self.machine.device_time(kid) if self.machine.gpu else profiled
         start = max(self.clock, self.host - duration)
-        self.mark(start, extra=int(self.model.workspace[kid]))
+        self.mark(start, extra=int(self.machine.workspace[kid]))
         step_end = self._run_copies(start, duration)
         code = "".join(TIER_CODES[p] for p in rec.placement)
         self.kernels.append(KernelSpan(kid, kernel.name, start, start + duration, step_end,
@@ -263,16 +262,16 @@ class Simulator(PlanInterpreter):
         if self.step.moves:
             self.violate("async moves after the last kernel overlap nothing")
         ends = {t: tuple(tier for tier in (FAST, SLOW) if self.state[t, TIER_INDEX[tier]])
-                for _, t in self.model.steady_pairs}
-        for first, last in self.model.steady_pairs:
+                for _, t in self.machine.steady_pairs}
+        for first, last in self.machine.steady_pairs:
             begin = tuple(self.plan.initial.get(first, ()))
             if ends[last] != begin:
                 self.violate(f"carried tensor {self.name(last)} ends in {list(ends[last])} but "
                              f"{self.name(first)} started in {list(begin)}; the next "
                              "iteration could not reuse the plan")
         for t in range(len(self.graph.tensors)):
-            if self.state[t].any() and t not in self.model.survivors and \
-                    t not in self.model.pinned:
+            if self.state[t].any() and t not in self.machine.survivors and \
+                    t not in self.machine.pinned:
                 self.violate(f"tensor {self.name(t)} is never freed after its last use")
                 break
 
@@ -284,7 +283,7 @@ class Simulator(PlanInterpreter):
                          "produces it")
             return
         state = self.state[tid, TIER_INDEX[tier]]
-        if state == READY or (tier == FAST and tid in self.model.pinned):
+        if state == READY or (tier == FAST and tid in self.machine.pinned):
             return
         if not self.state[tid].any():
             self.violate(f"{what} {self.name(tid)} is read after it was freed")
@@ -298,7 +297,7 @@ class Simulator(PlanInterpreter):
         if self.produced[tid]:
             self.violate(f"output {self.name(tid)} is produced twice")
         self.produced[tid] = True
-        if tid in self.model.pinned:
+        if tid in self.machine.pinned:
             self.state[tid, 0] = READY
             return
         self.alloc(tid, tier)
@@ -306,19 +305,19 @@ class Simulator(PlanInterpreter):
     def _run_copies(self, start: float, duration: float) -> float:
         """Lay the step's async copies on their streams; return the step's end (the join)."""
         moves = self.step.moves
-        memory = self.model.memory
+        memory = self.machine.memory
         copies = [(m.tensor, m.to) for _, m in moves]
-        step_len = self.model.step_time(duration, copies)
+        step_len = self.machine.step_time(duration, copies)
         lanes: dict[str, float] = {}
         plan = []
         for idx, m in moves:
             stream = memory.stream_of(m.to)
-            seconds = self.model.copy_time(m.tensor, m.to, "async")
+            seconds = self.machine.copy_time(m.tensor, m.to, "async")
             plan.append((idx, m, stream, lanes.get(stream, 0.0), seconds))
             lanes[stream] = lanes.get(stream, 0.0) + seconds
         stretch = 1.0
         if lanes and max(lanes.values()) > 0:  # the shared link may bind: stretch both lanes
-            stretch = max(1.0, self.model.step_time(0.0, copies) / max(lanes.values()))
+            stretch = max(1.0, self.machine.step_time(0.0, copies) / max(lanes.values()))
         for idx, m, stream, offset, seconds in plan:
             begin = start + offset * stretch
             self._record_move(idx, m, begin, begin + seconds * stretch, stream)
@@ -340,36 +339,13 @@ class Simulator(PlanInterpreter):
         cols = list(zip(*self.points, strict=True)) if self.points else [(), (), (), ()]
         memory = {"record": cols[0], "time_s": cols[1], "fast_bytes": cols[2],
                   "slow_bytes": cols[3]}
-        pinned = int(sum(self.graph.tensor_bytes[t] for t in self.model.pinned))
+        pinned = int(sum(self.graph.tensor_bytes[t] for t in self.machine.pinned))
         return SimulationResult(
             model_name=self.graph.name, strategy=self.plan.header.strategy,
-            mode=self.model.memory.mode, total_s=self.clock,
-            all_fast_s=self.model.all_fast_time, budget_bytes=self.model.user_budget,
+            mode=self.machine.memory.mode, total_s=self.clock,
+            all_fast_s=self.machine.all_fast_time, budget_bytes=self.machine.user_budget,
             fast_peak_bytes=self.peak[0], fast_peak_record=self.peak[1],
             slow_peak_bytes=int(max(cols[3], default=0)), pinned_bytes=pinned,
             kernels=tuple(self.kernels), moves=tuple(self.moves), memory=memory,
             bytes_moved=dict(self.moved), violations=tuple(self.violations),
             strict=self.strict, notes=tuple(self.plan.header.notes))
-
-
-def model_for_plan(graph: TensorGraph, plan: Plan, costs: KernelCosts | None) -> MachineModel:
-    """The `MachineModel` a plan was made for: its memory system, budget and pinning."""
-    memory = MemorySystem.from_dict(dict(plan.header.memory_system), origin="plan header")
-    memory = memory.with_budget(plan.header.budget_bytes)
-    config = plan.header.config or {}
-    if costs is None:
-        from autotm_py.profiling.profile import load_costs
-
-        device = str(config.get("device") or ("cuda" if memory.mode == "gpu" else "cpu"))
-        costs = load_costs(graph, device=device)
-    return MachineModel(graph, memory, costs, bool(config.get("pin_weights", False)),
-                        float(config.get("headroom") or 0.0))
-
-
-def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,
-             strict: bool = True) -> SimulationResult:
-    """Predict a plan's timeline; with `strict`, raise `PlanError` at the first violation."""
-    plan.validate(graph)
-    sim = Simulator(graph, plan, model_for_plan(graph, plan, costs), strict=strict)
-    sim.run()
-    return sim.result()

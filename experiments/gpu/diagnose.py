@@ -88,7 +88,7 @@ def load_plan(model: str, batch: int, dims: dict[str, int], ratio: str, strategy
     """The training graph and the plan `plan_all.sh` kept for the cell at `headroom`
     (strategy all-fast: every tensor on the GPU)."""
     from autotm_py import api
-    from autotm_py.profiling.in_context import all_fast_plan
+    from autotm_py.pipeline import all_fast_plan
 
     graph = api.load_model(model, batch=batch, dims=dims or None, training=True)
     if strategy == "all-fast":
@@ -106,7 +106,7 @@ def kept_plan(model: str, batch: int, dims: dict[str, int], ratio: str, strategy
 def _plan_path(model: str, batch: int, dims: dict[str, int], ratio: str, strategy: str,
                headroom: float = 0.0) -> Path:
     """Where `plan_all.sh` (`autotm bench --plans`) kept the cell's plan."""
-    from autotm_py.report.bench import BenchSpec
+    from autotm_py.bench import BenchSpec
 
     spec = BenchSpec(models=(model,), ratios=(ratio,), strategies=(strategy,),
                      solvers=("highs",), device="cuda", training=True, batch=batch, dims=dims,

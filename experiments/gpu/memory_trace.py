@@ -41,9 +41,9 @@ def trace(cell: str, headroom: float, top: int) -> dict:
     from diagnose import load_plan, parse_cell
 
     from autotm_py import api
+    from autotm_py.pipeline import machine_for_plan
     from autotm_py.plan import Compute
     from autotm_py.runtime.executor import Executor, new_executor
-    from autotm_py.runtime.simulate import model_for_plan
 
     class TracingExecutor(Executor):
         """Records (allocated before, peak during) every kernel, on the host: torch's
@@ -61,7 +61,7 @@ def trace(cell: str, headroom: float, top: int) -> dict:
     graph, plan = load_plan(*parse_cell(cell), headroom)
     costs = api.load_costs(graph, device="cuda")
     sim = api.simulate(graph, plan, costs=costs, strict=False)
-    workspace = model_for_plan(graph, plan, costs).workspace
+    workspace = machine_for_plan(graph, plan, costs).workspace
     modelled: dict[int, int] = {}  # the largest fast bytes at each record (its kernel's run)
     for index, fast in zip(sim.memory["record"], sim.memory["fast_bytes"], strict=True):
         modelled[index] = max(modelled.get(index, 0), int(fast))

@@ -66,8 +66,9 @@ def lifetimes(graph, plan, costs) -> tuple[list[Interval], int]:
     """Every fast-memory copy's [taken, released) in half-steps, each kernel's workspace, and
     the simulator's fast peak (the largest sum of live bytes, workspace included)."""
     from autotm_py.memory.tiers import FAST
+    from autotm_py.pipeline import machine_for_plan
     from autotm_py.plan import Compute
-    from autotm_py.runtime.simulate import Simulator, model_for_plan
+    from autotm_py.runtime.simulate import Simulator
 
     class Recorder(Simulator):
         def __init__(self, *args, **kwargs) -> None:
@@ -85,13 +86,13 @@ def lifetimes(graph, plan, costs) -> tuple[list[Interval], int]:
             if tier == FAST and tid in self.open:
                 self.done.append(Interval(self.open.pop(tid), 2 * self.index, self.size(tid)))
 
-    model = model_for_plan(graph, plan, costs)
-    sim = Recorder(graph, plan, model, strict=False)
+    machine = machine_for_plan(graph, plan, costs)
+    sim = Recorder(graph, plan, machine, strict=False)
     sim.run()
     end = 2 * len(plan.records) + 2
     intervals = sim.done + [Interval(start, end, sim.size(tid)) for tid, start in sim.open.items()]
     for i, record in enumerate(plan.records):
-        workspace = int(model.workspace[record.kernel]) if isinstance(record, Compute) else 0
+        workspace = int(machine.workspace[record.kernel]) if isinstance(record, Compute) else 0
         if workspace:
             intervals.append(Interval(2 * i, 2 * i + 1, workspace))
     intervals = [iv if iv.end > iv.start else Interval(iv.start, iv.start + 1, iv.size)

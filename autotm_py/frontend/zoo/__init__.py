@@ -23,6 +23,7 @@ import onnx
 
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_bytes
+from autotm_py.frontend.onnx import import_model
 from autotm_py.frontend.zoo.catalog import ENTRIES, ZooEntry
 from autotm_py.frontend.zoo.layers import DEFAULT_DIMS_KEY, INDEX_RANGES_KEY
 from autotm_py.frontend.zoo.weights import count_params, set_weights_location, write_weights
@@ -97,7 +98,6 @@ def export_model(name: str, path: str | os.PathLike[str], *, batch: int | None =
 def build_graph(name: str, *, batch: int | None = None,
                 dims: Mapping[str, int] | None = None) -> TensorGraph:
     """The zoo model imported as a forward `TensorGraph` (through the ONNX importer)."""
-    from autotm_py.frontend.onnx import import_model
 
     dims = dict(dims or {})
     dims_batch = dims.pop("batch", None)

@@ -1,39 +1,19 @@
-"""`autotm bench`: sweeps of models x budgets x strategies x solvers, one row per plan.
-
-Each row holds the plan's solver statistics, its predicted time (the simulator), the all-fast
-reference and the baselines at the same budget, bytes moved each way, the share of kernel IO
-bytes in fast memory, and, with ``execute=True`` (GPU), the measured times of the plan and of the
-baselines. Rows are keyed by `ROW_KEY`; a sweep skips keys already in its output, so an
-interrupted sweep resumes where it stopped. After every row the CSV and the JSON document (same
-stem) are rewritten atomically.
-
-Only the public API is used (`autotm_py.api`), so notebooks and scripts get what the CLI gets.
-"""
+"""What a sweep covers (`BenchSpec`), how its rows are keyed (`ROW_KEY`), and their columns."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import logging
 import math
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
-from autotm_py.fileio import atomic_write_text
 from autotm_py.memory.tiers import load_memory_system
 from autotm_py.planning.solvers import SOLVERS
-from autotm_py.report import bench_env
 from autotm_py.units import parse_ratio
 
-log = logging.getLogger(__name__)
-
-BENCH_FORMAT, BENCH_VERSION = "autotm-bench", 1
 ROW_KEY = ("model", "batch", "dims", "training", "device", "memory", "ratio", "strategy",
            "solver")
 # baselines in the order of the columns; names as in `autotm_py.planning.baselines`
@@ -121,7 +101,7 @@ class BenchSpec:
 
     def row_key(self, model: str, ratio: str, strategy: str, solver: str) -> tuple[str, ...]:
         values = self.key_values(model, ratio, strategy, solver)
-        return tuple(_cell(values[k]) for k in ROW_KEY)
+        return tuple(cell_text(values[k]) for k in ROW_KEY)
 
     @property
     def dims_text(self) -> str | None:
@@ -154,101 +134,10 @@ class BenchSpec:
                         yield model, ratio, strategy, solver
 
 
-def _cell(value: Any) -> str:
+def cell_text(value: Any) -> str:
     """How a value reads back from CSV: the key of a row compares these strings."""
     if value is None:
         return ""
     if isinstance(value, float) and math.isnan(value):
         return ""
     return str(value)
-
-
-@dataclass
-class BenchResult:
-    rows: list[dict[str, Any]]
-    ran: int = 0
-    skipped: int = 0
-    failed: int = 0
-    paths: tuple[Path, ...] = ()
-
-
-Progress = Callable[[int, int, str], None]  # (done, total, label of the next cell)
-
-
-def run_bench(spec: BenchSpec, output: str | os.PathLike[str], *,
-              progress: Progress | None = None) -> BenchResult:
-    """Run every cell of `spec` not already in `output` (CSV; a .json beside it)."""
-    from autotm_py.report.bench_cells import ModelRunner
-
-    csv_path, json_path = output_paths(output)
-    rows = read_rows(csv_path, json_path)
-    done = {_key(r) for r in rows if not r.get("error")}  # failed rows are retried
-    todo = [c for c in spec.cells() if spec.row_key(*c) not in done]
-    result = BenchResult(rows, skipped=sum(1 for _ in spec.cells()) - len(todo),
-                         paths=(csv_path, json_path))
-    env = bench_env.environment(spec.device)
-    runner: ModelRunner | None = None
-    for i, (model, ratio, strategy, solver) in enumerate(todo):
-        if progress:
-            progress(i, len(todo), f"{model} {ratio} {strategy} {solver}")
-        if runner is None or runner.model != model:
-            runner = ModelRunner(spec, model)
-        row = runner.row(ratio, strategy, solver)
-        row.update(env)
-        result.failed += bool(row.get("error"))
-        rows[:] = [r for r in rows if _key(r) != _key(row)]
-        rows.append(row)
-        result.ran += 1
-        write_results(rows, csv_path, json_path, spec)
-    if progress:
-        progress(len(todo), len(todo), "done")
-    if not todo:
-        write_results(rows, csv_path, json_path, spec)
-    return result
-
-
-def _key(row: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(_cell(row.get(k)) for k in ROW_KEY)
-
-
-def output_paths(output: str | os.PathLike[str]) -> tuple[Path, Path]:
-    path = Path(output)
-    if path.suffix == ".json":
-        return path.with_suffix(".csv"), path
-    return path if path.suffix else path.with_suffix(".csv"), path.with_suffix(".json")
-
-
-def read_rows(csv_path: Path, json_path: Path) -> list[dict[str, Any]]:
-    """Rows already written: the JSON document (typed) when present, else the CSV."""
-    if json_path.exists():
-        try:
-            doc = json.loads(json_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{json_path}: not valid JSON ({exc}); remove it to start the "
-                              "sweep afresh") from None
-        if doc.get("format") != BENCH_FORMAT:
-            raise ConfigError(f"{json_path}: not an `autotm bench` result; choose another -o")
-        return list(doc.get("rows", []))
-    if csv_path.exists():
-        with csv_path.open(newline="") as fh:
-            return [dict(r) for r in csv.DictReader(fh)]
-    return []
-
-
-def write_results(rows: Sequence[Mapping[str, Any]], csv_path: Path, json_path: Path,
-                  spec: BenchSpec | None = None) -> None:
-    """Rewrite both files atomically (temp file + rename): never half a file."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _cell(row.get(k)) for k in COLUMNS})
-    atomic_write_text(csv_path, buf.getvalue())
-    doc = {"format": BENCH_FORMAT, "version": BENCH_VERSION, "columns": list(COLUMNS),
-           "spec": None if spec is None else _spec_dict(spec), "rows": list(rows)}
-    atomic_write_text(json_path, json.dumps(doc, indent=1, default=str) + "\n")
-
-
-def _spec_dict(spec: BenchSpec) -> dict[str, Any]:
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.__dict__.items()
-            if k != "dims"} | {"dims": dict(spec.dims)}

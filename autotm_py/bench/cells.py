@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from autotm_py import api
+from autotm_py import api, pipeline
 from autotm_py.config import PlanConfig
 from autotm_py.errors import AutoTMError
 from autotm_py.plan import Plan
+from autotm_py.planning.bounds import transfer_bound
+from autotm_py.planning.solve import PlanResult
 from autotm_py.report.metrics import plan_metrics
 from autotm_py.report.residency import PlanView
 from autotm_py.units import parse_ratio
@@ -22,8 +24,7 @@ from autotm_py.units import parse_ratio
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from autotm_py.planning.solve import PlanResult
-    from autotm_py.report.bench import BenchSpec
+    from autotm_py.bench.spec import BenchSpec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,12 +96,9 @@ class ModelRunner:
 
     def _baseline_columns(self, ratio: str, config: PlanConfig) -> dict[str, Any]:
         if ratio not in self._ratio_columns:
-            from autotm_py.planning.bounds import transfer_bound
-            from autotm_py.planning.solve import machine_model
-
             results = api.baselines(self.graph, config, costs=self.costs)
             cols: dict[str, Any] = {"transfer_bound_s": transfer_bound(
-                machine_model(self.graph, config, self.costs))}
+                pipeline.machine_for(self.graph, config, self.costs))}
             for name, res in results.items():
                 cols[f"{_column(name)}_s"] = res.time_s if res.feasible else None
                 if self.spec.execute and res.feasible and name in EXECUTED_BASELINES:
@@ -139,8 +137,6 @@ class ModelRunner:
 
     def _solve(self, config: PlanConfig, path: Path | None) -> PlanResult:
         """Solve, or read the plan a previous run solved for this cell (`plans_dir`)."""
-        from autotm_py.planning.solve import PlanResult
-
         if path is not None and not path.exists() and path.with_suffix("").exists():
             path = path.with_suffix("")  # a plain plan.json kept by an earlier version
         if path is not None and path.exists():

@@ -1,0 +1,151 @@
+"""The composition layer: the stages wired into what a user asks for.
+
+Stages never call each other's wiring; this module does it, once:
+
+- `machine_for`: a graph and a `PlanConfig` -> the `MachineModel` (memory system with its
+  budget, pinning, headroom, kernel costs: the caller's, else loaded from the profiles);
+- `optimize`: plan (`planning.solve.plan`, unverified), verify the plan by strict simulation,
+  which also gives its predicted time and fast-tier peak, then (optionally) the baselines;
+- `run_baselines`: each baseline's plan (`planning.baselines`) simulated on its machine;
+- `machine_for_plan` and `simulate`: the machine a saved plan was made for, and its timeline;
+- `profile_in_context`: the all-fast plan run through the executor, timed per kernel.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from autotm_py.costs import KernelCosts
+from autotm_py.errors import AutoTMError, PlanError, SolverError
+from autotm_py.machine import MachineModel
+from autotm_py.memory import accounting
+from autotm_py.memory.tiers import MemorySystem, load_memory_system, preset
+from autotm_py.planning import baselines as baseline_plans
+from autotm_py.planning import solve
+from autotm_py.planning.baselines import BASELINES, BaselineResult
+from autotm_py.planning.solve import PlanResult
+from autotm_py.profiling.in_context import profile_in_context as _profile
+from autotm_py.profiling.profile import load_costs
+from autotm_py.runtime.simulate import SimulationResult, Simulator
+
+if TYPE_CHECKING:
+    from autotm_py.config import PlanConfig
+    from autotm_py.ir.graph import TensorGraph
+    from autotm_py.plan import Plan
+
+PathLike = str | os.PathLike[str]
+
+
+def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | None = None, *,
+                profiles_dir: PathLike | None = None) -> MachineModel:
+    """The memory system (with its budget), costs and pinning that `config` describes."""
+    memory = load_memory_system(config.memory_name)
+    pinned = accounting.pinned_tensors(graph, config.pin_weights)
+    budget = accounting.resolve_budget(graph, ratio=config.ratio,
+                                       fast_mem_bytes=config.fast_mem_bytes, pinned=pinned,
+                                       memory=memory)
+    if costs is None:
+        costs = load_costs(graph, device=config.device, profiles_dir=profiles_dir)
+    return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights,
+                        config.headroom)
+
+
+def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | None = None,
+             profiles_dir: PathLike | None = None,
+             baselines: bool | Sequence[str] = False) -> PlanResult:
+    """Plan `graph` under `config` and verify the plan. `baselines`: also plan and simulate
+    these baselines (True: all of them) for comparison."""
+    machine = machine_for(graph, config, costs, profiles_dir=profiles_dir)
+    result = solve.plan(machine, config)
+    if result.plan is not None and result.predicted_time_s is None:
+        result = _verified(machine, result)
+    if baselines and result.feasible:
+        names = BASELINES if baselines is True else tuple(baselines)
+        result = replace(result, baselines=run_baselines(machine, names))
+    return result
+
+
+def _verified(machine: MachineModel, result: PlanResult) -> PlanResult:
+    """Simulate the decoded plan strictly (a violation here is a planner bug); the result
+    gains the plan's predicted time and fast-tier peak."""
+    assert result.plan is not None
+    sim = Simulator(machine.graph, result.plan, machine, strict=True)
+    try:
+        sim.run()
+    except PlanError as exc:
+        raise SolverError(f"the decoded plan fails verification ({exc}); please report this "
+                          "with the model and options") from exc
+    res = sim.result()
+    predicted, peak = res.total_s, res.fast_peak_bytes
+    plan = result.plan.with_header(predicted_time_s=predicted,
+                                   counts={**result.plan.header.counts,
+                                           "fast_peak_bytes": peak})
+    message = f"{result.status}: predicted {predicted * 1e3:.3f} ms per iteration"
+    return replace(result, plan=plan, message=message, predicted_time_s=predicted,
+                   fast_peak_bytes=peak)
+
+
+def run_baselines(machine: MachineModel, names: Sequence[str] = BASELINES
+                  ) -> dict[str, BaselineResult]:
+    """Plan and simulate each baseline (non-strict: a budget breach makes it infeasible)."""
+    out = {}
+    for name in names:
+        if name == "2lm" and machine.gpu:
+            out[name] = BaselineResult(name, None, None, False, None, "host mode only")
+            continue
+        try:
+            plan = baseline_plans.baseline_plan(machine, name)
+        except AutoTMError as exc:
+            out[name] = BaselineResult(name, None, None, False, None, str(exc))
+            continue
+        sim = Simulator(machine.graph, plan, baseline_plans.simulation_machine(machine, name),
+                        strict=False)
+        sim.run()
+        res = sim.result()
+        plan = plan.with_header(predicted_time_s=res.total_s)
+        message = res.violations[0] if res.violations else ""
+        out[name] = BaselineResult(name, plan, res.total_s, res.ok, res.fast_peak_bytes,
+                                   message)
+    return out
+
+
+def machine_for_plan(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None, *,
+                     profiles_dir: PathLike | None = None) -> MachineModel:
+    """The `MachineModel` a plan was made for: its memory system, budget and pinning."""
+    memory = MemorySystem.from_dict(dict(plan.header.memory_system), origin="plan header")
+    memory = memory.with_budget(plan.header.budget_bytes)
+    config = plan.header.config or {}
+    if costs is None:
+        device = str(config.get("device") or ("cuda" if memory.mode == "gpu" else "cpu"))
+        costs = load_costs(graph, device=device, profiles_dir=profiles_dir)
+    return MachineModel(graph, memory, costs, bool(config.get("pin_weights", False)),
+                        float(config.get("headroom") or 0.0))
+
+
+def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,
+             strict: bool = True, profiles_dir: PathLike | None = None) -> SimulationResult:
+    """Predict a plan's timeline; with `strict`, raise `PlanError` at the first violation."""
+    plan.validate(graph)
+    machine = machine_for_plan(graph, plan, costs, profiles_dir=profiles_dir)
+    sim = Simulator(graph, plan, machine, strict=strict)
+    sim.run()
+    return sim.result()
+
+
+def all_fast_plan(graph: TensorGraph) -> Plan:
+    """Every tensor in fast memory, freed after its last use: the unlimited reference (its
+    records do not depend on costs, so none are loaded)."""
+    costs = KernelCosts.from_times("cuda", [0.0] * len(graph.kernels))
+    return baseline_plans.all_fast(MachineModel(graph, preset("h100-pcie5"), costs))
+
+
+def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
+                       profiles_dir: PathLike | None = None, iterations: int = 5,
+                       warmup: int = 2) -> KernelCosts:
+    """Time every kernel inside real all-fast iterations (`profiling.in_context`)."""
+
+    return _profile(graph, all_fast_plan(graph), device=device, profiles_dir=profiles_dir,
+                    iterations=iterations, warmup=warmup)
