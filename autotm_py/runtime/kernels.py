@@ -23,6 +23,7 @@ import torch
 from autotm_py.errors import ExecutionError, UnsupportedOpError
 from autotm_py.ir.graph import Kernel
 from autotm_py.runtime import (  # noqa: F401  (importing registers the kernels)
+    kernels_fused,
     kernels_grad_nn,
     kernels_grad_tensor,
     kernels_nn,
