@@ -243,3 +243,4 @@ def test_lse_dtype_follows_the_inputs():
     assert f64.tensors[lse].dtype == "float32" and f64.tensors[lse].shape == (2, 2, 4)
     assert math.isclose(next(k.attr("scale") for k in f64.kernels if k.op_type == SDPA),
                         1 / math.sqrt(3), rel_tol=1e-6)
+
