@@ -107,7 +107,8 @@ def _mask(net: Net, s: int, mask: str) -> int:
     shape = (B, H, L, L)
     tril = np.tri(L, L, dtype=bool)
     big = const("big", np.array(-1e9, dtype=np.float32)) if mask in (
-        "where-causal", "where-fill-first", "where-window", "where-full-row") else None
+        "where-causal", "where-fill-first", "where-window", "where-full-row",
+        "where-causal-add-input") else None
     if mask == "add-const":
         return net.op("Add", [const("m", np.random.default_rng(0).standard_normal(
             (1, 1, L, L)).astype(np.float32)), s], shape)
@@ -120,6 +121,9 @@ def _mask(net: Net, s: int, mask: str) -> int:
         return net.op("Add", [s, m], shape)
     if mask == "where-causal":
         return net.op("Where", [const("keep", tril), s, big], shape)
+    if mask == "where-causal-add-input":  # HF GPT-2: causal Where, then the padding mask
+        s = net.op("Where", [const("keep", tril), s, big], shape)
+        return net.op("Add", [s, net.tensor((B, 1, 1, L), Role.INPUT, name="pad_mask")], shape)
     if mask == "where-fill-first":  # Where(masked, fill, scores), as torch exports masked_fill
         return net.op("Where", [const("drop", ~tril), big, s], shape)
     if mask == "where-window":  # not causal: a band of width 2
@@ -149,6 +153,7 @@ FUSED_VARIANTS = {
     "where-fill-first": {"mask": "where-fill-first"},
     "where-band": {"mask": "where-window"},
     "where-runtime-inf": {"mask": "where-runtime"},
+    "causal-and-additive": {"mask": "where-causal-add-input"},
 }
 
 
@@ -163,9 +168,12 @@ def test_attention_variants_fuse_and_compute_the_same(variant):
     want_scale = {"custom": 0.3, "none": 1.0}.get(FUSED_VARIANTS[variant].get("scale", ""),
                                                    1 / math.sqrt(E))
     assert k.attr("scale") == pytest.approx(want_scale, rel=1e-6)
-    causal = variant in ("additive-causal-constant", "where-causal", "where-fill-first")
+    causal = variant in ("additive-causal-constant", "where-causal", "where-fill-first",
+                         "causal-and-additive")
     assert k.attr("is_causal") == int(causal)
-    assert len(k.inputs) == (3 if causal or "mask" not in FUSED_VARIANTS[variant] else 4)
+    has_mask = "mask" in FUSED_VARIANTS[variant]
+    masked = variant == "causal-and-additive" or (not causal and has_mask)
+    assert len(k.inputs) == 3 + masked
     q, key, v = (fused.tensors[t].shape for t in k.inputs[:3])
     assert q == key == v == (B, H, L, E)  # K untransposed by the rewritten Transpose
     # a run-time mask that leaves every row a key (a fully masked row is NaN unfused)

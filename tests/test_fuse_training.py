@@ -72,7 +72,8 @@ def compare_with_unfused(unfused: TensorGraph, fused: TensorGraph, *, steps: int
 # ---- numerics -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("variant", [{}, {"scale": "qk"}, {"mask": "where-causal"},
                                      {"mask": "where-fill-first"}, {"mask": "add-input"},
-                                     {"mask": "where-window"}])
+                                     {"mask": "where-window"},
+                                     {"mask": "where-causal-add-input"}])
 def test_fused_attention_trains_like_unfused_autograd(variant):
     graph = attention_graph(**variant)
     fused = fuse_graph(graph)

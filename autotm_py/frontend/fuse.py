@@ -13,8 +13,8 @@ Patterns (each in its own module; docs/fusion.md has the exact forms):
 
 A pattern matches only when the fused op computes the same function (constants checked,
 softmax over the last axis, K^T really the transpose of K, intermediate tensors read by
-nothing else); anything else is left as it is. The pass never changes a graph without
-matches: it then returns the graph itself. Matching sees the original graph; the accepted
+nothing else); anything else is left as it is. A graph without matches keeps its kernels
+and tensors (only `meta` gains the counts). Matching sees the original graph; the accepted
 rewrites are disjoint and are applied in one rebuild, in which every surviving tensor keeps
 its name (ids are renumbered) and the fused kernel runs where the last kernel of its pattern
 ran.
@@ -81,7 +81,10 @@ class Matcher:
     """Read-only helpers over the graph being fused, shared by the pattern modules."""
 
     graph: TensorGraph
-    _names: set[str] = field(default_factory=set)
+    _names: set[str] = field(default_factory=set)  # kernel names taken
+
+    def __post_init__(self) -> None:
+        self._names.update(k.name for k in self.graph.kernels)
 
     def producer(self, tid: int) -> Kernel | None:
         p = self.graph.tensors[tid].producer
@@ -165,7 +168,6 @@ def find_rewrites(graph: TensorGraph) -> list[Rewrite]:
     from autotm_py.frontend.fuse_gelu import match_gelu
 
     m = Matcher(graph)
-    m._names.update(k.name for k in graph.kernels)
     accepted: list[Rewrite] = []
     removed: set[int] = set()
     for matcher in (match_attention, match_gelu):

@@ -204,13 +204,11 @@ def _scores(m: Matcher, mm1: Kernel, acc: _Acc, mm2: Kernel) -> Rewrite | None:
     l_len, s_len = qs[-2], k_shape[-2]
     causal = _is_causal(acc.keep_value, l_len, s_len)
     mask: Ref | None = acc.add
-    if causal:
-        pass
-    elif acc.keep is not None:
+    if not causal and acc.keep is not None:
         if acc.add is not None:
             return None  # a bool and an additive mask: one mask slot only
         mask = acc.keep
-    elif _additive_causal(m, acc.add, l_len, s_len):
+    elif not causal and _additive_causal(m, acc.add, l_len, s_len):
         causal, mask = True, None
     removed = (*acc.removed, *q_removed, *k_removed, tr.id)
     if not m.interior_ok(removed, keep=(mm2.outputs[0],)):
