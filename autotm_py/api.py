@@ -34,9 +34,10 @@ PathLike = str | os.PathLike[str]
 
 
 def import_onnx(path: PathLike, *, batch: int | None = None,
-                dims: Mapping[str, int] | None = None) -> TensorGraph:
-    """Read an ONNX file (weights as shapes only) into a forward `TensorGraph`."""
-    return _import_onnx(path, batch=batch, dims=dims)
+                dims: Mapping[str, int] | None = None, fuse: bool = True) -> TensorGraph:
+    """Read an ONNX file (weights as shapes only) into a forward `TensorGraph`; attention and
+    GELU patterns are fused unless `fuse` is False (docs/fusion.md)."""
+    return _import_onnx(path, batch=batch, dims=dims, fuse=fuse)
 
 
 def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
@@ -47,16 +48,17 @@ def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
 
 def load_model(model: PathLike, *, batch: int | None = None,
                dims: Mapping[str, int] | None = None, training: bool = False,
-               optimizer: str = "sgd") -> TensorGraph:
-    """An ONNX file path, or the name of a zoo model (built in memory), as a `TensorGraph`."""
+               optimizer: str = "sgd", fuse: bool = True) -> TensorGraph:
+    """An ONNX file path, or the name of a zoo model (built in memory), as a `TensorGraph`.
+    `fuse=False` keeps attention and GELU unfused (`--no-fuse`)."""
     path = Path(model)
     if path.exists() or path.suffix == ".onnx" or os.sep in str(model):
-        graph = import_onnx(path, batch=batch, dims=dims)
+        graph = import_onnx(path, batch=batch, dims=dims, fuse=fuse)
     else:
         if str(model) not in ZOO:
             raise ConfigError(f"model {str(model)!r} is neither an existing file nor a zoo model "
                               f"({', '.join(sorted(ZOO))}); see `autotm zoo list`")
-        graph = build_graph(str(model), batch=batch, dims=dims)
+        graph = build_graph(str(model), batch=batch, dims=dims, fuse=fuse)
     return derive_training(graph, optimizer=optimizer) if training else graph
 
 

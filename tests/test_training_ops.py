@@ -20,6 +20,7 @@ from autotm_py.ir import GraphBuilder, Role, TensorGraph
 from autotm_py.ir.graph import Kernel, freeze_attrs
 from autotm_py.ir.ops import FORWARD_OPS
 from autotm_py.ir.rules import RULES, TRAINING_OPS
+from autotm_py.ir.rules.fused import FUSED_OPS
 from autotm_py.ir.training import derive_training
 from autotm_py.kernels import SUPPORTED_KERNELS, TORCH_DTYPES, run_kernel
 from autotm_py.runtime.reference import autograd_steps, init_values, train_steps
@@ -114,7 +115,8 @@ def op_graph(case: Case) -> tuple[TensorGraph, dict[str, np.ndarray]]:
     results = _probe(case, args)
     outs = [b.add_tensor(f"out{j}", tuple(r.shape), DTYPE_NAMES[r.dtype], Role.ACTIVATION)
             for j, r in enumerate(results)]
-    b.add_kernel(case.op, ids, outs, name=case.op, attrs=case.attrs)
+    b.add_kernel(case.op, ids, outs, name=case.op, attrs=case.attrs,
+                 domain="autotm" if case.op in FUSED_OPS else "")
     if not case.head:
         b.outputs.append(outs[0])
         return b.build(), fixed
@@ -272,6 +274,15 @@ CASES: list[Case] = [
     Case("SoftmaxCrossEntropyLoss", [W(2, 4, 3), const([[1, 3, 0], [2, 2, 1]], "int64"),
          const([1.0, 2.0, 0.5, 1.5], "float32")], {"ignore_index": 2, "reduction": "sum"},
          "weighted-ignore-3d", head=False),
+    # fused ops of frontend/fuse.py
+    Case("ScaledDotProductAttention", [W(2, 2, 4, 3), W(2, 2, 5, 3), W(2, 2, 5, 3)],
+         {"scale": 0.5, "is_causal": 0}, "no-mask"),
+    Case("ScaledDotProductAttention", [W(1, 2, 5, 4), W(1, 2, 5, 4), W(1, 2, 5, 4),
+         const(RNG.standard_normal((2, 1, 5)).astype(np.float32))],
+         {"scale": 0.3, "is_causal": 1}, "causal-additive"),
+    Case("ScaledDotProductAttention", [W(3, 4, 2), W(3, 6, 2), W(3, 6, 5),
+         const(np.tri(4, 6, 2, dtype=bool))], {"scale": 1.5, "is_causal": 0},
+         "rank3-bool-head-sizes"),
 ]
 
 

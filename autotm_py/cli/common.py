@@ -16,8 +16,14 @@ from autotm_py.errors import ConfigError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+no_fuse_option = click.option(
+    "--no-fuse", is_flag=True,
+    help="Keep attention and GELU unfused, as the file has them (by default scaled dot-product "
+         "attention and GELU patterns become one kernel each; docs/fusion.md).")
+
+
 def model_options(func: F) -> F:
-    """MODEL argument plus --batch, --dim, --training, --optimizer."""
+    """MODEL argument plus --batch, --dim, --training, --optimizer, --no-fuse."""
     decorators = [
         click.argument("model"),
         click.option("--batch", "-b", type=int, default=None,
@@ -29,6 +35,7 @@ def model_options(func: F) -> F:
                           "instead of inference."),
         click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd",
                      show_default=True, help="Weight update used with --training."),
+        no_fuse_option,
     ]
     for deco in reversed(decorators):
         func = deco(func)
@@ -64,13 +71,13 @@ def parse_dims(values: Sequence[str] | None) -> dict[str, int]:
 
 
 def load_model_from_cli(model: str, batch: int | None, dims: Sequence[str] | None,
-                        training: bool, optimizer: str) -> Any:
+                        training: bool, optimizer: str, no_fuse: bool = False) -> Any:
     """The graph that MODEL (an ONNX file or a zoo name) and the model options describe."""
 
     if batch is not None and batch <= 0:
         raise ConfigError(f"--batch {batch}: must be a positive integer")
     return api.load_model(model, batch=batch, dims=parse_dims(dims), training=training,
-                          optimizer=optimizer)
+                          optimizer=optimizer, fuse=not no_fuse)
 
 
 def print_json(data: Any) -> None:

@@ -46,14 +46,15 @@ DEVICES = click.Choice(["cpu", "cuda"])
 def profile_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
                 optimizer: str, device: str, profiles_dir: str | None, repeats: int,
                 warmup: int, max_seconds: float | None, fresh: bool, threads: int | None,
-                in_context: bool, no_progress: bool, as_json: bool) -> None:
+                in_context: bool, no_progress: bool, as_json: bool,
+                no_fuse: bool = False) -> None:
     """Measure the kernels of MODEL on a device and cache their times.
 
     Identical kernels (repeated blocks) are measured once; kernels already cached for this
     device are not measured again, so an interrupted run resumes where it stopped.
     """
 
-    graph = load_model_from_cli(model, batch, dims, training, optimizer)
+    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     costs = api.profile(graph, device=device, profiles_dir=profiles_dir, repeats=repeats,
                         warmup=warmup, max_seconds=max_seconds, resume=not fresh,
                         threads=threads, progress=not (no_progress or as_json))

@@ -52,6 +52,7 @@ def inspect_report(graph: TensorGraph) -> dict[str, Any]:
         "batch": graph.meta.get("batch"),
         "kernels": len(graph.kernels),
         "unique_kernels": graph.unique_signatures,
+        "fused": graph.meta.get("fusion"),  # {"attention": n, "gelu": m}; None: --no-fuse
         "ops": dict(Counter(k.op_type for k in graph.kernels).most_common()),
         "tensors": len(graph.tensors),
         "roles": roles,
@@ -73,6 +74,7 @@ def _text(report: dict[str, Any]) -> str:
                                              else " (forward)"),
         f"dims         {_dims(report['dims'], report['batch'])}",
         f"kernels      {report['kernels']} ({report['unique_kernels']} unique signatures)",
+        f"fused        {_fused(report['fused'])}",
         f"tensors      {report['tensors']}",
         "",
         f"  {'role':<16} {'tensors':>8} {'bytes':>12}",
@@ -104,6 +106,12 @@ def _top_kernels(report: dict[str, Any]) -> list[str]:
                      f"{format_bytes(row['working_set_bytes']):>12} "
                      f"{format_bytes(row['live_bytes']):>12}")
     return lines
+
+
+def _fused(counts: dict[str, int] | None) -> str:
+    if counts is None:
+        return "off (--no-fuse, or a graph not imported from ONNX)"
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
 def _dims(dims: dict[str, int], batch: int | None) -> str:
@@ -160,14 +168,14 @@ def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
 @json_option
 def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
                     optimizer: str, csv_path: str | None, as_json: bool,
-                    kernels_device: str | None = None) -> None:
+                    kernels_device: str | None = None, no_fuse: bool = False) -> None:
     """Kernels, tensors by role, peak footprint and working sets of MODEL.
 
     MODEL is an ONNX file or a zoo name. The peak live footprint is the memory one iteration
     needs with no limit; the largest working set (a kernel's inputs + outputs + workspace) is
     the smallest fast-memory budget any plan can meet.
     """
-    graph = load_model_from_cli(model, batch, dims, training, optimizer)
+    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     if kernels_device:  # the kernel table of autotm_py/report/tables.py
         return print_kernel_report(graph, kernels_device, csv_path, as_json)
     report = inspect_report(graph)

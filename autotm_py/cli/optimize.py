@@ -88,7 +88,7 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
                  async_candidates: int | None, pin_weights: bool,
                  threads: int | None, headroom: float, profiles_dir: str | None,
                  no_baselines: bool,
-                 output: str | None, as_json: bool) -> int:
+                 output: str | None, as_json: bool, no_fuse: bool = False) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
 
     MODEL is an ONNX file or a zoo name. Prints predicted time against all-fast and the
@@ -102,7 +102,7 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         memory=memory, solver=solver, gap=gap, time_limit_s=time_limit,
         async_window=async_window, async_candidates=async_candidates,
         pin_weights=pin_weights, threads=threads, headroom=headroom)
-    graph = load_model_from_cli(model, batch, dims, training, optimizer)
+    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
     result = api.optimize(graph, config, costs=costs, baselines=not no_baselines)
     if result.plan is not None and output:
@@ -209,14 +209,14 @@ def _baseline_lines(result: Any) -> list[str]:
 @json_option
 def simulate_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
                  optimizer: str, plan_path: str, profiles_dir: str | None, no_strict: bool,
-                 output: str | None, as_json: bool) -> int:
+                 output: str | None, as_json: bool, no_fuse: bool = False) -> int:
     """Predict a plan's timeline on MODEL and verify it (residency, budget, order, steady
     state). Exits 1 naming the first record that breaks a rule."""
     import json
 
 
     plan = Plan.load(plan_path)
-    graph = load_model_from_cli(model, batch, dims, training, optimizer)
+    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     plan.validate(graph)
     device = str((plan.header.config or {}).get("device") or "cuda")
     costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)

@@ -15,6 +15,7 @@ from autotm_py.cli.common import (
     headroom_option,
     json_option,
     load_model_from_cli,
+    no_fuse_option,
     parse_dims,
     print_json,
 )
@@ -37,8 +38,9 @@ def read_json(path: str, what: str) -> Any:
 
 def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple[str, ...],
                            training: bool, optimizer: str, device: str | None,
-                           profiles: str | None) -> tuple[Any, dict[str, Any]]:
-    graph = load_model_from_cli(model, batch, dims, training, optimizer)
+                           profiles: str | None, no_fuse: bool = False
+                           ) -> tuple[Any, dict[str, Any]]:
+    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     plan.validate(graph)
     mode = plan.header.memory_system.get("mode")
     dev = device or plan.header.config.get("device") or ("cuda" if mode == "gpu" else "cpu")
@@ -73,11 +75,13 @@ def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple
               help="Figure formats, comma-separated (any matplotlib can write).")
 @click.option("--max-tensors", type=click.IntRange(min=1), default=300, show_default=True,
               help="Rows of the residency heatmap (moved tensors first, then the largest).")
+@no_fuse_option
 @json_option
 def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: str | None,
                batch: int | None, dims: tuple[str, ...], training: bool, optimizer: str,
                device: str | None, profiles: str | None, measured: str | None,
-               trace_path: str | None, formats: str, max_tensors: int, as_json: bool) -> None:
+               trace_path: str | None, formats: str, max_tensors: int, as_json: bool,
+               no_fuse: bool = False) -> None:
     """Figures (memory per tier with the budget, tensor x kernel residency, bytes moved), a
     Markdown summary and optionally a trace of PLAN.
 
@@ -94,7 +98,7 @@ def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: str | 
     graph, simulation = None, None
     if model:
         graph, simulation = _simulation_from_model(plan, model, batch, dims, training, optimizer,
-                                                   device, profiles)
+                                                   device, profiles, no_fuse)
     elif timeline:
         simulation = read_json(timeline, "timeline")
     run = load_measured(read_json(measured, "measured run"), origin=measured) if measured \

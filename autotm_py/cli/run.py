@@ -33,7 +33,7 @@ from autotm_py.units import format_bytes
 def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
             optimizer: str, plan_path: str, device: str, iterations: int, warmup: int,
             kernel_times: bool, no_cap: bool, seed: int, output: str | None,
-            as_json: bool) -> int:
+            as_json: bool, no_fuse: bool = False) -> int:
     """Run PLAN on MODEL (the same model options as `optimize`) and report measured times.
 
     On a GPU the plan's fast budget is enforced as a cap on torch's allocator; the measured
@@ -44,7 +44,7 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
 
 
     plan = Plan.load(plan_path)
-    graph = load_model_from_cli(model, batch, dims, training, optimizer)
+    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     result = api.execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
                          seed=seed, kernel_times=kernel_times, enforce_budget=not no_cap)
     if output:

@@ -6,7 +6,8 @@
 Steps (each in its own module): read the file safely (`onnx_load`), parse and check the graph
 (`onnx_graph`), bind symbolic input dims (`dims`), fold constant subgraphs interleaved with
 ONNX shape inference (`fold`, `infer`, `fold_eval`), canonicalize every remaining node
-(`canonical*`) and build the graph with tensor roles (`emit`). Weights are read as shapes only.
+(`canonical*`), build the graph with tensor roles (`emit`) and fuse attention and GELU
+patterns (`fuse`; `fuse=False` keeps the unfused graph). Weights are read as shapes only.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from autotm_py.frontend.canonical import REGISTRY, importable_ops
 from autotm_py.frontend.dims import Binding, bind_inputs
 from autotm_py.frontend.emit import build_graph
 from autotm_py.frontend.fold import Folder
+from autotm_py.frontend.fuse import fuse_graph
 from autotm_py.frontend.onnx_graph import OnnxGraph, OnnxNode, parse_graph
 from autotm_py.frontend.onnx_load import (
     check_external_locations,
@@ -44,7 +46,7 @@ CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
 def import_onnx(path: str | os.PathLike[str], *, batch: int | None = None,
-                dims: Mapping[str, int] | None = None) -> TensorGraph:
+                dims: Mapping[str, int] | None = None, fuse: bool = True) -> TensorGraph:
     """Import an ONNX file (weights as shapes only) as a forward `TensorGraph`.
 
     Args:
@@ -52,6 +54,8 @@ def import_onnx(path: str | os.PathLike[str], *, batch: int | None = None,
         batch: binds the first dimension of every graph input, symbolic or fixed.
         dims: binds symbolic dimensions by name, e.g. {"seq": 128}; they override the
             model's defaults (metadata `autotm.default_dims`).
+        fuse: fuse scaled dot-product attention and GELU patterns into one kernel each
+            (`frontend/fuse.py`, docs/fusion.md); False keeps the graph as the file has it.
 
     Raises:
         ModelImportError: unreadable file, malformed graph, unsafe external-data location.
@@ -62,12 +66,13 @@ def import_onnx(path: str | os.PathLike[str], *, batch: int | None = None,
     file = Path(path)
     model = read_model_file(file)
     return import_model(model, batch=batch, dims=dims, name=file.stem,
-                        base_dir=file.parent, source=str(file))
+                        base_dir=file.parent, source=str(file), fuse=fuse)
 
 
 def import_model(model: onnx.ModelProto, *, batch: int | None = None,
                  dims: Mapping[str, int] | None = None, name: str | None = None,
-                 base_dir: Path | None = None, source: str | None = None) -> TensorGraph:
+                 base_dir: Path | None = None, source: str | None = None,
+                 fuse: bool = True) -> TensorGraph:
     """Import an in-memory `ModelProto` (the zoo builds these) as a forward `TensorGraph`.
 
     `base_dir` is the folder that external-data locations are relative to (the current
@@ -89,6 +94,8 @@ def import_model(model: onnx.ModelProto, *, batch: int | None = None,
     fold = folder.run()
     meta = _meta(model, graph, binding, batch, source, fold.rounds)
     result = build_graph(graph, fold, folder.value_of, meta, hint)
+    if fuse:
+        result = fuse_graph(result)
     log.info("imported %s: %d ONNX nodes -> %d kernels, %d tensors in %.2f s (%d inference "
              "rounds)", label, len(graph.nodes), len(result.kernels), len(result.tensors),
              time.perf_counter() - start, fold.rounds)

@@ -245,6 +245,31 @@ FLOP_RULES["LRNGrad"] = lambda s: 4.0 * _in(s) * float(s.attr("size", 5))
 FLOP_RULES["GradAccumulate"] = lambda s: float(max(len(s.inputs) - 1, 1) * _out(s))
 
 
+# ---- fused ops (ir/rules/fused.py) -------------------------------------------------------------
+def attention_flops(q: Shape, k: Shape, v: Shape, causal: bool, matmuls: tuple[int, int],
+                    pointwise: float) -> float:
+    """FLOPs of attention over (..., L, E) queries and (..., S, E|Ev) keys/values:
+    `matmuls` = (products of size L x S x E, of size L x S x Ev), 2 FLOPs per multiply-add,
+    plus `pointwise` FLOPs per score (scale, mask, exp, sums); halved when causal (the fused
+    kernels skip the blocks above the diagonal)."""
+    batch = numel(q[:-2])
+    ls = q[-2] * k[-2]
+    work = batch * ls * (2.0 * (matmuls[0] * q[-1] + matmuls[1] * v[-1]) + pointwise)
+    return work / 2 if causal else work
+
+
+@_rule("ScaledDotProductAttention")  # Q K^T, softmax, P V
+def _attention(s: OpShape) -> float:
+    q, k, v = (s.inputs[i][0] for i in range(3))
+    return attention_flops(q, k, v, bool(s.attr("is_causal", 0)), (1, 1), 5.0)
+
+
+@_rule("ScaledDotProductAttentionGrad")  # dO, Q, K, V, ...: recompute Q K^T; dV, dP, dQ, dK
+def _attention_grad(s: OpShape) -> float:
+    q, k, v = (s.inputs[i][0] for i in range(1, 4))
+    return attention_flops(q, k, v, bool(s.attr("is_causal", 0)), (3, 2), 8.0)
+
+
 # ---- the device roofline ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Roofline:

@@ -90,7 +90,9 @@ def load_plan(model: str, batch: int, dims: dict[str, int], ratio: str, strategy
     from autotm_py import api
     from autotm_py.pipeline import all_fast_plan
 
-    graph = api.load_model(model, batch=batch, dims=dims or None, training=True)
+    # fuse=False: the kept plans and the committed measurements are of the unfused graphs
+    # (before the fusion pass of issue 15); they are re-planned with fused graphs later
+    graph = api.load_model(model, batch=batch, dims=dims or None, training=True, fuse=False)
     if strategy == "all-fast":
         return graph, all_fast_plan(graph)
     return graph, kept_plan(model, batch, dims, ratio, strategy, headroom)

@@ -96,11 +96,12 @@ def export_model(name: str, path: str | os.PathLike[str], *, batch: int | None =
 
 
 def build_graph(name: str, *, batch: int | None = None,
-                dims: Mapping[str, int] | None = None) -> TensorGraph:
-    """The zoo model imported as a forward `TensorGraph` (through the ONNX importer)."""
+                dims: Mapping[str, int] | None = None, fuse: bool = True) -> TensorGraph:
+    """The zoo model imported as a forward `TensorGraph` (through the ONNX importer, which
+    fuses attention and GELU unless `fuse` is False)."""
 
     dims = dict(dims or {})
     dims_batch = dims.pop("batch", None)
     batch = dims_batch if batch is None else batch
     model = build_model(name, batch=batch, seq_len=dims.get("seq"))
-    return import_model(model, batch=batch, dims=dims or None, name=name)
+    return import_model(model, batch=batch, dims=dims or None, name=name, fuse=fuse)

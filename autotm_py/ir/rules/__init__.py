@@ -7,10 +7,10 @@ meaning: it is the list the executor (`kernels/__init__.py`) implements.
 
 from __future__ import annotations
 
-from autotm_py.ir.rules import elementwise, nn, shape
+from autotm_py.ir.rules import elementwise, fused, nn, shape
 from autotm_py.ir.rules.base import BACKWARD_DOMAIN, KernelDraft, Rule, Tape, TensorDraft
 
-RULES: dict[str, Rule] = {**elementwise.RULES, **nn.RULES, **shape.RULES}
+RULES: dict[str, Rule] = {**elementwise.RULES, **nn.RULES, **shape.RULES, **fused.RULES}
 
 # op type -> "inputs -> outputs: meaning"  (attributes are documented in docs/training.md)
 TRAINING_OPS: dict[str, str] = {
@@ -80,6 +80,9 @@ TRAINING_OPS: dict[str, str] = {
     "SGDUpdate": "W, dW -> W' = W - lr * dW",
     "AdamStep": "step -> step' = step + 1, coef (the step's two bias-correction constants)",
     "AdamUpdate": "W, dW, m, v, coef -> W', m', v' (bias-corrected Adam)",
+    # fused ops (frontend/fuse.py): the forward op of ours and its gradient
+    **fused.FUSED_OPS,
+    **fused.FUSED_TRAINING_OPS,
 }
 
 __all__ = ["BACKWARD_DOMAIN", "RULES", "TRAINING_OPS", "KernelDraft", "Rule", "Tape",

@@ -1,0 +1,145 @@
+"""The fusion pass: standard multi-kernel patterns of an imported forward graph become one
+fused kernel each.
+
+    fused = fuse_graph(graph)            # import_onnx/import_model call it unless fuse=False
+    fused.meta["fusion"]                 # {"attention": 12, "gelu": 13}
+
+Patterns (each in its own module; docs/fusion.md has the exact forms):
+- scaled dot-product attention (`fuse_attention`): MatMul(Q, K^T) -> scale -> mask ->
+  Softmax(last axis) -> MatMul(., V) becomes `ScaledDotProductAttention` (domain "autotm"),
+  whose backward saves a logsumexp per query row instead of the probability matrix;
+- GELU (`fuse_gelu`): the erf and tanh forms exporters write before opset 20 become ONNX
+  `Gelu` (approximate "none" / "tanh"), whose backward saves only its input.
+
+A pattern matches only when the fused op computes the same function (constants checked,
+softmax over the last axis, K^T really the transpose of K, intermediate tensors read by
+nothing else); anything else is left as it is. A graph without matches keeps its kernels
+and tensors (only `meta` gains the counts). Matching sees the original graph; the accepted
+rewrites are disjoint and are applied in one rebuild, in which every surviving tensor keeps
+its name (ids are renumbered) and the fused kernel runs where the last kernel of its pattern
+ran.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from autotm_py.errors import GraphError
+from autotm_py.frontend.fuse_attention import match_attention
+from autotm_py.frontend.fuse_base import Matcher, NewKernel, Ref, Rewrite
+from autotm_py.frontend.fuse_gelu import match_gelu
+from autotm_py.ir.builder import GraphBuilder
+from autotm_py.ir.graph import TensorGraph
+
+log = logging.getLogger(__name__)
+
+FUSION_META_KEY = "fusion"
+KINDS = ("attention", "gelu")
+
+
+# ---- the pass ---------------------------------------------------------------------------------
+def find_rewrites(graph: TensorGraph) -> list[Rewrite]:
+    """Every accepted, mutually disjoint rewrite of the graph, attention first."""
+    m = Matcher(graph)
+    accepted: list[Rewrite] = []
+    removed: set[int] = set()
+    for matcher in (match_attention, match_gelu):
+        for k in graph.kernels:
+            rewrite = matcher(m, k)
+            if rewrite is not None and _disjoint(graph, rewrite, removed):
+                accepted.append(rewrite)
+                removed |= rewrite.removed
+    return accepted
+
+
+def _disjoint(graph: TensorGraph, rewrite: Rewrite, removed: set[int]) -> bool:
+    """No kernel removed twice, and no input produced by a kernel another rewrite removes."""
+    if rewrite.removed & removed:
+        return False
+    for _, nk in rewrite.placed:
+        for ref in nk.inputs:
+            if isinstance(ref, int) and graph.tensors[ref].producer in removed:
+                return False
+    return True
+
+
+def fuse_graph(graph: TensorGraph) -> TensorGraph:
+    """The graph with every recognized pattern fused; `meta["fusion"]` counts them by kind."""
+    if "training" in graph.meta:
+        raise GraphError(f"graph {graph.name!r} is a training graph; fuse the forward graph, "
+                         "then derive training")
+    rewrites = find_rewrites(graph)
+    counts = {kind: sum(1 for r in rewrites if r.kind == kind) for kind in KINDS}
+    if not rewrites:
+        return _with_meta(graph, counts)
+    fused = apply_rewrites(graph, rewrites)
+    log.info("fused %s of %s: %d kernels -> %d", ", ".join(f"{n} {k}" for k, n in
+             counts.items()), graph.name, len(graph.kernels), len(fused.kernels))
+    return _with_meta(fused, counts)
+
+
+def _with_meta(graph: TensorGraph, counts: dict[str, int]) -> TensorGraph:
+    return replace(graph, meta={**graph.meta, FUSION_META_KEY: counts})
+
+
+def apply_rewrites(graph: TensorGraph, rewrites: Sequence[Rewrite]) -> TensorGraph:
+    """Rebuild the graph without the removed kernels and with the new ones in place."""
+    removed = set().union(*(r.removed for r in rewrites))
+    placed: dict[int, list[NewKernel]] = {}
+    for r in rewrites:
+        for pos, nk in r.placed:
+            placed.setdefault(pos, []).append(nk)
+    out = _Rebuild(graph, GraphBuilder(graph.name))
+    out.copy_tensors(removed, [nk for nks in placed.values() for nk in nks])
+    for k in graph.kernels:
+        for nk in placed.get(k.id, ()):
+            out.b.add_kernel(nk.op_type, [out.ref(r) for r in nk.inputs],
+                             [out.ref(r) for r in nk.outputs], name=nk.name, domain=nk.domain,
+                             attrs=nk.attrs, workspace_bytes=nk.workspace_bytes)
+        if k.id not in removed:
+            out.b.add_kernel(k.op_type, [out.ids[t] for t in k.inputs],
+                             [out.ids[t] for t in k.outputs], name=k.name, domain=k.domain,
+                             attrs=k.attrs_dict, workspace_bytes=k.workspace_bytes)
+    return out.finish()
+
+
+@dataclass
+class _Rebuild:
+    """The new graph's builder and the map from old (and new) tensors to its ids."""
+
+    graph: TensorGraph
+    b: GraphBuilder
+    ids: dict[int, int] = field(default_factory=dict)
+    made: dict[int, int] = field(default_factory=dict)  # id(NewTensor) -> tensor id
+
+    def copy_tensors(self, removed: set[int], new_kernels: list[NewKernel]) -> None:
+        """Every old tensor still read or written (or a graph input/output), in id order."""
+        g = self.graph
+        used = set(g.inputs) | set(g.outputs)
+        used.update(t for k in g.kernels if k.id not in removed for t in k.io)
+        used.update(r for nk in new_kernels for r in nk.inputs + nk.outputs if isinstance(r, int))
+        for t in g.tensors:
+            if t.id in used:
+                self.ids[t.id] = self.b.add_tensor(t.name, t.shape, t.dtype, t.role)
+                if t.id in g.constants:
+                    self.b.constants[self.ids[t.id]] = g.constants[t.id]
+
+    def ref(self, ref: Ref) -> int:
+        if isinstance(ref, int):
+            return self.ids[ref]
+        if id(ref) not in self.made:
+            tid = self.b.add_tensor(ref.name, ref.shape, ref.dtype, ref.role)
+            if ref.value is not None:
+                self.b.constants[tid] = ref.value
+            self.made[id(ref)] = tid
+        return self.made[id(ref)]
+
+    def finish(self) -> TensorGraph:
+        g, ids = self.graph, self.ids
+        self.b.inputs = [ids[t] for t in g.inputs]
+        self.b.outputs = [ids[t] for t in g.outputs]
+        self.b.carried = [(ids[a], ids[z]) for a, z in g.carried if a in ids and z in ids]
+        self.b.meta = dict(g.meta)
+        return self.b.build()

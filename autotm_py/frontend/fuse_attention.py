@@ -1,0 +1,251 @@
+"""Scaled dot-product attention: the pattern and its match.
+
+Anchored at a Softmax over the last axis whose only reader is MatMul(P, V), walking back:
+
+    S  = MatMul(Q', KT')            Q' = Q or Q * c_q (Mul/Div by a scalar constant), same KT'
+    S1 = S * c | S / c              optional, c a scalar constant
+    S2 = S1 + M | Where(C, S1, F) | Where(C, F, S1)    optional, at most one of each kind
+    P  = Softmax(S2, axis=-1);  O = MatMul(P, V)
+
+becomes `ScaledDotProductAttention(Q, K, V[, mask])` with scale = c * c_q * c_k. Conditions
+(anything else is left unfused):
+- Q, K, V of rank 3 or 4 with equal batch dims; KT the output of a Transpose that swaps the
+  last two axes of K (the Transpose is rewritten to produce K, or dropped when it becomes the
+  identity); every intermediate (S, S1, S2, P, KT, Q', KT') read only by the next step;
+- M additive, of the scores' dtype, broadcasting to them without growing them, and not
+  depending on a trainable weight (it gets no gradient);
+- Where: C bool, broadcasting likewise; F a scalar constant at or below -1e9 (or -inf, or
+  the dtype's lowest value), so that exp(F - max) is exactly 0 like a masked-out entry; a
+  constant C must leave at least one key per query row (else the unfused graph averages over
+  the masked row where the fused op returns garbage); a run-time C only with F = -inf and
+  C in the "keep" orientation;
+- a constant keep mask (or constant additive mask with 0 on and below the diagonal and F-like
+  values above it) equal to the lower triangle of (L, S) becomes is_causal=1 and no mask.
+A non-causal bool mask together with an additive mask is not fused (one mask slot).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from autotm_py.frontend.fuse_base import Matcher, NewKernel, NewTensor, Ref, Rewrite
+from autotm_py.ir.graph import Kernel, Role
+from autotm_py.ir.rules.base import BACKWARD_DOMAIN
+from autotm_py.ir.rules.fused import SDPA, sdpa_workspace
+
+MASKED_FILL_MAX = -1e9  # fills at or below this are "masked out" (exp(F - max) == 0 exactly)
+
+
+@dataclass(frozen=True)
+class _Acc:
+    """What the walk back from the Softmax has collected so far."""
+
+    removed: tuple[int, ...] = ()
+    scale: float = 1.0
+    scaled: bool = False
+    add: int | None = None  # additive mask tensor
+    keep: Ref | None = None  # bool keep-mask (True = attend), a tensor or a new constant
+    keep_value: np.ndarray | None = None  # its value when constant
+    where: bool = False
+
+
+def match_attention(m: Matcher, sm: Kernel) -> Rewrite | None:
+    if sm.op_type != "Softmax" or sm.domain != "":
+        return None
+    x = sm.inputs[0]
+    shape = m.graph.tensors[x].shape
+    if len(shape) not in (3, 4) or int(sm.attr("axis", -1)) % len(shape) != len(shape) - 1 \
+            or not m.is_float(x):
+        return None
+    mm2 = m.sole_user(sm.outputs[0])
+    if mm2 is None or mm2.op_type != "MatMul" or mm2.inputs[0] != sm.outputs[0] \
+            or mm2.inputs[1] == sm.outputs[0]:
+        return None
+    return _walk(m, x, _Acc(removed=(sm.id, mm2.id)), mm2)
+
+
+def _walk(m: Matcher, t: int, acc: _Acc, mm2: Kernel) -> Rewrite | None:
+    """Step back from the scores tensor `t` towards MatMul(Q, K^T)."""
+    k = m.producer(t)
+    if k is None or m.sole_user(t) is None:
+        return None
+    acc = replace(acc, removed=(*acc.removed, k.id))
+    if k.op_type == "MatMul":
+        return _scores(m, k, acc, mm2)
+    if k.op_type in ("Mul", "Div") and not acc.scaled:
+        other, c = _scaled_operand(m, k)
+        if other is not None:
+            return _walk(m, other, replace(acc, scale=acc.scale * c, scaled=True), mm2)
+        return None
+    if acc.scaled:  # masks come after the scale: (S + M) * c would scale the mask
+        return None
+    if k.op_type == "Add" and acc.add is None:
+        for slot in (0, 1):
+            mask, scores = k.inputs[1 - slot], k.inputs[slot]
+            if _additive_ok(m, mask, t) and \
+                    m.graph.tensors[scores].shape == m.graph.tensors[t].shape:
+                found = _walk(m, k.inputs[slot], replace(acc, add=mask), mm2)
+                if found is not None:
+                    return found
+        return None
+    if k.op_type == "Where" and not acc.where:
+        return _where(m, k, t, acc, mm2)
+    return None
+
+
+def _scaled_operand(m: Matcher, k: Kernel) -> tuple[int | None, float]:
+    """(the other operand, factor) of Mul/Div by a finite non-zero scalar constant."""
+    a, b = k.inputs
+    for data, const in ((a, b), (b, a)) if k.op_type == "Mul" else ((a, b),):
+        c = m.scalar(const)
+        if c is not None and math.isfinite(c) and c != 0.0 and m.is_float(data) and \
+                m.graph.tensors[data].shape == m.graph.tensors[k.outputs[0]].shape:
+            return data, (c if k.op_type == "Mul" else 1.0 / c)
+    return None, 1.0
+
+
+def _broadcasts_into(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
+    if len(small) > len(big):
+        return False
+    return all(s in (1, b) for s, b in zip(small[::-1], big[::-1], strict=False))
+
+
+def _additive_ok(m: Matcher, mask: int, scores: int) -> bool:
+    g = m.graph
+    return (g.tensors[mask].dtype == g.tensors[scores].dtype
+            and _broadcasts_into(g.tensors[mask].shape, g.tensors[scores].shape)
+            and mask not in m.weight_dependent)
+
+
+def _masked_fill(value: float, dtype: str) -> bool:
+    lowest = float(np.finfo(np.dtype("float16" if dtype == "bfloat16" else dtype)).min)
+    return value <= MASKED_FILL_MAX or value == lowest or value == -math.inf
+
+
+def _where(m: Matcher, k: Kernel, t: int, acc: _Acc, mm2: Kernel) -> Rewrite | None:
+    g = m.graph
+    cond, a, b = k.inputs
+    if g.tensors[cond].dtype != "bool" or not _broadcasts_into(g.tensors[cond].shape,
+                                                               g.tensors[t].shape):
+        return None
+    value = m.constant(cond)
+    for scores, fill, keep_is_cond in ((a, b, True), (b, a, False)):
+        f = m.scalar(fill)
+        if f is None or not _masked_fill(f, g.tensors[t].dtype) or \
+                g.tensors[scores].shape != g.tensors[t].shape:
+            continue
+        if value is None:  # run-time condition: only the exact -inf keep form
+            if not keep_is_cond or f != -math.inf:
+                continue
+            return _walk(m, scores, replace(acc, where=True, keep=cond), mm2)
+        keep = np.asarray(value, dtype=bool) if keep_is_cond else ~np.asarray(value, dtype=bool)
+        if not keep.any(axis=-1).all():
+            continue  # a fully masked row: the unfused softmax averages, SDPA does not
+        ref: Ref = cond if keep_is_cond else NewTensor(f"{g.name_of(cond)}::keep", keep.shape,
+                                                       "bool", Role.CONSTANT, keep)
+        return _walk(m, scores, replace(acc, where=True, keep=ref, keep_value=keep), mm2)
+    return None
+
+
+def _is_causal(keep: np.ndarray | None, l_len: int, s_len: int) -> bool:
+    if keep is None or keep.ndim < 2 or keep.shape[-2:] != (l_len, s_len) or \
+            any(d != 1 for d in keep.shape[:-2]):
+        return False
+    return bool(np.array_equal(keep.reshape(l_len, s_len), np.tri(l_len, s_len, dtype=bool)))
+
+
+def _additive_causal(m: Matcher, mask: int | None, l_len: int, s_len: int) -> bool:
+    """A constant additive mask that is 0 on and below the diagonal and masked above."""
+    value = m.constant(mask) if mask is not None else None
+    if value is None:
+        return False
+    value = np.asarray(value, dtype=np.float64)
+    if value.ndim < 2 or value.shape[-2:] != (l_len, s_len) or \
+            any(d != 1 for d in value.shape[:-2]):
+        return False
+    value = value.reshape(l_len, s_len)
+    lower = np.tri(l_len, s_len, dtype=bool)
+    dtype = m.graph.tensors[mask].dtype  # type: ignore[index]
+    return bool((value[lower] == 0.0).all() and
+                all(_masked_fill(float(v), dtype) for v in value[~lower]))
+
+
+def _unscaled(m: Matcher, t: int) -> tuple[int, float, tuple[int, ...]]:
+    """(operand, factor, removed kernels): Q * c / Q / c read only by the MatMul, else Q."""
+    k = m.producer(t)
+    if k is not None and k.op_type in ("Mul", "Div") and m.sole_user(t) is not None:
+        other, c = _scaled_operand(m, k)
+        if other is not None:
+            return other, c, (k.id,)
+    return t, 1.0, ()
+
+
+def _scores(m: Matcher, mm1: Kernel, acc: _Acc, mm2: Kernel) -> Rewrite | None:
+    g = m.graph
+    q, cq, q_removed = _unscaled(m, mm1.inputs[0])
+    kt, ck, k_removed = _unscaled(m, mm1.inputs[1])
+    tr = m.producer(kt)
+    if tr is None or tr.op_type != "Transpose" or m.sole_user(kt) is None:
+        return None
+    perm = list(tr.attr("perm") or range(len(g.tensors[kt].shape))[::-1])
+    perm[-2], perm[-1] = perm[-1], perm[-2]
+    k_src = tr.inputs[0]
+    k_shape = tuple(g.tensors[k_src].shape[p] for p in perm)
+    v = mm2.inputs[1]
+    qs, vs = g.tensors[q].shape, g.tensors[v].shape
+    if not (len(qs) == len(k_shape) == len(vs) == len(g.tensors[mm1.outputs[0]].shape)
+            and qs[:-2] == k_shape[:-2] == vs[:-2] and qs[-1] == k_shape[-1]
+            and k_shape[-2] == vs[-2]
+            and len({g.tensors[t].dtype for t in (q, k_src, v)}) == 1 and m.is_float(q)):
+        return None
+    l_len, s_len = qs[-2], k_shape[-2]
+    causal = _is_causal(acc.keep_value, l_len, s_len)
+    mask: Ref | None = acc.add
+    if not causal and acc.keep is not None:
+        if acc.add is not None:
+            return None  # a bool and an additive mask: one mask slot only
+        mask = acc.keep
+    elif not causal and _additive_causal(m, acc.add, l_len, s_len):
+        causal, mask = True, None
+    removed = (*acc.removed, *q_removed, *k_removed, tr.id)
+    if not m.interior_ok(removed, keep=(mm2.outputs[0],)):
+        return None
+    return _rewrite(m, removed, tr, perm, k_shape, (q, v), mask, causal,
+                    acc.scale * cq * ck, mm2)
+
+
+def _rewrite(m: Matcher, removed: tuple[int, ...], tr: Kernel, perm: list[int],
+             k_shape: tuple[int, ...], qv: tuple[int, int], mask: Ref | None, causal: bool,
+             scale: float, mm2: Kernel) -> Rewrite:
+    g = m.graph
+    q, v = qv
+    placed: list[tuple[int, NewKernel]] = []
+    key: Ref = tr.inputs[0]
+    if perm != sorted(perm):
+        kt = tr.outputs[0]
+        key = NewTensor(f"{g.name_of(kt)}::key", k_shape, g.tensors[kt].dtype)
+        placed.append((tr.id, NewKernel("Transpose", (tr.inputs[0],), (key,),
+                                        {"perm": tuple(perm)}, f"{tr.name}::key")))
+    inputs: tuple[Ref, ...] = (q, key, v) if mask is None else (q, key, v, mask)
+    mask_spec = None
+    if isinstance(mask, int):
+        mask_spec = (g.tensors[mask].shape, g.tensors[mask].dtype)
+    elif mask is not None:
+        mask_spec = (mask.shape, mask.dtype)
+    dtype = g.tensors[q].dtype
+    attention = NewKernel(
+        SDPA, inputs, (mm2.outputs[0],),
+        {"scale": scale if dtype == "float64" else _f32(scale), "is_causal": int(causal)},
+        m.kernel_name(removed, SDPA), domain=BACKWARD_DOMAIN,
+        workspace_bytes=sdpa_workspace(g.tensors[q].shape, dtype, mask_spec, backward=False))
+    placed.append((mm2.id, attention))
+    return Rewrite("attention", frozenset(removed), tuple(placed))
+
+
+def _f32(value: float) -> float:
+    """The shortest decimal that round-trips the float32 value, as the importer writes float
+    attributes (1/sqrt(64) * 1 is 0.125 however the file spells its constants)."""
+    return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))

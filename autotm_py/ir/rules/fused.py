@@ -1,0 +1,101 @@
+"""Fused ops of ours that the frontend's fusion pass (`frontend/fuse.py`) emits, and their
+training rules.
+
+`ScaledDotProductAttention` (domain "autotm") replaces MatMul(Q, K^T) -> scale -> mask ->
+Softmax(last axis) -> MatMul(., V):
+
+    inputs   Q (..., L, E), K (..., S, E), V (..., S, Ev)[, mask]   (rank 3 or 4, same batch)
+    outputs  O (..., L, Ev)[, logsumexp (..., L)]
+    attrs    scale (float), is_causal (0/1)
+
+    O = softmax(Q K^T * scale + mask + causal) V
+
+`mask` (optional) is additive (float, the dtype of Q) or boolean (True = attend), either
+broadcastable to (..., L, S); `is_causal` masks out key positions j > i (top-left aligned, as
+`torch.nn.functional.scaled_dot_product_attention` does). A forward graph's kernel has one
+output; the training derivation adds the row-wise logsumexp of the masked, scaled scores
+(float32, float64 for float64 inputs), which the backward reads instead of the (L, S) score
+or probability matrix:
+
+    ScaledDotProductAttentionGrad: dO, Q, K, V, O, logsumexp[, mask] -> dQ, dK, dV (masked)
+
+Saved for the backward: Q, K, V, O, logsumexp and the mask, i.e. O(L * (E + Ev + 1)) per
+head instead of the O(L * S) probabilities the unfused graph keeps. The mask gets no
+gradient (the fusion pass only fuses masks that do not depend on a trainable weight).
+
+GELU needs no new op: the pass emits ONNX `Gelu` (domain "", `approximate` "none" or
+"tanh"), whose rule (`elementwise.UNARY`) saves only its input X.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from autotm_py.ir.graph import DTYPE_SIZES, Role
+from autotm_py.ir.rules.base import KernelDraft, Rule, Tape, grad_name
+
+SDPA = "ScaledDotProductAttention"
+SDPA_GRAD = "ScaledDotProductAttentionGrad"
+
+# op type -> "inputs -> outputs: meaning" (the forward ops of ours a fused graph may contain)
+FUSED_OPS: dict[str, str] = {
+    SDPA: "Q, K, V[, mask] -> O[, logsumexp]: softmax(Q K^T * scale + mask) V "
+          "(attrs scale, is_causal)",
+}
+FUSED_TRAINING_OPS: dict[str, str] = {
+    SDPA_GRAD: "dO, Q, K, V, O, logsumexp[, mask] -> dQ, dK, dV (masked; scores recomputed "
+               "blockwise from the saved logsumexp)",
+}
+
+Grads = list[int | None]
+
+
+def lse_dtype(dtype: str) -> str:
+    """The logsumexp's dtype: what torch's attention kernels return (float32 unless float64)."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+def sdpa_workspace(q_shape: Sequence[int], q_dtype: str, mask: tuple[tuple[int, ...], str]
+                   | None, *, backward: bool) -> int:
+    """Bytes an attention kernel allocates beyond its inputs and outputs (IR estimate).
+
+    A boolean mask is turned into an additive one of the query's dtype (torch's fused kernels
+    take additive masks only); the backward also computes the row sums D = rowsum(dO * O)
+    (float32, one per query row). The kernels' blockwise buffers (a few tiles per thread or
+    thread block) are not counted; profiles measured on a GPU record the real workspace."""
+    total = 0
+    if mask is not None and mask[1] == "bool":
+        total += math.prod(mask[0]) * DTYPE_SIZES[q_dtype]
+    if backward:
+        total += math.prod(q_shape[:-1]) * DTYPE_SIZES[lse_dtype(q_dtype)]
+    return total
+
+
+def sdpa_prepare(tape: Tape, k: KernelDraft) -> None:
+    """Training: the forward kernel also outputs the logsumexp of each query row."""
+    if len(k.outputs) < 2:
+        q, o = k.inputs[0], k.outputs[0]
+        k.outputs.append(tape.new_tensor(f"{tape.name(o)}::logsumexp", tape.shape(q)[:-1],
+                                         lse_dtype(tape.dtype(q)), Role.ACTIVATION))
+
+
+def sdpa_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> Grads:
+    dy = dys[0]
+    assert dy is not None
+    q, key, v = k.inputs[:3]
+    mask = k.inputs[3:4]
+    outs = [tape.new_grad(t) if needs[i] else None for i, t in enumerate((q, key, v))]
+    tape.emit(SDPA_GRAD, [dy, q, key, v, k.outputs[0], k.outputs[1], *mask],
+              [g for g in outs if g is not None], grad_name(k, "grad"),
+              scale=float(k.attr("scale")), is_causal=int(k.attr("is_causal", 0)),
+              output_mask=tuple(int(g is not None) for g in outs))
+    mask_spec = (tape.shape(mask[0]), tape.dtype(mask[0])) if mask else None
+    tape.kernels[-1].workspace_bytes = sdpa_workspace(tape.shape(q), tape.dtype(q), mask_spec,
+                                                      backward=True)
+    return [*outs, *([None] * len(mask))]
+
+
+RULES: dict[str, Rule] = {
+    SDPA: Rule(sdpa_backward, inputs=(0, 1, 2), prepare=sdpa_prepare),
+}
