@@ -50,12 +50,15 @@ class ModelRunner:
     """Rows of one model. A model that cannot be loaded or priced gives error rows.
 
     `source` is where the model is read from when it is not `model` itself (a worker's copy of
-    the driver's file); `shipped_dir` the shipped profiles' folder when not the package's.
-    Plans are read from and solved into `plans` (the driver reads and writes the folder)."""
+    the driver's file); `shipped_dir` the shipped profiles' folder when not the package's;
+    `names` the spec as the driver gave it, which names rows and plan files (`spec` may point
+    at a worker's copies of its files). Plans are read from and solved into `plans` (the
+    driver reads and writes the folder)."""
 
     def __init__(self, spec: BenchSpec, model: str, *, source: str | None = None,
-                 shipped_dir: str | None = None) -> None:
+                 shipped_dir: str | None = None, names: BenchSpec | None = None) -> None:
         self.spec, self.model = spec, model
+        self.names = names or spec
         self.error: str | None = None
         self.plans = PlanBox()
         self._ratio_columns: dict[str, dict[str, Any]] = {}
@@ -81,7 +84,7 @@ class ModelRunner:
                           headroom=s.headroom, threads=s.threads)
 
     def row(self, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
-        key = self.spec.key_values(self.model, ratio, strategy, solver)
+        key = self.names.key_values(self.model, ratio, strategy, solver)
         if self.error is not None:
             return {**key, "status": "error", "error": self.error}
         self._failures = []
@@ -189,7 +192,7 @@ class ModelRunner:
         """The plan's columns at the first headroom whose plan fits when it runs."""
 
         def attempt(headroom: float) -> dict[str, Any]:
-            path = self.spec.plan_path(self.model, ratio, strategy, solver, headroom)
+            path = self.names.plan_path(self.model, ratio, strategy, solver, headroom)
             cols = self._plan_columns(replace(config, headroom=headroom),
                                       None if path is None else path.name)
             return {**cols, "headroom": headroom}

@@ -129,7 +129,7 @@ def _runner(spec: BenchSpec, task: Task, inputs: Inputs) -> ModelRunner:
     if key not in _RUNNERS:
         worker_spec, sources, shipped_dir = inputs.resolve(spec)
         _RUNNERS[key] = ModelRunner(worker_spec, model, source=sources.get(model),
-                                    shipped_dir=shipped_dir)
+                                    shipped_dir=shipped_dir, names=spec)
         while len(_RUNNERS) > _KEEP:
             _RUNNERS.popitem(last=False)
     _RUNNERS.move_to_end(key)
