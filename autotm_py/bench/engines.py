@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
+from autotm_py.bench import env
 from autotm_py.bench.ray_engine import RayEngine
 from autotm_py.bench.ship import Inputs, PlanBox
 from autotm_py.bench.spec import BenchSpec
@@ -59,9 +60,9 @@ class Engine(Protocol):
 
 def visible_gpus() -> list[str]:
     """The GPUs this process may use: `CUDA_VISIBLE_DEVICES` when set, else torch's count."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [d.strip() for d in env.split(",") if d.strip() and d.strip() != "-1"]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
     try:
         import torch
     except ImportError:
@@ -84,9 +85,10 @@ class SerialEngine:
         forget()
 
 
-def _worker_main(conn: Connection, env: dict[str, str], task_fn: TaskFn) -> None:
+def _worker_main(conn: Connection, environ: dict[str, str], task_fn: TaskFn,
+                 inputs: Inputs) -> None:
     """A local worker: tasks in, outcomes out, until the driver sends None or goes away."""
-    os.environ.update(env)  # before anything imports torch: the GPU this worker owns
+    os.environ.update(environ)  # before anything imports torch: the GPU this worker owns
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it stops us
     while True:
         try:
@@ -96,7 +98,7 @@ def _worker_main(conn: Connection, env: dict[str, str], task_fn: TaskFn) -> None
         if message is None:
             return
         spec, task, plans = message
-        conn.send(guarded(task_fn, spec, task, Inputs.local(), plans))
+        conn.send(guarded(task_fn, spec, task, inputs, plans))
 
 
 @dataclass
@@ -122,16 +124,19 @@ class LocalEngine:
     for the whole sweep, so a worker keeps the models it loaded (`tasks._runner`)."""
 
     def __init__(self, workers: int, gpus: Sequence[str] | None = None,
-                 task_fn: TaskFn = run_task, max_attempts: int = MAX_ATTEMPTS) -> None:
+                 task_fn: TaskFn = run_task, max_attempts: int = MAX_ATTEMPTS,
+                 inputs: Inputs | None = None) -> None:
         self.workers, self.gpus = workers, list(gpus) if gpus else None
         self.task_fn, self.max_attempts = task_fn, max_attempts
+        self.inputs = inputs or Inputs.local()
         self._ctx = mp.get_context("spawn")
         self._all: list[_Worker] = []
 
     def _start(self, slot: int) -> _Worker:
-        env = {"CUDA_VISIBLE_DEVICES": self.gpus[slot]} if self.gpus else {}
+        environ = {"CUDA_VISIBLE_DEVICES": self.gpus[slot]} if self.gpus else {}
         ours, theirs = self._ctx.Pipe()
-        process = self._ctx.Process(target=_worker_main, args=(theirs, env, self.task_fn),
+        process = self._ctx.Process(target=_worker_main,
+                                    args=(theirs, environ, self.task_fn, self.inputs),
                                     name=f"autotm-bench-{slot}", daemon=True)
         process.start()
         theirs.close()
@@ -223,4 +228,7 @@ def open_engine(kind: str, spec: BenchSpec, n_tasks: int, *, workers: int | None
     n = min(workers or slots, max(n_tasks, 1))
     if n == 1:
         return SerialEngine(task_fn)
-    return LocalEngine(n, gpus[:n] if gpus else None, task_fn=task_fn)
+    # this machine's name, CPU and versions, asked once here (a GPU worker names its own GPU)
+    made_on = None if gpus else env.environment(spec.device)
+    return LocalEngine(n, gpus[:n] if gpus else None, task_fn=task_fn,
+                       inputs=Inputs.local(made_on))

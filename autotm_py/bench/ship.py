@@ -20,6 +20,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from autotm_py.bench.spec import BenchSpec
 from autotm_py.fileio import atomic_write_bytes
@@ -39,10 +40,13 @@ class Inputs:
     memory: str | None = None  # the memory-system file's path
     digest: str = ""
     shipped: bool = False  # False: the driver's paths are used as they are
+    # where rows are made, when the driver knows (its own machine): a worker then need not
+    # import torch to name the GPU (seconds per worker process)
+    made_on: dict[str, Any] | None = None
 
     @classmethod
-    def local(cls) -> Inputs:
-        return cls()
+    def local(cls, made_on: dict[str, Any] | None = None) -> Inputs:
+        return cls(made_on=made_on)
 
     @classmethod
     def pack(cls, spec: BenchSpec) -> Inputs:

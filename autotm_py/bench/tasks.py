@@ -141,7 +141,9 @@ def run_task(spec: BenchSpec, task: Task, inputs: Inputs, plans: PlanBox) -> Tas
     runner = _runner(spec, task, inputs)
     runner.plans = plans
     plans.solved = {}
-    result = TaskResult(made_on=env.environment(spec.device))
+    made_on = {**inputs.made_on, "date": env.now()} if inputs.made_on else \
+        env.environment(spec.device)
+    result = TaskResult(made_on=made_on)
     if task.ratio is None:
         result.model_columns, result.notes = runner.model_columns()
     else:

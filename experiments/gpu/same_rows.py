@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 from autotm_py.bench import key_of
 
@@ -28,7 +29,8 @@ def main() -> None:
     ap.add_argument("--rtol", type=float, default=1e-6)
     ap.add_argument("--measured", action="store_true")
     args = ap.parse_args()
-    a, b = ({key_of(r): r for r in json.load(open(p))["rows"]} for p in (args.a, args.b))
+    a, b = ({key_of(r): r for r in json.loads(Path(p).read_text())["rows"]}
+            for p in (args.a, args.b))
     diffs, limited = [], []
     for key in sorted(set(a) | set(b)):
         ra, rb = a.get(key), b.get(key)
