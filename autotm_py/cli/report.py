@@ -42,8 +42,7 @@ def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple
                            ) -> tuple[Any, dict[str, Any]]:
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     plan.validate(graph)
-    mode = plan.header.memory_system.get("mode")
-    dev = device or plan.header.config.get("device") or ("cuda" if mode == "gpu" else "cpu")
+    dev = device or plan.header.device
     costs = api.load_costs(graph, device=dev, profiles_dir=profiles)
     return graph, api.simulate(graph, plan, costs=costs, strict=False).to_dict()
 
