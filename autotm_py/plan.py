@@ -193,7 +193,8 @@ class Plan:
             raise PlanError(
                 f"plan was made for model {self.header.model_name!r} (hash "
                 f"{self.header.model_hash}), not for {graph.name!r} (hash {graph.model_hash}); "
-                "re-run `autotm optimize` with the same model, --batch, --dim and --training")
+                "re-run `autotm optimize` with the same model, --batch, --dim, --training and "
+                "--loss")
         n_k, n_t = len(graph.kernels), len(graph.tensors)
         seen: set[int] = set()
         for i, rec in enumerate(self.records):

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from autotm_py.cli import cli
-from autotm_py.cli.common import headroom_option, json_option, print_json
+from autotm_py.cli.common import headroom_option, json_option, loss_option, print_json
 from autotm_py.errors import ConfigError
 
 
@@ -52,6 +52,7 @@ def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple
 @click.option("--training", is_flag=True, help="With --model: one training iteration.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd",
               show_default=True, help="With --model --training: the weight update.")
+@loss_option
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="With --model: whose kernel profiles to use (default: the plan's).")
 @click.option("--profiles", type=click.Path(file_okay=False), default=None,
