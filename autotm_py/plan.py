@@ -86,13 +86,14 @@ class SolverStats:
 @dataclass(frozen=True)
 class ModelOptions:
     """How the planned graph was loaded: the options that rebuild it from its model file or zoo
-    name (`--batch`, `--dim`, `--training`, `--optimizer`, `--no-fuse`)."""
+    name (`--batch`, `--dim`, `--training`, `--optimizer`, `--no-fuse`, `--loss`)."""
 
     batch: int | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
     training: bool = False
     optimizer: str | None = None  # the weight update of a training graph
     fuse: bool = True  # attention/GELU fused (docs/fusion.md)
+    loss: str | None = None  # the --loss rule of a training graph
 
     @classmethod
     def of_graph(cls, graph: TensorGraph) -> ModelOptions:
@@ -101,12 +102,13 @@ class ModelOptions:
         return cls(batch=meta.get("batch"), dims=dict(meta.get("dims") or {}),
                    training=training is not None,
                    optimizer=None if training is None else training.get("optimizer"),
-                   fuse="fusion" in meta)
+                   fuse="fusion" in meta,
+                   loss=None if training is None else training.get("loss_rule", "auto"))
 
     def differences(self, other: ModelOptions) -> list[str]:
         """In words, the options where `other` differs from this one."""
         out = []
-        for name in ("batch", "dims", "training", "optimizer", "fuse"):
+        for name in ("batch", "dims", "training", "optimizer", "fuse", "loss"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if dict(mine or {}) != dict(theirs or {}) if name == "dims" else mine != theirs:
                 out.append(f"{name} {theirs!r} (the plan's: {mine!r})")
@@ -229,8 +231,8 @@ class Plan:
             raise PlanError(
                 f"plan was made for model {self.header.model_name!r} (hash "
                 f"{self.header.model_hash}), not for {graph.name!r} (hash {graph.model_hash}); "
-                "re-run `autotm optimize` with the same model, --batch, --dim, --training and "
-                "--no-fuse")
+                "re-run `autotm optimize` with the same model, --batch, --dim, --training, "
+                "--loss and --no-fuse")
         n_k, n_t = len(graph.kernels), len(graph.tensors)
         seen: set[int] = set()
         for i, rec in enumerate(self.records):

@@ -266,13 +266,13 @@ def test_plan_header_records_how_the_graph_was_made(tmp_path):
     header = Plan.from_json(res.plan.to_json()).header
     assert (header.device, header.pin_weights, header.headroom) == ("cpu", False, 0.0)
     assert header.model == ModelOptions(batch=2, dims={"batch": 2, "seq": 16}, training=True,
-                                        optimizer="adam", fuse=True)
+                                        optimizer="adam", fuse=True, loss="auto")
     other = ModelOptions.of_graph(api.load_model(str(FIXTURES / "tiny_gpt_opset17.onnx"),
                                                  batch=4, dims={"seq": 16}))
     assert header.model.differences(other) == [
         "batch 4 (the plan's: 2)", "dims {'batch': 4, 'seq': 16} (the plan's: {'batch': 2, "
         "'seq': 16})", "training False (the plan's: True)", "optimizer None (the plan's: "
-        "'adam')"]
+        "'adam')", "loss None (the plan's: 'auto')"]
 
 
 def test_version_1_plans_are_read_with_typed_fields_from_their_config():

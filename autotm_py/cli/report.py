@@ -15,6 +15,7 @@ from autotm_py.cli.common import (
     headroom_option,
     json_option,
     load_model_from_cli,
+    loss_option,
     no_fuse_option,
     parse_dims,
     print_json,
@@ -62,6 +63,7 @@ def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple
 @click.option("--training", is_flag=True, help="With --model: one training iteration.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd",
               show_default=True, help="With --model --training: the weight update.")
+@loss_option
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="With --model: whose kernel profiles to use (default: the plan's).")
 @click.option("--profiles", type=click.Path(file_okay=False), default=None,

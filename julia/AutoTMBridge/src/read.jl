@@ -214,6 +214,7 @@ function _optmodel(x, ctx)
         _req(_bool, x, "training", ctx),
         _req(_optstr, x, "optimizer", ctx),
         _req(_bool, x, "fuse", ctx),
+        _req(_optstr, x, "loss", ctx),
     )
 end
 

@@ -75,6 +75,7 @@ struct ModelOptions
     training::Bool
     optimizer::Union{String,Nothing}
     fuse::Bool
+    loss::Union{String,Nothing}
 end
 
 "The plan's header: which model and memory system it is for, and how it was made."
