@@ -21,7 +21,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.memory.tiers import FAST, SLOW
-from autotm_py.plan import Compute, Free, Move, Plan, PlanHeader, Record, SolverStats, names_table
+from autotm_py.plan import (
+    Compute,
+    Free,
+    ModelOptions,
+    Move,
+    Plan,
+    PlanHeader,
+    Record,
+    SolverStats,
+    names_table,
+)
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -109,5 +119,9 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
         counts=counts,
         config={**config, "pin_weights": machine.pin_weights},
         notes=notes,
+        device=str(config.get("device") or machine.costs.device),
+        pin_weights=machine.pin_weights,
+        headroom=machine.headroom,
+        model=ModelOptions.of_graph(graph),
     )
     return Plan(header, dict(builder.initial), records, names_table(graph))
