@@ -11,8 +11,11 @@
 # GPU machine (16 CPU): bash experiments/gpu/plan_parallel.sh $OUT/pp serial ray local:16
 #   (with experiments/gpu/setup.sh sourced first; ray needs the ray wheel and its
 #   dependencies there: `--engine ray` says so in one line when it is missing)
-# ONLY="resnet200 bert_base" picks models (configs.sh), AUTOTM the command (default: autotm).
+# ONLY="resnet200 bert_base" picks models (configs.sh), AUTOTM the command (default: autotm),
+# PYTHON the interpreter for same_rows.py (default: python3).
 set -u
+# the ray command (a wheel installed with --target has no `ray` on PATH)
+RAY=${RAY:-${PYTHON:-python3} -m ray.scripts.scripts}
 out=$1; shift
 mkdir -p "$out"
 summary=$out/summary.txt
@@ -24,7 +27,7 @@ for mode in "$@"; do
   case $mode in
     serial) args="--workers 1" ;;
     local:*) args="--engine local --workers ${mode#local:}" ;;
-    ray) ray start --head --num-cpus "$(nproc)" --include-dashboard false >"$out/ray-start.log" 2>&1 \
+    ray) $RAY start --head --num-cpus "$(nproc)" --include-dashboard false >"$out/ray-start.log" 2>&1 \
            || { echo "ray start failed: $(tail -1 "$out/ray-start.log")" | tee -a "$summary"; continue; }
          args="--engine ray --address auto" ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
@@ -34,12 +37,12 @@ for mode in "$@"; do
       bash experiments/gpu/plan_all.sh >"$out/$name.log" 2>&1
   rc=$?
   end=$(date +%s.%N)
-  [ "$mode" = ray ] && ray stop >/dev/null 2>&1
+  [ "$mode" = ray ] && $RAY stop >/dev/null 2>&1
   printf '%-10s %8.1f s  exit %s  %s\n' "$mode" "$(python3 -c "print($end - $start)")" "$rc" \
       "$(grep -c . "$out/$name.csv" 2>/dev/null) lines" | tee -a "$summary"
 done
 for mode in "$@"; do
   name=${mode/:/}
   [ "$name" = serial ] || [ ! -f "$out/$name.json" ] || [ ! -f "$out/serial.json" ] || \
-    python3 experiments/gpu/same_rows.py "$out/serial.json" "$out/$name.json" | tee -a "$summary"
+    ${PYTHON:-python3} experiments/gpu/same_rows.py "$out/serial.json" "$out/$name.json" | tee -a "$summary"
 done
