@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from autotm_py.kernels import run_kernel
 
 from autotm_py import api
 from autotm_py.cli import main
@@ -22,6 +21,7 @@ from autotm_py.errors import ConfigError
 from autotm_py.frontend.zoo import ZOO, build_graph, dlrm
 from autotm_py.ir import GraphBuilder, Role, TensorGraph
 from autotm_py.ir.loss import LOSSES, choose_loss
+from autotm_py.kernels import run_kernel
 from autotm_py.runtime.reference import init_values, train_steps
 from tests.fixtures.light_models import LIGHT_MODELS, squeezenet_like, unet_like
 from tests.test_training_ops import compare_training
