@@ -6,7 +6,8 @@
 #   MODE: serial            --workers 1 (one cell at a time, in the driver's process)
 #         local:N           --engine local --workers N (worker processes here)
 #         ray               a Ray head started here for the run (`ray start --head`), then
-#                           --engine ray --address auto, then `ray stop`
+#                           --engine ray --address auto, then `ray stop` (which stops every
+#                           Ray instance of this machine: run it where no other one lives)
 # Here (2 cores):       bash experiments/gpu/plan_parallel.sh /tmp/pp serial local:2
 # GPU machine (16 CPU): bash experiments/gpu/plan_parallel.sh $OUT/pp serial ray local:16
 #   (with experiments/gpu/setup.sh sourced first; ray needs the ray wheel and its
