@@ -14,6 +14,7 @@ from autotm_py.bench.rows import key_of
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
     FROM_PLAN,
+    budget_parts,
     check_writable,
     headroom_option,
     json_option,
@@ -136,9 +137,13 @@ def _drift(plan: Any, simulation: Any) -> str | None:
 def _print_report(result: Any) -> None:
 
     o, m = result.overview, result.metrics
+    budget = o["budget_bytes"]
     click.echo(f"{o['model']}: {o['strategy']} plan, budget "
-               f"{'unlimited' if o['budget_bytes'] is None else format_bytes(o['budget_bytes'])}"
-               f", timeline {o['timeline']}")
+               f"{'unlimited' if budget is None else format_bytes(budget)}, timeline "
+               f"{o['timeline']}")
+    if budget is not None and (o["reserve_bytes"] or o["headroom_bytes"]):
+        tensors = budget - o["reserve_bytes"] - o["headroom_bytes"]
+        click.echo("  budget = " + budget_parts(budget, o["reserve_bytes"], tensors))
     click.echo(f"  moved slow->fast {format_bytes(m['bytes_to_fast'])} "
                f"({m['moves_to_fast']} copies), fast->slow {format_bytes(m['bytes_to_slow'])} "
                f"({m['moves_to_slow']} copies)")
@@ -244,7 +249,7 @@ def bench_table(rows: list[dict[str, Any]]) -> list[str]:
     """One line per row: the plan's predicted time against all-fast and the best baseline that
     fits (the CSV and JSON hold every column)."""
     head = (f"{'model':<14} {'ratio':>6} {'strategy':<8} {'solver':<6} {'status':<10} "
-            f"{'predicted':>11} {'vs all-fast':>11}  best baseline")
+            f"{'predicted':>13} {'vs all-fast':>11}  best baseline")
     lines = [head]
     for r in rows:
         ms = _ms(r.get("predicted_s"))
@@ -257,7 +262,7 @@ def bench_table(rows: list[dict[str, Any]]) -> list[str]:
         status = str(r.get("status") or "-") if not r.get("error") else "error"
         lines.append(f"{str(r.get('model'))[:14]:<14} {r.get('ratio')!s:>6} "
                      f"{r.get('strategy')!s:<8} {r.get('solver')!s:<6} {status:<10} "
-                     f"{ms:>11} {_times(slowdown):>11}  "
+                     f"{ms:>13} {_times(slowdown):>11}  "
                      + (best if not r.get("error") else str(r["error"])[:60]))
     return lines
 
