@@ -137,6 +137,17 @@ def test_errors_name_the_problem() -> None:
     b.outputs.append(y)
     with pytest.raises(UnsupportedOpError, match=r"Softplus.*--training"):
         derive_training(b.build())
+    b = GraphBuilder("odder")  # every unsupported op type, with its count
+    x = b.add_tensor("x", (2, 3), "float32", Role.WEIGHT)
+    prev = x
+    for i, op in enumerate(("Softplus", "Softsign", "Softplus")):
+        out = b.add_tensor(f"t{i}", (2, 3), "float32", Role.ACTIVATION)
+        b.add_kernel(op, [prev], [out], name=f"k{i}")
+        prev = out
+    b.outputs.append(prev)
+    with pytest.raises(UnsupportedOpError, match=r"3 nodes of 2 op types.*'Softplus' x2.*"
+                                                 r"'Softsign' x1"):
+        derive_training(b.build())
     with pytest.raises(ConfigError, match="optimizer 'lamb'"):
         derive_training(small_cnn(), optimizer="lamb")
     with pytest.raises(ConfigError, match="learning rate"):
