@@ -173,6 +173,16 @@ CASES: list[Case] = [
          "pads": (1, 1, 1, 1), "output_padding": (1, 1)}, "stride-outpad"),
     Case("ConvTranspose", [W(1, 4, 4, 4), W(4, 2, 3, 3)], {"group": 2, "strides": (2, 2),
          "pads": (1, 0, 0, 2)}, "group-asymmetric"),
+    # one gradient only: ConvGradData (a fixed filter), ConvGradFilter + ConvGradBias (an
+    # input image, as the first layer of a network), and the same for ConvTranspose
+    Case("Conv", [W(2, 3, 7, 7), In((4, 3, 3, 3), Role.INPUT)], {"pads": (0, 1, 1, 0),
+         "strides": (2, 1)}, "data-only-asymmetric"),
+    Case("Conv", [In((2, 3, 7, 7), Role.INPUT), W(4, 3, 3, 3), W(4)], {"pads": (1, 1, 2, 0)},
+         "filter-bias-only"),
+    Case("ConvTranspose", [W(1, 4, 5, 5), In((4, 3, 3, 3), Role.INPUT)], {"strides": (2, 2),
+         "pads": (1, 1, 1, 1), "output_padding": (1, 1)}, "data-only"),
+    Case("ConvTranspose", [In((1, 4, 4, 4), Role.INPUT), W(4, 2, 3, 3), W(4)], {"group": 2,
+         "strides": (2, 2), "pads": (1, 0, 0, 2)}, "filter-bias-only"),
     Case("Gemm", [W(3, 4), W(5, 4), W(5)], {"transB": 1, "alpha": 0.5, "beta": 2.0}, "transB"),
     Case("Gemm", [W(4, 3), W(4, 5), W(3, 1)], {"transA": 1}, "transA-column-bias"),
     Case("Gemm", [W(4, 3), W(5, 4)], {"transA": 1, "transB": 1}, "both-no-bias"),

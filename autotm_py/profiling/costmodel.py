@@ -205,6 +205,19 @@ def _conv_grad_filter(s: OpShape) -> float:
     return conv_flops(s.inputs[0][0], s.outputs[0][0])
 
 
+@_rule("ConvGrad")  # dY, X, W -> dX, dW[, dB]: ConvGradData + ConvGradFilter (+ ConvGradBias)
+def _conv_grad(s: OpShape) -> float:
+    dy = s.inputs[0][0]
+    bias = numel(dy) if len(s.outputs) > 2 else 0
+    return 2 * conv_flops(dy, s.inputs[2][0]) + bias
+
+
+@_rule("ConvTransposeGrad")  # dY, X, W -> dX, dW[, dB]: both work over the forward input X
+def _convt_grad(s: OpShape) -> float:
+    bias = numel(s.inputs[0][0]) if len(s.outputs) > 2 else 0
+    return 2 * conv_flops(s.inputs[1][0], s.inputs[2][0]) + bias
+
+
 @_rule("ConvTransposeGradData")  # dY, W -> dX, dX is the forward input
 def _convt_grad_data(s: OpShape) -> float:
     return conv_flops(s.outputs[0][0], s.inputs[1][0])
