@@ -2,7 +2,7 @@
 
 Each calls the aten backward that PyTorch's autograd calls for the same forward op
 (convolution_backward for dX and dW together, or with a one-output mask where only one is
-needed, native_batch_norm_backward,
+needed, batch_norm_backward (cuDNN's on CUDA, `kernels/batch_norm.py`),
 native_layer_norm_backward, _softmax_backward_data, max_pool*_with_indices_backward...), so
 their cost matches what torch pays in a real training step.
 """
@@ -15,6 +15,7 @@ import torch
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import pool_output_size
+from autotm_py.kernels.batch_norm import batch_norm_backward
 from autotm_py.kernels.nn import (
     avg_pool_counts,
     channel_window_sum,
@@ -168,8 +169,7 @@ def _masked(outs: Sequence[torch.Tensor | None], mask: Sequence[int]) -> tuple[t
 def batch_norm_grad(k: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
     dy, x, scale, mean, invstd = args
     mask = [bool(m) for m in k.attr("output_mask")]
-    outs = torch.ops.aten.native_batch_norm_backward(
-        dy, x, scale, None, None, mean, invstd, True, float(k.attr("epsilon", 1e-5)), mask)
+    outs = batch_norm_backward(dy, x, scale, mean, invstd, float(k.attr("epsilon", 1e-5)), mask)
     return _masked(outs, mask)
 
 
