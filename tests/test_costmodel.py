@@ -69,6 +69,18 @@ def test_conv_and_its_gradients_have_the_same_flops():
     assert grouped == forward / 4
 
 
+def test_fused_linear_flops():
+    x, w, y = (4, 16, 32), (32, 64), (4, 16, 64)
+    product = 2 * 4 * 16 * 32 * 64
+    assert flops_of(shape("Linear", [x, w], [y], "autotm")) == product
+    assert flops_of(shape("Linear", [x, (64, 32), (64,)], [y], "autotm", transB=1)) == \
+        product + 4 * 16 * 64
+    grad = shape("LinearGrad", [y, x, w], [x, w, (64,)], "autotm", output_mask=(1, 1, 1))
+    assert flops_of(grad) == 2 * product + 4 * 16 * 64
+    weights_only = shape("LinearGrad", [y, x, w], [w], "autotm", output_mask=(0, 1, 0))
+    assert flops_of(weights_only) == product
+
+
 def test_gemm_and_matmul_flops():
     assert flops_of(shape("Gemm", [(64, 128), (128, 10)], [(64, 10)])) == 2 * 64 * 128 * 10
     assert flops_of(shape("Gemm", [(128, 64), (10, 128)], [(64, 10)], transA=1,

@@ -295,6 +295,10 @@ CASES: list[Case] = [
     Case("ScaledDotProductAttention", [W(3, 4, 2), W(3, 6, 2), W(3, 6, 5),
          const(np.tri(4, 6, 2, dtype=bool))], {"scale": 1.5, "is_causal": 0},
          "rank3-bool-head-sizes"),
+    Case("Linear", [W(2, 3, 4), W(4, 5), W(5)], id="bias"),
+    Case("Linear", [W(3, 4), W(5, 4)], {"transB": 1}, "transB-no-bias"),
+    Case("Linear", [In((2, 3, 4), Role.INPUT), W(5, 4), W(1, 1, 5)], {"transB": 1},
+         "input-rows-bias-leading-ones"),
     # the derived loss on an output without a head (ir/loss.py): per-pixel classes on axis 1,
     # a pooled N x C x 1 x 1 classifier (labels (N,)), mean squared error on one channel
     Case("Conv", [W(2, 3, 5, 5), W(4, 3, 3, 3)], id="loss-per-pixel-axis1", head=False),

@@ -164,3 +164,37 @@ def scaled_dot_product_attention_grad(kernel: Kernel, args: Tensors) -> list[tor
     mask_out = kernel.attr("output_mask", (1, 1, 1))
     return [g.squeeze(1) if squeeze else g
             for g, wanted in zip(grads, mask_out, strict=True) if wanted]
+
+
+# ---- Linear: MatMul(X, W) + bias as one addmm ------------------------------------------------
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """(..., K) as (rows, K): a view of a contiguous tensor."""
+    return t.reshape(-1, t.shape[-1])
+
+
+@register("Linear")
+def linear(kernel: Kernel, args: Tensors) -> torch.Tensor:
+    """Y = X op(W) + B over the rows of X: one addmm (mm without a bias), as torch's Linear."""
+    x, w = args[0], args[1]
+    w = w.t() if kernel.attr("transB", 0) else w
+    rows = _rows(x)
+    y = torch.mm(rows, w) if len(args) < 3 else torch.addmm(args[2].reshape(-1), rows, w)
+    return y.reshape(*x.shape[:-1], w.shape[1])
+
+
+@register("LinearGrad")
+def linear_grad(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
+    """dX = dY op(W)^T, dW = X^T dY (or dY^T X for transB), dB = dY summed over its rows."""
+    dy, x, w = args
+    mask = kernel.attr("output_mask", (1, 1, 0))
+    trans = bool(kernel.attr("transB", 0))
+    dy_rows = _rows(dy)
+    outs = []
+    if mask[0]:
+        outs.append(torch.mm(dy_rows, w if trans else w.t()).reshape(x.shape))
+    if mask[1]:
+        rows = _rows(x)
+        outs.append(torch.mm(dy_rows.t(), rows) if trans else torch.mm(rows.t(), dy_rows))
+    if mask[2]:
+        outs.append(dy_rows.sum(0).reshape(kernel.attr("bias_shape")))
+    return outs

@@ -284,6 +284,18 @@ def _attention_grad(s: OpShape) -> float:
     return attention_flops(q, k, v, bool(s.attr("is_causal", 0)), (3, 2), 8.0)
 
 
+@_rule("Linear")  # X (..., K) op(W) + B: one product, the bias added per output element
+def _linear(s: OpShape) -> float:
+    return (2.0 * s.inputs[0][0][-1] + (len(s.inputs) > 2)) * _out(s)
+
+
+@_rule("LinearGrad")  # dY, X, W -> dX, dW (a product each), dB (a row sum of dY)
+def _linear_grad(s: OpShape) -> float:
+    mask = s.attr("output_mask", (1, 1, 0))
+    dy = _in(s)
+    return (2.0 * s.inputs[1][0][-1] * (mask[0] + mask[1]) + mask[2]) * dy
+
+
 # ---- the device roofline ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Roofline:

@@ -25,6 +25,19 @@ gradient (the fusion pass only fuses masks that do not depend on a trainable wei
 
 GELU needs no new op: the pass emits ONNX `Gelu` (domain "", `approximate` "none" or
 "tanh"), whose rule (`elementwise.UNARY`) saves only its input X.
+
+`Linear` (domain "autotm") replaces MatMul(X, W) + Add(., B) with a 2-d W and a bias B along
+the last axis (how exporters and our zoo write a Linear layer on (..., K) activations), and
+MatMul(X, Transpose(W)) with or without the bias (a tied output embedding):
+
+    inputs   X (..., K), W (K, N), or (N, K) with transB = 1[, B (N,) with any leading 1s]
+    outputs  Y (..., N) = X op(W) + B                         (one addmm, as torch's Linear)
+    attrs    transB (0/1)
+
+    LinearGrad: dY, X, W -> dX, dW, dB (masked): two products and the bias's row sum
+
+Saved for the backward: X and W, as the unfused MatMul's; the product X W before the bias is
+no tensor any more.
 """
 
 from __future__ import annotations
@@ -37,15 +50,20 @@ from autotm_py.ir.rules.base import KernelDraft, Rule, Tape, grad_name
 
 SDPA = "ScaledDotProductAttention"
 SDPA_GRAD = "ScaledDotProductAttentionGrad"
+LINEAR = "Linear"
+LINEAR_GRAD = "LinearGrad"
 
 # op type -> "inputs -> outputs: meaning" (the forward ops of ours a fused graph may contain)
 FUSED_OPS: dict[str, str] = {
     SDPA: "Q, K, V[, mask] -> O[, logsumexp]: softmax(Q K^T * scale + mask) V "
           "(attrs scale, is_causal)",
+    LINEAR: "X, W[, B] -> Y = X W + B, or X W^T + B with transB = 1 (one addmm over the "
+            "rows of X)",
 }
 FUSED_TRAINING_OPS: dict[str, str] = {
     SDPA_GRAD: "dO, Q, K, V, O, logsumexp[, mask] -> dQ, dK, dV (masked; scores recomputed "
                "blockwise from the saved logsumexp)",
+    LINEAR_GRAD: "dY, X, W -> dX, dW, dB (masked; dB the row sum of dY)",
 }
 
 Grads = list[int | None]
@@ -96,6 +114,22 @@ def sdpa_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> 
     return [*outs, *([None] * len(mask))]
 
 
+def linear_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> Grads:
+    """One LinearGrad for every needed gradient (dX = dY op(W)^T, dW, dB = rows of dY summed),
+    as the unfused MatMulGradA, MatMulGradB and SumToShape computed them."""
+    dy = dys[0]
+    assert dy is not None
+    x, w = k.inputs[:2]
+    outs = [tape.new_grad(t) if needs[i] else None for i, t in enumerate(k.inputs)]
+    outs += [None] * (3 - len(outs))
+    tape.emit(LINEAR_GRAD, [dy, x, w], [g for g in outs if g is not None], grad_name(k, "grad"),
+              transB=int(k.attr("transB", 0)),
+              output_mask=tuple(int(g is not None) for g in outs),
+              bias_shape=tape.shape(k.inputs[2]) if len(k.inputs) > 2 else None)
+    return outs[: len(k.inputs)]
+
+
 RULES: dict[str, Rule] = {
     SDPA: Rule(sdpa_backward, inputs=(0, 1, 2), prepare=sdpa_prepare),
+    LINEAR: Rule(linear_backward),
 }
