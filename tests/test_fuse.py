@@ -58,8 +58,10 @@ def assert_same_outputs(unfused: TensorGraph, fused: TensorGraph, rtol: float = 
 
 # ---- hand-built attention and its variants -----------------------------------------------------
 def attention_graph(scale: str = "div", mask: str = "none", axis: int = 3,
-                    key: str = "transpose", probs_out: bool = False) -> TensorGraph:
-    """x -> q, k, v projections -> heads -> scores -> scale -> mask -> softmax -> @ v -> out."""
+                    key: str = "transpose", probs_out: bool = False,
+                    heads_out: bool = False) -> TensorGraph:
+    """x -> q, k, v projections -> heads -> scores -> scale -> mask -> softmax -> @ v -> out.
+    `heads_out`: the values with their heads split off are a graph output too."""
     net = Net("attn")
     x = net.tensor((B, L, D), Role.INPUT, name="x")
 
@@ -99,6 +101,8 @@ def attention_graph(scale: str = "div", mask: str = "none", axis: int = 3,
     out = net.op("MatMul", [ctx, net.weight(D, D)], (B, L, D))
     if probs_out:
         net.b.outputs.append(p)
+    if heads_out:
+        net.b.outputs.append(v)
     return net.build(out)
 
 
@@ -175,10 +179,25 @@ def test_attention_variants_fuse_and_compute_the_same(variant):
     masked = variant == "causal-and-additive" or (not causal and has_mask)
     assert len(k.inputs) == 3 + masked
     q, key, v = (fused.tensors[t].shape for t in k.inputs[:3])
-    assert q == key == v == (B, H, L, E)  # K untransposed by the rewritten Transpose
+    # the Transposes that split the heads off and merge them back are absorbed: Q, K, V
+    # and O stay (B, L, H, E), as the projections made them
+    assert q == key == v == fused.tensors[k.outputs[0]].shape == (B, L, H, E)
+    assert k.attr("layout") == "blhe" and "Transpose" not in ops(fused)
     # a run-time mask that leaves every row a key (a fully masked row is NaN unfused)
     keep = np.array([True, False, True, True]).reshape(1, 1, 1, L).repeat(B, axis=0)
     assert_same_outputs(graph, fused, fixed={"keep": keep} if "runtime" in variant else None)
+
+
+def test_attention_keeps_heads_first_when_a_head_transpose_stays():
+    """A transposed operand read outside the attention (here V, a graph output too) keeps the
+    (B, H, L, E) layout: only K's Transpose is rewritten, as before."""
+    graph = attention_graph(heads_out=True)
+    fused = fuse_graph(graph)
+    (k,) = attention_kernels(fused)
+    assert k.attr("layout") is None
+    assert [fused.tensors[t].shape for t in k.inputs[:3]] == [(B, H, L, E)] * 3
+    assert ops(fused)["Transpose"] == 4  # q, v (kept), K's rewritten one, the output's
+    assert_same_outputs(graph, fused)
 
 
 NEAR_MISSES = {

@@ -210,6 +210,12 @@ def test_cost_model_prices_attention_by_its_flops():
     assert flops_of(causal) == pytest.approx(flops_of(fwd) / 2)
     grad = shape(SDPA_GRAD, [q, q, q, q, q, q[:-1]], [q, q, q], scale=0.125, is_causal=0)
     assert flops_of(grad) == pytest.approx(2.5 * matmuls + 8.0 * b * h * n * n)
+    # the same attention with (B, L, H, E) operands
+    blhe = (b, n, h, e)
+    assert flops_of(shape(SDPA, [blhe] * 3, [blhe], scale=0.125, is_causal=0,
+                          layout="blhe")) == flops_of(fwd)
+    assert flops_of(shape(SDPA_GRAD, [blhe] * 5 + [q[:-1]], [blhe] * 3, scale=0.125,
+                          is_causal=0, layout="blhe")) == flops_of(grad)
 
 
 def test_inspect_shows_what_was_fused(capsys):

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.ir.graph import DTYPE_SIZES
+from autotm_py.ir.rules.fused import heads_first
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import Kernel, TensorGraph
@@ -274,13 +275,13 @@ def attention_flops(q: Shape, k: Shape, v: Shape, causal: bool, matmuls: tuple[i
 
 @_rule("ScaledDotProductAttention")  # Q K^T, softmax, P V
 def _attention(s: OpShape) -> float:
-    q, k, v = (s.inputs[i][0] for i in range(3))
+    q, k, v = (heads_first(s.inputs[i][0], s.attr("layout")) for i in range(3))
     return attention_flops(q, k, v, bool(s.attr("is_causal", 0)), (1, 1), 5.0)
 
 
 @_rule("ScaledDotProductAttentionGrad")  # dO, Q, K, V, ...: recompute Q K^T; dV, dP, dQ, dK
 def _attention_grad(s: OpShape) -> float:
-    q, k, v = (s.inputs[i][0] for i in range(1, 4))
+    q, k, v = (heads_first(s.inputs[i][0], s.attr("layout")) for i in range(1, 4))
     return attention_flops(q, k, v, bool(s.attr("is_causal", 0)), (3, 2), 8.0)
 
 
