@@ -178,13 +178,26 @@ def _split(text: str) -> tuple[str, ...]:
 @click.option("-o", "--output", default="bench.csv", show_default=True,
               help="CSV to write; a JSON document with the same stem is written beside it. "
                    "Rows already there are skipped (the sweep resumes).")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True,
+              help="local: worker processes on this machine; ray: tasks on a Ray cluster "
+                   "(needs the ray extra).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="local: worker processes (default: one per CPU, or one per GPU with "
+                   "--execute on cuda; 1 runs in this process); ray: most cells in flight.")
+@click.option("--address", default=None,
+              help="With --engine ray: the cluster's head (HOST:PORT, or auto); without it a "
+                   "Ray instance is started on this machine.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Solver threads per plan; each cell takes this many CPUs (default 1).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @json_option
 def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: str,
               memory: str | None, training: bool, batch: int | None, dims: tuple[str, ...],
               time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
               execute: bool, iterations: int, warmup: int, headroom: float, fit: bool,
-              plans_dir: str | None, output: str,
+              plans_dir: str | None, output: str, engine: str, workers: int | None,
+              address: str | None, threads: int | None,
               no_progress: bool, as_json: bool) -> None:
     """Sweep models x ratios x strategies x solvers; one row per plan (CSV + JSON).
 
@@ -192,6 +205,7 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
     Example:
       autotm bench --models resnet50,vgg19 --ratios 1:8,1:4,1:1 --strategies static,sync \\
           --device cpu --training --batch 16 -o results/bench.csv
+      autotm bench ... --engine ray --address auto     (on the head of a Ray cluster)
     """
 
     spec = BenchSpec(models=_split(models), ratios=_split(ratios),
@@ -199,11 +213,13 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
                      memory=memory, training=training, batch=batch, dims=parse_dims(dims),
                      time_limit_s=time_limit, gap=gap, pin_weights=pin_weights,
                      profiles_dir=profiles, execute=execute, iterations=iterations,
-                     warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir)
+                     warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,
+                     threads=threads)
+    where = {"engine": engine, "workers": workers, "address": address}
     if no_progress or as_json:
-        result = run_bench(spec, output)
+        result = run_bench(spec, output, **where)
     else:
-        result = _bench_with_progress(spec, output)
+        result = _bench_with_progress(spec, output, where)
     if as_json:
         print_json({"ran": result.ran, "skipped": result.skipped, "failed": result.failed,
                     "files": [str(p) for p in result.paths], "rows": result.rows})
@@ -212,7 +228,7 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
                f"wrote {result.paths[0]} and {result.paths[1]}")
 
 
-def _bench_with_progress(spec: Any, output: str) -> Any:
+def _bench_with_progress(spec: Any, output: str, where: dict[str, Any]) -> Any:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -230,4 +246,4 @@ def _bench_with_progress(spec: Any, output: str) -> Any:
         def update(done: int, total: int, label: str) -> None:
             bar.update(task, completed=done, total=total, description=label)
 
-        return run_bench(spec, output, progress=update)
+        return run_bench(spec, output, progress=update, **where)
