@@ -36,6 +36,7 @@ from autotm_py.config import (
 )
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
+from autotm_py.machine import working_sets
 from autotm_py.plan import Plan, costs_drift
 from autotm_py.units import format_bytes, parse_bytes, parse_ratio
 
@@ -140,7 +141,7 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
     s = graph.summary()
     lines = [f"model      {s['name']}: {s['kernels']} kernels, {s['tensors']} tensors, peak "
              f"{format_bytes(s['peak_live_bytes'])}, largest working set "
-             f"{format_bytes(s['max_working_set_bytes'])}"]
+             f"{format_bytes(int(working_sets(graph, costs).max(initial=0)))}"]
     if costs.n_estimated:
         lines.append(f"costs      {costs.n_estimated} of {len(costs.times_s)} kernel times "
                      "are roofline estimates (no profile)")
