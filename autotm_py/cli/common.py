@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -11,7 +12,7 @@ import click
 
 from autotm_py import api
 from autotm_py.config import MAX_HEADROOM
-from autotm_py.errors import ConfigError
+from autotm_py.errors import ConfigError, MissingDependencyError
 from autotm_py.ir.loss import LOSSES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -100,6 +101,17 @@ def load_model_from_cli(model: str, batch: int | None, dims: Sequence[str] | Non
     loss = ctx.meta.get(LOSS_KEY, "auto") if ctx is not None else "auto"
     return api.load_model(model, batch=batch, dims=parse_dims(dims), training=training,
                           optimizer=optimizer, fuse=not no_fuse, loss=loss)
+
+
+def require(module: str, needed_by: str) -> None:
+    """Stop at once, in one line naming the extra to install, when `module` is missing (before
+    a model is loaded or a plan read, not after)."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != module:
+            raise
+        raise MissingDependencyError(module, needed_by) from None
 
 
 def print_json(data: Any) -> None:

@@ -7,7 +7,13 @@ import click
 
 from autotm_py import api
 from autotm_py.cli import cli
-from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
+from autotm_py.cli.common import (
+    json_option,
+    load_model_from_cli,
+    model_options,
+    print_json,
+    require,
+)
 from autotm_py.fileio import atomic_write_text
 from autotm_py.plan import Plan
 from autotm_py.units import format_bytes
@@ -42,6 +48,7 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     with `autotm optimize --headroom`)."""
     import json
 
+    require("torch", "autotm run")
     plan = Plan.load(plan_path)
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     result = api.execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
