@@ -23,6 +23,7 @@ module AutoTMBridge
 import JSON
 
 export Tier, FAST, SLOW, Record, Compute, Move, Free, SolverStats, PlanHeader, ModelOptions,
+    CostsIdentity,
     TensorInfo,
     KernelInfo, Plan, PlanError, RecordError, FORMAT_VERSION,
     read_plan, parse_plan, plan_from_dict,
