@@ -103,7 +103,7 @@ class ExecutionError(AutoTMError):
 
 # Optional dependencies and the extra of autotm_py that installs each (pyproject.toml).
 # Modules not listed are core dependencies: `pip install autotm_py` brings them.
-EXTRAS = {"torch": "torch", "highspy": "highs", "juliacall": "julia"}
+EXTRAS = {"torch": "torch", "highspy": "highs", "juliacall": "julia", "ray": "ray"}
 
 
 class MissingDependencyError(AutoTMError):

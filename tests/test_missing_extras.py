@@ -76,6 +76,33 @@ def test_missing_highspy(tmp_path):
     assert again.returncode == 0, again.stderr  # CBC does not need it
 
 
+def test_missing_ray(tmp_path):
+    done = autotm(tmp_path, "ray", "bench", "--models", MODEL[0], "--batch", "2", "--ratios",
+                  "1:2", "--strategies", "sync", "--engine", "ray", "-o",
+                  str(tmp_path / "bench.csv"))
+    _one_clean_line(done, "--engine ray needs Ray", "pip install 'autotm_py[ray]'")
+    assert not (tmp_path / "bench.csv").exists()
+
+
+def test_missing_juliacall_is_one_line_through_the_api(tmp_path):
+    """No command uses Julia; the API's bridge says what to install, in one line, before it
+    looks for Julia (tests/test_julia_bridge.py has the rest)."""
+    code = ("from autotm_py import julia\n"
+            "try:\n    julia.load_bridge()\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]),
+           "AUTOTM_TEST_MISSING": "juliacall"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ConfigError "), done.stdout + done.stderr
+    assert "needs juliacall, which is not installed" in lines[0]
+    assert "pip install 'autotm_py[julia]'" in lines[0]
+
+
 def test_missing_matplotlib(tmp_path, plan_without_torch):
     done = autotm(tmp_path, "matplotlib", "report", str(plan_without_torch), "-o",
                   str(tmp_path / "report"))

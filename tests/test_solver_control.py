@@ -17,7 +17,7 @@ import pytest
 
 from autotm_py import pipeline
 from autotm_py.config import DEFAULT_SOLVER, DEFAULT_TIME_LIMIT_S, PlanConfig
-from autotm_py.planning import formulation, solver_process
+from autotm_py.planning import formulation, solver_process, solvers
 from autotm_py.planning.control import Progress, SolveControl, Terminated, handle_signals
 from autotm_py.planning.solvers import CbcProgress, run_solver
 from autotm_py.units import parse_ratio
@@ -138,6 +138,31 @@ def test_an_immediate_stop_returns_the_earlier_plan():
     assert res.status == "interrupted" and res.plan is not None
     assert res.plan.header.strategy == "sync"  # what was found; the config asked for async
     assert any("this is the sync plan" in n for n in res.plan.header.notes)
+
+
+def test_a_cbc_crash_at_its_time_limit_keeps_the_mip_start(temp_root, tmp_path, monkeypatch):
+    """PuLP's CBC 2.10 sometimes dies of SIGSEGV right after stopping on its time limit, before
+    it writes a solution. A fake CBC does that whenever it is given a MIP start: the first
+    model of the chain is solved for real, each later one keeps its start (the earlier plan),
+    marked time_limit; nothing is left behind."""
+    real = solvers.cbc_path()
+    fake = tmp_path / "cbc"
+    fake.write_text("#!/bin/sh\n"
+                    'case " $* " in *" -mips "*) echo "Cbc0010I After 0 nodes, 0 on tree, 1e+50 '
+                    'best solution, best possible 12.5 (0.50 seconds)"\n'
+                    '  echo "Cbc0020I Exiting on maximum time"; kill -SEGV $$;; esac\n'
+                    f'exec {real} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(solvers, "cbc_path", lambda: str(fake))
+    g = layered_net(4, width=3, kib=256)
+    costs = costs_for(g, "cpu")
+    res = pipeline.optimize(g, _config(strategy="async", solver="cbc"), costs=costs)
+    assert res.status == "time_limit" and res.plan is not None, res.message
+    assert res.stats.hit_time_limit and res.plan.header.strategy == "async"
+    static = pipeline.optimize(g, _config(strategy="static", solver="highs"), costs=costs)
+    assert res.objective_s == pytest.approx(static.objective_s, rel=1e-6)  # the start kept
+    pipeline.simulate(g, res.plan, costs=costs)
+    assert list(temp_root.iterdir()) == []
 
 
 def test_signals_map_to_stop_levels_and_are_restored():

@@ -126,6 +126,7 @@ class WatchedCBC(pulp.COIN_CMD):  # type: ignore[misc]
         self.control, self.folder = control, folder
         self.log_text = ""
         self.interrupted_by: str | None = None
+        self.crashed_at_limit = False
 
     def solve_CBC(self, lp: pulp.LpProblem, use_mps: bool = True) -> int:  # PuLP's name
         files = {ext: str(self.folder / f"model.{ext}") for ext in ("mps", "mst", "sol")}
@@ -140,11 +141,14 @@ class WatchedCBC(pulp.COIN_CMD):  # type: ignore[misc]
         args += ["-solve", "-printingOptions", "all", "-solution", files["sol"]]
         deadline = None if self.timeLimit is None else \
             time.monotonic() + self.timeLimit + CBC_DEADLINE_GRACE_S
+        started = time.monotonic()
         child = run_child(args, self.folder, control=self.control,
                           on_line=CbcProgress(self.control).line, deadline=deadline)
         self.log_text, self.interrupted_by = child.output, child.interrupted_by
         if child.returncode is None or not os.path.exists(files["sol"]):
-            if child.interrupted_by:
+            self.crashed_at_limit = self._crashed_at_limit(child.returncode, child.output,
+                                                           time.monotonic() - started)
+            if child.interrupted_by or self.crashed_at_limit:
                 lp.assignStatus(pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound)
                 return pulp.LpStatusNotSolved
             tail = " / ".join(child.output.strip().splitlines()[-3:])
@@ -155,6 +159,15 @@ class WatchedCBC(pulp.COIN_CMD):  # type: ignore[misc]
         lp.assignVarsVals(values)
         lp.assignStatus(status, sol_status)
         return status
+
+
+    def _crashed_at_limit(self, returncode: int | None, output: str, seconds: float) -> bool:
+        """CBC 2.10 (PuLP's bundled build) sometimes dies of a segmentation fault right after
+        it stops on its time limit, mostly when the limit ends the search at the root with a
+        MIP start, before it writes its solution."""
+        if returncode is None or returncode >= 0 or self.timeLimit is None:
+            return False
+        return "Exiting on maximum time" in output or seconds >= self.timeLimit
 
 
 class CbcProgress:
@@ -194,6 +207,18 @@ def _solve_cbc(prob: pulp.LpProblem, gap: float, time_limit: float | None,
             prob.solve(solver)
         except pulp.PulpSolverError as exc:
             raise SolverError(f"CBC failed: {exc}; try --solver highs") from None
+    if solver.crashed_at_limit:
+        # The variables still hold the MIP start (CBC's solution was never read): with a warm
+        # start that is a feasible plan, the best one known, as the search started from it.
+        bounds = re.findall(r"best possible (-?[\d.eE+-]+)", solver.log_text)
+        bound = float(bounds[-1]) if bounds else None
+        log.warning("CBC crashed after stopping on its time limit; %s", "keeping its MIP start"
+                    if warm_start else "no plan from it")
+        if warm_start:
+            start = pulp.value(prob.objective)
+            gap = None if bound is None or not start else max(start - bound, 0.0) / abs(start)
+            return _Ended("time_limit", bound, gap, solution=True)
+        return _Ended("no_solution", bound, solution=False)
     status, bound, final_gap = parse_cbc_log(solver.log_text, prob.status, prob.sol_status)
     if solver.interrupted_by == "user" and status in ("time_limit", "no_solution"):
         return _Ended("interrupted", bound, final_gap, solution=status == "time_limit")
