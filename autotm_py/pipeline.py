@@ -26,6 +26,7 @@ from autotm_py.memory.tiers import MemorySystem, load_memory_system, preset
 from autotm_py.planning import baselines as baseline_plans
 from autotm_py.planning import solve
 from autotm_py.planning.baselines import BASELINES, BaselineResult
+from autotm_py.planning.control import SolveControl
 from autotm_py.planning.solve import PlanResult
 from autotm_py.profiling.in_context import profile_in_context as _profile
 from autotm_py.profiling.profile import load_costs
@@ -57,16 +58,21 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
 
 def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | None = None,
              profiles_dir: PathLike | None = None,
-             baselines: bool | Sequence[str] = False) -> PlanResult:
+             baselines: bool | Sequence[str] = False,
+             control: SolveControl | None = None) -> PlanResult:
     """Plan `graph` under `config` and verify the plan. `baselines`: also plan and simulate
-    these baselines (True: all of them) for comparison."""
+    these baselines (True: all of them) for comparison. `control`: progress reports and stop
+    requests (a stop ends the search with the best plan so far and skips the baselines)."""
+    control = control or SolveControl(time_limit_s=config.time_limit_s)
     machine = machine_for(graph, config, costs, profiles_dir=profiles_dir)
-    result = solve.plan(machine, config)
+    result = solve.plan(machine, config, control)
     if result.plan is not None and result.predicted_time_s is None:
+        control.report(stage="verifying the plan")
         result = _verified(machine, result)
-    if baselines and result.feasible:
+    if baselines and result.feasible and not control.stop_requested:
         names = BASELINES if baselines is True else tuple(baselines)
-        result = replace(result, baselines=run_baselines(machine, names))
+        control.report(stage="planning the baselines")
+        result = replace(result, baselines=run_baselines(machine, names, control))
     return result
 
 
@@ -90,11 +96,14 @@ def _verified(machine: MachineModel, result: PlanResult) -> PlanResult:
                    fast_peak_bytes=peak)
 
 
-def run_baselines(machine: MachineModel, names: Sequence[str] = BASELINES
-                  ) -> dict[str, BaselineResult]:
-    """Plan and simulate each baseline (non-strict: a budget breach makes it infeasible)."""
+def run_baselines(machine: MachineModel, names: Sequence[str] = BASELINES,
+                  control: SolveControl | None = None) -> dict[str, BaselineResult]:
+    """Plan and simulate each baseline (non-strict: a budget breach makes it infeasible);
+    a stop request through `control` ends the list early."""
     out = {}
     for name in names:
+        if control is not None and control.stop_requested:
+            break
         if name == "2lm" and machine.gpu:
             out[name] = BaselineResult(name, None, None, False, None, "host mode only")
             continue
