@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from autotm_py.planning import formulation, warmstart
 from autotm_py.planning.baselines import BaselineResult, all_fast
 from autotm_py.planning.decode import decode
 from autotm_py.planning.gadgets import small_tensors
+from autotm_py.planning.recompute import RecomputeSpec, recompute_spec
 from autotm_py.planning.solvers import SolveOutcome, run_solver
 from autotm_py.units import format_bytes
 
@@ -86,20 +87,23 @@ class PlanResult:
 
 
 def min_feasible_budget(machine: MachineModel, strategy: str,
-                        fixed: frozenset[int] = frozenset()) -> tuple[int, int]:
+                        fixed: frozenset[int] = frozenset(),
+                        ranges: Sequence[tuple[int, int]] | None = None) -> tuple[int, int]:
     """(bytes, kernel): the smallest budget at which a plan exists, and the kernel forcing it.
 
     GPU mode: a kernel's placeable inputs, outputs and workspace must all be in fast memory
     (and with the static strategy nothing moves, so the whole all-fast peak must fit). Host
     mode: only workspace must be fast; kernels can read and write the slow tier. Tensors in
-    `fixed` (kept fast for life) count wherever they are alive."""
+    `fixed` (kept fast for life) count wherever they are alive (over `ranges`: the live
+    ranges, extended by recomputation). Regenerations never raise it: a plan may always keep
+    or move instead. (Recompute-only plans may be infeasible above it: nothing can move.)"""
     graph = machine.graph
     n = len(graph.kernels)
     if not n:
         return 0, -1
     if machine.gpu and strategy == "static":
         return machine.peak
-    resident = machine.live_bytes(fixed)
+    resident = machine.live_bytes(fixed, ranges)
     need = []
     for k, kernel in enumerate(graph.kernels):
         io = set(kernel.io)
@@ -117,21 +121,24 @@ def plan(machine: MachineModel, config: PlanConfig) -> PlanResult:
     common = {"budget_bytes": machine.user_budget, "all_fast_time_s": machine.all_fast_time}
     if machine.budget is None:
         unbounded = all_fast(machine).with_header(
-            strategy=config.strategy, config=_config(config),
+            strategy=config.plan_name, config=_config(config),
             predicted_time_s=machine.all_fast_time,
             notes=("no budget: every tensor stays in fast memory",))
         return PlanResult("optimal", unbounded, "no budget: all-fast is optimal",
                           predicted_time_s=machine.all_fast_time, stats=SolverStats(),
                           fast_peak_bytes=machine.peak[0], **common)
-    small = small_tensors(machine, SMALL_SHARE)
-    need, kid = min_feasible_budget(machine, config.strategy, small)
+    small, spec = _small_and_recompute(machine, config)
+    ranges = spec.ranges(machine) if spec is not None else None
+    need, kid = min_feasible_budget(machine, config.strategy, small, ranges)
     if machine.budget < need and small:  # too tight to keep small tensors fast: let them move
-        small = frozenset()
+        small, spec = frozenset(), _spec(machine, config, frozenset())
         need, kid = min_feasible_budget(machine, config.strategy)
     if machine.budget < need:
         return _infeasible(machine, need, kid, config.strategy, common)
-    f, outcome, stats, notes = _search(machine, config, small)
+    f, outcome, stats, notes = _search(machine, config, small, spec)
     if not outcome.has_solution:
+        if outcome.status == "infeasible" and config.recompute_mode == "only":
+            return _no_recompute_only_plan(machine, stats, need, kid, common)
         return _unsolved(outcome.status, stats, need, kid, graph, common, config)
     if outcome.status == "time_limit":
         notes.append("time limit reached: best plan found, not proven within the gap")
@@ -141,38 +148,78 @@ def plan(machine: MachineModel, config: PlanConfig) -> PlanResult:
                       **common)
 
 
-def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int]
+def _spec(machine: MachineModel, config: PlanConfig,
+          exclude: frozenset[int]) -> RecomputeSpec | None:
+    """Where tensors may be regenerated (None: move-only plans)."""
+    mode = config.recompute_mode
+    if mode == "off":
+        return None
+    ratio = None if mode == "only" else config.recompute_ratio  # recompute-only: every op
+    return recompute_spec(machine, depth=config.recompute_depth, ratio=ratio, exclude=exclude)
+
+
+def _small_and_recompute(machine: MachineModel, config: PlanConfig
+                         ) -> tuple[frozenset[int], RecomputeSpec | None]:
+    """The small tensors kept fast (counted over the live ranges that regenerations may
+    extend), and the regeneration points of the others."""
+    first = _spec(machine, config, frozenset())
+    if first is None:
+        return small_tensors(machine, SMALL_SHARE), None
+    small = small_tensors(machine, SMALL_SHARE, first.ranges(machine))
+    # Tensors whose range a regeneration may extend get decision points: kept fast for life
+    # they would hold memory past their last use in every plan, and some move-only plans would
+    # not be points of the joint model. Without the small tensors as candidates, the chains
+    # (and the extensions) only shrink.
+    extended = {t for t, (_, end) in enumerate(machine.live_ranges) if first.ends[t] > end}
+    small = small - extended
+    return small, _spec(machine, config, small)
+
+
+def _chain(machine: MachineModel, config: PlanConfig) -> list[tuple[str, str]]:
+    """(strategy, recompute mode) of each model to solve, each warm-starting the next: every
+    static plan is a sync plan, every sync plan an async one, and every move-only plan a joint
+    one (regenerations only add choices)."""
+    if config.recompute_mode == "only":
+        return [(config.strategy, "only")]
+    moves = [s for s in ("static", "sync", "async") if not (machine.gpu and s == "static")]
+    if config.strategy not in moves:  # GPU static: all-fast or nothing
+        return [(config.strategy, "off")]
+    if config.recompute_mode == "off":
+        return [(s, "off") for s in moves[:moves.index(config.strategy) + 1]]
+    joint = ["sync", "async"][:["sync", "async"].index(config.strategy) + 1]
+    return [(s, "off") for s in moves[:moves.index("sync") + 1]] + [(s, "on") for s in joint]
+
+
+def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
+            spec: RecomputeSpec | None
             ) -> tuple[formulation.Formulation, SolveOutcome, SolverStats, list[str]]:
-    """Build and solve the ILP, warm-started from the smaller strategies' solutions: every
-    static plan is a sync plan and every sync plan an async one (`warmstart`), so each search
-    starts from a good plan and can only improve on it. If the last search finds nothing in
-    time, the best earlier plan is returned."""
+    """Build and solve the ILP, warm-started from the smaller models' solutions (`_chain`,
+    `warmstart`), so each search starts from a good plan and can only improve on it. If the
+    last search finds nothing in time, the best earlier plan is returned."""
     started = time.perf_counter()
-    chain = [s for s in ("static", "sync", "async") if not (machine.gpu and s == "static")]
-    chain = chain[:chain.index(config.strategy) + 1] if config.strategy in chain else \
-        [config.strategy]
     notes: list[str] = []
     spent = [0.0, 0.0]  # build and solve seconds of every model in the chain
     best: tuple[formulation.Formulation, SolveOutcome] | None = None
-    for strategy in chain:
+    for strategy, mode in _chain(machine, config):
         candidates = config.async_candidates if strategy == "async" else None
-        f = formulation.build(machine, strategy, config.async_window, candidates, small)
-        log.info("built the %s ILP: %d variables, %d constraints in %.2f s", strategy,
+        f = formulation.build(machine, strategy, config.async_window, candidates, small,
+                              recompute=None if mode == "off" else spec, moves=mode != "only")
+        log.info("built the %s ILP: %d variables, %d constraints in %.2f s", f.name,
                  f.n_vars, f.n_rows, f.build_s)
         warm = best is not None and warmstart.apply(f, warmstart.events_of(best[0]))
         left = None if config.time_limit_s is None else \
             max(config.time_limit_s - (time.perf_counter() - started), 1.0)
         outcome = _solve(f, config, left, warm=warm)
         spent = [spent[0] + f.build_s, spent[1] + outcome.seconds]
-        if warm and strategy == config.strategy:
-            notes.append(f"{strategy} search started from the {best[0].strategy} plan "
+        if warm and f.name == config.plan_name:
+            notes.append(f"{f.name} search started from the {best[0].name} plan "
                          f"({best[1].objective:.3f} ms)")
         if outcome.has_solution:
             best = (f, outcome)
     f, outcome = best if best is not None else (f, outcome)
-    if f.strategy != config.strategy:
-        notes.append(f"the {config.strategy} search found no plan in time: this is the "
-                     f"{f.strategy} plan")
+    if f.name != config.plan_name:
+        notes.append(f"the {config.plan_name} search found no plan in time: this is the "
+                     f"{f.name} plan")
         outcome = replace(outcome, status="time_limit")
     return f, outcome, _stats(config, f, outcome, spent), notes
 
@@ -207,6 +254,18 @@ def _infeasible(machine: MachineModel, need: int, kid: int, strategy: str,
     return PlanResult("infeasible", None, message, predicted_time_s=None, stats=SolverStats(),
                       min_feasible_budget_bytes=need, forcing_kernel=kid,
                       forcing_kernel_name=kernel.name, **common)
+
+
+def _no_recompute_only_plan(machine: MachineModel, stats: SolverStats, need: int, kid: int,
+                            common: dict[str, Any]) -> PlanResult:
+    """Recompute-only plans cannot move anything: a budget above the smallest feasible one
+    (where a plan that moves exists) may still have none."""
+    message = (f"infeasible: no recompute-only plan fits the budget of "
+               f"{format_bytes(machine.user_budget or 0)} (nothing may move; a plan that moves "
+               f"exists from {format_bytes(machine.user_terms(need))}: use --recompute on)")
+    return PlanResult("infeasible", None, message, predicted_time_s=None, stats=stats,
+                      min_feasible_budget_bytes=None, forcing_kernel=kid,
+                      forcing_kernel_name=machine.graph.kernels[kid].name, **common)
 
 
 def _unsolved(status: str, stats: SolverStats, need: int, kid: int, graph: TensorGraph,
