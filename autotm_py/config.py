@@ -116,7 +116,7 @@ class PlanConfig:
         if name.endswith(RECOMPUTE_SUFFIX):
             return cls(strategy=name[:-len(RECOMPUTE_SUFFIX)], recompute="on", **kwargs)
         if name not in STRATEGIES:
-            raise ConfigError(f"strategy {name!r}: choose one of {', '.join(PLAN_NAMES)}")
+            raise ConfigError(f"--strategy {name!r}: choose one of {', '.join(PLAN_NAMES)}")
         return cls(strategy=name, recompute="off", **kwargs)
 
     @property

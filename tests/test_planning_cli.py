@@ -64,7 +64,7 @@ def test_bad_options_and_bad_plans(net, tmp_path, capsys):
 def test_async_candidates_option(net, capsys):
     assert main(["optimize", "net", "--fast-mem", "900KiB", "--strategy", "async",
                  "--async-candidates", "all", "--solver", "highs", "--no-baselines"]) == 0
-    assert "started from the sync plan" in capsys.readouterr().out
+    assert "async+recompute search started from the sync+recompute plan" in capsys.readouterr().out
     assert main(["optimize", "net", "--fast-mem", "900KiB", "--async-candidates", "few"]) == 2
     assert "error: --async-candidates 'few'" in capsys.readouterr().err
 

@@ -171,6 +171,8 @@ def _small_and_recompute(machine: MachineModel, config: PlanConfig
     # not be points of the joint model. Without the small tensors as candidates, the chains
     # (and the extensions) only shrink.
     extended = {t for t, (_, end) in enumerate(machine.live_ranges) if first.ends[t] > end}
+    extended |= {z for a, z in machine.graph.carried if a in extended}  # pairs stay together
+    extended |= {a for a, z in machine.graph.carried if z in extended}
     small = small - extended
     return small, _spec(machine, config, small)
 
