@@ -31,7 +31,7 @@ class KernelCosts:
     # counts: kernels, unique, exact, scaled, estimated (+ measured_now, failed after profile)
     summary: Mapping[str, Any] = field(default_factory=dict)
     # per kernel: device memory it allocates beyond its IO while it runs (measured on CUDA;
-    # empty or 0 where unknown). The capacity rows count it (memory/model.py).
+    # empty or 0 where unknown). The capacity rows count it (machine.py).
     workspace_bytes: tuple[int, ...] = ()
     # per kernel: seconds it keeps the GPU busy, without the launch gaps that `times_s` holds
     # (in-context CUDA profiles; 0 where unknown, empty where none is). The simulator runs

@@ -117,12 +117,10 @@ def machine_for_plan(graph: TensorGraph, plan: Plan, costs: KernelCosts | None =
     """The `MachineModel` a plan was made for: its memory system, budget and pinning."""
     memory = MemorySystem.from_dict(dict(plan.header.memory_system), origin="plan header")
     memory = memory.with_budget(plan.header.budget_bytes)
-    config = plan.header.config or {}
+    header = plan.header
     if costs is None:
-        device = str(config.get("device") or ("cuda" if memory.mode == "gpu" else "cpu"))
-        costs = load_costs(graph, device=device, profiles_dir=profiles_dir)
-    return MachineModel(graph, memory, costs, bool(config.get("pin_weights", False)),
-                        float(config.get("headroom") or 0.0))
+        costs = load_costs(graph, device=header.device, profiles_dir=profiles_dir)
+    return MachineModel(graph, memory, costs, header.pin_weights, header.headroom)
 
 
 def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,

@@ -43,7 +43,8 @@ GZIP_MAGIC = b"\x1f\x8b"
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 plans are read and given typed fields from `config`
 TIER_CODES = {"fast": "F", "slow": "S"}
 CODE_TIERS = {v: k for k, v in TIER_CODES.items()}
 MoveMode = Literal["sync", "async"]
@@ -105,6 +106,38 @@ class SolverStats:
 
 
 @dataclass(frozen=True)
+class ModelOptions:
+    """How the planned graph was loaded: the options that rebuild it from its model file or zoo
+    name (`--batch`, `--dim`, `--training`, `--optimizer`, `--no-fuse`, `--loss`)."""
+
+    batch: int | None = None
+    dims: Mapping[str, int] = field(default_factory=dict)
+    training: bool = False
+    optimizer: str | None = None  # the weight update of a training graph
+    fuse: bool = True  # attention/GELU fused (docs/fusion.md)
+    loss: str | None = None  # the --loss rule of a training graph
+
+    @classmethod
+    def of_graph(cls, graph: TensorGraph) -> ModelOptions:
+        meta = graph.meta
+        training = meta.get("training")
+        return cls(batch=meta.get("batch"), dims=dict(meta.get("dims") or {}),
+                   training=training is not None,
+                   optimizer=None if training is None else training.get("optimizer"),
+                   fuse="fusion" in meta,
+                   loss=None if training is None else training.get("loss_rule", "auto"))
+
+    def differences(self, other: ModelOptions) -> list[str]:
+        """In words, the options where `other` differs from this one."""
+        out = []
+        for name in ("batch", "dims", "training", "optimizer", "fuse", "loss"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if dict(mine or {}) != dict(theirs or {}) if name == "dims" else mine != theirs:
+                out.append(f"{name} {theirs!r} (the plan's: {mine!r})")
+        return out
+
+
+@dataclass(frozen=True)
 class PlanHeader:
     model_hash: str
     model_name: str
@@ -118,6 +151,13 @@ class PlanHeader:
     config: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     format_version: int = FORMAT_VERSION
+    # Typed fields (format 2). device: whose profiles priced the plan ("cuda": GPU mode, "cpu":
+    # host mode); pin_weights and headroom as planned; model: how the graph was loaded (None
+    # for a version-1 plan, which did not record it).
+    device: str = "cuda"
+    pin_weights: bool = False
+    headroom: float = 0.0
+    model: ModelOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -165,14 +205,12 @@ class Plan:
             raise PlanError(f"{origin}: not an autotm plan (missing \"format\": \"autotm-plan\"); "
                             "write plans with `autotm optimize -o plan.json`")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise PlanError(f"{origin}: plan format version {version} is not supported (this "
-                            f"autotm reads version {FORMAT_VERSION}); re-run `autotm optimize`")
+                            f"autotm reads versions {', '.join(map(str, READABLE_VERSIONS))}); "
+                            "re-run `autotm optimize`")
         try:
-            h = dict(data["header"])
-            h["solver"] = SolverStats(**h.get("solver", {}))
-            h["notes"] = tuple(h.get("notes", ()))
-            header = PlanHeader(**h)
+            header = _header_from_json(dict(data["header"]), version)
             initial = {int(t): tuple(CODE_TIERS[c] for c in code)
                        for t, code in data["initial"].items()}
             records = tuple(_record_from_json(r) for r in data["records"])
@@ -218,8 +256,8 @@ class Plan:
             raise PlanError(
                 f"plan was made for model {self.header.model_name!r} (hash "
                 f"{self.header.model_hash}), not for {graph.name!r} (hash {graph.model_hash}); "
-                "re-run `autotm optimize` with the same model, --batch, --dim, --training and "
-                "--no-fuse")
+                "re-run `autotm optimize` with the same model, --batch, --dim, --training, "
+                "--loss and --no-fuse")
         n_k, n_t = len(graph.kernels), len(graph.tensors)
         seen: set[int] = set()
         for i, rec in enumerate(self.records):
@@ -251,6 +289,21 @@ def _check_recompute(rec: Recompute, i: int, graph: TensorGraph, seen: set[int])
                         f"#{rec.kernel}")
     if rec.before in seen:
         raise PlanError(f"record #{i}: recompute before kernel #{rec.before}, which already ran")
+
+
+def _header_from_json(h: dict[str, Any], version: int) -> PlanHeader:
+    h["solver"] = SolverStats(**h.get("solver", {}))
+    h["notes"] = tuple(h.get("notes", ()))
+    if version == 1:  # the typed fields lived in the untyped config
+        config = h.get("config") or {}
+        mode = (h.get("memory_system") or {}).get("mode")
+        h["device"] = str(config.get("device") or ("cuda" if mode == "gpu" else "cpu"))
+        h["pin_weights"] = bool(config.get("pin_weights", False))
+        h["headroom"] = float(config.get("headroom") or 0.0)
+        h["format_version"] = FORMAT_VERSION
+    elif h.get("model") is not None:
+        h["model"] = ModelOptions(**h["model"])
+    return PlanHeader(**h)
 
 
 def _check_record(rec: Record, i: int, graph: TensorGraph, n_k: int, n_t: int) -> None:

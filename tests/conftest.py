@@ -4,6 +4,9 @@ Unit tests plan synthetic graphs of a few KiB with the GPU presets. The presets'
 reserve (tens of MiB that torch's cuBLAS workspaces take on a real GPU) would leave such graphs
 no room at all, so tests run with the reserve at 0, except tests marked `runtime_reserve`, which
 check the reserve itself (tests/test_memory.py).
+
+Randomized (hypothesis) checks run as much as the profile in `AUTOTM_HYPOTHESIS` says
+(`tests/randomized.py`; default `dev`).
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from dataclasses import replace
 import pytest
 
 from autotm_py.memory import tiers
+from tests.randomized import register_and_load
 
 _REAL_PRESETS = dict(tiers.PRESETS)
+
+register_and_load()  # hypothesis profiles: AUTOTM_HYPOTHESIS=dev|slow|nightly (tests/randomized.py)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -131,7 +131,7 @@ def test_fit_replans_with_more_headroom_until_the_run_fits(onnx_path, tmp_path, 
     tried = []
 
     def fake_execute(graph, plan, **kw):
-        headroom = (plan.header.config or {}).get("headroom")
+        headroom = plan.header.headroom
         if plan.header.strategy == "sync":
             tried.append(headroom)
             if headroom == 0.0:
@@ -190,7 +190,7 @@ def test_fit_keeps_the_fastest_run_when_every_headroom_retries(onnx_path, tmp_pa
     times = {0.0: 0.9, 0.05: 0.6, 0.1: 0.7, 0.15: 0.8, 0.2: 0.8, 0.25: 0.8}
 
     def fake_execute(graph, plan, **kw):
-        headroom = (plan.header.config or {}).get("headroom") or 0.0
+        headroom = plan.header.headroom
         return SimpleNamespace(median_s=times[headroom], peak_fast_bytes=1,
                                host_median_s=0.1, alloc_retries=3)
 

@@ -22,7 +22,16 @@ import pytest
 
 from autotm_py.fileio import atomic_write_text
 from autotm_py.ir import Role
-from autotm_py.plan import Compute, Free, Move, Plan, PlanHeader, SolverStats, names_table
+from autotm_py.plan import (
+    Compute,
+    Free,
+    ModelOptions,
+    Move,
+    Plan,
+    PlanHeader,
+    SolverStats,
+    names_table,
+)
 from tests.synthetic import chain, diamond, random_dag
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +70,8 @@ def fixture_plan() -> Plan:
                            variables=42, constraints=17, build_s=0.01, solve_s=0.02),
         graph_summary={"kernels": 3, "tensors": 4}, counts={"moves": 2, "frees": 4},
         config={"strategy": "async", "ratio": "1:2"},
-        notes=("hand-built fixture for the AutoTMBridge tests",))
+        notes=("hand-built fixture for the AutoTMBridge tests",), device="cpu",
+        model=ModelOptions(batch=4, dims={"N": 4}, training=False, optimizer=None))
     records = (
         Move(0, "fast", "sync"),
         Compute(0, ("fast", "fast")),
@@ -84,6 +94,8 @@ def fixture_expected(plan: Plan) -> dict[str, Any]:
     return {
         "model_hash": plan.header.model_hash,
         "model_name": plan.header.model_name,
+        "device": plan.header.device,
+        "batch": plan.header.model.batch if plan.header.model else None,
         "ops": [type(r).__name__.lower() for r in plan.records],
         "n_records": len(plan.records),
         "bytes_moved": moved["fast"] + moved["slow"],

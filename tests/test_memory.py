@@ -167,7 +167,7 @@ def test_headroom_leaves_a_share_of_the_budget_free():
                        costs=costs)
     assert at_need.plan is not None
     assert at_need.fast_peak_bytes <= need * 0.8 - h100.runtime_reserve_bytes
-    assert at_need.plan.header.config["headroom"] == 0.2
+    assert at_need.plan.header.headroom == 0.2
 
 
 def test_headroom_must_be_a_share_below_one_half():

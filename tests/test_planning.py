@@ -3,6 +3,7 @@ decoding, and plan round trips."""
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,9 @@ from autotm_py.planning.solvers import parse_cbc_log
 from autotm_py.units import parse_ratio
 from tests.graphs import costs_for, layered_net, small_training
 from tests.synthetic import chain
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def config(**kw):
@@ -89,7 +93,7 @@ def test_pin_weights_keeps_weights_fast_and_outside_the_budget():
     w, w_next = g.carried[0]
     assert res.plan.initial[w] == (FAST,)
     assert all(m.tensor not in (w, w_next) for m in res.plan.moves())
-    assert res.plan.header.config["pin_weights"] is True
+    assert res.plan.header.pin_weights is True
     assert simulate(g, res.plan, costs=costs).pinned_bytes > 0
 
 
@@ -250,3 +254,36 @@ def test_host_chain_is_monotone_and_falls_back(monkeypatch):
     assert res.status == "time_limit" and res.plan.header.solver.hit_time_limit
     assert any("this is the sync plan" in n for n in res.plan.header.notes)
     simulate(g, res.plan, costs=costs)
+
+
+def test_plan_header_records_how_the_graph_was_made(tmp_path):
+    from autotm_py import api
+    from autotm_py.plan import ModelOptions
+
+    g = api.load_model(str(FIXTURES / "tiny_gpt_opset17.onnx"), batch=2, dims={"seq": 16},
+                       training=True, optimizer="adam")
+    res = api.optimize(g, config(ratio=parse_ratio("1:2"), device="cpu", memory="optane"))
+    header = Plan.from_json(res.plan.to_json()).header
+    assert (header.device, header.pin_weights, header.headroom) == ("cpu", False, 0.0)
+    assert header.model == ModelOptions(batch=2, dims={"batch": 2, "seq": 16}, training=True,
+                                        optimizer="adam", fuse=True, loss="auto")
+    other = ModelOptions.of_graph(api.load_model(str(FIXTURES / "tiny_gpt_opset17.onnx"),
+                                                 batch=4, dims={"seq": 16}))
+    assert header.model.differences(other) == [
+        "batch 4 (the plan's: 2)", "dims {'batch': 4, 'seq': 16} (the plan's: {'batch': 2, "
+        "'seq': 16})", "training False (the plan's: True)", "optimizer None (the plan's: "
+        "'adam')", "loss None (the plan's: 'auto')"]
+
+
+def test_version_1_plans_are_read_with_typed_fields_from_their_config():
+    import gzip
+
+    kept = sorted((ROOT / "experiments" / "plans" / "gpu").glob("*pin*.json.gz")) or \
+        sorted((ROOT / "experiments" / "plans" / "gpu").glob("*_h0.10.json.gz"))
+    doc = json.loads(gzip.decompress(kept[0].read_bytes()))
+    assert doc["format_version"] == 1
+    header = Plan.load(kept[0]).header
+    assert header.format_version == 2 and header.model is None
+    assert header.device == doc["header"]["config"]["device"]
+    assert header.headroom == (doc["header"]["config"].get("headroom") or 0.0)
+    assert header.pin_weights == doc["header"]["config"].get("pin_weights", False)

@@ -78,7 +78,7 @@ def test_headroom_option_leaves_room_and_writes_compressed_plans(net, tmp_path, 
     capsys.readouterr()
     plan = Plan.load(path)
     assert code == 0 and path.read_bytes()[:2] == b"\x1f\x8b"
-    assert plan.header.config["headroom"] == 0.2 and plan.header.budget_bytes == 1 << 20
+    assert plan.header.headroom == 0.2 and plan.header.budget_bytes == 1 << 20
     assert plan.header.counts["fast_peak_bytes"] <= 0.8 * (1 << 20)
     assert main(["simulate", "net", "--plan", str(path)]) == 0
     assert main(["optimize", "net", "--fast-mem", "1MiB", "--headroom", "0.5"]) == 2

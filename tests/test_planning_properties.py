@@ -1,6 +1,10 @@
 """Property-based tests on random DAGs and budgets: every plan verifies, its simulated time
 equals the ILP objective, and it is never worse than first-touch or all-slow, which are points
-of the same space (host mode: static points; GPU mode: sync points)."""
+of the same space (host mode: static points; GPU mode: sync points).
+
+One test per strategy of `tests.randomized.STRATEGIES`, each running the profile's number of
+examples (`AUTOTM_HYPOTHESIS`; 15 by default, 1000 in CI's slow profile). Graphs of 100-500
+kernels: tests/test_planning_large.py."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,29 +16,28 @@ from autotm_py.memory.tiers import preset
 from autotm_py.pipeline import optimize, simulate
 from autotm_py.planning.solve import min_feasible_budget
 from tests.graphs import costs_for, random_training
+from tests.randomized import STRATEGIES
 from tests.synthetic import random_dag
 
 MEMORY = {"cuda": "h100-pcie5", "cpu": "optane"}
 
 
 @st.composite
-def problems(draw):
+def problems(draw, strategy):
     seed = draw(st.integers(0, 10_000))
     if draw(st.booleans()):
         graph = random_dag(seed, n_kernels=draw(st.integers(3, 8)))
     else:
         graph = random_training(seed, n_forward=draw(st.integers(2, 4)))
-    device = draw(st.sampled_from(["cuda", "cpu"]))
-    strategy = draw(st.sampled_from(["static", "sync", "async"]))
-    if device == "cuda" and strategy == "static":
-        strategy = "sync"  # GPU static is all-fast or infeasible: covered elsewhere
+    device = draw(st.sampled_from(STRATEGIES[strategy]))
     return graph, device, strategy, draw(st.floats(0.0, 1.0)), draw(st.booleans())
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems())
-def test_random_plans_verify_and_beat_baselines(problem):
-    graph, device, strategy, frac, pin = problem
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@settings(suppress_health_check=[HealthCheck.too_slow])  # examples: the profile's
+@given(data=st.data())
+def test_random_plans_verify_and_beat_baselines(strategy, data):
+    graph, device, strategy, frac, pin = data.draw(problems(strategy))
     costs = costs_for(graph, device, seed=len(graph.kernels))
     memory = preset(MEMORY[device])
     probe = MachineModel(graph, memory.with_budget(None), costs, pin)

@@ -318,3 +318,20 @@ def test_threads_option_is_part_of_the_fingerprint_and_restored(dirs):
     assert set(seen) == {1} and torch.get_num_threads() == before
     doc = json.loads(next(dirs["profiles_dir"].glob("*.json")).read_text())
     assert [s["fingerprint"]["threads"] for s in doc["sets"].values()] == [1]
+
+
+def test_optimize_prices_with_the_profiles_directory_it_is_given(dirs):
+    """api.optimize(profiles_dir=...) plans with that directory's profiles (the pipeline loads
+    them); without it, the same kernels are roofline estimates."""
+    from autotm_py import api
+    from autotm_py.config import PlanConfig
+    from autotm_py.units import parse_ratio
+
+    g = diamond(2048)
+    measured = fast_profile(g, dirs)
+    config = PlanConfig(device="cpu", strategy="sync", ratio=parse_ratio("1:1"))
+    mine = api.optimize(g, config, profiles_dir=dirs["profiles_dir"])
+    assert mine.all_fast_time_s == pytest.approx(sum(measured.times_s))
+    assert api.load_costs(g, device="cpu", profiles_dir=dirs["profiles_dir"]).n_estimated == 0
+    elsewhere = api.optimize(g, config, profiles_dir=dirs["profiles_dir"] / "empty")
+    assert elsewhere.all_fast_time_s != pytest.approx(mine.all_fast_time_s)

@@ -18,7 +18,8 @@ MB = 2**20
 def make_plan(graph, records, initial, memory="h100-pcie5", budget=None, pin=False):
     mem = preset(memory).with_budget(budget)
     header = PlanHeader(graph.model_hash, graph.name, "hand", budget, mem.to_dict(),
-                        config={"device": "cuda", "pin_weights": pin})
+                        config={"device": "cuda", "pin_weights": pin}, device="cuda",
+                        pin_weights=pin)
     return Plan(header, initial, tuple(records), names_table(graph))
 
 

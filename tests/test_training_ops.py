@@ -61,6 +61,7 @@ class Case:
     n_out: int = 1
     use: tuple[int, ...] | None = None  # outputs the loss reads (None: every float output)
     head: bool = True  # False: the op itself is the loss
+    loss: str = "auto"  # the derivation's --loss (with head=False: on the op's own output)
 
 
 def _probe(case: Case, args: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -143,9 +144,10 @@ def assert_close(ours: torch.Tensor, ref: torch.Tensor, what: str, rtol: float =
 
 def compare_training(graph: TensorGraph, *, steps: int = 2, optimizer: str = "sgd",
                      fixed: dict[str, np.ndarray] | None = None, seed: int = 0,
-                     rtol: float = 1e-4, device: str = "cpu") -> TensorGraph:
+                     rtol: float = 1e-4, device: str = "cpu", loss: str = "auto"
+                     ) -> TensorGraph:
     """Derive training and check `steps` iterations against torch.autograd + torch.optim."""
-    train = derive_training(graph, optimizer=optimizer)
+    train = derive_training(graph, optimizer=optimizer, loss=loss)
     values = init_values(train, seed, device)
     for name, value in (fixed or {}).items():
         values[train.by_name(name).id] = torch.as_tensor(value).to(device)
@@ -283,6 +285,12 @@ CASES: list[Case] = [
     Case("ScaledDotProductAttention", [W(3, 4, 2), W(3, 6, 2), W(3, 6, 5),
          const(np.tri(4, 6, 2, dtype=bool))], {"scale": 1.5, "is_causal": 0},
          "rank3-bool-head-sizes"),
+    # the derived loss on an output without a head (ir/loss.py): per-pixel classes on axis 1,
+    # a pooled N x C x 1 x 1 classifier (labels (N,)), mean squared error on one channel
+    Case("Conv", [W(2, 3, 5, 5), W(4, 3, 3, 3)], id="loss-per-pixel-axis1", head=False),
+    Case("GlobalAveragePool", [W(2, 4, 3, 3)], id="loss-pooled-classifier", head=False),
+    Case("Conv", [W(2, 3, 5, 5), W(1, 3, 3, 3)], id="loss-mse", head=False, loss="mse"),
+    Case("MatMul", [W(2, 3, 4), W(4, 5)], id="loss-ce-axis1", head=False, loss="ce-axis1"),
 ]
 
 
@@ -293,7 +301,7 @@ def _case_id(case: Case) -> str:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_op_backward_matches_autograd(case: Case) -> None:
     graph, fixed = op_graph(case)
-    train = compare_training(graph, fixed=fixed)
+    train = compare_training(graph, fixed=fixed, loss=case.loss)
     assert train.meta["training"]["weight_grads"], "the case trains no weight"
 
 
@@ -310,7 +318,8 @@ def test_every_training_op_is_emitted_by_some_case() -> None:
     for case in CASES:
         graph, _ = op_graph(case)
         for optimizer in ("sgd", "adam"):
-            emitted |= {k.op_type for k in derive_training(graph, optimizer=optimizer).kernels
+            emitted |= {k.op_type for k in derive_training(graph, optimizer=optimizer,
+                                                           loss=case.loss).kernels
                         if k.domain == "autotm"}
     assert set(TRAINING_OPS) - {"SoftmaxCrossEntropy"} <= emitted | {"GradAccumulate"}
     assert emitted <= set(TRAINING_OPS), emitted - set(TRAINING_OPS)

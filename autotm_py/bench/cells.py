@@ -105,6 +105,7 @@ class ModelRunner:
                     measured = self._measure_baseline(name, res.plan, config)
                     cols[f"measured_{_column(name)}_s"] = measured[0]
                     cols[f"measured_{_column(name)}_peak_bytes"] = measured[1]
+            cols.update(self._checkpoint_columns(config))
             self._ratio_columns[ratio] = cols
             self._ratio_notes[ratio] = list(self._failures)  # failed baseline runs
         self._failures = list(self._ratio_notes[ratio])
@@ -129,6 +130,29 @@ class ModelRunner:
                 self._eager[f"measured_{column}_s"] = run.median_s
                 self._eager[f"measured_{column}_peak_bytes"] = run.peak_fast_bytes
         return self._eager
+
+    def _checkpoint_columns(self, config: PlanConfig) -> dict[str, Any]:
+        """PyTorch activation checkpointing of the same graph under the same cap, with the
+        fewest segments that fit the budget (`runtime.eager.fit_checkpointing`)."""
+        if not (self.spec.execute and self.spec.training):
+            return {}
+        from autotm_py.runtime.eager import fit_checkpointing
+
+        budget = pipeline.machine_for(self.graph, config, self.costs).user_budget
+        if budget is None:
+            return {}
+        try:
+            run = fit_checkpointing(self.graph, budget, device=self._device,
+                                    iterations=self.spec.iterations, warmup=self.spec.warmup)
+        except (AutoTMError, RuntimeError) as exc:
+            self._failures.append(f"checkpoint failed: {_one_line(exc)[:160]}")
+            return {}
+        if run is None:
+            self._failures.append("checkpointing fits the budget at no segment count")
+            return {}
+        return {"measured_checkpoint_s": run.median_s,
+                "measured_checkpoint_peak_bytes": run.peak_fast_bytes,
+                "checkpoint_segments": int(run.strategy.rsplit("-", 1)[1])}
 
     @property
     def _device(self) -> str:

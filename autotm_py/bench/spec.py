@@ -37,7 +37,8 @@ COLUMNS = (
     "measured_first_touch_peak_bytes", "measured_lru_peak_bytes",
     "measured_offload_peak_bytes", "measured_torch_autograd_s",
     "measured_torch_autograd_peak_bytes", "measured_save_on_cpu_s",
-    "measured_save_on_cpu_peak_bytes", "error", "notes",
+    "measured_save_on_cpu_peak_bytes", "measured_checkpoint_s",
+    "measured_checkpoint_peak_bytes", "checkpoint_segments", "error", "notes",
     "machine", "device_name", "versions", "date",
 )
 

@@ -12,8 +12,27 @@ import click
 from autotm_py import api
 from autotm_py.config import MAX_HEADROOM
 from autotm_py.errors import ConfigError
+from autotm_py.ir.loss import LOSSES
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# --loss is read by `load_model_from_cli` from the click context rather than passed through
+# every command's signature: every command that loads a model takes it, none uses it otherwise.
+LOSS_KEY = "autotm.loss"
+
+
+def _remember_loss(ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    ctx.meta[LOSS_KEY] = value
+    return value
+
+
+loss_option = click.option(
+    "--loss", type=click.Choice(LOSSES), default="auto", show_default=True,
+    expose_value=False, callback=_remember_loss,
+    help="Loss that --training appends when the model has none: auto (from the output's "
+         "shape: N x C classifiers and N x C x H x W per-pixel classes on axis 1, N x T x V "
+         "sequence models on the last axis), ce-axis1, ce-last (softmax cross-entropy over "
+         "that axis) or mse (mean squared error). See docs/training.md.")
 
 
 no_fuse_option = click.option(
@@ -23,7 +42,7 @@ no_fuse_option = click.option(
 
 
 def model_options(func: F) -> F:
-    """MODEL argument plus --batch, --dim, --training, --optimizer, --no-fuse."""
+    """MODEL argument plus --batch, --dim, --training, --optimizer, --loss, --no-fuse."""
     decorators = [
         click.argument("model"),
         click.option("--batch", "-b", type=int, default=None,
@@ -35,6 +54,7 @@ def model_options(func: F) -> F:
                           "instead of inference."),
         click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd",
                      show_default=True, help="Weight update used with --training."),
+        loss_option,
         no_fuse_option,
     ]
     for deco in reversed(decorators):
@@ -76,8 +96,10 @@ def load_model_from_cli(model: str, batch: int | None, dims: Sequence[str] | Non
 
     if batch is not None and batch <= 0:
         raise ConfigError(f"--batch {batch}: must be a positive integer")
+    ctx = click.get_current_context(silent=True)
+    loss = ctx.meta.get(LOSS_KEY, "auto") if ctx is not None else "auto"
     return api.load_model(model, batch=batch, dims=parse_dims(dims), training=training,
-                          optimizer=optimizer, fuse=not no_fuse)
+                          optimizer=optimizer, fuse=not no_fuse, loss=loss)
 
 
 def print_json(data: Any) -> None:

@@ -239,11 +239,10 @@ def simulate_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
     state). Exits 1 naming the first record that breaks a rule."""
     import json
 
-
     plan = Plan.load(plan_path)
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     plan.validate(graph)
-    device = str((plan.header.config or {}).get("device") or "cuda")
+    device = plan.header.device
     costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
     sim = api.simulate(graph, plan, costs=costs, strict=not no_strict)
     if output:

@@ -15,6 +15,7 @@ from autotm_py.cli.common import (
     headroom_option,
     json_option,
     load_model_from_cli,
+    loss_option,
     no_fuse_option,
     parse_dims,
     print_json,
@@ -42,8 +43,7 @@ def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple
                            ) -> tuple[Any, dict[str, Any]]:
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     plan.validate(graph)
-    mode = plan.header.memory_system.get("mode")
-    dev = device or plan.header.config.get("device") or ("cuda" if mode == "gpu" else "cpu")
+    dev = device or plan.header.device
     costs = api.load_costs(graph, device=dev, profiles_dir=profiles)
     return graph, api.simulate(graph, plan, costs=costs, strict=False).to_dict()
 
@@ -63,6 +63,7 @@ def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple
 @click.option("--training", is_flag=True, help="With --model: one training iteration.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd",
               show_default=True, help="With --model --training: the weight update.")
+@loss_option
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="With --model: whose kernel profiles to use (default: the plan's).")
 @click.option("--profiles", type=click.Path(file_okay=False), default=None,

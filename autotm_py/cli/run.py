@@ -42,7 +42,6 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     with `autotm optimize --headroom`)."""
     import json
 
-
     plan = Plan.load(plan_path)
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     result = api.execute(graph, plan, device=device, iterations=iterations, warmup=warmup,

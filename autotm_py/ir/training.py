@@ -6,8 +6,9 @@ new `TensorGraph` with, in execution order:
 1. the forward kernels, same ids and order; ops that behave differently in training are
    rewritten by their rule's `prepare` (BatchNormalization uses batch statistics and saves
    them, LayerNormalization saves Mean/InvStdDev, Dropout saves a seeded mask);
-2. the loss: the graph's own SoftmaxCrossEntropyLoss if it has one, else our
-   `SoftmaxCrossEntropy` of the first float output against a new int64 LABEL tensor;
+2. the loss: the graph's own SoftmaxCrossEntropyLoss if it has one, else the loss that
+   `loss` picks for the first float output (`ir/loss.py`: softmax cross-entropy over the class
+   axis its shape implies, or mean squared error) against a new LABEL tensor;
 3. backward kernels in reverse forward order (ops of domain "autotm", see `TRAINING_OPS`),
    with partial gradients of tensors that have several users summed by `GradAccumulate` as
    soon as the next partial arrives (as nGraph's and PyTorch's autodiff do);
@@ -27,34 +28,37 @@ from dataclasses import dataclass
 from autotm_py.errors import ConfigError, GraphError, UnsupportedOpError
 from autotm_py.ir.builder import GraphBuilder
 from autotm_py.ir.graph import Role, TensorGraph
+from autotm_py.ir.loss import LOSSES, choose_loss
 from autotm_py.ir.rules import RULES, TRAINING_OPS, KernelDraft, Tape, TensorDraft
 from autotm_py.ir.rules.base import BACKWARD_DOMAIN, FLOAT_DTYPES
 
 OPTIMIZERS = ("sgd", "adam")
 ADAM_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
 
-__all__ = ["ADAM_DEFAULTS", "OPTIMIZERS", "RULES", "TRAINING_OPS", "derive_training"]
+__all__ = ["ADAM_DEFAULTS", "LOSSES", "OPTIMIZERS", "RULES", "TRAINING_OPS", "derive_training"]
 
 
 def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
-                    learning_rate: float = 0.01) -> TensorGraph:
+                    learning_rate: float = 0.01, loss: str = "auto") -> TensorGraph:
     """The training iteration of a forward graph (see the module docstring)."""
     _check_arguments(graph, optimizer, learning_rate)
+    if loss not in LOSSES:
+        raise ConfigError(f"loss {loss!r} is not supported; use one of {', '.join(LOSSES)}")
     tape = _forward_drafts(graph)
     for k in tape.kernels:
         prepare = RULES[k.op_type].prepare
         if prepare is not None:
             prepare(tape, k)
-    loss_kernel, labels = _attach_loss(graph, tape)
+    loss_kernel, labels = _attach_loss(graph, tape, loss)
     n_forward = len(tape.kernels)
     flow = _gradient_flow(tape, loss_kernel)
     tape.expected.update(flow.expected)
     weight_grads = _backward(tape, flow, loss_kernel)
     _optimizer_updates(tape, weight_grads, optimizer, learning_rate)
-    loss = tape.kernels[loss_kernel].outputs[0]
+    loss_rule, loss = loss, tape.kernels[loss_kernel].outputs[0]
     meta = {
         "optimizer": optimizer, "learning_rate": learning_rate,
-        "loss": loss, "labels": labels, "loss_kernel": loss_kernel,
+        "loss": loss, "labels": labels, "loss_kernel": loss_kernel, "loss_rule": loss_rule,
         "forward_kernels": n_forward, "weight_grads": tuple(sorted(weight_grads.items())),
         **(ADAM_DEFAULTS if optimizer == "adam" else {}),
     }
@@ -88,26 +92,35 @@ def _forward_drafts(graph: TensorGraph) -> Tape:
     return Tape(tensors, kernels)
 
 
-def _attach_loss(graph: TensorGraph, tape: Tape) -> tuple[int, int]:
-    """(loss kernel id, labels tensor id): the graph's own loss, or a new one."""
+def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto") -> tuple[int, int]:
+    """(loss kernel id, labels tensor id): the graph's own loss, or the one `choice` picks."""
     for kid in range(len(tape.kernels) - 1, -1, -1):
         k = tape.kernels[kid]
         if k.op_type == "SoftmaxCrossEntropyLoss":
             tape.tensors[k.outputs[0]].role = Role.OUTPUT
             if tape.tensors[k.inputs[1]].role == Role.INPUT:
                 tape.tensors[k.inputs[1]].role = Role.LABEL
+            if choice != "auto":
+                raise ConfigError(f"graph {graph.name!r} has its own loss ({k.name!r}); "
+                                  f"--loss {choice} applies only to graphs without one")
             return kid, k.inputs[1]
     logits = next((t for t in graph.outputs if tape.dtype(t) in FLOAT_DTYPES), None)
     if logits is None or not tape.shape(logits):
         raise GraphError(f"graph {graph.name!r} has no float output of rank >= 1 to put a "
                          "softmax cross-entropy loss on; add one, or a SoftmaxCrossEntropyLoss")
     shape, dtype = tape.shape(logits), tape.dtype(logits)
-    labels = tape.new_tensor("labels", shape[:-1], "int64", Role.LABEL)
+    producer = graph.tensors[logits].producer
+    spec = choose_loss(choice, tape.name(logits), shape, dtype,
+                       None if producer is None else graph.kernels[producer].op_type)
+    name = "labels" if spec.labels_dtype == "int64" else "targets"
+    labels = tape.new_tensor(name, spec.labels_shape, spec.labels_dtype, Role.LABEL)
     loss = tape.new_tensor("loss", (), dtype, Role.OUTPUT)
-    log_prob = tape.new_tensor(f"{tape.name(logits)}::log_prob", shape, dtype, Role.ACTIVATION)
-    tape.kernels.append(KernelDraft("loss", "SoftmaxCrossEntropy", BACKWARD_DOMAIN,
-                                    {"axis": -1, "reduction": "mean", "ignore_index": None},
-                                    [logits, labels], [loss, log_prob]))
+    outputs = [loss]
+    if spec.op_type == "SoftmaxCrossEntropy":
+        outputs.append(tape.new_tensor(f"{tape.name(logits)}::log_prob", shape, dtype,
+                                       Role.ACTIVATION))
+    tape.kernels.append(KernelDraft("loss", spec.op_type, BACKWARD_DOMAIN, dict(spec.attrs),
+                                    [logits, labels], outputs))
     return len(tape.kernels) - 1, labels
 
 

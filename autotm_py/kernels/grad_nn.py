@@ -316,3 +316,12 @@ def softmax_cross_entropy_grad(k: Kernel, args: Tensors) -> torch.Tensor:
     grad.mul_(coef.unsqueeze(1))
     moved = list(log_prob.movedim(axis, -1).shape)
     return grad.reshape(moved).movedim(-1, axis)
+
+
+@register("MeanSquaredErrorGrad")
+def mean_squared_error_grad(k: Kernel, args: Tensors) -> torch.Tensor:
+    """2 (prediction - target) / numel, with d(loss) = 1 (as autograd's mse_loss_backward)."""
+    prediction, target = args[0], args[1].to(args[0].dtype)
+    return torch.ops.aten.mse_loss_backward(torch.ones((), dtype=prediction.dtype,
+                                                       device=prediction.device),
+                                            prediction, target, 1)  # 1: Reduction::Mean

@@ -267,5 +267,11 @@ def softmax_cross_entropy(k: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
     return (loss, log_prob)[: len(k.outputs)]
 
 
+@register("MeanSquaredError")
+def mean_squared_error(k: Kernel, args: Tensors) -> torch.Tensor:
+    """mean((prediction - target)^2) over every element (`--loss mse`)."""
+    return F.mse_loss(args[0], args[1].to(args[0].dtype), reduction="mean")
+
+
 __all__ = ["channel_window_sum", "class_last", "lrn_denominator", "transpose_crop",
            "transpose_fast"]

@@ -26,6 +26,7 @@ from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import (
     Compute,
     Free,
+    ModelOptions,
     Move,
     Plan,
     PlanHeader,
@@ -135,5 +136,9 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
         counts=counts,
         config={**config, "pin_weights": machine.pin_weights},
         notes=notes,
+        device=str(config.get("device") or machine.costs.device),
+        pin_weights=machine.pin_weights,
+        headroom=machine.headroom,
+        model=ModelOptions.of_graph(graph),
     )
     return Plan(header, dict(builder.initial), records, names_table(graph))

@@ -231,7 +231,8 @@ for _op in ("ReluGrad", "LeakyReluGrad", "AbsGrad", "ClipGrad", "CastGrad", "Dro
             "AdamStep"):
     FLOP_RULES[_op] = per_element(1, of="in")
 for _op in ("MulGrad", "DivGradA", "SigmoidGrad", "TanhGrad", "SqrtGrad", "ReciprocalGrad",
-            "ExpGrad", "MaxMinGrad", "SGDUpdate", "ResizeGrad"):
+            "ExpGrad", "MaxMinGrad", "SGDUpdate", "ResizeGrad", "MeanSquaredError",
+            "MeanSquaredErrorGrad"):
     FLOP_RULES[_op] = per_element(2, of="in")
 for _op in ("DivGradB", "LogGrad", "SoftmaxGrad", "LogSoftmaxGrad",
             "SoftmaxCrossEntropyGrad"):

@@ -42,7 +42,7 @@ from autotm_py.profiling.cache import (
     write_entries,
 )
 from autotm_py.profiling.fingerprint import current_fingerprint
-from autotm_py.profiling.profile import _sources, load_costs, unique_kernels
+from autotm_py.profiling.profile import cost_sources, load_costs, unique_kernels
 from autotm_py.profiling.sources import all_fast, graph_batch, in_context_placement
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def profile_in_context(graph: TensorGraph, plan: Plan, *, device: str = "cuda",
     for per_kernel in corrected:
         for kernel, seconds in zip(graph.kernels, per_kernel, strict=True):
             samples[kernel.signature].append(seconds)
-    sources = _sources("cuda", fingerprint, profiles_dir, None)
+    sources = cost_sources("cuda", fingerprint, profiles_dir, None)
     entries = {k.signature: {in_context_placement(graph, k): _entry(k, samples[k.signature],
                                                                     graph, sources)}
                for k in unique_kernels(graph)}

@@ -61,12 +61,13 @@ def load_costs(graph: TensorGraph, *, device: str = "cuda",
     differs from every profile uses the closest one of its device kind (logged).
     """
     kind = check_device(device)
-    sources = _sources(kind, target_fingerprint(kind), profiles_dir, shipped_dir)
+    sources = cost_sources(kind, target_fingerprint(kind), profiles_dir, shipped_dir)
     return sources.costs(graph)
 
 
-def _sources(kind: str, target: Fingerprint, profiles_dir: PathLike | None,
-             shipped_dir: PathLike | None) -> CostSources:
+def cost_sources(kind: str, target: Fingerprint, profiles_dir: PathLike | None,
+                 shipped_dir: PathLike | None) -> CostSources:
+    """The profile sets of the user cache and the shipped profiles, looked up for `target`."""
     shipped = Path(shipped_dir) if shipped_dir is not None else shipped_profiles_dir()
     return CostSources(kind, target, load_sets(kind, user_profiles_dir(profiles_dir), shipped))
 
@@ -151,7 +152,7 @@ def _profile(graph: TensorGraph, kind: str, dirs: tuple[PathLike | None, PathLik
     profiles_dir, shipped_dir = dirs
     fingerprint = current_fingerprint(kind)
     user_dir = user_profiles_dir(profiles_dir)
-    sources = _sources(kind, fingerprint, profiles_dir, shipped_dir)
+    sources = cost_sources(kind, fingerprint, profiles_dir, shipped_dir)
     unique = unique_kernels(graph)
     todo = [k for k in unique
             if not resume or sources.exact(k.signature, all_fast(k)) is None]
@@ -167,7 +168,7 @@ def _profile(graph: TensorGraph, kind: str, dirs: tuple[PathLike | None, PathLik
         _measure_all(session, todo, progress, start, max_seconds, timing)
     finally:
         session.flush()
-    final = _sources(kind, fingerprint, profiles_dir, shipped_dir)
+    final = cost_sources(kind, fingerprint, profiles_dir, shipped_dir)
     return final.costs(graph, measured_now=session.measured, failed=tuple(session.failed),
                        seconds=round(time.monotonic() - start, 3),
                        cache_file=str(session.path))

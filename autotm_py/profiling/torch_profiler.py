@@ -294,7 +294,6 @@ def _dispatch_cost(device: str, runner: Runner, sync: Callable[[], None]) -> flo
     """Seconds of a kernel that does (almost) nothing: the fixed cost of every kernel."""
     import torch
 
-
     b = GraphBuilder("dispatch")
     x = b.add_tensor("x", (1,), "float32", Role.INPUT)
     y = b.add_tensor("y", (1,), "float32", Role.OUTPUT)

@@ -156,7 +156,7 @@ class _Walker(PlanInterpreter):
     def __init__(self, view: PlanView, plan: Plan) -> None:
         super().__init__(None, plan)
         self.view = view
-        pinned = {r.value for r in PINNED_ROLES} if plan.header.config.get("pin_weights") \
+        pinned = {r.value for r in PINNED_ROLES} if plan.header.pin_weights \
             else set()
         self.counted = [0 if role in pinned else aligned(n)
                         for n, role in zip(view.tensor_bytes, view.tensor_roles, strict=True)]

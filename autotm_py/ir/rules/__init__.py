@@ -7,10 +7,11 @@ meaning: it is the list the executor (`kernels/__init__.py`) implements.
 
 from __future__ import annotations
 
-from autotm_py.ir.rules import elementwise, fused, nn, shape
+from autotm_py.ir.rules import elementwise, fused, losses, nn, shape
 from autotm_py.ir.rules.base import BACKWARD_DOMAIN, KernelDraft, Rule, Tape, TensorDraft
 
-RULES: dict[str, Rule] = {**elementwise.RULES, **nn.RULES, **shape.RULES, **fused.RULES}
+RULES: dict[str, Rule] = {**elementwise.RULES, **nn.RULES, **shape.RULES, **fused.RULES,
+                          **losses.RULES}
 
 # op type -> "inputs -> outputs: meaning"  (attributes are documented in docs/training.md)
 TRAINING_OPS: dict[str, str] = {
@@ -18,6 +19,10 @@ TRAINING_OPS: dict[str, str] = {
     "SoftmaxCrossEntropy": "logits, labels -> loss, log_prob: mean softmax cross-entropy "
                            "over the class axis `axis` (the loss that derive_training adds)",
     "SoftmaxCrossEntropyGrad": "log_prob, labels[, weights] -> dlogits (d loss = 1)",
+    "MeanSquaredError": "prediction, target -> loss: mean of (prediction - target)^2 "
+                        "(--loss mse)",
+    "MeanSquaredErrorGrad": "prediction, target -> dprediction = 2 (prediction - target) / "
+                            "numel (d loss = 1)",
     # accumulation, broadcasting
     "GradAccumulate": "g0, g1, ... -> g: sum of partial gradients of one tensor",
     "SumToShape": "dY -> dX: scale * dY summed over broadcast axes down to `shape`",

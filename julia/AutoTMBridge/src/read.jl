@@ -133,6 +133,8 @@ _optfloat(x::Nothing, ctx) = nothing
 _optfloat(x, ctx) = _float(x, ctx)
 _str(x::AbstractString, ctx) = String(x)
 _str(x, ctx) = _bad(x, "a string", ctx)
+_optstr(x::Nothing, ctx) = nothing
+_optstr(x, ctx) = _str(x, ctx)
 _bool(x::Bool, ctx) = x
 _bool(x, ctx) = _bad(x, "true or false", ctx)
 _array(x::AbstractVector, ctx) = x
@@ -197,6 +199,22 @@ function _header(x, ctx)
         _req(_object, x, "counts", ctx),
         _req(_object, x, "config", ctx),
         _req(_strings, x, "notes", ctx),
+        _req(_str, x, "device", ctx),
+        _req(_bool, x, "pin_weights", ctx),
+        _req(_float, x, "headroom", ctx),
+        _req(_optmodel, x, "model", ctx),
+    )
+end
+
+_optmodel(x::Nothing, ctx) = nothing
+function _optmodel(x, ctx)
+    return ModelOptions(
+        _req(_optint, x, "batch", ctx),
+        _req(_object, x, "dims", ctx),
+        _req(_bool, x, "training", ctx),
+        _req(_optstr, x, "optimizer", ctx),
+        _req(_bool, x, "fuse", ctx),
+        _req(_optstr, x, "loss", ctx),
     )
 end
 

@@ -2,7 +2,7 @@
 # (autotm_py/schemas/plan.schema.json), so the Python docs apply unchanged.
 
 "The plan format version this package reads (`format_version` in the JSON)."
-const FORMAT_VERSION = 1
+const FORMAT_VERSION = 2
 
 """
     Tier
@@ -68,6 +68,16 @@ struct SolverStats
     hit_time_limit::Bool
 end
 
+"How the planned graph was loaded: the options that rebuild it (`--batch`, `--dim`, ...)."
+struct ModelOptions
+    batch::Union{Int,Nothing}
+    dims::Dict{String,Any}
+    training::Bool
+    optimizer::Union{String,Nothing}
+    fuse::Bool
+    loss::Union{String,Nothing}
+end
+
 "The plan's header: which model and memory system it is for, and how it was made."
 struct PlanHeader
     format_version::Int
@@ -82,6 +92,10 @@ struct PlanHeader
     counts::Dict{String,Any}
     config::Dict{String,Any}
     notes::Vector{String}
+    device::String
+    pin_weights::Bool
+    headroom::Float64
+    model::Union{ModelOptions,Nothing}
 end
 
 "A row of the plan's tensor table: 0-based id, name, size in bytes, role (e.g. `\"weight\"`)."

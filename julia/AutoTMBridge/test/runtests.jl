@@ -76,6 +76,9 @@ end
         @test h.strategy == "async"
         @test h.budget_bytes == 12288
         @test h.memory_system["mode"] == "host"
+        @test h.device == EXPECTED["device"]
+        @test h.model !== nothing && h.model.batch == EXPECTED["batch"]
+        @test h.pin_weights == false
         @test h.solver.status == "optimal"
         @test h.solver.time_limit_s === nothing
         @test h.solver.hit_time_limit == false

@@ -1,0 +1,276 @@
+"""What a PyTorch user runs today, beside our executor, on the same GPU in the same process.
+
+For each model (same shapes, fp32, SGD, one training iteration):
+- native eager: torchvision ResNet-200 / DenseNet-264, HF BertForMaskedLM / GPT2LMHeadModel
+  (SDPA attention), built from config with random weights;
+- native activation checkpointing under a cap of budget + 64 MiB (expandable segments), at the
+  fewest segments that fit: `checkpoint_sequential` over the CNN's blocks, HF
+  `gradient_checkpointing_enable()` for the transformers;
+- ours: the all-fast plan through the executor (the graph as imported, fused by default), our
+  kernels under torch autograd, and our graph with checkpointed segments under the same cap
+  (`runtime.eager.fit_checkpointing`);
+- per aten op: self CUDA time of one iteration under the torch profiler, native vs executor.
+
+    python3 experiments/gpu/native_compare.py OUT_DIR [--models resnet200,bert_base]
+        [--shares 0.5,0.25] [--iterations 10] [--no-fuse] [--small]
+
+Writes OUT_DIR/native_compare.json (rows and op tables) and prints a summary. `--small` runs
+tiny shapes (a smoke test of the script itself; its times mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from autotm_py import api, pipeline  # noqa: E402
+from autotm_py.config import PlanConfig  # noqa: E402
+from autotm_py.runtime import eager  # noqa: E402
+from autotm_py.runtime.device import apply_cap, configure_cuda, release_cap  # noqa: E402
+from autotm_py.units import parse_ratio  # noqa: E402
+
+# model -> (batch, dims) as in experiments/gpu/configs.sh; --small shrinks them
+SHAPES = {"resnet200": (32, {}), "densenet264": (32, {}),
+          "bert_base": (16, {"seq": 512}), "gpt2_small": (8, {"seq": 1024})}
+SMALL = {"resnet200": (2, {}), "densenet264": (2, {}),
+         "bert_base": (2, {"seq": 64}), "gpt2_small": (2, {"seq": 64})}
+SEGMENTS = (2, 3, 4, 6, 8, 12, 16, 24, 33, 48)
+SLACK = 64 << 20
+DEV = "cuda:0"
+
+
+# ---- native models -------------------------------------------------------------------------
+def native_model(name: str, batch: int, dims: dict[str, int]):
+    """(module, make_batch, loss_of(module, batch)) for a native PyTorch user's model."""
+    if name in ("resnet200", "densenet264"):
+        import torchvision
+
+        if name == "resnet200":
+            from torchvision.models.resnet import Bottleneck
+            net = torchvision.models.ResNet(Bottleneck, [3, 24, 36, 3])
+        else:
+            net = torchvision.models.DenseNet(growth_rate=32, block_config=(6, 12, 64, 48),
+                                              num_init_features=64)
+
+        def make():
+            return (torch.randn(batch, 3, 224, 224, device=DEV),
+                    torch.randint(0, 1000, (batch,), device=DEV))
+
+        def loss(m, b):
+            return torch.nn.functional.cross_entropy(m(b[0]), b[1])
+        return net, make, loss
+    import transformers
+
+    seq = dims["seq"]
+    if name == "bert_base":
+        cfg = transformers.BertConfig(attn_implementation="sdpa")
+        net = transformers.BertForMaskedLM(cfg)
+    else:
+        cfg = transformers.GPT2Config(n_positions=max(1024, seq), attn_implementation="sdpa")
+        net = transformers.GPT2LMHeadModel(cfg)
+    net.config.use_cache = False
+
+    def make():
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=DEV)
+        return ids, ids
+
+    def loss(m, b):
+        return m(input_ids=b[0], labels=b[1]).loss
+    return net, make, loss
+
+
+def cnn_sequential(net) -> torch.nn.Sequential:
+    """The torchvision CNN as a flat sequence of blocks, for checkpoint_sequential."""
+    if hasattr(net, "layer1"):
+        blocks = [net.conv1, net.bn1, net.relu, net.maxpool]
+        for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
+            blocks += list(layer)
+        return torch.nn.Sequential(*blocks, net.avgpool, torch.nn.Flatten(), net.fc)
+    feats = list(net.features)
+    blocks = []
+    for f in feats:  # each dense block's layers become their own checkpointable pieces
+        blocks.append(f)
+    return torch.nn.Sequential(*blocks, torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), net.classifier)
+
+
+def timed(step: Callable[[], None], iterations: int, warmup: int = 2) -> tuple[float, int]:
+    """Median seconds of `step` (CUDA events) and the peak allocated bytes over the runs."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(iterations):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times), int(torch.cuda.max_memory_allocated())
+
+
+def native_step(name, net, make, loss, segments: int | None):
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, foreach=True)
+    batch = make()
+    seq = cnn_sequential(net) if segments and name in ("resnet200", "densenet264") else None
+    if segments and seq is None:
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        if seq is not None:
+            from torch.utils.checkpoint import checkpoint_sequential
+            logits = checkpoint_sequential(seq, segments, batch[0], use_reentrant=False)
+            value = torch.nn.functional.cross_entropy(logits, batch[1])
+        else:
+            value = loss(net, batch)
+        value.backward()
+        opt.step()
+    return step
+
+
+def segment_counts(name: str, budget: int | None) -> tuple[int | None, ...]:
+    """None: eager. A CNN tries the segment counts its block sequence allows; a transformer
+    has one checkpointed form (HF checkpoints every layer)."""
+    if budget is None:
+        return (None,)
+    if name in ("resnet200", "densenet264"):
+        blocks = len(cnn_sequential(native_model(name, 1, {})[0]))
+        return tuple(s for s in SEGMENTS if s <= blocks)
+    return (1,)
+
+
+def measure_native(name, batch, dims, iterations, budget=None):
+    """Eager (budget None) or the fewest-segment checkpointed run that fits the budget."""
+    counts = segment_counts(name, budget)
+    missed = []
+    for segments in counts:
+        net, make, loss = native_model(name, batch, dims)
+        net = net.to(DEV).train()
+        torch.cuda.empty_cache()
+        cap = apply_cap(budget, DEV, budget is not None, SLACK)
+        try:
+            t, peak = timed(native_step(name, net, make, loss, segments), iterations)
+            row = {"median_s": t, "peak_bytes": peak, "segments": segments, "cap": cap}
+            if missed:
+                row["out_of_memory_at"] = missed
+            return row
+        except torch.OutOfMemoryError:
+            missed.append(segments)
+        finally:
+            if cap is not None:
+                release_cap(DEV)
+            del net
+            torch.cuda.empty_cache()
+    return {"median_s": None, "out_of_memory_at": missed}
+
+
+# ---- ours ----------------------------------------------------------------------------------
+def measure_ours(graph, iterations, budgets):
+    plan = pipeline.all_fast_plan(graph)
+    run = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
+                      enforce_budget=False)
+    auto = eager.measure_autograd(graph, device=DEV, iterations=iterations, warmup=2)
+    out = {"executor_all_fast_s": run.median_s, "executor_peak_bytes": run.peak_fast_bytes,
+           "executor_host_s": run.host_median_s, "autograd_s": auto.median_s,
+           "autograd_peak_bytes": auto.peak_fast_bytes, "checkpoint": {}}
+    for share, budget in budgets.items():
+        fit = eager.fit_checkpointing(graph, budget, device=DEV, iterations=iterations)
+        out["checkpoint"][share] = None if fit is None else {
+            "median_s": fit.median_s, "peak_bytes": fit.peak_fast_bytes,
+            "segments": int(fit.strategy.rsplit("-", 1)[1]), "notes": list(fit.notes)}
+    return out
+
+
+# ---- per-op profile ------------------------------------------------------------------------
+def op_table(step: Callable[[], None]) -> dict[str, float]:
+    """Self CUDA seconds per aten op over one iteration (after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        total = getattr(ev, "self_device_time_total", None)
+        total = ev.self_cuda_time_total if total is None else total
+        if total and ev.key.startswith("aten::"):
+            out[ev.key] = out.get(ev.key, 0.0) + total / 1e6
+    return out
+
+
+def profile_ops(name, batch, dims, graph) -> dict[str, dict[str, float]]:
+    net, make, loss = native_model(name, batch, dims)
+    net = net.to(DEV).train()
+    native = op_table(native_step(name, net, make, loss, None))
+    del net
+    torch.cuda.empty_cache()
+    from autotm_py.runtime.executor import new_executor
+
+    _, executor = new_executor(graph, pipeline.all_fast_plan(graph), DEV)
+
+    def ours():
+        executor.prepare()
+        executor.run()
+    mine = op_table(ours)
+    torch.cuda.empty_cache()
+    keys = sorted(native.keys() | mine.keys(),
+                  key=lambda k: -max(native.get(k, 0.0), mine.get(k, 0.0)))
+    return {k: {"native_s": native.get(k, 0.0), "ours_s": mine.get(k, 0.0)} for k in keys}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--models", default="resnet200,densenet264,bert_base,gpt2_small")
+    parser.add_argument("--shares", default="0.5,0.25", help="budgets: shares of our peak")
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--no-fuse", action="store_true")
+    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--no-ops", action="store_true", help="skip the per-op profile")
+    args = parser.parse_args()
+    configure_cuda(deterministic=False)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.models.split(","):
+        batch, dims = (SMALL if args.small else SHAPES)[name]
+        started = time.perf_counter()
+        graph = api.load_model(name, batch=batch, dims=dims, training=True,
+                               fuse=not args.no_fuse)
+        budgets = {}
+        for share in args.shares.split(","):
+            frac = float(share)
+            ratio = parse_ratio(f"{frac}:{1 - frac}")
+            budgets[share] = pipeline.machine_for(
+                graph, PlanConfig(ratio=ratio), api.load_costs(graph)).user_budget
+        row = {"model": name, "batch": batch, "dims": dims, "fused": not args.no_fuse,
+               "budgets": budgets, "device": torch.cuda.get_device_name(0),
+               "native_eager": measure_native(name, batch, dims, args.iterations),
+               "native_checkpoint": {s: measure_native(name, batch, dims, args.iterations, b)
+                                     for s, b in budgets.items()},
+               "ours": measure_ours(graph, args.iterations, budgets)}
+        if not args.no_ops:
+            row["ops"] = profile_ops(name, batch, dims, graph)
+        row["wall_s"] = time.perf_counter() - started
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "ops"}), flush=True)
+        (args.out / "native_compare.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""How much the randomized (hypothesis) checks run: profiles chosen by `AUTOTM_HYPOTHESIS`.
+
+=========  ===============================  ==============================================
+profile    small problems (3-8 kernels)     large problems (100-500 kernels)
+=========  ===============================  ==============================================
+dev        15 examples per strategy         1 per (kind, strategy), 100-250 kernels
+slow       1000 per strategy (CI)           60 per (kind, strategy), 100-500 kernels
+nightly    5000 per strategy                300 per (kind, strategy), 100-500 kernels
+=========  ===============================  ==============================================
+
+`dev` is the default (a plain `pytest` run). CI sets ``AUTOTM_HYPOTHESIS=slow``; a nightly
+job sets ``nightly`` (docs/developer.md gives the commands and wall times). Every profile has
+no deadline (a solve's time varies with the machine's load) and prints the reproduction blob
+of a failure. `tests/conftest.py` registers and loads the profile before any test module is
+imported, so the `settings` decorators of the tests inherit it.
+
+`STRATEGIES` lists the planning strategies the checks cover and the devices each is checked
+on: a new strategy (e.g. ``recompute``) is covered by adding its name here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+
+ENV = "AUTOTM_HYPOTHESIS"
+
+# strategy -> devices (GPU static is all-fast or infeasible: tests/test_planning.py covers it)
+STRATEGIES: dict[str, tuple[str, ...]] = {
+    "static": ("cpu",),
+    "sync": ("cuda", "cpu"),
+    "async": ("cuda", "cpu"),
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    small_examples: int  # per strategy, problems of 3-8 kernels
+    large_examples: int  # per (kind, strategy), problems of `large_kernels` kernels
+    large_kernels: tuple[int, int]
+    large_time_limit_s: float = 60.0  # per solve; a plan found by then is still checked
+
+
+PROFILES: dict[str, Sizes] = {
+    "dev": Sizes(15, 1, (100, 250)),
+    "slow": Sizes(1000, 60, (100, 500)),
+    "nightly": Sizes(5000, 300, (100, 500)),
+}
+
+
+def active() -> str:
+    name = os.environ.get(ENV, "dev") or "dev"
+    if name not in PROFILES:
+        raise ValueError(f"{ENV}={name!r}: choose one of {', '.join(PROFILES)}")
+    return name
+
+
+def register_and_load() -> None:
+    """Register every profile with hypothesis and load the active one."""
+    for name, sizes in PROFILES.items():
+        settings.register_profile(
+            name, max_examples=sizes.small_examples, deadline=None, print_blob=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    settings.load_profile(active())
+
+
+SIZES = PROFILES[active()]
