@@ -54,6 +54,9 @@ def _transitions(state: str, k: int, reads: dict[int, int], writes: dict[int, in
     """Options of a tensor from state `state` during k to its state at k+1 (or the end)."""
     gadget = k in reads
     out = _moves(state, k, reads, writes, to_end, gadget)
+    if not to_end and k + 1 in reads and g.sync_reads(g.kernels.index(k + 1)):
+        out += [o for o in _moves(state, k, {**reads, k + 1: SYNC}, writes, to_end, gadget)
+                if any(e[0] == "read" for e in o.events)]  # the extra sync read there
     if state == F0 and gadget and 0 <= g.discard_from <= g.kernels.index(k):
         out.append(Option(X, (("discard", k, ""),)))
     if state == X and not to_end and k + 1 in reads and g.regenerates(g.kernels.index(k + 1)):

@@ -23,6 +23,7 @@ from autotm_py.planning.paths import (
     READ,
     REGEN,
     START,
+    SYNC_READ,
     WRITE,
     TensorPaths,
 )
@@ -44,8 +45,9 @@ class Walk:
     events: list[tuple[int, str]] = field(default_factory=list)
 
 
-EVENTS = (READ, REGEN, WRITE, DROP, DISCARD)
-BEFORE = (READ, REGEN)  # events before the gadget's kernel; the others come after it
+EVENTS = (READ, SYNC_READ, REGEN, WRITE, DROP, DISCARD)
+BEFORE = (READ, SYNC_READ, REGEN)  # events before the gadget's kernel; the others after it
+READS = (READ, SYNC_READ)
 
 
 def walk(p: TensorPaths, values: list[float]) -> Walk:
@@ -66,7 +68,7 @@ def prune_reads(p: TensorPaths, w: Walk, users: tuple[int, ...]) -> Walk:
         if kind == DROP and skip_drop:
             skip_drop = False
             continue
-        if kind == READ:
+        if kind in READS:
             until = next((kernels[j] for j, k in w.events[i + 1:] if k == DROP), None)
             hi = until if until is not None else float("inf")
             if not any(kernels[layer] <= u <= hi for u in users):
@@ -102,8 +104,8 @@ def emit(b: ScheduleBuilder, tid: int, p: TensorPaths, w: Walk) -> None:
     fast, slow = w.start == F0, w.start != F0
     for layer, kind in w.events:
         k = kernels[layer]
-        if kind == READ:
-            b.read(tid, k, MODE_NAMES[g.read[layer]])
+        if kind in READS:
+            b.read(tid, k, "sync" if kind == SYNC_READ else MODE_NAMES[g.read[layer]])
             fast = True
         elif kind == REGEN:
             fast = True

@@ -36,7 +36,15 @@ import pulp
 from autotm_py.memory.accounting import ALIGN_BYTES
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.planning.gadgets import ASYNC, SYNC, tensor_gadgets
-from autotm_py.planning.paths import F0, READ, SOURCE, WRITE, TensorPaths, build_paths
+from autotm_py.planning.paths import (
+    F0,
+    READ,
+    SOURCE,
+    SYNC_READ,
+    WRITE,
+    TensorPaths,
+    build_paths,
+)
 from autotm_py.planning.recompute import RecomputeSpec
 
 if TYPE_CHECKING:
@@ -319,10 +327,11 @@ def add_moves(f: Formulation) -> None:
             continue
         nbytes = int(machine.graph.tensor_bytes[tid])
         for e, v in zip(p.edges, f.x[tid], strict=True):
-            if e.kind not in (READ, WRITE):
+            if e.kind not in (READ, WRITE, SYNC_READ):
                 continue
-            to = FAST if e.kind == READ else SLOW
-            mode = (p.gadgets.read if e.kind == READ else p.gadgets.write)[e.layer]
+            to = SLOW if e.kind == WRITE else FAST
+            mode = SYNC if e.kind == SYNC_READ else \
+                (p.gadgets.read if e.kind == READ else p.gadgets.write)[e.layer]
             if mode == SYNC:
                 _add(f.objective, v, machine.memory.copy_time(nbytes, to, "sync") * MS)
             elif mode == ASYNC:

@@ -52,11 +52,21 @@ class TensorGadgets:
     may_start_slow: bool  # given and starting in slow, or produced straight into slow
     fixed: bool = False  # kept in fast memory for life (a small tensor, see `small_tensors`)
     regen: tuple[bool, ...] = ()  # may be regenerated (its producer re-run) before the gadget
+    # a sync read besides the gadget's async one (a kernel in a read window that a regeneration
+    # may need the tensor for: the async copy would arrive after the re-run)
+    sync_read: tuple[bool, ...] = ()
     discard_from: int = -1  # first gadget after which it may become absent (-1: never)
     last: int = -1  # last kernel of its (extended) live range
 
     def regenerates(self, j: int) -> bool:
         return bool(self.regen) and self.regen[j]
+
+    def sync_reads(self, j: int) -> bool:
+        """A sync read at gadget j besides its async one."""
+        return bool(self.sync_read) and self.sync_read[j]
+
+    def reads(self, j: int) -> bool:
+        return self.read[j] != NONE or self.sync_reads(j)
 
 
 def tensor_gadgets(machine: MachineModel, strategy: str, window: int,
@@ -89,7 +99,7 @@ def _without_moves(machine: MachineModel, g: TensorGadgets) -> TensorGadgets:
     """No reads and writes: a tensor stays where it starts (host mode: a given tensor may
     still start in the slow tier and be read there)."""
     none = (NONE,) * len(g.kernels)
-    return replace(g, read=none, write=none,
+    return replace(g, read=none, write=none, sync_read=(),
                    may_start_slow=g.may_start_slow and g.given and not machine.gpu)
 
 
@@ -134,6 +144,7 @@ def _one(machine: MachineModel, tid: int, strategy: str, window: int,
     write: dict[int, int] = {birth: SYNC if t.producer is not None else NONE}
     regen: frozenset[int] = frozenset()
     cond: list[int] = []
+    both: set[int] = set()
     if strategy != "static":
         if recompute is not None:
             regen = recompute.regen.get(tid, frozenset())
@@ -146,10 +157,11 @@ def _one(machine: MachineModel, tid: int, strategy: str, window: int,
             pick = lambda ks: _longest(ks, times, candidates)  # noqa: E731
             _add_windows(read, write, uses, t.users, (birth, end), window, pick)
             _add_read_windows(read, write, uses, cond, birth, window, pick)
-        for u in cond:  # a sync read may bring it back for a regeneration (unless async there)
+        for u in cond:  # a sync read may bring it back for a regeneration
             if read.get(u, NONE) == NONE:
                 read[u] = SYNC
             write.setdefault(u, NONE)
+        both = {u for u in cond if read[u] == ASYNC}  # keeps the async read of move-only plans
     kernels = tuple(sorted(read.keys() | write.keys()))
     # GPU static has no moves at all and kernels need fast IO: everything stays fast.
     may_slow = (t.producer is None or not machine.gpu) and \
@@ -166,6 +178,7 @@ def _one(machine: MachineModel, tid: int, strategy: str, window: int,
         survives=tid in machine.survivors,
         may_start_slow=may_slow,
         regen=tuple(k in regen for k in kernels),
+        sync_read=tuple(k in both for k in kernels) if both else (),
         discard_from=_discard_from(kernels, end, bool(regen), bool(cond)),
         last=recompute.ends[tid] if recompute is not None else end,
     )

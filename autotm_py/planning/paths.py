@@ -18,6 +18,7 @@ Edges:
 | F0_j -> S_j+1        | write-eviction to the slow tier (at most once)         | write, gadget j |
 | F1_j -> S_j+1        | drops the fast copy; the slow copy is still valid      | none            |
 | S_j -> F1_j          | read into fast memory at gadget j                      | read, gadget j  |
+| S_j -> F1_j (sync)   | a sync read where the gadget's read is async           | sync read       |
 | F0_j -> X_j+1        | discard the fast copy (no copy anywhere)               | none            |
 | X_j -> X_j+1         | stays absent                                           | none            |
 | X_j -> F0_j          | regenerate before gadget j (its producer re-run)       | the producer    |
@@ -40,6 +41,8 @@ FAST_KINDS = (F0, F1)
 KIND_NAMES = ("F0", "F1", "S", "X")
 START, STAY, WRITE, DROP, READ = "start", "stay", "write", "drop", "read"
 DISCARD, REGEN = "discard", "regen"
+SYNC_READ = "sync-read"  # a sync read at a gadget whose READ edge is async (`sync_read`)
+READS = (READ, SYNC_READ)
 SOURCE = -1
 
 
@@ -93,6 +96,8 @@ def build_paths(g: TensorGadgets, *, gpu: bool, carried_end: bool) -> TensorPath
     for j in range(n):
         if alive[j][S] and alive[j][F1] and g.read[j] != NONE:
             edges.append(Edge(j * NK + S, j * NK + F1, READ, j))
+        if alive[j][S] and alive[j][F1] and g.sync_reads(j):
+            edges.append(Edge(j * NK + S, j * NK + F1, SYNC_READ, j))
         if alive[j][X] and g.regenerates(j):
             edges.append(Edge(j * NK + X, j * NK + F0, REGEN, j))
         if j + 1 <= last and j + 1 < len(alive):
@@ -109,8 +114,8 @@ def _reachable(g: TensorGadgets, gpu: bool) -> list[list[bool]]:
     f0, s, f1, x = True, g.may_start_slow, False, False
     for j in range(n):
         must_fast = gpu and g.io[j]
-        f1 = f1 or (s and g.read[j] != NONE)
-        s_here = s and (not must_fast or g.read[j] != NONE)
+        f1 = f1 or (s and g.reads(j))
+        s_here = s and (not must_fast or g.reads(j))
         x_here = x and (not g.io[j] or g.regenerates(j))  # absent at a use: must regenerate
         alive.append([f0, f1, s_here, x_here])
         s = s_here or (f0 and g.write[j] != NONE) or f1

@@ -22,6 +22,7 @@ import numpy as np
 
 from autotm_py.planning.decode import effective_users, prune_reads, regenerations, walk
 from autotm_py.planning.formulation import MIB, MS, residency_edges, residency_pieces
+from autotm_py.planning.gadgets import ASYNC, SYNC
 from autotm_py.planning.paths import (
     DISCARD,
     DROP,
@@ -33,6 +34,7 @@ from autotm_py.planning.paths import (
     SOURCE,
     START,
     STAY,
+    SYNC_READ,
     WRITE,
     S,
     X,
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 
 Events = dict[int, tuple[int, list[tuple[int, str]]]]  # tensor -> (start kind, [(kernel, kind)])
 END = "end"  # the tensor's range ends after this kernel: it dies there
+# reads are carried by mode: a sync read maps onto the sync read edge of the target's gadget
+READ_SYNC, READ_ASYNC = "read:sync", "read:async"
 
 
 def events_of(f: Formulation) -> Events:
@@ -56,11 +60,28 @@ def events_of(f: Formulation) -> Events:
         p = f.paths[tid]
         assert p is not None
         w = prune_reads(p, w, users[tid])
-        events = [(p.gadgets.kernels[layer], kind) for layer, kind in w.events]
+        events = [(p.gadgets.kernels[layer], _by_mode(p, layer, kind))
+                  for layer, kind in w.events]
         if not p.gadgets.survives:
             events.append((p.gadgets.last, END))
         out[tid] = (w.start, events)
     return out
+
+
+def _by_mode(p: TensorPaths, layer: int, kind: str) -> str:
+    if kind == SYNC_READ or (kind == READ and p.gadgets.read[layer] == SYNC):
+        return READ_SYNC
+    return READ_ASYNC if kind == READ else kind
+
+
+def _read_edge(p: TensorPaths, j: int, kinds: list[str]) -> str | None:
+    """The kind of the edge at layer j that does the read among `kinds`, if any."""
+    g = p.gadgets
+    if READ_SYNC in kinds:
+        return READ if g.read[j] == SYNC else SYNC_READ
+    if READ_ASYNC in kinds:
+        return READ if g.read[j] == ASYNC else "none"
+    return None
 
 
 def apply(f: Formulation, events: Events) -> bool:
@@ -93,10 +114,13 @@ def _path(p: TensorPaths, start: int, events: list[tuple[int, str]]) -> set[int]
     last = p.layers if p.gadgets.survives else p.layers - 1
     for j, k in enumerate(p.gadgets.kernels):
         kinds = at.get(k, [])
-        for kind, src, dst in ((READ, S, F1), (REGEN, X, F0)):
-            if kind in kinds:
-                chosen.append(index.get((j * NK + src, j * NK + dst, kind)))
-                state = dst
+        read = _read_edge(p, j, kinds)
+        if read is not None:
+            chosen.append(index.get((j * NK + S, j * NK + F1, read)))
+            state = F1
+        if REGEN in kinds:
+            chosen.append(index.get((j * NK + X, j * NK + F0, REGEN)))
+            state = F0
         if j + 1 > last:
             break
         leave = next((kind for kind in (WRITE, DROP, DISCARD) if kind in kinds), None)
