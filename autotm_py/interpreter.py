@@ -2,10 +2,10 @@
 
 The one interpreter of plan records: the simulator (predicted timeline), the verifier (strict
 simulator), the executor (torch) and the report's residency walk subclass it and override
-`compute`, `move`, `free` and `recompute` (and `after` to observe each record's effect). Any error raised by
-a handler is re-raised as a `PlanError`/`ExecutionError` subclass that names the record. A
-walk without a graph (reports of a saved plan) names tensors and kernels from the plan's own
-names tables.
+`compute`, `move`, `free` and `recompute` (and `after` to observe each record's effect). Any
+error raised by a handler is re-raised as a `PlanError`/`ExecutionError` subclass that names
+the record. A walk without a graph (reports of a saved plan) names tensors and kernels from
+the plan's own names tables.
 """
 
 from __future__ import annotations

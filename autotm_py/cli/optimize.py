@@ -65,7 +65,8 @@ RATIO_HELP = (
 @click.option("--gap", type=float, default=DEFAULT_GAP, show_default=True,
               help="Relative MIP gap at which the solver stops (0.01 = 1%).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Seconds; on timeout the best plan found is returned, marked as such.")
+              help="Seconds; on timeout the best plan found is returned, marked as such. "
+                   "Default: none for move-only plans, 180 with recomputation.")
 @click.option("--async-window", type=click.IntRange(min=0), default=DEFAULT_ASYNC_WINDOW,
               show_default=True, help="Kernels around each use where async copies may run.")
 @click.option("--async-candidates", default=str(DEFAULT_ASYNC_CANDIDATES), show_default=True,

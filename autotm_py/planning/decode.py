@@ -32,7 +32,6 @@ from autotm_py.planning.schedule import ScheduleBuilder, to_plan
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from autotm_py.machine import MachineModel
     from autotm_py.plan import Plan, SolverStats
     from autotm_py.planning.formulation import Formulation
 

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The time limit of a search with recomputation when none is given: its deeper models are
+# hard for the solvers, and each stage of the chain gets a share of it (`_chain`).
+RECOMPUTE_TIME_LIMIT_S = 180.0
 # Small tensors whose live sum never exceeds this share of the budget stay in fast memory
 # (`gadgets.small_tensors`): they would add most of the variables and move almost nothing.
 SMALL_SHARE = 0.01
@@ -177,19 +180,42 @@ def _small_and_recompute(machine: MachineModel, config: PlanConfig
     return small, _spec(machine, config, small)
 
 
-def _chain(machine: MachineModel, config: PlanConfig) -> list[tuple[str, str]]:
-    """(strategy, recompute mode) of each model to solve, each warm-starting the next: every
-    static plan is a sync plan, every sync plan an async one, and every move-only plan a joint
-    one (regenerations only add choices)."""
+@dataclass(frozen=True)
+class Stage:
+    """One model of the search: its strategy, recompute mode (off, on, only) and chain depth;
+    `fixed`: its regenerations are fixed to the previous solution's (only the copies around
+    them are searched); `share`: the most of the time limit it may use (the last stage takes
+    what is left)."""
+
+    strategy: str
+    mode: str = "off"
+    depth: int = 0
+    fixed: bool = False
+    share: float = 1.0
+
+
+def _chain(machine: MachineModel, config: PlanConfig) -> list[Stage]:
+    """The models to solve, each warm-starting the next: every static plan is a sync plan,
+    every sync plan an async one, every move-only plan a joint one and every joint plan of
+    depth 2 one of a larger depth (regenerations and chains only add choices). With
+    recomputation: move-only sync, joint sync at depth 2, then at the configured depth, then
+    (async) the async model with those regenerations fixed (a smaller search: where to copy
+    around them), then the whole async model from there while time is left."""
+    depth = config.recompute_depth
+    deeper = [depth] if depth > 2 else []
     if config.recompute_mode == "only":
-        return [(config.strategy, "only")]
+        return [Stage("sync", "only", d, share=0.4) for d in [min(depth, 2), *deeper]]
     moves = [s for s in ("static", "sync", "async") if not (machine.gpu and s == "static")]
     if config.strategy not in moves:  # GPU static: all-fast or nothing
-        return [(config.strategy, "off")]
+        return [Stage(config.strategy)]
     if config.recompute_mode == "off":
-        return [(s, "off") for s in moves[:moves.index(config.strategy) + 1]]
-    joint = ["sync", "async"][:["sync", "async"].index(config.strategy) + 1]
-    return [(s, "off") for s in moves[:moves.index("sync") + 1]] + [(s, "on") for s in joint]
+        return [Stage(s) for s in moves[:moves.index(config.strategy) + 1]]
+    out = [Stage(s, share=0.1) for s in moves[:moves.index("sync") + 1]]
+    out += [Stage("sync", "on", d, share=s) for d, s in zip([min(depth, 2), *deeper],
+                                                            (0.2, 0.35), strict=False)]
+    if config.strategy == "async":
+        out += [Stage("async", "on", depth, fixed=True, share=0.8), Stage("async", "on", depth)]
+    return out
 
 
 def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
@@ -202,37 +228,61 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
     notes: list[str] = []
     spent = [0.0, 0.0]  # build and solve seconds of every model in the chain
     best: tuple[formulation.Formulation, SolveOutcome] | None = None
-    for strategy, mode in _chain(machine, config):
-        candidates = config.async_candidates if strategy == "async" else None
-        f = formulation.build(machine, strategy, config.async_window, candidates, small,
-                              recompute=None if mode == "off" else spec, moves=mode != "only")
-        log.info("built the %s ILP: %d variables, %d constraints in %.2f s", f.name,
+    fixed = False
+    limit = config.time_limit_s
+    if limit is None and config.recompute_mode != "off":
+        limit = RECOMPUTE_TIME_LIMIT_S
+    specs = {spec.depth: spec} if spec is not None else {}
+    stages = _chain(machine, config)
+    for i, stage in enumerate(stages):
+        elapsed = time.perf_counter() - started
+        last = i == len(stages) - 1
+        if last and stage.fixed is False and i and stages[i - 1].fixed and limit is not None \
+                and limit - elapsed < 0.15 * limit and best is not None:
+            break  # too little time left to search the whole async model
+        if stage.mode != "off" and stage.depth not in specs:
+            specs[stage.depth] = _spec(machine, replace(config, recompute_depth=stage.depth),
+                                       small)
+        candidates = config.async_candidates if stage.strategy == "async" else None
+        f = formulation.build(machine, stage.strategy, config.async_window, candidates, small,
+                              recompute=specs.get(stage.depth) if stage.mode != "off" else None,
+                              moves=stage.mode != "only")
+        log.info("built the %s ILP (depth %d%s): %d variables, %d constraints in %.2f s",
+                 f.name, stage.depth, ", regenerations fixed" if stage.fixed else "",
                  f.n_vars, f.n_rows, f.build_s)
         warm = best is not None and warmstart.apply(f, warmstart.events_of(best[0]))
-        left = None if config.time_limit_s is None else \
-            max(config.time_limit_s - (time.perf_counter() - started), 1.0)
+        if warm and stage.fixed:
+            warmstart.fix_regenerations(f)
+        left = None if limit is None else max(limit - (time.perf_counter() - started), 1.0)
+        if left is not None and not last:
+            left = min(left, max(stage.share * limit, 1.0))
         outcome = _solve(f, config, left, warm=warm)
         spent = [spent[0] + f.build_s, spent[1] + outcome.seconds]
-        if warm and f.name == config.plan_name:
+        if warm and f.name == config.plan_name and best[0].name != f.name:
             notes.append(f"{f.name} search started from the {best[0].name} plan "
                          f"({best[1].objective:.3f} ms)")
-        if outcome.has_solution:
+        if outcome.has_solution and (best is None or best[0].name != f.name or
+                                     outcome.objective <= best[1].objective + 1e-9):
             best = (f, outcome)
+            fixed = stage.fixed and warm
     f, outcome = best if best is not None else (f, outcome)
+    if best is not None and fixed:
+        notes.append(f"{f.name}: the copies were searched around the regenerations of the "
+                     f"sync+recompute plan (fixed); the gap is that search's")
     if f.name != config.plan_name:
         notes.append(f"the {config.plan_name} search found no plan in time: this is the "
                      f"{f.name} plan")
         outcome = replace(outcome, status="time_limit")
-    return f, outcome, _stats(config, f, outcome, spent), notes
+    return f, outcome, _stats(config, f, outcome, spent, limit), notes
 
 
 def _stats(config: PlanConfig, f: formulation.Formulation, outcome: SolveOutcome,
-           spent: list[float]) -> SolverStats:
+           spent: list[float], limit: float | None) -> SolverStats:
     return SolverStats(
         solver=config.solver, status=outcome.status,
         objective_s=None if outcome.objective is None else outcome.objective / formulation.MS,
         gap=outcome.gap, variables=f.n_vars, constraints=f.n_rows, build_s=spent[0],
-        solve_s=spent[1], time_limit_s=config.time_limit_s,
+        solve_s=spent[1], time_limit_s=limit,
         hit_time_limit=outcome.status in ("time_limit", "no_solution"))
 
 
@@ -277,7 +327,7 @@ def _unsolved(status: str, stats: SolverStats, need: int, kid: int, graph: Tenso
                           f"the smallest feasible one ({need} bytes, kernel #{kid}); please "
                           "report this with the model and options")
     other = "cbc" if config.solver == "highs" else "highs"
-    message = (f"no plan found within the time limit of {config.time_limit_s} s; raise "
+    message = (f"no plan found within the time limit of {stats.time_limit_s} s; raise "
                f"--time-limit or --gap, or try --solver {other}")
     return PlanResult(status, None, message, predicted_time_s=None, stats=stats,
                       min_feasible_budget_bytes=need, forcing_kernel=kid,

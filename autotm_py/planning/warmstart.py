@@ -68,6 +68,22 @@ def events_of(f: Formulation) -> Events:
     return out
 
 
+def fix_regenerations(f: Formulation) -> None:
+    """Fix every DISCARD and REGEN edge (and regeneration variable) of `f` at its current
+    value (a start set by `apply`): the search then only places copies around the start's
+    regenerations. The async model is several times the sync one; with its regenerations fixed
+    it solves like a move-only model (`solve._chain`)."""
+    for tid, p in enumerate(f.paths):
+        if p is None:
+            continue
+        for e, v in zip(p.edges, f.x[tid], strict=True):
+            if e.kind in (DISCARD, REGEN):
+                v.lowBound = v.upBound = round(v.varValue or 0.0)
+    for z, _ in f.regen.values():
+        if z is not None:
+            z.lowBound = z.upBound = round(z.varValue or 0.0)
+
+
 def _by_mode(p: TensorPaths, layer: int, kind: str) -> str:
     if kind == SYNC_READ or (kind == READ and p.gadgets.read[layer] == SYNC):
         return READ_SYNC
