@@ -78,6 +78,18 @@ class MachineModel:
         return self.memory.budget_bytes
 
     @property
+    def reserve_bytes(self) -> int:
+        """Fast memory the runtime keeps whatever the plan (`--reserve`, the memory system's
+        `runtime_reserve_bytes`)."""
+        return int(self.memory.runtime_reserve_bytes)
+
+    @property
+    def headroom_bytes(self) -> int:
+        """The share of the user's budget left free for fragmentation, in bytes."""
+        total = self.memory.budget_bytes
+        return 0 if total is None else int(total * self.headroom)
+
+    @property
     def gpu(self) -> bool:
         return self.memory.mode == "gpu"
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import (
     Compute,
+    CostsIdentity,
     Free,
     ModelOptions,
     Move,
@@ -140,5 +141,6 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
         pin_weights=machine.pin_weights,
         headroom=machine.headroom,
         model=ModelOptions.of_graph(graph),
+        costs=CostsIdentity.of(machine.costs),
     )
     return Plan(header, dict(builder.initial), records, names_table(graph))

@@ -112,6 +112,10 @@ class SimulationResult:
     strict: bool = True
     notes: tuple[str, ...] = ()
     recomputes: tuple[RecomputeSpan, ...] = ()
+    # budget_bytes = reserve_bytes (the runtime's own) + headroom + plannable_bytes (tensors)
+    reserve_bytes: int = 0
+    plannable_bytes: int | None = None
+    costs_digest: str = ""  # `KernelCosts.digest` of the costs it was priced with
 
     @property
     def ok(self) -> bool:
@@ -410,4 +414,6 @@ class Simulator(PlanInterpreter):
             kernels=tuple(self.kernels), moves=tuple(self.moves), memory=memory,
             bytes_moved=dict(self.moved), violations=tuple(self.violations),
             strict=self.strict, notes=tuple(self.plan.header.notes),
-            recomputes=tuple(self.recomputes))
+            recomputes=tuple(self.recomputes),
+            reserve_bytes=self.machine.reserve_bytes, plannable_bytes=self.machine.budget,
+            costs_digest=self.machine.costs.digest)
