@@ -29,6 +29,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import platform
 import sys
 import time
@@ -58,7 +59,7 @@ COLUMNS = ("model", "batch", "device", "memory", "ratio", "paper_ratio", "strate
            "constraints", "build_s", "solve_s", "plan_s", "gap", "hit_time_limit",
            "predicted_s", "all_fast_s", "slowdown", "target_s", "met_target", "moved_bytes",
            "recomputes", "recompute_s", "recomputed_bytes", "fast_peak_bytes",
-           "first_touch_s", "all_slow_s", "notes", "machine", "date")
+           "first_touch_s", "all_slow_s", "notes", "machine", "date", "load_avg_1min")
 
 
 def paper_ratio(ratio: str) -> str:
@@ -101,6 +102,14 @@ def run_one(graph: Any, costs: Any, args: argparse.Namespace, ratio: str,
     }
 
 
+def _load() -> float | None:
+    """The 1-minute load average when a row starts (a shared machine slows solves down)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def batch_for(spec: str | None, model: str) -> int | None:
     """`--batch` value for one model: "32", or "vgg19=64,*=32" (None: the model's default)."""
     if not spec:
@@ -110,19 +119,37 @@ def batch_for(spec: str | None, model: str) -> int | None:
     return int(value) if value else None
 
 
-def load(out: Path) -> list[dict[str, Any]]:
+def load(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows, the specs of the runs that wrote them) of an earlier sweep into `out`."""
     path = out.with_suffix(".json")
-    return json.loads(path.read_text())["rows"] if path.exists() else []
+    if not path.exists():
+        return [], []
+    doc = json.loads(path.read_text())
+    specs = doc.get("specs") or ([doc["spec"]] if doc.get("spec") else [])
+    return doc["rows"], specs
 
 
-def save(out: Path, rows: list[dict[str, Any]], spec: dict[str, Any]) -> None:
+def this_machine() -> str:
+    """The CPU model, its logical CPUs and the OS: solve times are this machine's."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}; {os.cpu_count()} CPUs; {platform.system()}"
+
+
+def save(out: Path, rows: list[dict[str, Any]], specs: list[dict[str, Any]]) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(out.with_suffix(".csv"), buf.getvalue())
-    doc = {"format": "autotm-bench-ilp", "version": 1, "columns": list(COLUMNS), "spec": spec,
-           "rows": rows}
+    doc = {"format": "autotm-bench-ilp", "version": 1, "columns": list(COLUMNS),
+           "spec": specs[-1], "specs": specs, "rows": rows}
     atomic_write_text(out.with_suffix(".json"), json.dumps(doc, indent=1) + "\n")
 
 
@@ -149,9 +176,11 @@ def main() -> int:
     if args.gpu_cells:
         args.models = ",".join(GPU_CELLS)
     spec = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    rows = load(args.out)
+    rows, specs = load(args.out)
+    spec["started"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    specs.append(spec)
     done = {(r["model"], r["ratio"], r["strategy"], r["solver"]) for r in rows}
-    machine = f"{platform.processor() or platform.machine()}; {platform.system()}"
+    machine = this_machine()
     for name in args.models.split(","):
         ratios = GPU_CELLS[name][2] if args.gpu_cells else args.ratios
         todo = [(r, s) for r in ratios.split(",") for s in args.strategies.split(",")
@@ -171,10 +200,11 @@ def main() -> int:
                    "paper_ratio": paper_ratio(ratio), "strategy": strategy,
                    "solver": args.solver, "kernels": len(graph.kernels),
                    "tensors": len(graph.tensors), "peak_bytes": graph.peak_live_bytes,
-                   "machine": machine, "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                   "machine": machine, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                   "load_avg_1min": _load()}
             row.update(run_one(graph, costs, args, ratio, strategy))
             rows.append(row)
-            save(args.out, rows, spec)
+            save(args.out, rows, specs)
             print(f"{name} {ratio} {strategy}: {row['status']} {row['variables']} vars, "
                   f"build {row['build_s']} s, solve {row['solve_s']} s, slowdown "
                   f"{row['slowdown']}", flush=True)
