@@ -22,6 +22,18 @@ DEFAULT_ASYNC_CANDIDATES = 4
 # Which memory system a device plans for unless --memory says otherwise.
 DEFAULT_MEMORY = {"cuda": "h100-pcie5", "cpu": "optane"}
 MAX_HEADROOM = 0.5
+# Recomputation (docs/planning.md section 2b): off = move-only (AutoTM's plans), on = keep,
+# move or recompute (the joint ILP), only = keep or recompute, nothing is copied between tiers;
+# auto = on in GPU mode (where moving over PCIe is slow and compute is fast), off in host mode.
+RECOMPUTE_MODES: tuple[str, ...] = ("auto", "off", "on", "only")
+DEFAULT_RECOMPUTE_DEPTH = 2  # regeneration chains: a regenerated input of a regeneration, ...
+# A forward kernel is a recompute candidate when its time is at most this times the time to
+# copy its outputs out and back (both directions, overlapped copies)
+DEFAULT_RECOMPUTE_RATIO = 1.0
+# The plan names of the three families, as headers, `autotm bench --strategies` and reports
+# write them: "<strategy>" (move-only), "<strategy>+recompute" (joint), "recompute-only".
+RECOMPUTE_SUFFIX = "+recompute"
+RECOMPUTE_ONLY = "recompute-only"
 # The largest peak footprint the command line accepts: the most memory one machine has (an
 # 8-socket server: 32 TiB of DRAM, far above 8 GPUs' HBM). Above it a model cannot run anywhere
 # and a plan means nothing; it is almost always a typo in --batch or --dim.
@@ -47,6 +59,9 @@ class PlanConfig:
     # Share of the budget the plan leaves free for the allocator's fragmentation (AutoTM's
     # "defrag" margin): the ILP bounds the sum of live bytes, a real heap needs more.
     headroom: float = 0.0
+    recompute: str = "auto"  # auto | off | on | only (RECOMPUTE_MODES)
+    recompute_depth: int = DEFAULT_RECOMPUTE_DEPTH
+    recompute_ratio: float = DEFAULT_RECOMPUTE_RATIO
     # Fast memory the runtime keeps for itself (GPU: torch's cuBLAS workspaces), taken out of
     # the budget before the plan's tensors; None: the memory system's `runtime_reserve_bytes`.
     reserve_bytes: int | None = None
@@ -56,6 +71,7 @@ class PlanConfig:
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"--strategy {self.strategy!r}: choose one of "
                               f"{', '.join(STRATEGIES)}")
+        self._check_recompute()
         if self.ratio is not None and self.fast_mem_bytes is not None:
             raise ConfigError("give either --ratio or --fast-mem, not both")
         if self.device not in DEFAULT_MEMORY:
@@ -73,6 +89,47 @@ class PlanConfig:
         if self.async_candidates is not None and self.async_candidates < 1:
             raise ConfigError(f"--async-candidates {self.async_candidates}: must be >= 1 "
                               "(or 'all')")
+
+    def _check_recompute(self) -> None:
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ConfigError(f"--recompute {self.recompute!r}: choose one of "
+                              f"{', '.join(RECOMPUTE_MODES)}")
+        if self.recompute in ("on", "only") and self.strategy == "static":
+            raise ConfigError(f"--recompute {self.recompute} needs decision points at the uses "
+                              "of each tensor: use --strategy sync or async")
+        if self.recompute_depth < 1:
+            raise ConfigError(f"--recompute-depth {self.recompute_depth}: must be >= 1")
+        if not self.recompute_ratio > 0:
+            raise ConfigError(f"--recompute-ratio {self.recompute_ratio}: must be positive")
+
+    @property
+    def recompute_mode(self) -> str:
+        """The recompute mode in effect: off, on or only (auto: on in GPU mode unless the
+        strategy is static, else off)."""
+        if self.recompute != "auto":
+            return self.recompute
+        return "on" if self.device == "cuda" and self.strategy != "static" else "off"
+
+    @property
+    def plan_name(self) -> str:
+        """The plan family's name: ``sync``/``async`` (move-only), ``sync+recompute``/
+        ``async+recompute`` (joint) or ``recompute-only``."""
+        mode = self.recompute_mode
+        if mode == "only":
+            return RECOMPUTE_ONLY
+        return self.strategy + (RECOMPUTE_SUFFIX if mode == "on" else "")
+
+    @classmethod
+    def for_plan_name(cls, name: str, **kwargs: Any) -> PlanConfig:
+        """The config of a plan name (`plan_name`): ``async`` is move-only, whatever the
+        device; ``async+recompute`` joint; ``recompute-only`` recompute-only."""
+        if name == RECOMPUTE_ONLY:
+            return cls(strategy="sync", recompute="only", **kwargs)
+        if name.endswith(RECOMPUTE_SUFFIX):
+            return cls(strategy=name[:-len(RECOMPUTE_SUFFIX)], recompute="on", **kwargs)
+        if name not in STRATEGIES:
+            raise ConfigError(f"--strategy {name!r}: choose one of {', '.join(PLAN_NAMES)}")
+        return cls(strategy=name, recompute="off", **kwargs)
 
     def _coerce(self) -> None:
         """API callers may write ratio="1:4" and fast_mem_bytes="16GiB", as on the command
@@ -98,5 +155,10 @@ class PlanConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ratio"] = None if self.ratio is None else str(self.ratio)
+        d["recompute"] = self.recompute_mode
         return d
+
+
+PLAN_NAMES: tuple[str, ...] = (*STRATEGIES, *(s + RECOMPUTE_SUFFIX for s in STRATEGIES[1:]),
+                               RECOMPUTE_ONLY)
 

@@ -2,10 +2,10 @@
 
 The one interpreter of plan records: the simulator (predicted timeline), the verifier (strict
 simulator), the executor (torch) and the report's residency walk subclass it and override
-`compute`, `move` and `free` (and `after` to observe each record's effect). Any error raised by
-a handler is re-raised as a `PlanError`/`ExecutionError` subclass that names the record. A
-walk without a graph (reports of a saved plan) names tensors and kernels from the plan's own
-names tables.
+`compute`, `move`, `free` and `recompute` (and `after` to observe each record's effect). Any
+error raised by a handler is re-raised as a `PlanError`/`ExecutionError` subclass that names
+the record. A walk without a graph (reports of a saved plan) names tensors and kernels from
+the plan's own names tables.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotm_py.errors import AutoTMError, PlanError
-from autotm_py.plan import Compute, Free, Move, Plan, Record
+from autotm_py.plan import Compute, Free, Move, Plan, Recompute, Record
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -46,6 +46,8 @@ class PlanInterpreter:
             self.move(record)
         elif isinstance(record, Free):
             self.free(record)
+        elif isinstance(record, Recompute):
+            self.recompute(record)
         else:  # pragma: no cover - records are a closed union
             raise PlanError(f"unknown record {record!r}")
 
@@ -57,6 +59,10 @@ class PlanInterpreter:
         if isinstance(record, Move):
             how = record.mode + (f" over #{record.overlaps}" if record.overlaps is not None else "")
             return f"move {self._tensor_name(record.tensor)!r} to {record.to} ({how})"
+        if isinstance(record, Recompute):
+            name, op = self._kernel_name(record.kernel)
+            outs = ", ".join(repr(self._tensor_name(t)) for t in record.outputs)
+            return f"recompute {name!r} ({op}, #{record.kernel}) for {outs}"
         return f"free {self._tensor_name(record.tensor)!r} from {record.tier}"
 
     def _tensor_name(self, tid: int) -> str:
@@ -90,4 +96,8 @@ class PlanInterpreter:
         raise NotImplementedError
 
     def free(self, record: Free) -> None:
+        raise NotImplementedError
+
+    def recompute(self, record: Recompute) -> None:
+        """Re-run a forward kernel to regenerate some of its outputs in fast memory."""
         raise NotImplementedError

@@ -152,10 +152,12 @@ class MachineModel:
         kid = int(live.argmax())
         return int(live[kid]), kid
 
-    def live_bytes(self, tensors: Iterable[int]) -> np.ndarray:
-        """Per kernel, the accounted bytes of the given tensors live there."""
-        return accounting.live_bytes(len(self.graph.kernels), self.sizes, self.live_ranges,
-                                     tensors)
+    def live_bytes(self, tensors: Iterable[int],
+                   ranges: Sequence[tuple[int, int]] | None = None) -> np.ndarray:
+        """Per kernel, the accounted bytes of the given tensors live there (over `ranges`,
+        default their live ranges)."""
+        return accounting.live_bytes(len(self.graph.kernels), self.sizes,
+                                     self.live_ranges if ranges is None else ranges, tensors)
 
     def io_bytes(self, kid: int) -> int:
         """Accounted bytes of a kernel's distinct inputs and outputs."""

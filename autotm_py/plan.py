@@ -13,6 +13,12 @@ Records (executed in order by `interpreter.PlanInterpreter` subclasses):
   for it. Fast memory for a copy to ``fast`` is taken when the copy is issued.
 - ``Free(tensor, tier)``: drop that tier's copy. After an async Move of the same tensor, the
   memory is released only when the copy has finished.
+- ``Recompute(kernel, outputs, before)``: re-run forward kernel `kernel` on the compute stream
+  to regenerate `outputs` (some of its outputs, absent from both tiers since a Free dropped
+  them) in fast memory, right before kernel `before` (the next Compute). Every input must be in
+  fast memory; outputs not listed are made and dropped at once (a multi-output kernel re-creates
+  them all). Only kernels whose outputs are reproducible bit for bit are re-run
+  (`NON_REPRODUCIBLE_OPS`).
 
 Tensors without a producer (inputs, weights, optimizer state, constants) start where
 `initial` says. Carried tensors (training: W -> W') must end the iteration where their
@@ -65,7 +71,23 @@ class Free:
     tier: str
 
 
-Record = Compute | Move | Free
+@dataclass(frozen=True, slots=True)
+class Recompute:
+    kernel: int
+    outputs: tuple[int, ...]  # the outputs it regenerates (kept in fast memory)
+    before: int  # the kernel whose step it belongs to: the next Compute record
+
+
+Record = Compute | Move | Free | Recompute
+
+# Ops whose outputs a re-run cannot reproduce bit for bit (random draws without a seed the
+# plan could replay). Plans never re-run them. Dropout in training mode is among them: our own
+# kernel seeds its generator from the kernel id, but another executor of the plan (Julia, a
+# framework) need not, so the plan does not rely on it.
+NON_REPRODUCIBLE_OPS = frozenset({
+    "Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+    "Bernoulli", "Multinomial",
+})
 
 
 @dataclass(frozen=True)
@@ -186,6 +208,9 @@ class Plan:
     def moves(self) -> Iterable[Move]:
         return (r for r in self.records if isinstance(r, Move))
 
+    def recomputes(self) -> Iterable[Recompute]:
+        return (r for r in self.records if isinstance(r, Recompute))
+
     def with_header(self, **changes: Any) -> Plan:
         return replace(self, header=replace(self.header, **changes))
 
@@ -265,7 +290,9 @@ class Plan:
         seen: set[int] = set()
         for i, rec in enumerate(self.records):
             _check_record(rec, i, graph, n_k, n_t)
-            if isinstance(rec, Compute):
+            if isinstance(rec, Recompute):
+                _check_recompute(rec, i, graph, seen)
+            elif isinstance(rec, Compute):
                 if rec.kernel in seen:
                     raise PlanError(f"record #{i}: kernel #{rec.kernel} is computed twice")
                 seen.add(rec.kernel)
@@ -327,6 +354,23 @@ def costs_drift(header: PlanHeader, digest: str, predicted_now_s: float | None =
             "`autotm optimize` to plan for today's costs")
 
 
+def _check_recompute(rec: Recompute, i: int, graph: TensorGraph, seen: set[int]) -> None:
+    kernel = graph.kernels[rec.kernel]
+    if rec.kernel not in seen:
+        raise PlanError(f"record #{i}: recompute of kernel #{rec.kernel} before it first ran")
+    if kernel.op_type in NON_REPRODUCIBLE_OPS:
+        raise PlanError(f"record #{i}: kernel #{rec.kernel} ({kernel.op_type}) cannot be "
+                        "recomputed: its outputs are random, a re-run would not reproduce them")
+    if not rec.outputs:
+        raise PlanError(f"record #{i}: recompute of kernel #{rec.kernel} regenerates nothing")
+    stray = [t for t in rec.outputs if t not in kernel.outputs]
+    if stray:
+        raise PlanError(f"record #{i}: tensor #{stray[0]} is not an output of kernel "
+                        f"#{rec.kernel}")
+    if rec.before in seen:
+        raise PlanError(f"record #{i}: recompute before kernel #{rec.before}, which already ran")
+
+
 def _header_from_json(h: dict[str, Any], version: int) -> PlanHeader:
     h["solver"] = SolverStats(**h.get("solver", {}))
     h["notes"] = tuple(h.get("notes", ()))
@@ -345,6 +389,14 @@ def _header_from_json(h: dict[str, Any], version: int) -> PlanHeader:
 
 
 def _check_record(rec: Record, i: int, graph: TensorGraph, n_k: int, n_t: int) -> None:
+    if isinstance(rec, Recompute):
+        if not (0 <= rec.kernel < n_k and 0 <= rec.before < n_k):
+            raise PlanError(f"record #{i}: recompute of kernel #{rec.kernel} before kernel "
+                            f"#{rec.before}: no such kernel")
+        bad = [t for t in rec.outputs if not 0 <= t < n_t]
+        if bad:
+            raise PlanError(f"record #{i}: tensor #{bad[0]} does not exist")
+        return
     if isinstance(rec, Compute):
         if not 0 <= rec.kernel < n_k:
             raise PlanError(f"record #{i}: kernel #{rec.kernel} does not exist")
@@ -378,6 +430,9 @@ def _record_to_json(rec: Record) -> dict[str, Any]:
         if rec.overlaps is not None:
             out["overlaps"] = rec.overlaps
         return out
+    if isinstance(rec, Recompute):
+        return {"op": "recompute", "kernel": rec.kernel, "outputs": list(rec.outputs),
+                "before": rec.before}
     return {"op": "free", "tensor": rec.tensor, "tier": rec.tier}
 
 
@@ -391,6 +446,9 @@ def _record_from_json(data: Mapping[str, Any]) -> Record:
                     None if overlaps is None else int(overlaps))
     if op == "free":
         return Free(int(data["tensor"]), str(data["tier"]))
+    if op == "recompute":
+        return Recompute(int(data["kernel"]), tuple(int(t) for t in data["outputs"]),
+                         int(data["before"]))
     raise ValueError(f"unknown record op {op!r}")
 
 

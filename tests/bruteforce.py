@@ -10,6 +10,14 @@ It shares only the model's *definition* with the planner: the decision points
 Transitions of a tensor between kernels k and k+1: stay; write-evict F0 -> S after gadget k
 (write mode of k); drop F1 -> S after gadget k; read S -> F1 at gadget k+1 (read mode of
 k+1); and both, F0 -> F1 (write then read, with no kernel between them).
+
+With recomputation (a `RecomputeSpec`, the shared definition of where tensors may be
+regenerated): a fourth state X (absent); discard F0 -> X after a gadget from `discard_from`
+on; regenerate X -> F0 before a regeneration gadget k+1, which re-runs the producer p before
+kernel k+1 for its time (once per producer and kernel), needs every input of p in fast memory
+and not still arriving by an overlapped read at k+1, and needs room for the fast tensors at
+k+1, p's workspace and p's outputs that are not kept. X is never allowed at a kernel that reads
+or writes the tensor.
 """
 
 from __future__ import annotations
@@ -20,10 +28,11 @@ from dataclasses import dataclass
 from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import Plan
-from autotm_py.planning.gadgets import ASYNC, MODE_NAMES, NONE, SYNC, tensor_gadgets
+from autotm_py.planning.gadgets import ASYNC, MODE_NAMES, NONE, SYNC, TensorGadgets, tensor_gadgets
+from autotm_py.planning.recompute import RecomputeSpec
 from autotm_py.planning.schedule import ScheduleBuilder, to_plan
 
-F0, F1, S = "F0", "F1", "S"
+F0, F1, S, X = "F0", "F1", "S", "X"
 FASTISH = (F0, F1)
 
 
@@ -41,9 +50,22 @@ def _modes(gadgets: dict[int, object], tid: int) -> tuple[dict[int, int], dict[i
 
 
 def _transitions(state: str, k: int, reads: dict[int, int], writes: dict[int, int],
-                 to_end: bool) -> list[Option]:
+                 to_end: bool, g: TensorGadgets) -> list[Option]:
     """Options of a tensor from state `state` during k to its state at k+1 (or the end)."""
     gadget = k in reads
+    out = _moves(state, k, reads, writes, to_end, gadget)
+    if not to_end and k + 1 in reads and g.sync_reads(g.kernels.index(k + 1)):
+        out += [o for o in _moves(state, k, {**reads, k + 1: SYNC}, writes, to_end, gadget)
+                if any(e[0] == "read" for e in o.events)]  # the extra sync read there
+    if state == F0 and gadget and 0 <= g.discard_from <= g.kernels.index(k):
+        out.append(Option(X, (("discard", k, ""),)))
+    if state == X and not to_end and k + 1 in reads and g.regenerates(g.kernels.index(k + 1)):
+        out.append(Option(F0, (("regen", k + 1, ""),)))
+    return out
+
+
+def _moves(state: str, k: int, reads: dict[int, int], writes: dict[int, int], to_end: bool,
+           gadget: bool) -> list[Option]:
     w, r = writes.get(k, NONE), (NONE if to_end else reads.get(k + 1, NONE))
     out = [Option(state, ())]
     if state == F0 and w != NONE:
@@ -61,14 +83,17 @@ class BruteForce:
     """Exhaustive search; `solve()` returns (best time in seconds, Plan) or (None, None)."""
 
     def __init__(self, machine: MachineModel, strategy: str, window: int = 15,
-                 fixed: frozenset[int] = frozenset()) -> None:
+                 fixed: frozenset[int] = frozenset(), recompute: RecomputeSpec | None = None,
+                 moves: bool = True) -> None:
         self.machine = machine
         self.strategy = strategy
-        gl = tensor_gadgets(machine, strategy, window, fixed=fixed)
+        gl = tensor_gadgets(machine, strategy, window, fixed=fixed, recompute=recompute,
+                            moves=moves)
         self.gadgets = {g.tensor: g for g in gl if g is not None}
         self.modes = {t: _modes(self.gadgets, t) for t in self.gadgets}
         self.n = len(machine.graph.kernels)
-        self.ranges = machine.live_ranges
+        self.ranges = recompute.ranges(machine) if recompute is not None else \
+            machine.live_ranges
         self.carried_first = tuple(a for a, _ in machine.steady_pairs)
 
     def live(self, k: int) -> list[int]:
@@ -84,10 +109,33 @@ class BruteForce:
         return budget is None or used + int(self.machine.workspace[k]) <= budget
 
     def gpu_ok(self, k: int, states: dict[int, str]) -> bool:
-        if not self.machine.gpu:
-            return True
+        """GPU: every IO tensor of kernel k is in fast memory; both modes: none is absent."""
         io = set(self.machine.graph.kernels[k].io)
-        return all(s in FASTISH for t, s in states.items() if t in io)
+        ok = FASTISH if self.machine.gpu else (F0, F1, S)
+        return all(s in ok for t, s in states.items() if t in io)
+
+    def regenerations(self, k: int, states: dict[int, str], events: tuple) -> float | None:
+        """Seconds of the regenerations before kernel k (events of the transition into k), or
+        None when one is not possible (an input absent or still arriving, or no room)."""
+        graph, machine = self.machine.graph, self.machine
+        groups: dict[int, set[int]] = {}
+        for t, e in events:
+            if e[0] == "regen":
+                groups.setdefault(graph.tensors[t].producer, set()).add(t)
+        arriving = {t for t, e in events if e[0] == "read" and e[2] == "async"}
+        used = sum(int(machine.sizes[t]) for t, s in states.items() if s in FASTISH)
+        seconds = 0.0
+        for pid, kept in groups.items():
+            kernel = graph.kernels[pid]
+            for i in set(kernel.inputs):
+                if i not in machine.pinned and (states.get(i) not in FASTISH or i in arriving):
+                    return None
+            scratch = sum(int(machine.sizes[o]) for o in kernel.outputs if o not in kept)
+            if machine.budget is not None and \
+                    used + int(machine.workspace[pid]) + scratch > machine.budget:
+                return None
+            seconds += machine.fast_time(pid)
+        return seconds
 
     def placement(self, k: int, states: dict[int, str]) -> tuple[str, ...]:
         return tuple(SLOW if states.get(t) == S else FAST for t in self.machine.graph.kernels[k].io)
@@ -149,6 +197,10 @@ class BruteForce:
                 elif not (self.fits(k + 1, new_states) and self.gpu_ok(k + 1, new_states)):
                     continue
                 else:
+                    regen = self.regenerations(k + 1, new_states, events)
+                    if regen is None:
+                        continue
+                    total += regen
                     areads = frozenset(t for t, e in events if e[0] == "read" and e[2] == "async")
                     new_key = (tuple(sorted(new_states.items())), areads, key[2])
                 total += sum(self.machine.copy_time(t, FAST, "sync") for t, e in events
@@ -164,7 +216,7 @@ class BruteForce:
             if end == k and not (last and t in self.machine.survivors):
                 continue  # dies after k
             reads, writes = self.modes[t]
-            opts = _transitions(s, k, reads, writes, to_end=last)
+            opts = _transitions(s, k, reads, writes, last, self.gadgets[t])
             if last and (t in {z for _, z in self.machine.steady_pairs}):
                 opts = [o for o in opts if o.state != F1]
             movers.append(t)
@@ -220,13 +272,18 @@ class BruteForce:
         init_events = [ev for ev in _initial_events(first_states, self)]
         per_kernel_states = [first_states] + [dict(k[1] if k[0] == "end" else k[0])
                                               for k in keys]
+        regens: dict[tuple[int, int], list[int]] = {}
         for t, (kind, kernel, mode) in init_events + [e for ev in steps for e in ev]:
             if kind == "read":
                 b.read(t, kernel, mode)
             elif kind == "evict":
                 b.evict(t, kernel, mode)
-            else:
+            elif kind == "regen":
+                regens.setdefault((machine.graph.tensors[t].producer, kernel), []).append(t)
+            else:  # drop or discard
                 b.free(t, FAST, kernel)
+        for (pid, kernel), outputs in regens.items():
+            b.recompute(pid, tuple(sorted(outputs)), kernel)
         for k in range(self.n):
             b.compute(k, self.placement(k, per_kernel_states[k]))
         self._free_dead(b, per_kernel_states)
@@ -237,7 +294,7 @@ class BruteForce:
             end = self.ranges[t][1]
             if t in self.machine.survivors:
                 continue
-            state = per_kernel[end][t]
+            state = per_kernel[end].get(t, X)
             if state in FASTISH:
                 b.free(t, FAST, end)
             if state in (F1, S):

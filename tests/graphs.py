@@ -54,6 +54,33 @@ def small_training(kib: int = 64, workspace_kib: int = 0) -> TensorGraph:
     return b.build()
 
 
+def chain_training(n: int = 3, kib: int = 64) -> TensorGraph:
+    """A chain of n forward kernels (the first with a weight), a loss, and a backward pass in
+    which each backward kernel reads the forward activation below it (as ReluGrad or
+    ConvGradFilter do), then SGD: a small graph where activations are worth regenerating."""
+    b = GraphBuilder(f"chain_train{n}")
+    x, w = _act(b, "x", kib, Role.INPUT), _act(b, "w", kib // 4, Role.WEIGHT)
+    b.inputs.append(x)
+    acts = [x]
+    for i in range(n):
+        out = _act(b, f"a{i}", kib)
+        b.add_kernel("Relu", [acts[-1], w] if i == 0 else [acts[-1]], [out], name=f"f{i}")
+        acts.append(out)
+    grad = _act(b, "g_top", kib, Role.GRADIENT)
+    b.add_kernel("Loss", [acts[-1]], [grad], name="loss", domain="autotm")
+    for i in range(n - 1, 0, -1):
+        g = _act(b, f"g{i}", kib, Role.GRADIENT)
+        b.add_kernel("Bwd", [grad, acts[i]], [g], name=f"b{i}", domain="autotm")
+        grad = g
+    dw = _act(b, "dw", kib // 4, Role.WEIGHT_GRADIENT)
+    b.add_kernel("Bwd", [grad, x], [dw], name="b0", domain="autotm")
+    w_next = _act(b, "w::next", kib // 4, Role.WEIGHT)
+    b.add_kernel("SGDUpdate", [w, dw], [w_next], name="sgd", domain="autotm")
+    b.carried.append((w, w_next))
+    b.outputs.append(w_next)
+    return b.build()
+
+
 def random_training(seed: int, n_forward: int = 4, max_inputs: int = 2) -> TensorGraph:
     """A random forward DAG with weights, a backward pass that reads forward activations in
     reverse order, and SGD updates of carried weights: a small training-like graph."""

@@ -14,8 +14,10 @@ no deadline (a solve's time varies with the machine's load) and prints the repro
 of a failure. `tests/conftest.py` registers and loads the profile before any test module is
 imported, so the `settings` decorators of the tests inherit it.
 
-`STRATEGIES` lists the planning strategies the checks cover and the devices each is checked
-on: a new strategy (e.g. ``recompute``) is covered by adding its name here.
+`STRATEGIES` lists the planning strategies the checks cover, as plan names
+(`PlanConfig.for_plan_name`: ``sync``/``async`` move only, ``sync+recompute``/
+``async+recompute`` keep, move or recompute, ``recompute-only``), and the devices each is
+checked on: a new strategy is covered by adding its name here.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ STRATEGIES: dict[str, tuple[str, ...]] = {
     "static": ("cpu",),
     "sync": ("cuda", "cpu"),
     "async": ("cuda", "cpu"),
+    "sync+recompute": ("cuda", "cpu"),
+    "async+recompute": ("cuda", "cpu"),
+    "recompute-only": ("cuda", "cpu"),
 }
+RECOMPUTE = ("sync+recompute", "async+recompute", "recompute-only")
 
 
 @dataclass(frozen=True)

@@ -96,3 +96,43 @@ def test_autograd_baseline_needs_training_graph():
 
     with pytest.raises(ConfigError, match="not a training graph"):
         measure_autograd(small_cnn(), device="cpu")
+
+
+# ---- recomputation -----------------------------------------------------------------------
+def _recompute_plans(graph):
+    """Joint and recompute-only plans of `graph` that really regenerate tensors: kernels
+    priced cheap next to copies (microseconds per MiB), budgets between the largest working
+    set and the peak (recompute-only: the peak of 512-byte-aligned sizes, as the planner
+    counts it; nothing moves, so weights and gradients stay and budgets must be near it)."""
+    costs = costs_for(graph, scale_s=2e-6)
+    aligned = machine_for(graph, PlanConfig(fast_mem_bytes=graph.peak_live_bytes,
+                                            device="cuda"), costs).peak[0]
+    plans = {}
+    cells = [("sync+recompute", 0.3), ("sync+recompute", 0.7), ("async+recompute", 0.5),
+             ("recompute-only", 0.93), ("recompute-only", 0.97)]
+    for name, frac in cells:
+        peak = aligned if name == "recompute-only" else graph.peak_live_bytes
+        budget = int(graph.max_working_set[0] + frac * (peak - graph.max_working_set[0]))
+        config = PlanConfig.for_plan_name(name, fast_mem_bytes=budget, device="cuda",
+                                          solver="highs")
+        result = optimize(graph, config, costs=costs)
+        if result.plan is not None:
+            plans[f"{name} at {frac}"] = result.plan
+    return plans
+
+
+@pytest.mark.parametrize("name", ["cnn", "decoder"])
+def test_plans_that_recompute_match_the_reference_bitwise(name):
+    graph = _graph(name)
+    reference = train_steps(graph, steps=STEPS, seed=5)
+    plans = _recompute_plans(graph)
+    regenerating = {k: p for k, p in plans.items() if any(True for _ in p.recomputes())}
+    assert len(regenerating) >= 3, sorted(plans)
+    assert any(k.startswith("recompute-only") for k in regenerating)
+    for plan_name, plan in regenerating.items():
+        steps = run_steps(graph, plan, steps=STEPS, seed=5)
+        for step, (got, want) in enumerate(zip(steps, reference, strict=True)):
+            for tid in graph.outputs:
+                assert torch.equal(got[tid], want[tid].cpu()), (
+                    f"{plan_name} ({sum(1 for _ in plan.recomputes())} recomputes), step "
+                    f"{step}: {graph.name_of(tid)} differs")

@@ -5,20 +5,33 @@ from dataclasses import replace
 
 import pytest
 
+from autotm_py.ir import GraphBuilder, Role
 from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import preset
 from autotm_py.plan import SolverStats
 from autotm_py.planning import formulation
 from autotm_py.planning.decode import decode
 from autotm_py.planning.gadgets import small_tensors
+from autotm_py.planning.recompute import recompute_spec
 from autotm_py.planning.solve import min_feasible_budget
 from autotm_py.planning.solvers import run_solver
 from autotm_py.runtime.simulate import Simulator
 from tests.bruteforce import BruteForce
-from tests.graphs import costs_for, random_training, residual_block, small_training
+from tests.graphs import (
+    chain_training,
+    costs_for,
+    random_training,
+    residual_block,
+    small_training,
+)
 from tests.synthetic import chain, diamond
 
 WINDOW = 3
+RECOMPUTE_GRAPHS = {
+    "chain_training": lambda: chain_training(3),
+    "training": small_training,
+    "random0": lambda: random_training(0, n_forward=3),
+}
 GRAPHS = {
     "chain": lambda: chain(4, size=1024 * 64),
     "diamond": lambda: diamond(1024 * 64),
@@ -43,17 +56,24 @@ def simulated(machine, plan):
     return sim.result().total_s
 
 
-def check(machine, strategy, fixed=frozenset()):
-    best, best_plan = BruteForce(machine, strategy, window=WINDOW, fixed=fixed).solve()
-    f = formulation.build(machine, strategy, WINDOW, fixed=fixed)
+def check(machine, strategy, fixed=frozenset(), recompute=None, moves=True):
+    """The ILP's optimum equals the exhaustive search's; both plans simulate to it. Returns
+    the ILP's plan."""
+    best, best_plan = BruteForce(machine, strategy, window=WINDOW, fixed=fixed,
+                                 recompute=recompute, moves=moves).solve()
+    f = formulation.build(machine, strategy, WINDOW, fixed=fixed, recompute=recompute,
+                          moves=moves)
     outcome = run_solver(f.prob, "highs", gap=0.0, time_limit=60)
+    if best is None:  # recompute-only: nothing may move, so a budget may have no plan
+        assert not moves and outcome.status == "infeasible"
+        return None
     assert outcome.status == "optimal"
     ilp = outcome.objective / formulation.MS
     plan = decode(f, config={"device": machine.costs.device}, solver=SolverStats())
-    assert best is not None
     assert ilp == pytest.approx(best, rel=1e-9)
     assert simulated(machine, plan) == pytest.approx(ilp, rel=1e-9)
     assert simulated(machine, best_plan) == pytest.approx(best, rel=1e-12)
+    return plan
 
 
 @pytest.mark.parametrize("graph", list(GRAPHS))
@@ -113,3 +133,93 @@ def test_small_tensors_share_of_the_budget():
     live = sum(int(machine.sizes[t]) for t in small)
     assert live <= 0.2 * machine.budget
     assert small_tensors(machine, 0.0) == frozenset()
+
+
+# ---- recomputation -----------------------------------------------------------------------
+# Kernels cheap next to copies (microseconds against a PCIe or Optane copy of the same bytes),
+# so that regenerating pays and the optimum uses it.
+CHEAP_S = 2e-6
+
+
+def recompute_machine(graph, memory, strategy, frac, *, pin=False):
+    costs = costs_for(graph, "cuda" if memory.mode == "gpu" else "cpu", scale_s=CHEAP_S)
+    return machine_at(graph, memory, strategy, frac, pin=pin, costs=costs)
+
+
+@pytest.mark.parametrize("graph", ["chain_training", "training"])
+@pytest.mark.parametrize("memory", ["h100-pcie5", "optane"])
+@pytest.mark.parametrize("strategy", ["sync", "async"])
+@pytest.mark.parametrize("frac", [0.0, 0.3, 0.7])
+def test_ilp_with_recompute_equals_exhaustive_search(graph, memory, strategy, frac):
+    g = RECOMPUTE_GRAPHS[graph]()
+    machine = recompute_machine(g, preset(memory), strategy, frac)
+    spec = recompute_spec(machine, depth=2, ratio=None)
+    assert spec.active
+    check(machine, strategy, recompute=spec)
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+@pytest.mark.parametrize("memory", ["h100-pcie5", "optane"])
+def test_random_training_graphs_with_recompute(seed, memory):
+    g = random_training(seed, n_forward=3)
+    machine = recompute_machine(g, preset(memory), "sync", 0.3)
+    check(machine, "sync", recompute=recompute_spec(machine, depth=2, ratio=None))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("seed", "strategy"), [(1, "sync"), (3, "sync"), (0, "async")])
+def test_random_training_graphs_with_recompute_slow(seed, strategy):
+    """10-20 s each: the exhaustive search over four states of up to nine live tensors (the
+    async search of the larger random graphs takes many minutes)."""
+    g = random_training(seed, n_forward=3)
+    machine = recompute_machine(g, preset("h100-pcie5"), strategy, 0.3)
+    check(machine, strategy, recompute=recompute_spec(machine, depth=2, ratio=None))
+
+
+@pytest.mark.parametrize("graph", ["chain_training", "training", "random0"])
+@pytest.mark.parametrize("frac", [0.3, 0.7, 1.0])
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_recompute_only_equals_exhaustive_search(graph, frac, depth):
+    g = RECOMPUTE_GRAPHS[graph]()
+    machine = recompute_machine(g, preset("h100-pcie5"), "sync", frac)
+    check(machine, "sync", recompute=recompute_spec(machine, depth=depth, ratio=None),
+          moves=False)
+
+
+def test_recompute_is_used():
+    g = chain_training(4)
+    machine = recompute_machine(g, preset("h100-pcie5"), "sync", 0.5)
+    plan = check(machine, "sync", recompute=recompute_spec(machine, depth=2, ratio=None))
+    assert [(r.kernel, r.outputs) for r in plan.recomputes()] == [(1, (g.by_name("a1").id,))]
+
+
+def chain_of_two():
+    """x -> f0(w) -> a0 (small) -> f1 -> a1 -> f2 -> a2 (large) -> loss; the backward reads a1
+    and x only. With the budget below, a1 cannot stay through the loss and a0 cannot either:
+    the optimum regenerates a0 from x, then a1 from a0, before the backward reads a1."""
+    b = GraphBuilder("chain_of_two")
+    t = {n: b.add_tensor(n, (kib * 256,), "float32", role) for n, kib, role in (
+        ("x", 16, Role.INPUT), ("w", 4, Role.WEIGHT), ("a0", 16, Role.ACTIVATION),
+        ("a1", 64, Role.ACTIVATION), ("a2", 256, Role.ACTIVATION), ("g", 256, Role.GRADIENT),
+        ("g1", 16, Role.GRADIENT), ("dw", 4, Role.WEIGHT_GRADIENT), ("w::next", 4, Role.WEIGHT))}
+    b.inputs.append(t["x"])
+    b.add_kernel("Relu", [t["x"], t["w"]], [t["a0"]], name="f0")
+    b.add_kernel("Relu", [t["a0"]], [t["a1"]], name="f1")
+    b.add_kernel("Relu", [t["a1"]], [t["a2"]], name="f2")
+    b.add_kernel("Loss", [t["a2"]], [t["g"]], name="loss", domain="autotm")
+    b.add_kernel("Bwd", [t["g"], t["a1"]], [t["g1"]], name="b1", domain="autotm")
+    b.add_kernel("Bwd", [t["g1"], t["x"]], [t["dw"]], name="b0", domain="autotm")
+    b.add_kernel("SGDUpdate", [t["w"], t["dw"]], [t["w::next"]], name="sgd", domain="autotm")
+    b.carried.append((t["w"], t["w::next"]))
+    b.outputs.append(t["w::next"])
+    return b.build()
+
+
+def test_recompute_chains():
+    g = chain_of_two()
+    costs = costs_for(g, "cuda", scale_s=CHEAP_S)
+    machine = MachineModel(g, preset("h100-pcie5").with_budget(540 * 1024), costs)
+    for depth, chained in ((1, False), (2, True)):
+        plan = check(machine, "sync", recompute=recompute_spec(machine, depth=depth, ratio=None))
+        got = [(r.kernel, r.before) for r in plan.recomputes()]
+        assert (got == [(0, 4), (1, 4)]) == chained, got

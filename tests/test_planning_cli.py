@@ -64,7 +64,7 @@ def test_bad_options_and_bad_plans(net, tmp_path, capsys):
 def test_async_candidates_option(net, capsys):
     assert main(["optimize", "net", "--fast-mem", "900KiB", "--strategy", "async",
                  "--async-candidates", "all", "--solver", "highs", "--no-baselines"]) == 0
-    assert "started from the sync plan" in capsys.readouterr().out
+    assert "async+recompute search started from the sync+recompute plan" in capsys.readouterr().out
     assert main(["optimize", "net", "--fast-mem", "900KiB", "--async-candidates", "few"]) == 2
     assert "error: --async-candidates 'few'" in capsys.readouterr().err
 
@@ -82,3 +82,28 @@ def test_headroom_option_leaves_room_and_writes_compressed_plans(net, tmp_path, 
     assert plan.header.counts["fast_peak_bytes"] <= 0.8 * (1 << 20)
     assert main(["simulate", "net", "--plan", str(path)]) == 0
     assert main(["optimize", "net", "--fast-mem", "1MiB", "--headroom", "0.5"]) == 2
+
+
+@pytest.mark.parametrize(("args", "name"), [
+    (["--recompute", "on"], "sync+recompute"), ([], "sync+recompute"),  # auto: on on a GPU
+    (["--recompute", "off"], "sync"), (["--recompute", "only"], "recompute-only"),
+    (["--device", "cpu"], "sync"),  # auto: off in host mode
+])
+def test_recompute_modes_name_the_plan_and_print_what_moves_and_reruns(monkeypatch, tmp_path,
+                                                                        capsys, args, name):
+    import re
+
+    from autotm_py.plan import Plan
+
+    graph = small_training(kib=256)
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: graph)
+    monkeypatch.setattr(api, "load_costs", lambda g, device="cuda", profiles_dir=None:
+                        costs_for(g, device, scale_s=2e-6))  # kernels cheap next to copies
+    path = tmp_path / "plan.json"
+    assert main(["optimize", "net", "--fast-mem", "1200KiB", *args, "--solver", "highs",
+                 "--no-baselines", "-o", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"plan {name} (strategy sync, recompute " in out and "moved      to fast" in out
+    ms, reruns = re.search(r"recomputed ([\d.]+) ms: (\d+) kernel re-runs", out).groups()
+    assert Plan.load(path).header.strategy == name
+    assert (int(reruns) > 0 and float(ms) > 0) == ("recompute" in name)

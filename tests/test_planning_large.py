@@ -29,9 +29,10 @@ GAP = 0.01  # the product's default gap: the checks hold for any incumbent
 
 def _config(strategy: str, device: str, pin: bool, budget: int | None) -> PlanConfig:
     """A budget in bytes, or None for none (ratio 1:0: the all-fast plan, no ILP)."""
-    config = PlanConfig(strategy=strategy, device=device, memory=MEMORY[device],
-                        fast_mem_bytes=budget, solver="highs", gap=GAP, async_window=8,
-                        time_limit_s=SIZES.large_time_limit_s, pin_weights=pin)
+    config = PlanConfig.for_plan_name(strategy, device=device, memory=MEMORY[device],
+                                      fast_mem_bytes=budget, solver="highs", gap=GAP,
+                                      async_window=8, time_limit_s=SIZES.large_time_limit_s,
+                                      pin_weights=pin)
     return config if budget is not None else config.with_ratio("1:0")
 
 
@@ -45,9 +46,16 @@ def _solve(graph, costs, strategy: str, device: str, pin: bool, frac: float, aga
     res = api.optimize(graph, _config(strategy, device, pin, budget), costs=costs)
     if res.status == "infeasible":
         need = res.min_feasible_budget_bytes
-        assert need is not None and budget < need <= peak, (budget, need, peak)
+        if need is None:  # recompute-only: nothing moves; at the peak everything fits
+            assert strategy == "recompute-only", res.message
+            need = budget
+        else:
+            assert budget < need <= peak, (budget, need, peak)
         budget = int(need + again * (peak - need))
         res = api.optimize(graph, _config(strategy, device, pin, budget), costs=costs)
+        if res.status == "infeasible" and strategy == "recompute-only":
+            budget = peak
+            res = api.optimize(graph, _config(strategy, device, pin, budget), costs=costs)
     return res, budget
 
 

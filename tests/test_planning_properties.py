@@ -1,6 +1,8 @@
 """Property-based tests on random DAGs and budgets: every plan verifies, its simulated time
 equals the ILP objective, and it is never worse than first-touch or all-slow, which are points
-of the same space (host mode: static points; GPU mode: sync points).
+of the same space (host mode: static points; GPU mode: sync points). A joint plan (keep, move
+or recompute) is never worse than the move-only plan of its strategy, a point of its space; a
+recompute-only plan, when none exists, is a result that says so.
 
 One test per strategy of `tests.randomized.STRATEGIES`, each running the profile's number of
 examples (`AUTOTM_HYPOTHESIS`; 15 by default, 1000 in CI's slow profile). Graphs of 100-500
@@ -16,7 +18,7 @@ from autotm_py.memory.tiers import preset
 from autotm_py.pipeline import optimize, simulate
 from autotm_py.planning.solve import min_feasible_budget
 from tests.graphs import costs_for, random_training
-from tests.randomized import STRATEGIES
+from tests.randomized import RECOMPUTE, STRATEGIES
 from tests.synthetic import random_dag
 
 MEMORY = {"cuda": "h100-pcie5", "cpu": "optane"}
@@ -30,28 +32,39 @@ def problems(draw, strategy):
     else:
         graph = random_training(seed, n_forward=draw(st.integers(2, 4)))
     device = draw(st.sampled_from(STRATEGIES[strategy]))
-    return graph, device, strategy, draw(st.floats(0.0, 1.0)), draw(st.booleans())
+    # kernel time per MiB touched: 1 ms (moving is cheap next to compute) or 2 us (kernels are
+    # cheap next to copies, so regenerating pays, as on a GPU behind PCIe)
+    scale = draw(st.sampled_from([1e-3, 2e-6])) if strategy in RECOMPUTE else 1e-3
+    return graph, device, strategy, draw(st.floats(0.0, 1.0)), draw(st.booleans()), scale
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 @settings(suppress_health_check=[HealthCheck.too_slow])  # examples: the profile's
 @given(data=st.data())
 def test_random_plans_verify_and_beat_baselines(strategy, data):
-    graph, device, strategy, frac, pin = data.draw(problems(strategy))
-    costs = costs_for(graph, device, seed=len(graph.kernels))
+    graph, device, strategy, frac, pin, scale = data.draw(problems(strategy))
+    costs = costs_for(graph, device, seed=len(graph.kernels), scale_s=scale)
     memory = preset(MEMORY[device])
     probe = MachineModel(graph, memory.with_budget(None), costs, pin)
     need, _ = min_feasible_budget(probe.__class__(graph, memory.with_budget(0), costs, pin),
                                   strategy)
     budget = int(need + frac * max(probe.peak[0] - need, 0))
-    cfg = PlanConfig(strategy=strategy, device=device, memory=MEMORY[device],
-                     fast_mem_bytes=budget, solver="highs", gap=0.0, async_window=4,
-                     pin_weights=pin)
+    cfg = PlanConfig.for_plan_name(strategy, device=device, memory=MEMORY[device],
+                                   fast_mem_bytes=budget, solver="highs", gap=0.0,
+                                   async_window=4, pin_weights=pin)
     res = optimize(graph, cfg, costs=costs, baselines=("first-touch", "all-slow"))
+    if strategy == "recompute-only" and res.status == "infeasible":
+        assert "no recompute-only plan" in res.message
+        return
     assert res.status == "optimal", res.message
     sim = simulate(graph, res.plan, costs=costs)  # strict: the verifier
     assert sim.total_s == pytest.approx(res.objective_s, rel=1e-3)
     assert sim.fast_peak_bytes <= budget
     for name, base in res.baselines.items():
-        if base.feasible:
+        if base.feasible and strategy != "recompute-only":
             assert res.predicted_time_s <= base.time_s * (1 + 1e-6), name
+    if strategy.endswith("+recompute"):
+        moves = optimize(graph, PlanConfig.for_plan_name(strategy.split("+")[0], **{
+            k: getattr(cfg, k) for k in ("device", "memory", "fast_mem_bytes", "solver", "gap",
+                                         "async_window", "pin_weights")}), costs=costs)
+        assert res.objective_s <= moves.objective_s * (1 + 1e-6)

@@ -8,7 +8,7 @@ from autotm_py.costs import KernelCosts
 from autotm_py.errors import PlanError
 from autotm_py.memory.tiers import FAST, SLOW, preset
 from autotm_py.pipeline import simulate
-from autotm_py.plan import Compute, Free, Move, Plan, PlanHeader, names_table
+from autotm_py.plan import Compute, Free, Move, Plan, PlanHeader, Recompute, names_table
 from tests.graphs import small_training
 from tests.synthetic import chain
 
@@ -96,6 +96,43 @@ def test_verifier_names_the_record(records, message):
     with pytest.raises(PlanError, match=message) as info:
         simulate(g, make_plan(g, complete, initial), costs=costs(g))
     assert str(info.value).startswith(("record #", "end of plan"))
+
+
+def recompute_plan(before_rerun=(), after_rerun=None):
+    """chain(3): a1 is dropped after kernel 1 (no copy anywhere) and regenerated before kernel
+    2 by re-running kernel 1, which needs a0 in fast memory; `before_rerun` is inserted before
+    the re-run, `after_rerun` (a0's free) after it."""
+    g, _, initial, (x, a0, a1, _) = chain_plan()
+    after_rerun = (Free(a0, FAST),) if after_rerun is None else after_rerun
+    records = [Compute(0, (FAST, FAST)), Free(x, FAST), Compute(1, (FAST, FAST)),
+               Free(a1, FAST), *before_rerun, Recompute(1, (a1,), 2), *after_rerun,
+               Compute(2, (FAST, FAST)), Free(a1, FAST)]
+    return g, make_plan(g, records, initial)
+
+
+def test_a_regeneration_recreates_its_outputs_and_takes_its_time():
+    g, plan = recompute_plan()
+    res = simulate(g, plan, costs=costs(g))
+    assert res.total_s == pytest.approx(4e-3)  # three kernels and one re-run
+    (span,) = res.recomputes
+    assert (span.kernel, span.outputs, span.before) == (1, (2,), 2)
+    assert res.recompute_s == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("before, after, message", [
+    # the re-run's input a0 was freed (absent) before the regeneration
+    ((Free(1, FAST),), (), "recompute input 'a0' is read after it was freed"),
+    # a0 is only in the slow tier: a regeneration reads fast memory
+    ((Move(1, SLOW, "sync"), Free(1, FAST)), (Free(1, SLOW),), "recompute input 'a0' is not "
+     "resident in the fast tier"),
+    # a1 regenerated while it is still in fast memory (its output is not absent)
+    ((Recompute(1, (2,), 2),), (Free(1, FAST),), "regenerated while it is in the fast tier"),
+])
+def test_verifier_rejects_a_regeneration_without_its_inputs_in_fast_memory(before, after,
+                                                                            message):
+    g, plan = recompute_plan(before, after)
+    with pytest.raises(PlanError, match=message):
+        simulate(g, plan, costs=costs(g))
 
 
 def test_budget_and_async_arrival_violations():

@@ -78,10 +78,10 @@ class ModelRunner:
 
     def config(self, ratio: str, strategy: str, solver: str) -> PlanConfig:
         s = self.spec
-        return PlanConfig(strategy=strategy, ratio=parse_ratio(ratio), device=s.device,
-                          memory=s.memory, solver=solver, gap=s.gap,
-                          time_limit_s=s.time_limit_s, pin_weights=s.pin_weights,
-                          headroom=s.headroom, threads=s.threads)
+        return PlanConfig.for_plan_name(strategy, ratio=parse_ratio(ratio), device=s.device,
+                                        memory=s.memory, solver=solver, gap=s.gap,
+                                        time_limit_s=s.time_limit_s, pin_weights=s.pin_weights,
+                                        headroom=s.headroom, threads=s.threads)
 
     def row(self, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
         key = self.names.key_values(self.model, ratio, strategy, solver)
@@ -273,6 +273,7 @@ class ModelRunner:
         row.update(plan_metrics(result.plan, self.view).to_dict())
         sim = api.simulate(self.graph, result.plan, costs=self.costs, strict=False)
         row["peak_fast_bytes"] = sim.fast_peak_bytes
+        row["recomputes"], row["recompute_s"] = len(sim.recomputes), sim.recompute_s
         # The prediction comes from this machine's costs: a plan read from --plans may have
         # been solved with profiles of another machine (its header keeps that prediction).
         row["predicted_s"] = sim.total_s

@@ -26,7 +26,8 @@ COLUMNS = (
     "predicted_s", "all_fast_s", "slowdown", "all_slow_s", "first_touch_s", "lru_s",
     "offload_s", "2lm_s", "oracle_s", "transfer_bound_s", "bytes_to_fast", "bytes_to_slow",
     "sync_bytes_to_fast",
-    "sync_bytes_to_slow", "async_bytes_to_fast", "async_bytes_to_slow", "input_fast_fraction",
+    "sync_bytes_to_slow", "async_bytes_to_fast", "async_bytes_to_slow", "recomputes",
+    "recompute_s", "input_fast_fraction",
     "output_fast_fraction", "peak_fast_bytes", "estimated_kernels", "scaled_kernels",
     "measured_s",
     "measured_peak_fast_bytes", "measured_host_s", "measured_alloc_retries", "headroom",
@@ -44,7 +45,9 @@ COLUMNS = (
 
 @dataclass(frozen=True)
 class BenchSpec:
-    """What to sweep. Every (model, ratio, strategy, solver) makes one row."""
+    """What to sweep. Every (model, ratio, strategy, solver) makes one row. Strategies are plan
+    names (`PlanConfig.plan_name`): ``sync``/``async`` move only, ``sync+recompute``/
+    ``async+recompute`` keep, move or recompute, ``recompute-only`` never copies."""
 
     models: tuple[str, ...]
     ratios: tuple[str, ...]
@@ -81,9 +84,9 @@ class BenchSpec:
         for r in self.ratios:
             parse_ratio(r, flag="--ratios")
         for s in self.strategies:  # validates strategy, device, gap, limit, headroom up front
-            PlanConfig(strategy=s, device=self.device, gap=self.gap,
-                       time_limit_s=self.time_limit_s, headroom=self.headroom,
-                       threads=self.threads)
+            PlanConfig.for_plan_name(s, device=self.device, gap=self.gap,
+                                     time_limit_s=self.time_limit_s, headroom=self.headroom,
+                                     threads=self.threads)
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads}: at least 1")
         if self.fit and not self.execute:

@@ -169,7 +169,8 @@ def _split(text: str) -> tuple[str, ...]:
               help="Comma-separated fast:slow ratios, e.g. 1:8,1:4,1:1 (1:4 = fast tier holds "
                    "1/5 of the peak; the paper's PMM:DRAM 4:1).")
 @click.option("--strategies", default="static,sync,async", show_default=True,
-              help="Comma-separated: static, sync, async.")
+              help="Comma-separated plan names: static, sync, async (move only), "
+                   "sync+recompute, async+recompute (keep, move or recompute), recompute-only.")
 @click.option("--solvers", default=DEFAULT_SOLVER, show_default=True,
               help="Comma-separated: highs, cbc.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,

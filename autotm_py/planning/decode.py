@@ -15,13 +15,23 @@ from typing import TYPE_CHECKING, Any
 
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.planning.gadgets import MODE_NAMES
-from autotm_py.planning.paths import DROP, F0, READ, START, WRITE, TensorPaths
+from autotm_py.planning.paths import (
+    DISCARD,
+    DROP,
+    F0,
+    NK,
+    READ,
+    REGEN,
+    START,
+    SYNC_READ,
+    WRITE,
+    TensorPaths,
+)
 from autotm_py.planning.schedule import ScheduleBuilder, to_plan
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from autotm_py.machine import MachineModel
     from autotm_py.plan import Plan, SolverStats
     from autotm_py.planning.formulation import Formulation
 
@@ -34,12 +44,17 @@ class Walk:
     events: list[tuple[int, str]] = field(default_factory=list)
 
 
+EVENTS = (READ, SYNC_READ, REGEN, WRITE, DROP, DISCARD)
+BEFORE = (READ, SYNC_READ, REGEN)  # events before the gadget's kernel; the others after it
+READS = (READ, SYNC_READ)
+
+
 def walk(p: TensorPaths, values: list[float]) -> Walk:
-    """The path's start and its READ/WRITE/DROP events, reads before transitions per layer."""
+    """The path's start and its events, those before each gadget's kernel first."""
     chosen = [e for e, v in zip(p.edges, values, strict=True) if v > 0.5]
-    start = next((e.dst % 3 for e in chosen if e.kind == START), F0)
-    events = [(e.layer, e.kind) for e in chosen if e.kind in (READ, WRITE, DROP)]
-    events.sort(key=lambda ev: (ev[0], ev[1] != READ))
+    start = next((e.dst % NK for e in chosen if e.kind == START), F0)
+    events = [(e.layer, e.kind) for e in chosen if e.kind in EVENTS]
+    events.sort(key=lambda ev: (ev[0], ev[1] not in BEFORE))
     return Walk(start, events)
 
 
@@ -52,7 +67,7 @@ def prune_reads(p: TensorPaths, w: Walk, users: tuple[int, ...]) -> Walk:
         if kind == DROP and skip_drop:
             skip_drop = False
             continue
-        if kind == READ:
+        if kind in READS:
             until = next((kernels[j] for j, k in w.events[i + 1:] if k == DROP), None)
             hi = until if until is not None else float("inf")
             if not any(kernels[layer] <= u <= hi for u in users):
@@ -68,9 +83,9 @@ def fast_intervals(p: TensorPaths, w: Walk, birth: int, last: int) -> list[tuple
     out = []
     opened = birth if w.start == F0 else None
     for layer, kind in w.events:
-        if kind == READ:
+        if kind in BEFORE:
             opened = kernels[layer]
-        elif opened is not None:  # WRITE or DROP after this gadget
+        elif opened is not None:  # WRITE, DROP or DISCARD after this gadget
             out.append((opened, kernels[layer]))
             opened = None
     if opened is not None:
@@ -78,8 +93,9 @@ def fast_intervals(p: TensorPaths, w: Walk, birth: int, last: int) -> list[tuple
     return out
 
 
-def emit(b: ScheduleBuilder, machine: MachineModel, tid: int, p: TensorPaths, w: Walk) -> None:
-    """Add the tensor's initial tier, moves and frees to the schedule."""
+def emit(b: ScheduleBuilder, tid: int, p: TensorPaths, w: Walk) -> None:
+    """Add the tensor's initial tier, moves and frees to the schedule (its regenerations are
+    added per producer by `decode`)."""
     g = p.gadgets
     kernels = g.kernels
     if g.given:
@@ -87,20 +103,46 @@ def emit(b: ScheduleBuilder, machine: MachineModel, tid: int, p: TensorPaths, w:
     fast, slow = w.start == F0, w.start != F0
     for layer, kind in w.events:
         k = kernels[layer]
-        if kind == READ:
-            b.read(tid, k, MODE_NAMES[g.read[layer]])
+        if kind in READS:
+            b.read(tid, k, "sync" if kind == SYNC_READ else MODE_NAMES[g.read[layer]])
+            fast = True
+        elif kind == REGEN:
             fast = True
         elif kind == WRITE:
             b.evict(tid, k, MODE_NAMES[g.write[layer]])
             fast, slow = False, True
-        else:
+        else:  # DROP or DISCARD
             b.free(tid, FAST, k)
             fast = False
     if not g.survives:
-        last = machine.live_ranges[tid][1]
         for tier, present in ((FAST, fast), (SLOW, slow)):
             if present:
-                b.free(tid, tier, last)
+                b.free(tid, tier, g.last)
+
+
+def regenerations(f: Formulation, walks: Mapping[int, Walk]) -> dict[tuple[int, int], list[int]]:
+    """(producer, kernel) -> the outputs regenerated before that kernel, from the walks."""
+    graph = f.machine.graph
+    out: dict[tuple[int, int], list[int]] = {}
+    for tid, w in walks.items():
+        p = f.paths[tid]
+        assert p is not None
+        for layer, kind in w.events:
+            if kind == REGEN:
+                key = (graph.tensors[tid].producer, p.gadgets.kernels[layer])
+                out.setdefault(key, []).append(tid)  # type: ignore[arg-type]
+    return out
+
+
+def effective_users(f: Formulation, regens: Mapping[tuple[int, int], list[int]]
+                    ) -> dict[int, tuple[int, ...]]:
+    """Per tensor, the kernels that read it, and those before which a regeneration reads it."""
+    graph = f.machine.graph
+    extra: dict[int, set[int]] = {}
+    for pid, u in regens:
+        for i in graph.kernels[pid].inputs:
+            extra.setdefault(i, set()).add(u)
+    return {t.id: tuple(sorted(set(t.users) | extra.get(t.id, set()))) for t in graph.tensors}
 
 
 def decode(f: Formulation, *, config: Mapping[str, Any], solver: SolverStats,
@@ -110,20 +152,24 @@ def decode(f: Formulation, *, config: Mapping[str, Any], solver: SolverStats,
     graph = machine.graph
     b = ScheduleBuilder(len(graph.kernels))
     intervals: dict[int, list[tuple[int, int]]] = {}
+    walks = {tid: walk(p, [v.varValue or 0.0 for v in f.x[tid]])
+             for tid, p in enumerate(f.paths) if p is not None}
+    regens = regenerations(f, walks)
+    users = effective_users(f, regens)
+    for (pid, u), outputs in sorted(regens.items()):
+        b.recompute(pid, tuple(sorted(outputs)), u)
     for tid, p in enumerate(f.paths):
         if p is None:  # pinned, or fixed in fast memory for life
             if graph.tensors[tid].producer is None:
                 b.initial[tid] = (FAST,)
             if tid in f.fixed and tid not in machine.survivors:
-                b.free(tid, FAST, machine.live_ranges[tid][1])
+                b.free(tid, FAST, max([machine.live_ranges[tid][1], *users[tid]]))
             continue
-        values = [v.varValue or 0.0 for v in f.x[tid]]
-        w = prune_reads(p, walk(p, values), graph.tensors[tid].users)
-        emit(b, machine, tid, p, w)
-        birth, last = machine.live_ranges[tid]
-        intervals[tid] = fast_intervals(p, w, birth, last)
+        w = prune_reads(p, walks[tid], users[tid])
+        emit(b, tid, p, w)
+        intervals[tid] = fast_intervals(p, w, machine.live_ranges[tid][0], p.gadgets.last)
     for kid, kernel in enumerate(graph.kernels):
         b.compute(kid, tuple(FAST if tid not in intervals or
                              any(a <= kid <= z for a, z in intervals[tid]) else SLOW
                              for tid in kernel.io))
-    return to_plan(machine, b, f.strategy, config=config, solver=solver, notes=notes)
+    return to_plan(machine, b, f.name, config=config, solver=solver, notes=notes)

@@ -15,7 +15,11 @@ Families, in build order:
                   or one-hot IO configurations with marginal rows (host, measured tables);
   (5) moves       sync reads/writes add their copy time; async ones feed the epigraph;
   (6) epigraph    y_k >= T_k and y_k >= each async term sum of kernel k;
-  (7) objective   sum_k (y_k or T_k) + sync copy times.
+  (7) objective   sum_k (y_k or T_k) + sync copy times + regeneration times;
+  (8) regeneration (with recomputation) z_{p,u}: producer p re-run before kernel u; each kept
+                  output's REGEN edge <= z; every input of p in fast memory at u (D >= z); the
+                  re-run's time t_p z; its memory (3b): U_u + ws_p z + its outputs not kept
+                  <= budget.
 """
 
 from __future__ import annotations
@@ -32,7 +36,16 @@ import pulp
 from autotm_py.memory.accounting import ALIGN_BYTES
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.planning.gadgets import ASYNC, SYNC, tensor_gadgets
-from autotm_py.planning.paths import F0, READ, SOURCE, WRITE, TensorPaths, build_paths
+from autotm_py.planning.paths import (
+    F0,
+    READ,
+    SOURCE,
+    SYNC_READ,
+    WRITE,
+    TensorPaths,
+    build_paths,
+)
+from autotm_py.planning.recompute import RecomputeSpec
 
 if TYPE_CHECKING:
     from autotm_py.machine import MachineModel
@@ -57,6 +70,8 @@ class Formulation:
     window: int
     candidates: int | None = None
     fixed: frozenset[int] = frozenset()  # kept in fast memory: constants, no variables
+    recompute: RecomputeSpec | None = None  # regeneration points; None: move-only
+    moves: bool = True  # False: recompute-only (no copies between tiers)
     prob: pulp.LpProblem = field(default_factory=lambda: pulp.LpProblem("autotm", pulp.LpMinimize))
     paths: list[TensorPaths | None] = field(default_factory=list)
     x: list[list[Any]] = field(default_factory=list)  # edge variables per tensor
@@ -64,6 +79,10 @@ class Formulation:
     async_terms: dict[int, dict[str, Expr]] = field(default_factory=dict)  # seconds
     objective: Expr = field(default_factory=dict)  # milliseconds
     capacity: list[Any] = field(default_factory=list)  # U_k per kernel (MiB)
+    capacity_constant: list[float] = field(default_factory=list)  # fixed tensors' changes at k
+    # (producer, kernel) -> (z: its variable, or None when it is the one output's REGEN edge,
+    # {output: REGEN edge variable})
+    regen: dict[tuple[int, int], tuple[Any, dict[int, Any]]] = field(default_factory=dict)
     epigraph: dict[int, Any] = field(default_factory=dict)  # y_k (ms)
     configs: dict[int, tuple[list[int], list[tuple[bool, ...]], list[Any]]] = \
         field(default_factory=dict)  # kernel -> (tensors, configurations, c variables)
@@ -72,6 +91,13 @@ class Formulation:
     n_rows: int = 0
     n_vars: int = 0
     build_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        """The plan family's name (`PlanConfig.plan_name`)."""
+        if not self.moves:
+            return "recompute-only"
+        return self.strategy + ("+recompute" if self.recompute is not None else "")
 
     # ---- helpers -------------------------------------------------------------------------
     def var(self, name: str, low: float | None = 0, up: float | None = 1,
@@ -109,20 +135,29 @@ def residency_edges(p: TensorPaths, kid: int) -> tuple[int, ...]:
 
 
 def build(machine: MachineModel, strategy: str, window: int, candidates: int | None = None,
-          fixed: frozenset[int] = frozenset()) -> Formulation:
+          fixed: frozenset[int] = frozenset(), *, recompute: RecomputeSpec | None = None,
+          moves: bool = True) -> Formulation:
     """Build the ILP: every family below, in order, then the objective. `fixed` tensors stay
-    in fast memory (`gadgets.small_tensors`): they enter as constants."""
+    in fast memory (`gadgets.small_tensors`): they enter as constants. `recompute`: where
+    tensors may be regenerated (None: move-only); `moves=False`: no copies (recompute-only)."""
     started = time.perf_counter()
-    f = Formulation(machine, strategy, window, candidates, fixed)
+    f = Formulation(machine, strategy, window, candidates, fixed, recompute, moves)
     add_paths(f)
     add_steady_state(f)
     add_capacity(f)
     add_kernel_times(f)
     add_moves(f)
     add_epigraph(f)
+    add_regeneration(f)
     set_objective(f)
     f.build_s = time.perf_counter() - started
     return f
+
+
+def last_kernel(f: Formulation, tid: int) -> int:
+    """The last kernel of a tensor's live range, extended by the regenerations that may need
+    it."""
+    return f.recompute.ends[tid] if f.recompute is not None else f.machine.live_ranges[tid][1]
 
 
 # ---- (1) paths ---------------------------------------------------------------------------
@@ -131,7 +166,8 @@ def add_paths(f: Formulation) -> None:
     in(v) >= out(v) at terminal ones (the path may end there)."""
     machine = f.machine
     carried_ends = {z for _, z in machine.steady_pairs}
-    for g in tensor_gadgets(machine, f.strategy, f.window, f.candidates, f.fixed):
+    for g in tensor_gadgets(machine, f.strategy, f.window, f.candidates, f.fixed,
+                            recompute=f.recompute, moves=f.moves):
         if g is None or g.fixed:
             f.paths.append(None)
             f.x.append([])
@@ -185,7 +221,7 @@ def add_capacity(f: Formulation) -> None:
         if p is not None and size > 0:
             _residency_changes(f, tid, p, size, changes)
         elif tid in f.fixed:
-            start, end = machine.live_ranges[tid]
+            start, end = machine.live_ranges[tid][0], last_kernel(f, tid)
             constant[start] += size
             constant[end + 1] -= 0.0 if tid in machine.survivors else size
     budget = machine.budget // ALIGN_BYTES * ALIGN_BYTES  # sums of aligned sizes are multiples
@@ -201,13 +237,14 @@ def add_capacity(f: Formulation) -> None:
         f.row(expr, pulp.LpConstraintEQ, constant[k])
         f.capacity.append(u)
         prev = u
+    f.capacity_constant = constant[:n]
 
 
 def _residency_changes(f: Formulation, tid: int, p: TensorPaths, size: float,
                        changes: list[Expr]) -> None:
     """Add size * (R(t,k) - R(t,k-1)) at every kernel k where R(t, .) may change."""
     previous: tuple[int, ...] = ()
-    for k, edges in residency_pieces(p, f.machine.live_ranges[tid][1]):
+    for k, edges in residency_pieces(p, p.gadgets.last):
         for v in f.flows(tid, edges):
             _add(changes[k], v, size)
         for v in f.flows(tid, previous):
@@ -290,10 +327,11 @@ def add_moves(f: Formulation) -> None:
             continue
         nbytes = int(machine.graph.tensor_bytes[tid])
         for e, v in zip(p.edges, f.x[tid], strict=True):
-            if e.kind not in (READ, WRITE):
+            if e.kind not in (READ, WRITE, SYNC_READ):
                 continue
-            to = FAST if e.kind == READ else SLOW
-            mode = (p.gadgets.read if e.kind == READ else p.gadgets.write)[e.layer]
+            to = SLOW if e.kind == WRITE else FAST
+            mode = SYNC if e.kind == SYNC_READ else \
+                (p.gadgets.read if e.kind == READ else p.gadgets.write)[e.layer]
             if mode == SYNC:
                 _add(f.objective, v, machine.memory.copy_time(nbytes, to, "sync") * MS)
             elif mode == ASYNC:
@@ -323,9 +361,83 @@ def add_epigraph(f: Formulation) -> None:
         _add(f.objective, y, 1.0)
 
 
+# ---- (8) regeneration --------------------------------------------------------------------
+def add_regeneration(f: Formulation) -> None:
+    """Per (producer p, kernel u) where some output of p may be regenerated: z_{p,u} in {0,1}
+    (p re-run before u; the REGEN edge itself when one output may be kept there), with
+    x(REGEN of o at u) <= z for each such output o; D(i, u) >= z for every input i of p (held
+    in fast memory for the re-run: kept, read back or regenerated first); t_p z in the
+    objective; and the re-run's memory (3b): U_u + ws_p z + sum_o size_o (z - x(REGEN of o at
+    u)) <= budget over all outputs o of p (those not kept are made and dropped at once)."""
+    if f.recompute is None:
+        return
+    machine = f.machine
+    edges = {tid: p.regen_edges() for tid, p in enumerate(f.paths) if p is not None}
+    for (pid, u), outputs in f.recompute.groups.items():
+        kept = {}
+        for t in outputs:
+            p = f.paths[t]
+            j = p.gadgets.kernels.index(u) if p is not None else -1
+            if p is not None and j in edges[t]:
+                kept[t] = f.x[t][edges[t][j]]
+        if not kept:
+            continue
+        z = f.var(f"z{pid}_{u}") if len(kept) > 1 else None
+        zexpr: Expr = {z: 1.0} if z is not None else {next(iter(kept.values())): 1.0}
+        for v in kept.values() if z is not None else ():
+            f.row({v: 1.0, z: -1.0}, pulp.LpConstraintLE, 0)
+        f.regen[(pid, u)] = (z, kept)
+        _regeneration_inputs(f, pid, u, zexpr)
+        _regeneration_memory(f, pid, u, zexpr, kept)
+        for v, c in zexpr.items():
+            _add(f.objective, v, c * machine.fast_time(pid) * MS)
+
+
+def _regeneration_inputs(f: Formulation, pid: int, u: int, z: Expr) -> None:
+    """D'(i, u) - z >= 0 for every input i of p that has decision points, where D' is D
+    without an overlapped read at u (that copy runs beside kernel u, after the re-run)."""
+    for i in set(f.machine.graph.kernels[pid].inputs):
+        p = f.paths[i]
+        if p is None:
+            continue  # pinned, or fixed in fast memory over its extended range
+        j = p.gadgets.kernels.index(u)
+        ready = [e for e in p.during[j] if not (p.edges[e].kind == READ and
+                                                  p.gadgets.read[j] == ASYNC)]
+        expr = dict(f.flows(i, tuple(ready)))
+        for v, c in z.items():
+            _add(expr, v, -c)
+        f.row(expr, pulp.LpConstraintGE, 0)
+
+
+def _regeneration_memory(f: Formulation, pid: int, u: int, z: Expr,
+                         kept: dict[int, Any]) -> None:
+    """(3b): U_u + ws_p z + sum over outputs o of p of size_o (z - x_o) <= budget; skipped
+    when it cannot bind (the re-run never needs more than kernel u's workspace)."""
+    machine = f.machine
+    if machine.budget is None:
+        return
+    outputs = machine.graph.kernels[pid].outputs
+    worst = int(machine.workspace[pid]) + sum(int(machine.sizes[o]) for o in outputs
+                                              if len(kept) > 1 or o not in kept)
+    if worst <= int(machine.workspace[u]):
+        return
+    row: Expr = {f.capacity[u]: 1.0}
+    for o in outputs:
+        size = float(machine.sizes[o]) * MIB
+        for v, c in z.items():
+            _add(row, v, size * c)
+        if o in kept:
+            _add(row, kept[o], -size)
+    for v, c in z.items():
+        _add(row, v, float(machine.workspace[pid]) * MIB * c)
+    budget = machine.budget // ALIGN_BYTES * ALIGN_BYTES
+    f.row(row, pulp.LpConstraintLE, budget * MIB)
+
+
 # ---- (7) objective -----------------------------------------------------------------------
 def set_objective(f: Formulation) -> None:
-    """min sum_k (y_k if k has async copies else T_k) + sync copy times, in milliseconds."""
+    """min sum_k (y_k if k has async copies else T_k) + sync copy times + regeneration times,
+    in milliseconds (the regeneration terms are added by family 8)."""
     for kid, (const, expr) in f.kernel_time.items():
         if kid in f.async_terms:
             continue

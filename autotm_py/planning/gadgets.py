@@ -15,16 +15,24 @@ Strategies are flags of the same rule:
   the producer or a user;
 - async: sync plus, within `window` kernels, overlapped reads before each user and overlapped
   writes after each use (producer included), at kernels that do not touch the tensor.
+
+With recomputation (`recompute.RecomputeSpec`), a tensor also has gadgets at its conditional
+uses (kernels before which a regeneration may need it: sync reads there, async reads in the
+windows before them, no writes), `regen` marks the gadgets before which it may be regenerated,
+and from gadget `discard_from` on its fast copy may be dropped with no copy anywhere (absent:
+at once for a candidate, after its last use for a tensor whose range a regeneration extends).
+`moves=False` (recompute-only plans) removes every read and write.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from autotm_py.machine import MachineModel
+    from autotm_py.planning.recompute import RecomputeSpec
 
 NONE, SYNC, ASYNC = 0, 1, 2
 MODE_NAMES = {SYNC: "sync", ASYNC: "async"}
@@ -43,33 +51,65 @@ class TensorGadgets:
     survives: bool  # must exist after the last kernel: the path ends in an end layer
     may_start_slow: bool  # given and starting in slow, or produced straight into slow
     fixed: bool = False  # kept in fast memory for life (a small tensor, see `small_tensors`)
+    regen: tuple[bool, ...] = ()  # may be regenerated (its producer re-run) before the gadget
+    # a sync read besides the gadget's async one (a kernel in a read window that a regeneration
+    # may need the tensor for: the async copy would arrive after the re-run)
+    sync_read: tuple[bool, ...] = ()
+    discard_from: int = -1  # first gadget after which it may become absent (-1: never)
+    last: int = -1  # last kernel of its (extended) live range
+
+    def regenerates(self, j: int) -> bool:
+        return bool(self.regen) and self.regen[j]
+
+    def sync_reads(self, j: int) -> bool:
+        """A sync read at gadget j besides its async one."""
+        return bool(self.sync_read) and self.sync_read[j]
+
+    def reads(self, j: int) -> bool:
+        return self.read[j] != NONE or self.sync_reads(j)
 
 
 def tensor_gadgets(machine: MachineModel, strategy: str, window: int,
                    candidates: int | None = None,
-                   fixed: frozenset[int] = frozenset()) -> list[TensorGadgets | None]:
+                   fixed: frozenset[int] = frozenset(), *,
+                   recompute: RecomputeSpec | None = None,
+                   moves: bool = True) -> list[TensorGadgets | None]:
     """Gadgets of every tensor (None for pinned tensors, which never move). `candidates`
     (async): keep only that many kernels per window, the longest ones (see `_add_windows`).
-    `fixed`: tensors that stay in fast memory for life (no decision points but their birth)."""
+    `fixed`: tensors that stay in fast memory for life (no decision points but their birth).
+    `recompute`: regeneration points and conditional uses; `moves`: False for plans that
+    copy nothing between tiers."""
     out: list[TensorGadgets | None] = []
     for t in machine.graph.tensors:
+        last = recompute.ends[t.id] if recompute is not None else machine.live_ranges[t.id][1]
         if t.id in machine.pinned:
             out.append(None)
         elif t.id in fixed:
             birth = machine.live_ranges[t.id][0]
             out.append(TensorGadgets(t.id, (birth,), (NONE,), (NONE,), (True,),
-                                     t.producer is None, t.id in machine.survivors, False, True))
+                                     t.producer is None, t.id in machine.survivors, False, True,
+                                     last=last))
         else:
-            out.append(_one(machine, t.id, strategy, window, candidates))
+            g = _one(machine, t.id, strategy, window, candidates, recompute)
+            out.append(g if moves else _without_moves(machine, g))
     return out
 
 
-def small_tensors(machine: MachineModel, share: float) -> frozenset[int]:
+def _without_moves(machine: MachineModel, g: TensorGadgets) -> TensorGadgets:
+    """No reads and writes: a tensor stays where it starts (host mode: a given tensor may
+    still start in the slow tier and be read there)."""
+    none = (NONE,) * len(g.kernels)
+    return replace(g, read=none, write=none, sync_read=(),
+                   may_start_slow=g.may_start_slow and g.given and not machine.gpu)
+
+
+def small_tensors(machine: MachineModel, share: float,
+                  ranges: Sequence[tuple[int, int]] | None = None) -> frozenset[int]:
     """The smallest tensors whose sizes, summed over all of them alive at once, never exceed
     `share` of the budget. Kept in fast memory for life, they cost at most that share of the
     budget, while giving them decision points would add most of the ILP's variables (a
     training graph has thousands of statistics, biases and small weights). Carried pairs are
-    kept together."""
+    kept together. `ranges`: live ranges to count them over (extended by recomputation)."""
     if machine.budget is None or share <= 0:
         return frozenset()
     cap = share * machine.budget
@@ -78,7 +118,7 @@ def small_tensors(machine: MachineModel, share: float) -> frozenset[int]:
     lo, hi = 0, len(order)  # the largest prefix of `order` whose live peak fits in `cap`
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _live_peak(machine, order[:mid]) <= cap:
+        if _live_peak(machine, order[:mid], ranges) <= cap:
             lo = mid
         else:
             hi = mid - 1
@@ -90,25 +130,38 @@ def small_tensors(machine: MachineModel, share: float) -> frozenset[int]:
     return frozenset(chosen)
 
 
-def _live_peak(machine: MachineModel, tensors: list[int]) -> int:
-    return int(machine.live_bytes(tensors).max()) if machine.graph.kernels else 0
+def _live_peak(machine: MachineModel, tensors: list[int],
+               ranges: Sequence[tuple[int, int]] | None) -> int:
+    return int(machine.live_bytes(tensors, ranges).max()) if machine.graph.kernels else 0
 
 
 def _one(machine: MachineModel, tid: int, strategy: str, window: int,
-         candidates: int | None) -> TensorGadgets:
+         candidates: int | None, recompute: RecomputeSpec | None) -> TensorGadgets:
     t = machine.graph.tensors[tid]
     birth, end = machine.live_ranges[tid]
     uses = set(t.users) | ({t.producer} if t.producer is not None else set())
     read: dict[int, int] = {birth: NONE}
     write: dict[int, int] = {birth: SYNC if t.producer is not None else NONE}
+    regen: frozenset[int] = frozenset()
+    cond: list[int] = []
+    both: set[int] = set()
     if strategy != "static":
+        if recompute is not None:
+            regen = recompute.regen.get(tid, frozenset())
+            cond = sorted(recompute.needs.get(tid, frozenset()) - uses)
         for u in t.users:
             read[u] = SYNC
             write[u] = SYNC
         if strategy == "async":
             times = machine.costs.times_s
-            _add_windows(read, write, uses, t.users, (birth, end), window,
-                         lambda ks: _longest(ks, times, candidates))
+            pick = lambda ks: _longest(ks, times, candidates)  # noqa: E731
+            _add_windows(read, write, uses, t.users, (birth, end), window, pick)
+            _add_read_windows(read, write, uses, cond, birth, window, pick)
+        for u in cond:  # a sync read may bring it back for a regeneration
+            if read.get(u, NONE) == NONE:
+                read[u] = SYNC
+            write.setdefault(u, NONE)
+        both = {u for u in cond if read[u] == ASYNC}  # keeps the async read of move-only plans
     kernels = tuple(sorted(read.keys() | write.keys()))
     # GPU static has no moves at all and kernels need fast IO: everything stays fast.
     may_slow = (t.producer is None or not machine.gpu) and \
@@ -124,7 +177,21 @@ def _one(machine: MachineModel, tid: int, strategy: str, window: int,
         given=t.producer is None,
         survives=tid in machine.survivors,
         may_start_slow=may_slow,
+        regen=tuple(k in regen for k in kernels),
+        sync_read=tuple(k in both for k in kernels) if both else (),
+        discard_from=_discard_from(kernels, end, bool(regen), bool(cond)),
+        last=recompute.ends[tid] if recompute is not None else end,
     )
+
+
+def _discard_from(kernels: tuple[int, ...], end: int, candidate: bool, extended: bool) -> int:
+    """The first gadget after which the tensor may be absent: any gadget for a tensor that may
+    be regenerated; its last use for one whose range a regeneration extends; else never."""
+    if candidate:
+        return 0
+    if extended:
+        return kernels.index(end) if end in kernels else -1
+    return -1
 
 
 def _add_windows(read: dict[int, int], write: dict[int, int], uses: set[int],
@@ -142,6 +209,19 @@ def _add_windows(read: dict[int, int], write: dict[int, int], uses: set[int],
         for k in pick([k for k in range(u + 1, min(end, u + window) + 1) if k not in uses]):
             write[k] = ASYNC
             read.setdefault(k, NONE)
+
+
+def _add_read_windows(read: dict[int, int], write: dict[int, int], uses: set[int],
+                      cond: Sequence[int], birth: int, window: int,
+                      pick: Callable[[list[int]], list[int]]) -> None:
+    """Overlapped reads within `window` kernels before each conditional use (only adding
+    decision points: the move-only gadgets stay as they are, so every move-only plan remains a
+    point of the model with recomputation)."""
+    for u in cond:
+        for k in pick([k for k in range(max(birth, u - window), u) if k not in uses]):
+            if read.get(k, NONE) == NONE:
+                read[k] = ASYNC
+            write.setdefault(k, NONE)
 
 
 def _longest(kernels: list[int], times: Sequence[float], keep: int | None) -> list[int]:

@@ -4,6 +4,8 @@ canonical order that the ILP's memory accounting assumes.
 For each kernel k, in this order:
 
 1. blocking reads into fast memory that k needs (``Move(t, fast, sync)``);
+1b. regenerations before k (``Recompute(p, outputs, before=k)``), in producer order, so that a
+   regenerated input is there before the re-run that reads it;
 2. overlapped copies of step k (``Move(t, to, async, overlaps=k)``), reads first;
 3. ``Compute(k, placement)``;
 4. frees after k: dead tensors, dropped fast copies, fast copies written by step k's async
@@ -29,6 +31,7 @@ from autotm_py.plan import (
     Move,
     Plan,
     PlanHeader,
+    Recompute,
     Record,
     SolverStats,
     names_table,
@@ -47,6 +50,7 @@ class ScheduleBuilder:
     initial: dict[int, tuple[str, ...]] = field(default_factory=dict)
     placements: dict[int, tuple[str, ...]] = field(default_factory=dict)
     _reads: dict[int, list[Record]] = field(default_factory=dict)
+    _recomputes: dict[int, list[Recompute]] = field(default_factory=dict)
     _overlapped_reads: dict[int, list[Record]] = field(default_factory=dict)
     _overlapped_writes: dict[int, list[Record]] = field(default_factory=dict)
     _frees: dict[int, list[Record]] = field(default_factory=dict)
@@ -69,6 +73,10 @@ class ScheduleBuilder:
         else:
             self._writes.setdefault(kid, []).extend((Move(tid, SLOW, "sync"), Free(tid, FAST)))
 
+    def recompute(self, pid: int, outputs: tuple[int, ...], kid: int) -> None:
+        """Re-run kernel `pid` before kernel `kid` to regenerate `outputs` in fast memory."""
+        self._recomputes.setdefault(kid, []).append(Recompute(pid, outputs, kid))
+
     def free(self, tid: int, tier: str, kid: int) -> None:
         """Drop the copy of `tid` in `tier` after kernel `kid`."""
         self._frees.setdefault(kid, []).append(Free(tid, tier))
@@ -80,6 +88,7 @@ class ScheduleBuilder:
         out: list[Record] = []
         for k in range(self.n_kernels):
             out.extend(self._reads.get(k, ()))
+            out.extend(sorted(self._recomputes.get(k, ()), key=lambda r: r.kernel))
             out.extend(self._overlapped_reads.get(k, ()))
             out.extend(self._overlapped_writes.get(k, ()))
             out.append(Compute(k, self.placements[k]))
@@ -90,10 +99,15 @@ class ScheduleBuilder:
 
 
 def move_counts(records: tuple[Record, ...], graph: TensorGraph) -> dict[str, int]:
-    """Number and bytes of moves per direction and mode, e.g. ``bytes_to_slow_async``."""
+    """Number and bytes of moves per direction and mode, e.g. ``bytes_to_slow_async``, and of
+    recomputations (``recomputes``, ``recomputed_bytes``: the outputs they keep)."""
     counts: dict[str, int] = {}
     for rec in records:
-        if isinstance(rec, Move):
+        if isinstance(rec, Recompute):
+            counts["recomputes"] = counts.get("recomputes", 0) + 1
+            counts["recomputed_bytes"] = counts.get("recomputed_bytes", 0) + sum(
+                int(graph.tensor_bytes[t]) for t in rec.outputs)
+        elif isinstance(rec, Move):
             key = f"to_{rec.to}_{rec.mode}"
             counts[f"moves_{key}"] = counts.get(f"moves_{key}", 0) + 1
             nbytes = int(graph.tensor_bytes[rec.tensor])
@@ -107,8 +121,11 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
     """A Plan of `model.graph` from the builder's records (predicted time set by the caller)."""
     graph = machine.graph
     records = builder.records()
-    counts = {"kernels": len(graph.kernels), "records": len(records),
-              **move_counts(records, graph)}
+    counts: dict[str, Any] = {"kernels": len(graph.kernels), "records": len(records),
+                              **move_counts(records, graph)}
+    if counts.get("recomputes"):
+        counts["recompute_s"] = sum(machine.fast_time(r.kernel) for r in records
+                                    if isinstance(r, Recompute))
     header = PlanHeader(
         model_hash=graph.model_hash,
         model_name=graph.name,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from autotm_py.planning.baselines import BaselineResult, all_fast
 from autotm_py.planning.control import SolveControl
 from autotm_py.planning.decode import decode
 from autotm_py.planning.gadgets import small_tensors
+from autotm_py.planning.recompute import RecomputeSpec, recompute_spec
 from autotm_py.planning.solvers import SolveOutcome, run_solver
 from autotm_py.units import format_bytes
 
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The time limit of a search with recomputation when none is given: its deeper models are
+# hard for the solvers, and each stage of the chain gets a share of it (`_chain`).
+RECOMPUTE_TIME_LIMIT_S = 180.0
 # Small tensors whose live sum never exceeds this share of the budget stay in fast memory
 # (`gadgets.small_tensors`): they would add most of the variables and move almost nothing.
 SMALL_SHARE = 0.01
@@ -44,9 +48,8 @@ class PlanResult:
     """What `optimize` found. `plan` is None when infeasible or when no plan was found in time.
 
     status: ``optimal`` (within the gap), ``time_limit`` (best plan found when the limit hit),
-    ``interrupted`` (stopped on request: the best plan found so far, or None if there was
-    none yet), ``infeasible`` (budget below `min_feasible_budget_bytes`, forced by
-    `forcing_kernel`), or ``no_solution`` (the limit hit before any plan was found)."""
+    ``infeasible`` (budget below `min_feasible_budget_bytes`, forced by `forcing_kernel`), or
+    ``no_solution`` (the limit hit before any plan was found)."""
 
     status: str
     plan: Plan | None
@@ -92,20 +95,23 @@ class PlanResult:
 
 
 def min_feasible_budget(machine: MachineModel, strategy: str,
-                        fixed: frozenset[int] = frozenset()) -> tuple[int, int]:
+                        fixed: frozenset[int] = frozenset(),
+                        ranges: Sequence[tuple[int, int]] | None = None) -> tuple[int, int]:
     """(bytes, kernel): the smallest budget at which a plan exists, and the kernel forcing it.
 
     GPU mode: a kernel's placeable inputs, outputs and workspace must all be in fast memory
     (and with the static strategy nothing moves, so the whole all-fast peak must fit). Host
     mode: only workspace must be fast; kernels can read and write the slow tier. Tensors in
-    `fixed` (kept fast for life) count wherever they are alive."""
+    `fixed` (kept fast for life) count wherever they are alive (over `ranges`: the live
+    ranges, extended by recomputation). Regenerations never raise it: a plan may always keep
+    or move instead. (Recompute-only plans may be infeasible above it: nothing can move.)"""
     graph = machine.graph
     n = len(graph.kernels)
     if not n:
         return 0, -1
     if machine.gpu and strategy == "static":
         return machine.peak
-    resident = machine.live_bytes(fixed)
+    resident = machine.live_bytes(fixed, ranges)
     need = []
     for k, kernel in enumerate(graph.kernels):
         io = set(kernel.io)
@@ -120,27 +126,31 @@ def plan(machine: MachineModel, config: PlanConfig,
          control: SolveControl | None = None) -> PlanResult:
     """Plan `model.graph` under `config` (see the module docstring). A solved plan comes back
     unverified: no predicted time yet, and `fast_peak_bytes` unset. `control` receives
-    progress and may ask the search to stop (it then returns the best plan found so far)."""
+    progress and may ask the search to stop (the best plan so far is kept)."""
     graph = machine.graph
     common = {"budget_bytes": machine.user_budget, "all_fast_time_s": machine.all_fast_time,
               "reserve_bytes": machine.reserve_bytes, "plannable_bytes": machine.budget}
     if machine.budget is None:
         unbounded = all_fast(machine).with_header(
-            strategy=config.strategy, config=_config(config),
+            strategy=config.plan_name, config=_config(config),
             predicted_time_s=machine.all_fast_time,
             notes=("no budget: every tensor stays in fast memory",))
         return PlanResult("optimal", unbounded, "no budget: all-fast is optimal",
                           predicted_time_s=machine.all_fast_time, stats=SolverStats(),
                           fast_peak_bytes=machine.peak[0], **common)
-    small = small_tensors(machine, SMALL_SHARE)
-    need, kid = min_feasible_budget(machine, config.strategy, small)
+    small, spec = _small_and_recompute(machine, config)
+    ranges = spec.ranges(machine) if spec is not None else None
+    need, kid = min_feasible_budget(machine, config.strategy, small, ranges)
     if machine.budget < need and small:  # too tight to keep small tensors fast: let them move
-        small = frozenset()
+        small, spec = frozenset(), _spec(machine, config, frozenset())
         need, kid = min_feasible_budget(machine, config.strategy)
     if machine.budget < need:
         return _infeasible(machine, need, kid, config.strategy, common)
-    f, outcome, stats, notes = _search(machine, config, small, control or SolveControl())
+    f, outcome, stats, notes = _search(machine, config, small, spec,
+                                       control or SolveControl())
     if not outcome.has_solution:
+        if outcome.status == "infeasible" and config.recompute_mode == "only":
+            return _no_recompute_only_plan(machine, stats, need, kid, common)
         return _unsolved(outcome.status, stats, need, kid, graph, common, config)
     if outcome.status == "time_limit":
         notes.append("time limit reached: best plan found, not proven within the gap")
@@ -153,61 +163,167 @@ def plan(machine: MachineModel, config: PlanConfig,
                       **common)
 
 
+def _spec(machine: MachineModel, config: PlanConfig,
+          exclude: frozenset[int]) -> RecomputeSpec | None:
+    """Where tensors may be regenerated (None: move-only plans)."""
+    mode = config.recompute_mode
+    if mode == "off":
+        return None
+    ratio = None if mode == "only" else config.recompute_ratio  # recompute-only: every op
+    return recompute_spec(machine, depth=config.recompute_depth, ratio=ratio, exclude=exclude)
+
+
+def _small_and_recompute(machine: MachineModel, config: PlanConfig
+                         ) -> tuple[frozenset[int], RecomputeSpec | None]:
+    """The small tensors kept fast (counted over the live ranges that regenerations may
+    extend), and the regeneration points of the others."""
+    first = _spec(machine, config, frozenset())
+    if first is None:
+        return small_tensors(machine, SMALL_SHARE), None
+    small = small_tensors(machine, SMALL_SHARE, first.ranges(machine))
+    # Tensors whose range a regeneration may extend get decision points: kept fast for life
+    # they would hold memory past their last use in every plan, and some move-only plans would
+    # not be points of the joint model. Without the small tensors as candidates, the chains
+    # (and the extensions) only shrink.
+    extended = {t for t, (_, end) in enumerate(machine.live_ranges) if first.ends[t] > end}
+    extended |= {z for a, z in machine.graph.carried if a in extended}  # pairs stay together
+    extended |= {a for a, z in machine.graph.carried if z in extended}
+    small = small - extended
+    return small, _spec(machine, config, small)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One model of the search: its strategy, recompute mode (off, on, only) and chain depth;
+    `fixed`: its regenerations are fixed to the previous solution's (only the copies around
+    them are searched); `share`: the most of the time limit it may use (the last stage takes
+    what is left)."""
+
+    strategy: str
+    mode: str = "off"
+    depth: int = 0
+    fixed: bool = False
+    share: float = 1.0
+
+
+def _chain(machine: MachineModel, config: PlanConfig) -> list[Stage]:
+    """The models to solve, each warm-starting the next: every static plan is a sync plan,
+    every sync plan an async one, every move-only plan a joint one and every joint plan of
+    depth 2 one of a larger depth (regenerations and chains only add choices). With
+    recomputation: move-only sync, joint sync at depth 2, then at the configured depth, then
+    (async) the async model with those regenerations fixed (a smaller search: where to copy
+    around them), then the whole async model from there while time is left."""
+    depth = config.recompute_depth
+    deeper = [depth] if depth > 2 else []
+    if config.recompute_mode == "only":
+        return [Stage("sync", "only", d, share=0.4) for d in [min(depth, 2), *deeper]]
+    moves = [s for s in ("static", "sync", "async") if not (machine.gpu and s == "static")]
+    if config.strategy not in moves:  # GPU static: all-fast or nothing
+        return [Stage(config.strategy)]
+    if config.recompute_mode == "off":
+        return [Stage(s) for s in moves[:moves.index(config.strategy) + 1]]
+    out = [Stage(s, share=0.1) for s in moves[:moves.index("sync") + 1]]
+    out += [Stage("sync", "on", d, share=s) for d, s in zip([min(depth, 2), *deeper],
+                                                            (0.2, 0.35), strict=False)]
+    if config.strategy == "async":
+        out += [Stage("async", "on", depth, fixed=True, share=0.8), Stage("async", "on", depth)]
+    return out
+
+
 def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
-            control: SolveControl
+            spec: RecomputeSpec | None, control: SolveControl
             ) -> tuple[formulation.Formulation | None, SolveOutcome, SolverStats, list[str]]:
-    """Build and solve the ILP, warm-started from the smaller strategies' solutions: every
-    static plan is a sync plan and every sync plan an async one (`warmstart`), so each search
-    starts from a good plan and can only improve on it. If the last search finds nothing in
-    time, or a stop request ends the chain early, the best earlier plan is returned."""
+    """Build and solve the ILP, warm-started from the smaller models' solutions (`_chain`,
+    `warmstart`), so each search starts from a good plan and can only improve on it. If the
+    last search finds nothing in time, or a stop request ends the chain early, the best
+    earlier plan is returned."""
     started = time.perf_counter()
-    chain = [s for s in ("static", "sync", "async") if not (machine.gpu and s == "static")]
-    chain = chain[:chain.index(config.strategy) + 1] if config.strategy in chain else \
-        [config.strategy]
     notes: list[str] = []
     spent = [0.0, 0.0]  # build and solve seconds of every model in the chain
     best: tuple[formulation.Formulation, SolveOutcome] | None = None
     f, outcome = None, SolveOutcome("interrupted", None, None, None, 0.0, has_values=False)
-    for strategy in chain:
+    fixed = False
+    limit = config.time_limit_s
+    if limit is None and config.recompute_mode != "off":
+        limit = RECOMPUTE_TIME_LIMIT_S
+    specs = {spec.depth: spec} if spec is not None else {}
+    stages = _chain(machine, config)
+    for i, stage in enumerate(stages):
         if control.stop_requested:
             break
-        candidates = config.async_candidates if strategy == "async" else None
-        control.report(stage="building", strategy=strategy, solver=config.solver)
-        f = formulation.build(machine, strategy, config.async_window, candidates, small)
-        log.info("built the %s ILP: %d variables, %d constraints in %.2f s", strategy,
+        elapsed = time.perf_counter() - started
+        last = i == len(stages) - 1
+        if last and stage.fixed is False and i and stages[i - 1].fixed and limit is not None \
+                and limit - elapsed < 0.15 * limit and best is not None:
+            break  # too little time left to search the whole async model
+        if stage.mode != "off" and stage.depth not in specs:
+            specs[stage.depth] = _spec(machine, replace(config, recompute_depth=stage.depth),
+                                       small)
+        candidates = config.async_candidates if stage.strategy == "async" else None
+        control.report(stage="building", strategy=_stage_name(stage), solver=config.solver)
+        f = formulation.build(machine, stage.strategy, config.async_window, candidates, small,
+                              recompute=specs.get(stage.depth) if stage.mode != "off" else None,
+                              moves=stage.mode != "only")
+        log.info("built the %s ILP (depth %d%s): %d variables, %d constraints in %.2f s",
+                 f.name, stage.depth, ", regenerations fixed" if stage.fixed else "",
                  f.n_vars, f.n_rows, f.build_s)
         warm = best is not None and warmstart.apply(f, warmstart.events_of(best[0]))
-        left = None if config.time_limit_s is None else \
-            max(config.time_limit_s - (time.perf_counter() - started), 1.0)
+        if warm and stage.fixed:
+            warmstart.fix_regenerations(f)
+        left = None if limit is None else max(limit - (time.perf_counter() - started), 1.0)
+        if left is not None and not last:
+            left = min(left, max(stage.share * limit, 1.0))
         control.report(stage="stopping" if control.stop_requested else "solving",
                        incumbent=best[1].objective if warm and best else None)
         outcome = _solve(f, config, left, warm=warm, control=control)
         spent = [spent[0] + f.build_s, spent[1] + outcome.seconds]
-        if warm and strategy == config.strategy:
-            notes.append(f"{strategy} search started from the {best[0].strategy} plan "
+        if warm and f.name == config.plan_name and best[0].name != f.name:
+            notes.append(f"{f.name} search started from the {best[0].name} plan "
                          f"({best[1].objective:.3f} ms)")
-        if outcome.has_solution:
+        if outcome.has_solution and (best is None or best[0].name != f.name or
+                                     outcome.objective <= best[1].objective + 1e-9):
             best = (f, outcome)
-    if best is not None:
-        f, outcome = best
-    if best is not None and f is not None and f.strategy != config.strategy:
-        stopped = control.stop_requested
-        notes.append(f"the {config.strategy} search was "
+            fixed = stage.fixed and warm
+    if best is None:
+        return f, outcome, _stats(config, f, outcome, spent, limit), notes
+    f, outcome = best
+    outcome = _settled(f, outcome, config, notes, fixed=fixed, stopped=control.stop_requested)
+    return f, outcome, _stats(config, f, outcome, spent, limit), notes
+
+
+def _settled(f: formulation.Formulation, outcome: SolveOutcome, config: PlanConfig,
+             notes: list[str], *, fixed: bool, stopped: bool) -> SolveOutcome:
+    """The best plan's outcome as the search ended: a plan of an earlier stage than the one
+    asked for, or any plan when a stop ended the search, is not proven within the gap."""
+    if fixed:
+        notes.append(f"{f.name}: the copies were searched around the regenerations of the "
+                     f"sync+recompute plan (fixed); the gap is that search's")
+    if f.name != config.plan_name:
+        notes.append(f"the {config.plan_name} search was "
                      f"{'stopped' if stopped else 'out of time'} before it found a plan: this "
-                     f"is the {f.strategy} plan")
-        outcome = replace(outcome, status="interrupted" if stopped else "time_limit")
-    return f, outcome, _stats(config, f, outcome, spent), notes
+                     f"is the {f.name} plan")
+        return replace(outcome, status="interrupted" if stopped else "time_limit")
+    if stopped and outcome.status not in ("interrupted", "time_limit"):
+        return replace(outcome, status="interrupted")
+    return outcome
+
+
+def _stage_name(stage: Stage) -> str:
+    """The status line's name of a stage: the plan name it searches."""
+    if stage.mode == "only":
+        return "recompute-only"
+    return stage.strategy if stage.mode == "off" else f"{stage.strategy}+recompute"
 
 
 def _stats(config: PlanConfig, f: formulation.Formulation | None, outcome: SolveOutcome,
-           spent: list[float]) -> SolverStats:
+           spent: list[float], limit: float | None) -> SolverStats:
     """`f` is None when a stop came before the first model was built."""
     return SolverStats(
         solver=config.solver, status=outcome.status,
         objective_s=None if outcome.objective is None else outcome.objective / formulation.MS,
         gap=outcome.gap, variables=f.n_vars if f else 0, constraints=f.n_rows if f else 0,
         build_s=spent[0],
-        solve_s=spent[1], time_limit_s=config.time_limit_s,
+        solve_s=spent[1], time_limit_s=limit,
         hit_time_limit=outcome.status in ("time_limit", "no_solution"))
 
 
@@ -234,6 +350,18 @@ def _infeasible(machine: MachineModel, need: int, kid: int, strategy: str,
                       forcing_kernel_name=kernel.name, **common)
 
 
+def _no_recompute_only_plan(machine: MachineModel, stats: SolverStats, need: int, kid: int,
+                            common: dict[str, Any]) -> PlanResult:
+    """Recompute-only plans cannot move anything: a budget above the smallest feasible one
+    (where a plan that moves exists) may still have none."""
+    message = (f"infeasible: no recompute-only plan fits the budget of "
+               f"{format_bytes(machine.user_budget or 0)} (nothing may move; a plan that moves "
+               f"exists from {format_bytes(machine.user_terms(need))}: use --recompute on)")
+    return PlanResult("infeasible", None, message, predicted_time_s=None, stats=stats,
+                      min_feasible_budget_bytes=None, forcing_kernel=kid,
+                      forcing_kernel_name=machine.graph.kernels[kid].name, **common)
+
+
 def _reserve_cause(machine: MachineModel, tensors: int) -> str:
     """Where the runtime reserve is most of the smallest feasible budget, say so and how to
     change it (small models on a GPU preset: the reserve is tens of MiB)."""
@@ -254,8 +382,8 @@ def _unsolved(status: str, stats: SolverStats, need: int, kid: int, graph: Tenso
                           f"the smallest feasible one ({need} bytes, kernel #{kid}); please "
                           "report this with the model and options")
     other = "cbc" if config.solver == "highs" else "highs"
-    limit = "no time limit" if config.time_limit_s is None else \
-        f"the time limit of {config.time_limit_s:g} s"
+    limit = "no time limit" if stats.time_limit_s is None else \
+        f"the time limit of {stats.time_limit_s:g} s"
     message = "interrupted before any plan was found" if status == "interrupted" else \
         (f"no plan found within {limit}; raise --time-limit or --gap, or try --solver {other}")
     return PlanResult(status, None, message, predicted_time_s=None, stats=stats,

@@ -1,4 +1,5 @@
-"""Numbers that explain a plan, computed from its records: bytes moved, where kernel IO lives.
+"""Numbers that explain a plan, computed from its records: bytes moved and regenerated, where
+kernel IO lives.
 
 Shared by the report summary, `autotm bench` and the experiments (Fig. 10b, 10c).
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from autotm_py.plan import Compute, Move, Plan
+from autotm_py.plan import Compute, Move, Plan, Recompute
 from autotm_py.report.residency import PlanView
 
 
@@ -28,6 +29,8 @@ class PlanMetrics:
     output_bytes: int
     input_fast_fraction: float  # share of those bytes read from / written to the fast tier
     output_fast_fraction: float
+    recomputes: int = 0  # re-runs of forward kernels (plans that recompute)
+    recomputed_bytes: int = 0  # the bytes they regenerate
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +66,9 @@ def plan_metrics(plan: Plan, view: PlanView) -> PlanMetrics:
         output_bytes=io_bytes["out"][1],
         input_fast_fraction=_share(*io_bytes["in"]),
         output_fast_fraction=_share(*io_bytes["out"]),
+        recomputes=sum(1 for r in plan.records if isinstance(r, Recompute)),
+        recomputed_bytes=sum(view.tensor_bytes[t] for r in plan.records
+                             if isinstance(r, Recompute) for t in r.outputs),
     )
 
 

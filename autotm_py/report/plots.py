@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autotm_py.fileio import atomic_write_bytes
-from autotm_py.report.residency import PlanView, Residency
+from autotm_py.report.residency import FAST_BIT, REGEN_BIT, SLOW_BIT, PlanView, Residency
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 # One colour per tier everywhere (colour-blind safe pair from the Okabe-Ito palette).
 TIER_COLOURS = {"fast": "#0072B2", "slow": "#E69F00", "both": "#CC79A7", "absent": "#FFFFFF"}
+# Recomputation, everywhere: a fast copy made by a re-run, and the re-runs themselves (the
+# trace's `cname` "yellow" is the same idea for chrome://tracing).
+RECOMPUTE_COLOUR = "#F0E442"
 MOVE_COLOURS = {"fast": "#009E73", "slow": "#D55E00"}  # destination tier of a copy
 BUDGET_COLOUR = "#D00000"
 MOVE_LABELS = {"fast": "slow → fast (prefetch)", "slow": "fast → slow (evict)"}
@@ -113,6 +116,7 @@ def _memory_column(ax_fast: Any, ax_slow: Any, tl: Timeline, scale: float, unit:
         ax_fast.axhspan(0, reserve, color=RESERVE_COLOUR, alpha=0.35, linewidth=0,
                         label=f"runtime reserve {reserve:.3g} {unit}")
     _budget_lines(ax_fast, tl, scale, unit)
+    _recompute_spans(ax_fast, tl, factor)
     if tl.measured_peak_fast_bytes is not None:
         ax_fast.axhline(tl.measured_peak_fast_bytes / scale, color="black", linestyle=":",
                         label=f"measured peak {tl.measured_peak_fast_bytes / scale:.3g} {unit}")
@@ -121,6 +125,18 @@ def _memory_column(ax_fast: Any, ax_slow: Any, tl: Timeline, scale: float, unit:
     ax_fast.set_title(f"{tl.source} timeline")
     ax_fast.legend(loc="lower right", fontsize="small")
     ax_slow.set_xlabel(label)
+
+
+def _recompute_spans(ax: Any, tl: Timeline, factor: float) -> None:
+    """Where the compute stream re-runs kernels: bands of the recompute colour, full height."""
+    if not tl.recomputes:
+        return
+    spans = [(r.start * factor, max(r.end - r.start, 0.0) * factor) for r in tl.recomputes]
+    busy = sum(d for _, d in spans)
+    what = f"{busy:.3g} steps" if tl.unit == "step" else f"{busy * 1e3 / factor:.3g} ms"
+    ax.broken_barh(spans, (0, 1), transform=ax.get_xaxis_transform(), color=RECOMPUTE_COLOUR,
+                   alpha=0.6, linewidth=0, zorder=0,
+                   label=f"re-runs (recompute): {len(spans)}, {what}")
 
 
 def _budget_lines(ax: Any, tl: Timeline, scale: float, unit: str) -> None:
@@ -137,8 +153,9 @@ def _budget_lines(ax: Any, tl: Timeline, scale: float, unit: str) -> None:
 
 # ---- residency heatmap ---------------------------------------------------------------------
 def heatmap_rows(view: PlanView, res: Residency, max_tensors: int) -> list[int]:
-    """Tensors to show: every moved tensor first, then the largest, in order of first use."""
-    moved = res.moved_tensors()
+    """Tensors to show: every moved or regenerated tensor first, then the largest, in order of
+    first use."""
+    moved = res.moved_tensors() | res.regenerated_tensors()
     present = [t for t in range(view.n_tensors) if res.changes[t]]
     ranked = sorted(present, key=lambda t: (t not in moved, -view.tensor_bytes[t], t))
     chosen = ranked[:max_tensors]
@@ -154,20 +171,22 @@ def plot_residency(view: PlanView, res: Residency, *, max_tensors: int = 300) ->
     from matplotlib.ticker import MaxNLocator
 
     rows = heatmap_rows(view, res, max_tensors)
-    grid = res.state_matrix(rows)
+    grid = _colour_index(res.state_matrix(rows))
     colours = [TIER_COLOURS["absent"], TIER_COLOURS["fast"], TIER_COLOURS["slow"],
-               TIER_COLOURS["both"]]
+               TIER_COLOURS["both"], RECOMPUTE_COLOUR]
     height = float(np.clip(2.5 + 0.12 * len(rows), 4.0, 14.0))
     fig, ax = new_figure(11.0, height)
     ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=ListedColormap(colours),
-              vmin=0, vmax=3, extent=(-0.5, grid.shape[1] - 0.5, len(rows) - 0.5, -0.5))
+              vmin=0, vmax=len(colours) - 1,
+              extent=(-0.5, grid.shape[1] - 0.5, len(rows) - 0.5, -0.5))
     _move_markers(ax, res, {t: r for r, t in enumerate(rows)})
+    _recompute_markers(ax, res, {t: r for r, t in enumerate(rows)})
     _label_rows(ax, view, rows)
     ax.set_xlabel("kernel (plan order)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     present = sum(1 for c in res.changes if c)
     shown = f"all {present} tensors" if len(rows) == present else \
-        f"{len(rows)} of {present} tensors: the moved ones, then the largest"
+        f"{len(rows)} of {present} tensors: the moved and regenerated ones, then the largest"
     ax.set_title(f"Where each tensor lives while each kernel runs ({shown})")
     handles = [Patch(color=TIER_COLOURS["fast"], label="fast"),
                Patch(color=TIER_COLOURS["slow"], label="slow"),
@@ -176,8 +195,32 @@ def plot_residency(view: PlanView, res: Residency, *, max_tensors: int = 300) ->
                       label=MOVE_LABELS["fast"]),
                Line2D([], [], marker="v", linestyle="", color=MOVE_COLOURS["slow"],
                       label=MOVE_LABELS["slow"])]
+    if res.recomputes:
+        handles[3:3] = [Patch(color=RECOMPUTE_COLOUR, label="fast, regenerated (re-run)"),
+                        Patch(facecolor=TIER_COLOURS["absent"], edgecolor="grey",
+                              label="absent (dropped, or not alive)")]
+        handles.append(Line2D([], [], marker="*", linestyle="", color=RECOMPUTE_COLOUR,
+                              markeredgecolor="black", label="re-run of its producer"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig
+
+
+def _colour_index(masks: np.ndarray) -> np.ndarray:
+    """Residency masks (`residency.FAST_BIT | SLOW_BIT | REGEN_BIT`) to colour indices: 0
+    absent, 1 fast, 2 slow, 3 both, 4 a fast copy made by a re-run (with or without a slow
+    copy made later)."""
+    out = masks & (FAST_BIT | SLOW_BIT)
+    out[(masks & REGEN_BIT) > 0] = 4
+    return out
+
+
+def _recompute_markers(ax: Any, res: Residency, row_of: dict[int, int]) -> None:
+    pts = [(r.position - 0.5, row_of[t]) for r in res.recomputes for t in r.outputs
+           if t in row_of]
+    if pts:
+        x, y = zip(*pts, strict=True)
+        ax.scatter(x, y, marker="*", s=40, color=RECOMPUTE_COLOUR, edgecolors="black",
+                   linewidths=0.4, zorder=3)
 
 
 def _move_markers(ax: Any, res: Residency, row_of: dict[int, int]) -> None:

@@ -42,9 +42,11 @@ def overview(plan: Plan, res: Residency, predicted: Timeline,
         "kernels": len(res.order), "records": len(plan.records),
     }
     if predicted.unit == "s":
-        busy = sum(k.end - k.start for k in predicted.kernels)
+        reruns = sum(r.end - r.start for r in predicted.recomputes)
+        busy = sum(k.end - k.start for k in predicted.kernels) + reruns
         out["timeline_total_s"] = predicted.total
-        out["compute_busy_s"] = busy
+        out["compute_busy_s"] = busy  # re-runs included: they hold the compute stream
+        out["recompute_s"] = reruns
         out["copy_wait_s"] = max(predicted.total - busy, 0.0)
     if measured_run is not None:
         median = measured_run.get("median_s")
@@ -118,6 +120,10 @@ def _reasons(info: Mapping[str, Any], m: PlanMetrics, tl: Timeline) -> list[str]
         f"{m.moves_to_slow} copies fast → slow ({format_bytes(m.bytes_to_slow)}; "
         f"{format_bytes(m.async_bytes_to_slow)} overlapped).",
     ]
+    if m.recomputes:
+        when = f", {_seconds(info['recompute_s'])} of compute" if "recompute_s" in info else ""
+        out.append(f"- {m.recomputes} re-runs of forward kernels regenerate "
+                   f"{format_bytes(m.recomputed_bytes)} dropped with no copy{when}.")
     if "compute_busy_s" in info and tl.total > 0:
         out.append(f"- Compute is busy {_seconds(info['compute_busy_s'])} of the "
                    f"{_seconds(tl.total)} iteration ({_pct(info['compute_busy_s'] / tl.total)}); "

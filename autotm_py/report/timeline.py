@@ -9,8 +9,11 @@ Every plot and the trace read one `Timeline`, whichever source it comes from:
   `autotm simulate -o timeline.json` or recomputed from the model). Unit: seconds.
 - ``measured``: an executor run (`RunResult.to_dict()`, `autotm run -o run.json`). Kernels are
   laid end to end with their measured durations (the executor times kernels, not their start
-  times, and does not time copies); tier bytes are the plan's, re-timed to those kernels; the
-  measured peak of the fast tier is kept beside them. Unit: seconds.
+  times, and does not time copies or re-runs); tier bytes are the plan's, re-timed to those
+  kernels; the measured peak of the fast tier is kept beside them. Unit: seconds.
+
+Re-runs of plans that recompute (`recompute` records) are spans of their own
+(`Timeline.recomputes`): a step each in plan order, the simulator's times when simulated.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from autotm_py.errors import PlanError
-from autotm_py.plan import Compute, Move, Plan
+from autotm_py.plan import Compute, Move, Plan, Recompute
 from autotm_py.report.residency import Residency
 
 
@@ -46,6 +49,20 @@ class MoveSpan:
 
 
 @dataclass(frozen=True)
+class RecomputeSpan:
+    """A re-run of `kernel` on the compute stream, right before kernel `before`, regenerating
+    `outputs` (`nbytes` in all) in fast memory."""
+
+    record: int
+    kernel: int
+    before: int
+    outputs: tuple[int, ...]
+    nbytes: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
 class Timeline:
     source: str  # plan-order | simulated | measured
     unit: str  # step | s
@@ -64,6 +81,7 @@ class Timeline:
     # workspaces on a GPU) and the share left free for fragmentation (--headroom)
     reserve_bytes: int = 0
     headroom_bytes: int = 0
+    recomputes: tuple[RecomputeSpan, ...] = ()  # re-runs (plans that recompute)
 
     @property
     def peak_fast_bytes(self) -> int:
@@ -91,13 +109,18 @@ def last_per_instant(t: np.ndarray, fast: np.ndarray, slow: np.ndarray
 
 
 def plan_order_timeline(plan: Plan, res: Residency) -> Timeline:
-    """Steps: one per kernel and per sync move; async moves span the kernel they overlap."""
+    """Steps: one per kernel, per re-run and per sync move; async moves span the kernel they
+    overlap."""
     t, kernel_start, record_time = 0.0, {}, []
     sync_spans: dict[int, tuple[float, float]] = {}
+    rerun_start: dict[int, float] = {}
     for i, rec in enumerate(plan.records):
         record_time.append(t)
         if isinstance(rec, Compute):
             kernel_start[rec.kernel] = t
+            t += 1.0
+        elif isinstance(rec, Recompute):
+            rerun_start[i] = t
             t += 1.0
         elif isinstance(rec, Move) and rec.mode == "sync":
             sync_spans[i] = (t, t + 1.0)
@@ -119,9 +142,13 @@ def plan_order_timeline(plan: Plan, res: Residency) -> Timeline:
             start = base + width * group.index(m.record)
             end = start + width
         moves.append(MoveSpan(m.record, m.tensor, m.to, m.mode, start, end, m.nbytes, m.consumer))
+    reruns = tuple(RecomputeSpan(r.record, r.kernel, r.before, r.outputs, r.nbytes,
+                                 rerun_start[r.record], rerun_start[r.record] + 1.0)
+                   for r in res.recomputes)
     return Timeline("plan-order", "step", kernels, tuple(moves),
                     *_record_curve(record_time, res), plan.header.budget_bytes, t,
-                    modelled_peak_bytes=res.peak_fast_bytes, **_outside_plan(plan))
+                    modelled_peak_bytes=res.peak_fast_bytes, recomputes=reruns,
+                    **_outside_plan(plan))
 
 
 def _outside_plan(plan: Plan) -> dict[str, int]:
@@ -136,6 +163,7 @@ def measured_timeline(run: Mapping[str, Any], plan: Plan, res: Residency,
     iterations = tuple(float(x) for x in run.get("iteration_times_s") or ())
     notes = ["kernel start times are cumulative measured kernel durations; copies are not timed",
              "tier bytes are the plan's, placed on the measured kernel times"]
+    reruns: tuple[RecomputeSpan, ...] = ()
     if times is None:
         notes = ["the run measured no per-kernel times: only iteration times and the peak"]
         kernels: tuple[KernelSpan, ...] = ()
@@ -145,8 +173,10 @@ def measured_timeline(run: Mapping[str, Any], plan: Plan, res: Residency,
         if len(times) < len(res.order) or any(times[k] is None for k in res.order):
             raise PlanError(f"{origin}: kernel_times_s has {len(times)} entries or gaps, the plan "
                             f"computes {len(res.order)} kernels; was the run made with this plan?")
-        kernels, record_time = _end_to_end(plan, res, [float(x) for x in times])
-        total = kernels[-1].end if kernels else 0.0
+        kernels, reruns, record_time = _end_to_end(plan, res, [float(x) for x in times])
+        total = max([s.end for s in kernels + reruns], default=0.0)
+        if reruns:
+            notes.append("re-runs (recompute) are drawn with their kernel's measured time")
     curve = run.get("memory_curve")  # optional [[t, fast, slow], ...] if an executor records one
     if curve:
         arr = np.asarray(curve, dtype=float)
@@ -158,18 +188,27 @@ def measured_timeline(run: Mapping[str, Any], plan: Plan, res: Residency,
     return Timeline("measured", "s", kernels, (), mem_t, fast, slow,
                     run.get("budget_bytes", plan.header.budget_bytes), total,
                     None if peak is None else int(peak), iterations, tuple(notes),
-                    modelled_peak_bytes=res.peak_fast_bytes, **_outside_plan(plan))
+                    modelled_peak_bytes=res.peak_fast_bytes, recomputes=reruns,
+                    **_outside_plan(plan))
 
 
-def _end_to_end(plan: Plan, res: Residency,
-                times: list[float]) -> tuple[tuple[KernelSpan, ...], list[float]]:
+def _end_to_end(plan: Plan, res: Residency, times: list[float]
+                ) -> tuple[tuple[KernelSpan, ...], tuple[RecomputeSpan, ...], list[float]]:
+    """Kernels and re-runs end to end, each taking its kernel's measured time."""
     t, spans, record_time = 0.0, [], []
-    for rec in plan.records:
+    reruns = {r.record: r for r in res.recomputes}
+    out: list[RecomputeSpan] = []
+    for i, rec in enumerate(plan.records):
         record_time.append(t)
         if isinstance(rec, Compute):
             spans.append(KernelSpan(rec.kernel, t, t + times[rec.kernel]))
             t += times[rec.kernel]
-    return tuple(spans), record_time
+        elif isinstance(rec, Recompute):
+            r = reruns[i]
+            out.append(RecomputeSpan(i, r.kernel, r.before, r.outputs, r.nbytes, t,
+                                     t + times[rec.kernel]))
+            t += times[rec.kernel]
+    return tuple(spans), tuple(out), record_time
 
 
 def load_measured(data: Any, *, origin: str) -> Mapping[str, Any]:
@@ -224,9 +263,15 @@ def _simulated(sim: Mapping[str, Any], plan: Plan, res: Residency) -> Timeline:
     total = float(_first(sim, "total_s", "time_s", "predicted_time_s",
                          default=max([k.end for k in kernels] + [0.0])))
     peak = _first(sim, "fast_peak_bytes", default=int(fast.max()) if len(fast) else 0)
+    reruns = tuple(RecomputeSpan(
+        int(_first(r, "record", default=-1)), int(_first(r, "kernel")),
+        int(_first(r, "before", default=-1)), tuple(int(t) for t in r.get("outputs", ())),
+        int(_first(r, "bytes", "nbytes", default=0)), float(_first(r, "start_s", "start")),
+        float(_first(r, "end_s", "end"))) for r in sim.get("recomputes", ()))
     return Timeline("simulated", "s", kernels, tuple(moves), mem_t, fast, slow,
                     _first(sim, "budget_bytes", default=plan.header.budget_bytes), total,
-                    notes=_sim_notes(sim), modelled_peak_bytes=int(peak), **_outside_plan(plan))
+                    notes=_sim_notes(sim), modelled_peak_bytes=int(peak), recomputes=reruns,
+                    **_outside_plan(plan))
 
 
 def _sim_notes(sim: Mapping[str, Any]) -> tuple[str, ...]:

@@ -3,7 +3,11 @@
 One process per timeline: ``predicted`` (pid 1) and, when given, ``measured`` (pid 2). Each has
 a compute track, one track per copy direction (slices on one track must nest, so concurrent
 streams need their own tracks), flow arrows from each prefetch to the kernel that first reads
-the tensor, and one counter track of bytes per tier. Timestamps and durations are microseconds
+the tensor, and one counter track of bytes per tier. Re-runs of a plan that recomputes are
+slices of the compute track (they run on the compute stream) in their own colour: all named
+``recompute`` (Perfetto colours a slice by its name; chrome://tracing reads `cname`), category
+``recompute``, the kernel re-run and the tensors regenerated in their args, with a flow arrow
+``regenerate`` to the kernel that reads them. Timestamps and durations are microseconds
 (the format's unit). A plan-order timeline has no durations: one step is drawn as 1 ms, and
 ``otherData`` says so. Open the file in https://ui.perfetto.dev or chrome://tracing.
 """
@@ -14,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from autotm_py.report.residency import PlanView
-from autotm_py.report.timeline import MoveSpan, Timeline
+from autotm_py.report.timeline import MoveSpan, RecomputeSpan, Timeline
 
 US_PER_STEP = 1000.0  # a plan-order step drawn as 1 ms
 COMPUTE_TID, ITERATION_TID = 1, 2
@@ -22,6 +26,8 @@ COMPUTE_TID, ITERATION_TID = 1, 2
 # lanes: the direction's tid + lane number
 COPY_TIDS = {"fast": 10, "slow": 20}
 COPY_NAMES = {"fast": "copy slow→fast (prefetch)", "slow": "copy fast→slow (evict)"}
+RECOMPUTE_NAME = "recompute"  # one name: one colour in Perfetto
+RECOMPUTE_CNAME = "yellow"  # chrome://tracing's reserved colour names (Perfetto ignores cname)
 
 
 def chrome_trace(view: PlanView, predicted: Timeline, measured: Timeline | None = None,
@@ -49,7 +55,7 @@ def _metadata(pid: int, label: str, tl: Timeline,
             "args": {"name": f"{label} ({tl.source})"}},
            {"ph": "M", "pid": pid, "tid": 0, "name": "process_sort_index",
             "args": {"sort_index": pid}}]
-    tracks = {COMPUTE_TID: "compute"}
+    tracks = {COMPUTE_TID: "compute (kernels and re-runs)" if tl.recomputes else "compute"}
     if tl.iteration_times_s or tl.measured_peak_fast_bytes is not None:
         tracks[ITERATION_TID] = "iterations (measured)"
     for to, base in COPY_TIDS.items():
@@ -92,6 +98,8 @@ def _process(view: PlanView, tl: Timeline, pid: int, label: str,
             "dur": max(span.end - span.start, 0.0) * us,
             "args": {"kernel": span.kernel, "op": view.kernel_ops[span.kernel]},
         })
+    for r in tl.recomputes:
+        events += _recompute_events(view, r, pid, us, starts, flow_ids)
     for m, lane in lanes:
         events += _move_events(view, m, COPY_TIDS[m.to] + lane, pid, us, starts, flow_ids)
     events += _counters(tl, pid, us)
@@ -114,6 +122,24 @@ def _move_events(view: PlanView, m: MoveSpan, tid: int, pid: int, us: float,
         out.append({"ph": "s", "tid": tid, "ts": ts, **common})
         out.append({"ph": "f", "bp": "e", "tid": COMPUTE_TID,
                     "ts": max(starts[m.consumer], ts), **common})
+    return out
+
+
+def _recompute_events(view: PlanView, r: RecomputeSpan, pid: int, us: float,
+                      starts: dict[int, float], flow_ids: Iterator[int]) -> list[dict[str, Any]]:
+    ts, dur = r.start * us, max(r.end - r.start, 0.0) * us
+    out = [{"ph": "X", "pid": pid, "tid": COMPUTE_TID, "cat": "recompute",
+            "name": RECOMPUTE_NAME, "cname": RECOMPUTE_CNAME, "ts": ts, "dur": dur,
+            "args": {"kernel": r.kernel, "kernel_name": view.kernel_names[r.kernel],
+                     "op": view.kernel_ops[r.kernel], "before": r.before,
+                     "regenerates": [view.tensor_names[t] for t in r.outputs],
+                     "bytes": r.nbytes, "record": r.record}}]
+    if r.before in starts:
+        fid = next(flow_ids)
+        common = {"pid": pid, "cat": "recompute", "name": "regenerate", "id": fid}
+        out.append({"ph": "s", "tid": COMPUTE_TID, "ts": ts, **common})
+        out.append({"ph": "f", "bp": "e", "tid": COMPUTE_TID,
+                    "ts": max(starts[r.before], ts), **common})
     return out
 
 

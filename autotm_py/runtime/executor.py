@@ -35,7 +35,7 @@ from autotm_py.interpreter import PlanInterpreter
 from autotm_py.ir.graph import Role
 from autotm_py.kernels import run_kernel
 from autotm_py.memory.tiers import FAST, SLOW
-from autotm_py.plan import Compute, Free, Move, Plan
+from autotm_py.plan import Compute, Free, Move, Plan, Recompute
 from autotm_py.runtime.device import (
     DEFAULT_ALLOCATOR_SETTINGS,
     apply_cap,
@@ -208,6 +208,22 @@ class Executor(PlanInterpreter):
                 raise ExecutionError(f"kernel {kernel.name!r} writes {self.graph.name_of(tid)!r} "
                                      "to the slow tier; on a GPU every output is in fast memory")
             self._store(tier)[tid] = value
+
+    def recompute(self, record: Recompute) -> None:
+        """Re-run a forward kernel on the compute stream, before the next kernel, and keep the
+        outputs the record names in fast memory (the others are dropped at once). The kernels
+        are deterministic, so the regenerated values equal the first ones bit for bit (on CUDA
+        with deterministic algorithms)."""
+        kernel = self.graph.kernels[record.kernel]
+        args = [self._read(tid, FAST) for tid in kernel.inputs]
+        outputs = run_kernel(kernel, args)
+        for tid, value in zip(kernel.outputs, outputs, strict=True):
+            if tid not in record.outputs:
+                continue
+            if tid in self.state.fast:
+                raise ExecutionError(f"recompute of {self.graph.name_of(tid)!r}: it is already "
+                                     "in the fast tier")
+            self.state.fast[tid] = value
 
     def _read(self, tid: int, tier: str) -> torch.Tensor:
         store = self._store(tier)

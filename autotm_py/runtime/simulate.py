@@ -12,7 +12,9 @@ clock of the last rule):
   max(kernel end, copy ends). With a both-directions bandwidth (GPU), copies of the two
   engines share it: if their bytes need longer than either engine alone, both are stretched
   evenly so the step lasts bytes / both_directions_bw, the fluid lower bound;
-- a kernel lasts `MachineModel.kernel_time` for its placement;
+- a kernel lasts `MachineModel.kernel_time` for its placement; a ``Recompute`` re-runs its
+  kernel on the compute stream before the step's kernel (and before its async copies start),
+  for the kernel's all-fast time;
 - GPU mode, where profiles give device times (`KernelCosts.device_s`): the host dispatches
   kernel after kernel at their profiled times (launch gaps included) and never waits; a kernel
   lasts its device time and ends no earlier than its dispatch does. While copies hold the GPU
@@ -22,7 +24,9 @@ clock of the last rule):
 Memory rules: a tensor occupies its aligned size in a tier from the record that creates the
 copy (a move's destination is taken when the move is issued; an output when its kernel starts)
 until the record that frees it (a fast copy read by a still-running async copy is released at
-the end of the step). Workspace counts while its kernel runs. Pinned tensors are outside the
+the end of the step). Workspace counts while its kernel runs. A ``Recompute`` makes every
+output of its kernel for the length of the re-run (with the kernel's workspace): the ones it
+keeps stay, the others are dropped at once. Pinned tensors are outside the
 budget. Strict mode raises `PlanError` at the first violation, naming the record.
 """
 
@@ -38,7 +42,7 @@ from autotm_py.interpreter import PlanInterpreter
 from autotm_py.machine import MachineModel
 from autotm_py.memory.accounting import aligned_sizes
 from autotm_py.memory.tiers import FAST, SLOW
-from autotm_py.plan import TIER_CODES, Compute, Free, Move, Plan
+from autotm_py.plan import NON_REPRODUCIBLE_OPS, TIER_CODES, Compute, Free, Move, Plan, Recompute
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -72,6 +76,18 @@ class MoveSpan:
 
 
 @dataclass(frozen=True)
+class RecomputeSpan:
+    record: int
+    kernel: int  # the kernel re-run
+    name: str
+    before: int  # the kernel whose step it belongs to
+    outputs: tuple[int, ...]  # the regenerated tensors it keeps
+    bytes: int  # their bytes
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
 class SimulationResult:
     """What a plan is predicted to do. Times in seconds, memory in bytes (aligned sizes).
 
@@ -95,6 +111,7 @@ class SimulationResult:
     violations: tuple[str, ...] = ()
     strict: bool = True
     notes: tuple[str, ...] = ()
+    recomputes: tuple[RecomputeSpan, ...] = ()
     # budget_bytes = reserve_bytes (the runtime's own) + headroom + plannable_bytes (tensors)
     reserve_bytes: int = 0
     plannable_bytes: int | None = None
@@ -103,6 +120,11 @@ class SimulationResult:
     @property
     def ok(self) -> bool:
         return not self.violations
+
+    @property
+    def recompute_s(self) -> float:
+        """Seconds the compute stream spends re-running kernels."""
+        return sum(r.end_s - r.start_s for r in self.recomputes)
 
     @property
     def slowdown(self) -> float:
@@ -143,6 +165,8 @@ class Simulator(PlanInterpreter):
         self.step = _Step()
         self.kernels: list[KernelSpan] = []
         self.moves: list[MoveSpan] = []
+        self.recomputes: list[RecomputeSpan] = []
+        self.pending_before: list[int] = []  # `before` of the recomputes of the coming step
         self.points: list[tuple[int, float, int, int]] = []
         self.violations: list[str] = []
         self.peak = (0, -1)
@@ -233,12 +257,46 @@ class Simulator(PlanInterpreter):
             self.release(tid, tier)
         self.mark(self.clock)
 
+    def recompute(self, rec: Recompute) -> None:
+        kid, kernel = rec.kernel, self.graph.kernels[rec.kernel]
+        if kernel.op_type in NON_REPRODUCIBLE_OPS:
+            self.violate(f"kernel #{kid} ({kernel.op_type}) is random: a re-run would not "
+                         "reproduce its outputs")
+        for tid in kernel.inputs:
+            self._check_readable(tid, FAST, "recompute input")
+        for tid in rec.outputs:
+            if tid not in kernel.outputs:
+                self.violate(f"tensor {self.name(tid)} is not an output of kernel #{kid}")
+            elif not self.produced[tid]:
+                self.violate(f"tensor {self.name(tid)} is regenerated before kernel #{kid} "
+                             "first produced it")
+            elif self.state[tid, 0] != ABSENT:
+                self.violate(f"tensor {self.name(tid)} is regenerated while it is in the fast "
+                             "tier")
+            else:
+                self.alloc(tid, FAST)
+        dropped = sum(self.size(t) for t in kernel.outputs if t not in rec.outputs)
+        profiled = self.machine.fast_time(kid)
+        self.host += profiled
+        duration = self.machine.device_time(kid) if self.machine.gpu else profiled
+        start = max(self.clock, self.host - duration)
+        self.mark(start, extra=dropped + int(self.machine.workspace[kid]))
+        self.clock = start + duration
+        self.pending_before.append(rec.before)
+        nbytes = int(sum(self.graph.tensor_bytes[t] for t in rec.outputs))
+        self.recomputes.append(RecomputeSpan(self.index, kid, kernel.name, rec.before,
+                                             tuple(rec.outputs), nbytes, start, self.clock))
+
     def compute(self, rec: Compute) -> None:
         kid, kernel = rec.kernel, self.graph.kernels[rec.kernel]
         stray = [m for _, m in self.step.moves if m.overlaps != kid]
         if stray:
             self.violate(f"async move of {self.name(stray[0].tensor)} overlaps kernel "
                          f"#{stray[0].overlaps} but stands before kernel #{kid}")
+        wrong = [b for b in self.pending_before if b != kid]
+        if wrong:
+            self.violate(f"a recompute for kernel #{wrong[0]} stands before kernel #{kid}")
+        self.pending_before = []
         if self.machine.gpu and SLOW in rec.placement:
             self.violate("GPU mode: every input and output must be in fast memory")
         for slot, tid in enumerate(kernel.inputs):
@@ -265,6 +323,8 @@ class Simulator(PlanInterpreter):
     def finish(self) -> None:
         if self.step.moves:
             self.violate("async moves after the last kernel overlap nothing")
+        if self.pending_before:
+            self.violate("a recompute after the last kernel regenerates for nothing")
         ends = {t: tuple(tier for tier in (FAST, SLOW) if self.state[t, TIER_INDEX[tier]])
                 for _, t in self.machine.steady_pairs}
         for first, last in self.machine.steady_pairs:
@@ -290,7 +350,8 @@ class Simulator(PlanInterpreter):
         if state == READY or (tier == FAST and tid in self.machine.pinned):
             return
         if not self.state[tid].any():
-            self.violate(f"{what} {self.name(tid)} is read after it was freed")
+            self.violate(f"{what} {self.name(tid)} is read after it was freed (absent: in "
+                         "no tier, and not regenerated)")
         elif state == ARRIVING:
             self.violate(f"{what} {self.name(tid)} is read from the {tier} tier while its "
                          "async copy is still running")
@@ -353,5 +414,6 @@ class Simulator(PlanInterpreter):
             kernels=tuple(self.kernels), moves=tuple(self.moves), memory=memory,
             bytes_moved=dict(self.moved), violations=tuple(self.violations),
             strict=self.strict, notes=tuple(self.plan.header.notes),
+            recomputes=tuple(self.recomputes),
             reserve_bytes=self.machine.reserve_bytes, plannable_bytes=self.machine.budget,
             costs_digest=self.machine.costs.digest)

@@ -37,11 +37,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from autotm_py import api, pipeline  # noqa: E402
-from autotm_py.config import PlanConfig  # noqa: E402
+# The native models and `measure_native` need only torch (and torchvision / transformers):
+# experiments/gpu/recompute_check.py imports them on a machine without PuLP, so the planner's
+# modules (api, pipeline) are imported inside the functions that use them.
 from autotm_py.runtime import eager  # noqa: E402
 from autotm_py.runtime.device import apply_cap, configure_cuda, release_cap  # noqa: E402
-from autotm_py.units import parse_ratio  # noqa: E402
 
 # model -> (batch, dims) as in experiments/gpu/configs.sh; --small shrinks them
 SHAPES = {"resnet200": (32, {}), "densenet264": (32, {}),
@@ -229,6 +229,8 @@ def measure_compiled(name, batch, dims, iterations, budget, fractions):
 
 # ---- ours ----------------------------------------------------------------------------------
 def measure_ours(graph, iterations, budgets):
+    from autotm_py import api, pipeline
+
     plan = pipeline.all_fast_plan(graph)
     run = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
                       enforce_budget=False)
@@ -264,6 +266,8 @@ def op_table(step: Callable[[], None]) -> dict[str, float]:
 
 
 def profile_ops(name, batch, dims, graph) -> dict[str, dict[str, float]]:
+    from autotm_py import pipeline
+
     net, make, loss = native_model(name, batch, dims)
     net = net.to(DEV).train()
     native = op_table(native_step(name, net, make, loss, None))
@@ -284,6 +288,10 @@ def profile_ops(name, batch, dims, graph) -> dict[str, dict[str, float]]:
 
 
 def main() -> int:
+    from autotm_py import api, pipeline
+    from autotm_py.config import PlanConfig
+    from autotm_py.units import parse_ratio
+
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--models", default="resnet200,densenet264,bert_base,gpt2_small")

@@ -8,10 +8,11 @@ own executor through callbacks.
 ```julia
 using AutoTMBridge
 plan = read_plan("plan.json")
-for record in plan            # Compute, Move and Free records, in execution order
+for record in plan            # Compute, Move, Free and Recompute records, in execution order
     println(record)
 end
-apply_plan!(my_executor, plan; compute = run_kernel!, move = copy_tensor!, free = drop!)
+apply_plan!(my_executor, plan; compute = run_kernel!, move = copy_tensor!, free = drop!,
+            recompute = rerun_kernel!)
 ```
 
 Ids are kept exactly as the plan stores them: **0-based** tensor and kernel ids, the ids of
@@ -22,14 +23,13 @@ module AutoTMBridge
 
 import JSON
 
-export Tier, FAST, SLOW, Record, Compute, Move, Free, SolverStats, PlanHeader, ModelOptions,
-    CostsIdentity,
-    TensorInfo,
+export Tier, FAST, SLOW, Record, Compute, Move, Free, Recompute, SolverStats, PlanHeader,
+    ModelOptions, CostsIdentity, TensorInfo,
     KernelInfo, Plan, PlanError, RecordError, FORMAT_VERSION,
     read_plan, parse_plan, plan_from_dict,
-    computes, moves, frees, bytes_moved, tensor_name, tensor_bytes, kernel_name,
+    computes, moves, frees, recomputes, bytes_moved, tensor_name, tensor_bytes, kernel_name,
     kernel_io, initial_tiers, tier_code,
-    apply_plan!, on_compute!, on_move!, on_free!
+    apply_plan!, on_compute!, on_move!, on_free!, on_recompute!
 
 include("types.jl")
 include("read.jl")

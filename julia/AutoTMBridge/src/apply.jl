@@ -1,7 +1,8 @@
 # Driving a user's executor through the schedule.
 #
-# Two ways to plug an executor in: pass callbacks (`compute=`, `move=`, `free=`), or add
-# methods to `on_compute!`, `on_move!`, `on_free!` for the executor's type. The callbacks
+# Two ways to plug an executor in: pass callbacks (`compute=`, `move=`, `free=`,
+# `recompute=`), or add methods to `on_compute!`, `on_move!`, `on_free!`, `on_recompute!` for
+# the executor's type. The callbacks
 # default to those functions, so both can be mixed.
 
 """
@@ -34,21 +35,27 @@ on_move!(executor, record::Move) = _no_handler("move", executor, Move)
 "Run a `Free` record on `executor`; add a method for your executor type."
 on_free!(executor, record::Free) = _no_handler("free", executor, Free)
 
+"Run a `Recompute` record on `executor` (re-run the kernel, keep `record.outputs`)."
+on_recompute!(executor, record::Recompute) = _no_handler("recompute", executor, Recompute)
+
 """
-    apply_plan!(executor, plan; compute=on_compute!, move=on_move!, free=on_free!) -> executor
+    apply_plan!(executor, plan; compute=on_compute!, move=on_move!, free=on_free!,
+                recompute=on_recompute!) -> executor
 
 Walk `plan`'s records in order and call `compute(executor, record)`,
-`move(executor, record)` or `free(executor, record)` for each. A handler that throws stops
+`move(executor, record)`, `free(executor, record)` or `recompute(executor, record)` for each. A handler that throws stops
 the walk with a [`RecordError`](@ref) naming the record. Returns `executor`.
 
 Async moves (`record.mode === :async`) come right before the `Compute` of the kernel they
 overlap (`record.overlaps`); an executor that runs copies on their own stream starts the
 copy in `move` and waits for it before the next use of the tensor.
 """
-function apply_plan!(executor, plan::Plan; compute=on_compute!, move=on_move!, free=on_free!)
+function apply_plan!(executor, plan::Plan; compute=on_compute!, move=on_move!, free=on_free!,
+                     recompute=on_recompute!)
+    handlers = (compute, move, free, recompute)
     for (i, record) in enumerate(plan.records)
         try
-            _dispatch(executor, record, compute, move, free)
+            _dispatch(executor, record, handlers...)
         catch err
             err isa InterruptException && rethrow()
             throw(RecordError(i, record, err))
@@ -57,6 +64,7 @@ function apply_plan!(executor, plan::Plan; compute=on_compute!, move=on_move!, f
     return executor
 end
 
-_dispatch(ex, r::Compute, compute, move, free) = compute(ex, r)
-_dispatch(ex, r::Move, compute, move, free) = move(ex, r)
-_dispatch(ex, r::Free, compute, move, free) = free(ex, r)
+_dispatch(ex, r::Compute, compute, move, free, recompute) = compute(ex, r)
+_dispatch(ex, r::Move, compute, move, free, recompute) = move(ex, r)
+_dispatch(ex, r::Free, compute, move, free, recompute) = free(ex, r)
+_dispatch(ex, r::Recompute, compute, move, free, recompute) = recompute(ex, r)

@@ -9,6 +9,9 @@ moves(p::Plan) = Move[r for r in p.records if r isa Move]
 "All `Free` records, in schedule order."
 frees(p::Plan) = Free[r for r in p.records if r isa Free]
 
+"All `Recompute` records, in schedule order."
+recomputes(p::Plan) = Recompute[r for r in p.records if r isa Recompute]
+
 """
     bytes_moved(plan; to=nothing) -> Int
 

@@ -247,7 +247,8 @@ function _record(x, ctx)
     op == "compute" && return _compute(x, ctx)
     op == "move" && return _move(x, ctx)
     op == "free" && return _free(x, ctx)
-    _fail(ctx, "unknown record op $(repr(op)) (expected compute, move or free)")
+    op == "recompute" && return _recompute(x, ctx)
+    _fail(ctx, "unknown record op $(repr(op)) (expected compute, move, free or recompute)")
 end
 
 _compute(x, ctx) = Compute(_req(_id, x, "kernel", ctx), _req(_tier_codes, x, "placement", ctx))
@@ -262,6 +263,12 @@ function _move(x, ctx)
 end
 
 _free(x, ctx) = Free(_req(_id, x, "tensor", ctx), _req(_tier_name, x, "tier", ctx))
+
+function _recompute(x, ctx)
+    outputs = _req(_ids, x, "outputs", ctx)
+    isempty(outputs) && _fail(ctx, "recompute regenerates no outputs (its outputs list is empty)")
+    return Recompute(_req(_id, x, "kernel", ctx), outputs, _req(_id, x, "before", ctx))
+end
 
 function _names(x, ctx)
     tensors = _opt(_tensor_table, x, "tensors", Dict{Int,TensorInfo}(), ctx)

@@ -12,7 +12,8 @@ Where a copy of a tensor lives: `FAST` (GPU memory, or DRAM in host mode) or `SL
 """
 @enum Tier FAST SLOW
 
-"One step of the schedule: a [`Compute`](@ref), [`Move`](@ref) or [`Free`](@ref)."
+"One step of the schedule: a [`Compute`](@ref), [`Move`](@ref), [`Free`](@ref) or
+[`Recompute`](@ref)."
 abstract type Record end
 
 """
@@ -50,9 +51,29 @@ struct Free <: Record
     tier::Tier
 end
 
-# Compute holds a Vector, so the default `==` (identity) would make equal records unequal.
+"""
+    Recompute(kernel, outputs, before)
+
+Re-run forward kernel `kernel` (0-based id) on the compute stream, right before kernel `before`
+(the next `Compute`), to regenerate `outputs` (0-based tensor ids, some of the kernel's
+outputs, absent from both tiers since a `Free` dropped them) in fast memory. Every input of
+the kernel is in fast memory; outputs not listed are made and dropped at once. Plans never
+re-run kernels with random outputs.
+"""
+struct Recompute <: Record
+    kernel::Int
+    outputs::Vector{Int}
+    before::Int
+end
+
+# Compute and Recompute hold Vectors, so the default `==` (identity) would make equal records
+# unequal.
 Base.:(==)(a::Compute, b::Compute) = a.kernel == b.kernel && a.placement == b.placement
 Base.hash(a::Compute, h::UInt) = hash(a.placement, hash(a.kernel, hash(:Compute, h)))
+Base.:(==)(a::Recompute, b::Recompute) =
+    a.kernel == b.kernel && a.outputs == b.outputs && a.before == b.before
+Base.hash(a::Recompute, h::UInt) =
+    hash(a.before, hash(a.outputs, hash(a.kernel, hash(:Recompute, h))))
 
 "How the plan was found (zeros and `\"none\"` for plans of baselines that use no solver)."
 struct SolverStats

@@ -14,7 +14,8 @@ const EXPECTED = JSON.parse(read(joinpath(FIXTURES, "plan_small.expected.json"),
     dicttype=Dict{String,Any})
 
 raw_plan() = JSON.parse(read(PLAN_PATH, String); dicttype=Dict{String,Any})
-opname(r::Record) = r isa Compute ? "compute" : r isa Move ? "move" : "free"
+opname(r::Record) = r isa Compute ? "compute" : r isa Move ? "move" :
+    r isa Recompute ? "recompute" : "free"
 
 # An executor that only logs what it is asked to do (callback interface).
 struct LogExecutor
@@ -47,6 +48,19 @@ function AutoTMBridge.on_move!(ex::ResidencyExecutor, r::Move)
     from = r.to == FAST ? SLOW : FAST
     from in get(ex.where_, r.tensor, Set{Tier}()) || error("tensor $(r.tensor) is not in $from")
     push!(ex.where_[r.tensor], r.to)
+end
+
+function AutoTMBridge.on_recompute!(ex::ResidencyExecutor, r::Recompute)
+    inputs, outputs = kernel_io(ex.plan, r.kernel)
+    for t in inputs
+        FAST in get(ex.where_, t, Set{Tier}()) ||
+            error("tensor $t is not in FAST to recompute kernel $(r.kernel)")
+    end
+    for t in r.outputs
+        t in outputs || error("tensor $t is not an output of kernel $(r.kernel)")
+        isempty(get(ex.where_, t, Set{Tier}())) || error("tensor $t is not absent")
+        ex.where_[t] = Set([FAST])
+    end
 end
 
 function AutoTMBridge.on_free!(ex::ResidencyExecutor, r::Free)
@@ -104,9 +118,12 @@ end
         @test plan[2] == Compute(0, [FAST, FAST])
         @test plan[3] == Move(1, SLOW, :async, 1)
         @test plan[end] == Free(2, FAST)
+        @test plan[7] == Recompute(1, [2], 2)
+        @test [[r.kernel, r.outputs, r.before] for r in recomputes(plan)] == EXPECTED["recomputes"]
         @test eltype(plan) == Record
         @test collect(plan) == plan.records
-        @test length(computes(plan)) + length(moves(plan)) + length(frees(plan)) == length(plan)
+        @test length(computes(plan)) + length(moves(plan)) + length(frees(plan)) +
+              length(recomputes(plan)) == length(plan)
         @test tier_code(FAST) == 'F' && tier_code(SLOW) == 'S'
     end
 
@@ -135,18 +152,22 @@ end
         out = apply_plan!(ex, plan;
             compute=(e, r) -> push!(e.log, "compute $(r.kernel)"),
             move=(e, r) -> push!(e.log, "move $(r.tensor) $(r.mode)"),
-            free=(e, r) -> push!(e.log, "free $(r.tensor)"))
+            free=(e, r) -> push!(e.log, "free $(r.tensor)"),
+            recompute=(e, r) -> push!(e.log, "recompute $(r.kernel) before $(r.before)"))
         @test out === ex
         @test ex.log[1:3] == ["move 0 sync", "compute 0", "move 1 async"]
         @test length(ex.log) == length(plan)
         # an async move stands right before the compute of the kernel it overlaps
         @test ex.log[4] == "compute $(plan[3].overlaps)"
+        # a recompute stands right before the compute of the kernel it regenerates for
+        @test ex.log[7:8] == ["recompute 1 before 2", "compute 2"]
     end
 
     @testset "apply_plan! through dispatch checks residency" begin
         ex = apply_plan!(ResidencyExecutor(plan), plan)
         @test ex.where_[1] == Set{Tier}()          # `a` was offloaded, read from slow, freed
         @test ex.where_[3] == Set([FAST])          # the output stays in fast memory
+        @test ex.where_[2] == Set{Tier}()          # `b` was regenerated, then freed
         broken = Plan(plan.header, plan.initial, Record[Compute(2, [FAST, FAST, FAST])],
             plan.tensors, plan.kernels)
         err = try
@@ -158,6 +179,17 @@ end
         @test err isa RecordError
         @test err.index == 1
         @test occursin("tensor 1 is not in FAST", sprint(showerror, err))
+        # a regeneration whose input is absent fails like any other record
+        early = Plan(plan.header, plan.initial, Record[Recompute(1, [2], 2)],
+            plan.tensors, plan.kernels)
+        err = try
+            apply_plan!(ResidencyExecutor(early), early)
+            nothing
+        catch e
+            e
+        end
+        @test err isa RecordError
+        @test occursin("tensor 0 is not in FAST to recompute kernel 1", sprint(showerror, err))
     end
 
     @testset "a missing handler is a RecordError naming the fix" begin
@@ -179,8 +211,9 @@ end
         d["format"] = "other"
         @test occursin("not an autotm plan", plan_error_message(() -> plan_from_dict(d)))
         d = raw_plan()
-        d["format_version"] = 2
-        @test occursin("version 2 is not supported", plan_error_message(() -> plan_from_dict(d)))
+        d["format_version"] = FORMAT_VERSION + 1
+        @test occursin("version $(FORMAT_VERSION + 1) is not supported",
+            plan_error_message(() -> plan_from_dict(d)))
         d = raw_plan()
         delete!(d["header"]["solver"], "status")
         msg = plan_error_message(() -> plan_from_dict(d; origin="p.json"))
@@ -195,6 +228,10 @@ end
         d = raw_plan()
         d["records"][1]["tensor"] = "zero"
         @test occursin("expected an integer", plan_error_message(() -> plan_from_dict(d)))
+        d = raw_plan()
+        d["records"][7]["outputs"] = Any[]
+        @test occursin("records[7]: recompute regenerates no outputs",
+            plan_error_message(() -> plan_from_dict(d)))
         d = raw_plan()
         d["initial"]["x"] = "F"
         @test occursin("not a 0-based tensor id", plan_error_message(() -> plan_from_dict(d)))

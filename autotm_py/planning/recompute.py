@@ -1,0 +1,139 @@
+"""Recomputation candidates: which tensors may be dropped and regenerated, where, and what a
+regeneration needs (docs/planning.md section 2b).
+
+A tensor t gets a third state beside fast and slow, *absent*: its fast copy is dropped and,
+before a later use u, its producer p is re-run (a ``Recompute`` record before kernel u). The
+filters that keep the joint ILP small:
+
+- **candidates**: t is an activation that dies within the iteration, its producer p is a
+  forward kernel (an ONNX op or a fused forward op, never a backward or optimizer kernel) whose
+  outputs are reproducible bit for bit (`plan.NON_REPRODUCIBLE_OPS` never), and p is cheap:
+  ``t_p <= ratio * (copy out + copy back of p's candidate outputs)`` (overlapped copies), i.e.
+  re-running costs no more than moving would;
+- **regeneration points**: t is regenerated only right before a *backward* use (a user that
+  is not a forward kernel: a backward, loss or optimizer kernel), level 0;
+- **chains**: a regeneration of t at u needs every input of p in fast memory at u. An input
+  that is itself a candidate may be regenerated at u too (level 1), and so on while the level
+  stays below `depth`. An input that must be held for a regeneration past its last use has
+  its live range extended to u (its *conditional use* at u), where the ILP may keep it, read
+  it back, regenerate it or leave it absent if no regeneration needs it.
+
+`RecomputeSpec.none(machine)` is the spec without recomputation (move-only plans).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from autotm_py.ir.graph import Role
+from autotm_py.ir.rules.fused import FUSED_OPS
+from autotm_py.memory.tiers import FAST, SLOW
+from autotm_py.plan import NON_REPRODUCIBLE_OPS
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import Kernel
+    from autotm_py.machine import MachineModel
+
+
+def is_forward(kernel: Kernel) -> bool:
+    """A forward kernel: an ONNX op (domain "") or a fused forward op of ours."""
+    return kernel.domain == "" or kernel.op_type in FUSED_OPS
+
+
+def reproducible(kernel: Kernel) -> bool:
+    """Whether re-running the kernel gives its outputs bit for bit (no unseeded randomness)."""
+    return kernel.op_type not in NON_REPRODUCIBLE_OPS
+
+
+@dataclass(frozen=True)
+class RecomputeSpec:
+    """Where each tensor may be regenerated and where a regeneration may need it.
+
+    regen:  tensor -> kernels before which it may be regenerated (its producer re-run);
+    needs:  tensor -> kernels before which a regeneration may need it in fast memory (its
+            conditional uses; those past its last use extend its live range);
+    ends:   per tensor, the last kernel of its (extended) live range;
+    groups: (producer, kernel) -> the producer's outputs that may be regenerated there (a
+            multi-output producer re-creates all its outputs; these are the ones it keeps)."""
+
+    depth: int
+    regen: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    needs: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    ends: tuple[int, ...] = ()
+    groups: Mapping[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def none(cls, machine: MachineModel) -> RecomputeSpec:
+        return cls(0, ends=tuple(end for _, end in machine.live_ranges))
+
+    @property
+    def active(self) -> bool:
+        return bool(self.groups)
+
+    def ranges(self, machine: MachineModel) -> tuple[tuple[int, int], ...]:
+        """Live ranges with the extensions."""
+        return tuple((birth, end) for (birth, _), end in zip(machine.live_ranges, self.ends,
+                                                              strict=True))
+
+
+def candidates(machine: MachineModel, *, ratio: float | None,
+               exclude: Collection[int] = ()) -> frozenset[int]:
+    """Tensors that may be dropped and regenerated (module docstring). `ratio` None: no cost
+    filter (recompute-only plans, which cannot move instead). `exclude`: tensors kept fast or
+    pinned (no decision points)."""
+    graph = machine.graph
+    skip = set(exclude) | set(machine.pinned) | set(machine.survivors)
+    out: set[int] = set()
+    for kernel in graph.kernels:
+        if not (is_forward(kernel) and reproducible(kernel)):
+            continue
+        mine = [t for t in kernel.outputs if t not in skip
+                and graph.tensors[t].role == Role.ACTIVATION and graph.tensors[t].users]
+        if mine and (ratio is None or _cheap(machine, kernel.id, mine, ratio)):
+            out.update(mine)
+    return frozenset(out)
+
+
+def _cheap(machine: MachineModel, kid: int, outputs: list[int], ratio: float) -> bool:
+    """Re-running kernel `kid` costs at most `ratio` x copying `outputs` out and back."""
+    move = sum(machine.copy_time(t, SLOW, "async") + machine.copy_time(t, FAST, "async")
+               for t in outputs)
+    return machine.fast_time(kid) <= ratio * move
+
+
+def recompute_spec(machine: MachineModel, *, depth: int, ratio: float | None,
+                   exclude: Collection[int] = ()) -> RecomputeSpec:
+    """Regeneration points, conditional uses and extended ranges (module docstring)."""
+    graph = machine.graph
+    cands = candidates(machine, ratio=ratio, exclude=exclude)
+    regen: dict[int, dict[int, int]] = defaultdict(dict)  # tensor -> kernel -> level
+    frontier: list[tuple[int, int, int]] = []
+    for t in sorted(cands):
+        for u in graph.tensors[t].users:
+            if not is_forward(graph.kernels[u]):
+                regen[t][u] = 0
+                frontier.append((t, u, 0))
+    needs: dict[int, set[int]] = defaultdict(set)
+    while frontier:
+        t, u, level = frontier.pop()
+        producer = graph.kernels[graph.tensors[t].producer]  # type: ignore[index]
+        for i in set(producer.inputs):
+            needs[i].add(u)
+            if i in cands and level + 1 < depth and regen[i].get(u, depth) > level + 1:
+                regen[i][u] = level + 1
+                frontier.append((i, u, level + 1))
+    ends = [max([end, *needs.get(t, ())]) for t, (_, end) in enumerate(machine.live_ranges)]
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for t, points in regen.items():
+        for u in points:
+            groups[(graph.tensors[t].producer, u)].append(t)  # type: ignore[index]
+    return RecomputeSpec(
+        depth=depth,
+        regen={t: frozenset(p) for t, p in regen.items() if p},
+        needs={t: frozenset(u) for t, u in needs.items()},
+        ends=tuple(ends),
+        groups={k: tuple(sorted(v)) for k, v in sorted(groups.items())},
+    )

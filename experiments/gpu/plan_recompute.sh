@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Solve, on this (CPU) machine with the shipped H100 profiles and HiGHS, the plans that
+# experiments/gpu/recompute_check.sh runs on the GPU machine (issue 13 item 5): joint
+# keep/move/recompute plans (async+recompute) at 50% and 25% of the peak (ratios 1:1, 1:3),
+# each at the headrooms earlier GPU runs needed for the caching allocator (docs/gpu.md), and a
+# move-only async plan beside them for the first models. Plans already there are kept.
+#   bash experiments/gpu/plan_recompute.sh                 (every model, in order)
+#   ONLY="resnet200 bert_base" TIME_LIMIT=150 bash experiments/gpu/plan_recompute.sh
+set -eu
+PLANS=${PLANS:-experiments/plans/recompute}
+AUTOTM=${AUTOTM:-python3 -m autotm_py}
+TIME_LIMIT=${TIME_LIMIT:-150}
+declare -A CFG=(
+  [resnet200]="32" [bert_base]="16 --dim seq=512" [inception_v4]="64" [densenet264]="32"
+  [gpt2_small]="8 --dim seq=1024"
+)
+# the headrooms the move-only plans of these models needed on the H100 (gpu_h100.json), with
+# one step more: a recomputing plan allocates and frees more often
+declare -A HEADROOMS=(
+  [resnet200]="0.05 0.1 0.2" [bert_base]="0.05 0.1 0.2" [inception_v4]="0.1 0.2"
+  [densenet264]="0.2 0.3" [gpt2_small]="0.05 0.2"
+)
+MOVE_ONLY=${MOVE_ONLY:-"resnet200 bert_base"}
+mkdir -p "$PLANS"
+solve() {  # model ratio headroom recompute name
+  local model=$1 ratio=$2 headroom=$3 recompute=$4 name=$5
+  local out="$PLANS/${model}_${ratio/:/-}_${name}_h${headroom}.json.gz"
+  [ -e "$out" ] && return 0
+  set -- ${CFG[$model]}
+  # shellcheck disable=SC2086  # AUTOTM is a word list
+  $AUTOTM optimize "$model" --training --batch "$1" "${@:2}" --device cuda --ratio "$ratio" \
+      --strategy async --recompute "$recompute" --solver highs --time-limit "$TIME_LIMIT" \
+      --headroom "$headroom" --no-baselines -o "$out" 2>&1 \
+      | grep -E "^(model|budget|predicted|moved|recomputed|fast peak|solver|note|result)" \
+      | sed "s|^|$model $ratio h$headroom $name: |"
+}
+for model in ${ONLY:-resnet200 bert_base inception_v4 densenet264 gpt2_small}; do
+  for ratio in ${RATIOS:-1:1 1:3}; do
+    for headroom in ${HEADROOMS[$model]}; do
+      solve "$model" "$ratio" "$headroom" on async+recompute
+    done
+    case " $MOVE_ONLY " in
+      *" $model "*) solve "$model" "$ratio" "${MOVE_HEADROOM:-0.1}" off async ;;
+    esac
+  done
+done
