@@ -118,8 +118,21 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
 
 
 def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations: int = 5,
-            warmup: int = 2, **options: Any) -> RunResult:
-    """Run a plan for real with torch and measure it."""
+            warmup: int = 2, arena: bool = False, graph_replay: bool = False,
+            costs: KernelCosts | None = None, **options: Any) -> RunResult:
+    """Run a plan for real with torch and measure it. `arena`: every fast copy at its planned
+    offset (a plan without an arena is packed first, `with_arena`); `graph_replay` (CUDA): the
+    timed iterations replay one CUDA graph (implies `arena`)."""
     from autotm_py.runtime.executor import execute as _execute
 
-    return _execute(graph, plan, device=device, iterations=iterations, warmup=warmup, **options)
+    if (arena or graph_replay) and plan.arena is None:
+        plan = with_arena(graph, plan, costs)
+    return _execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
+                    arena=arena, graph_replay=graph_replay, **options)
+
+
+def with_arena(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None, *,
+               profiles_dir: PathLike | None = None) -> Plan:
+    """`plan` with every fast buffer at a packed offset (unchanged if it has an arena). A plan
+    planned without `--arena` may need more than its budget this way; `simulate` says so."""
+    return pipeline.with_arena(graph, plan, costs, profiles_dir=profiles_dir)

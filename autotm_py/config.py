@@ -39,6 +39,12 @@ class PlanConfig:
     # Share of the budget the plan leaves free for the allocator's fragmentation (AutoTM's
     # "defrag" margin): the ILP bounds the sum of live bytes, a real heap needs more.
     headroom: float = 0.0
+    # GPU mode: give every fast-memory buffer a planned offset in one arena (`autotm_py.arena`)
+    # and fit the packed arena in the budget, so that the plan runs without headroom.
+    arena: bool = False
+    # GPU mode: price the iteration as a CUDA graph replays it (device times, no host
+    # dispatch: `autotm run --graph`).
+    graph: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:

@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "autotm_py"
 # Floors, bottom first; each floor lists its units in the order they may import each other.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("errors", "fileio", "units", "config")),
-    ("values", ("ir", "memory", "costs", "plan", "interpreter", "machine")),
+    ("values", ("ir", "memory", "costs", "plan", "interpreter", "machine", "arena")),
     ("kernels", ("kernels",)),
     ("stages", ("frontend", "runtime", "profiling", "planning", "report", "julia")),
     ("composition", ("pipeline",)),

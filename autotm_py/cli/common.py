@@ -68,6 +68,15 @@ headroom_option = click.option(
     help="Share of the budget the plan leaves free for the allocator's fragmentation (the ILP "
          "counts live bytes; a real heap needs more). Try 0.1 when `autotm run` reports "
          "allocator retries or runs out of memory under the cap.")
+arena_option = click.option(
+    "--arena", is_flag=True,
+    help="GPU mode: give every fast-memory buffer a planned offset in one arena and fit the "
+         "packed arena in the budget (re-solving tighter where it does not fit), so the plan "
+         "runs at planned addresses without --headroom (`autotm run --arena`).")
+graph_option = click.option(
+    "--graph", "graph_replay", is_flag=True,
+    help="GPU mode: price the iteration as replayed from a CUDA graph (kernels at their device "
+         "times, no host dispatch), as `autotm run --graph` runs it.")
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print machine-readable JSON instead of tables.")
 

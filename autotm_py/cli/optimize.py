@@ -15,6 +15,8 @@ import click
 from autotm_py import api
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
+    arena_option,
+    graph_option,
     headroom_option,
     json_option,
     load_model_from_cli,
@@ -75,6 +77,8 @@ RATIO_HELP = (
                    "memory, outside the budget.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Solver threads.")
 @headroom_option
+@arena_option
+@graph_option
 @click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
               help="Profile cache directory (default: $AUTOTM_PROFILES or ~/.cache/autotm).")
 @click.option("--no-baselines", is_flag=True, help="Skip planning the baselines.")
@@ -86,8 +90,8 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
                  device: str, memory: str | None, solver: str, gap: float,
                  time_limit: float | None, async_window: int,
                  async_candidates: int | None, pin_weights: bool,
-                 threads: int | None, headroom: float, profiles_dir: str | None,
-                 no_baselines: bool,
+                 threads: int | None, headroom: float, arena: bool, graph_replay: bool,
+                 profiles_dir: str | None, no_baselines: bool,
                  output: str | None, as_json: bool, no_fuse: bool = False) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
 
@@ -101,7 +105,8 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         fast_mem_bytes=parse_bytes(fast_mem) if fast_mem else None, device=device,
         memory=memory, solver=solver, gap=gap, time_limit_s=time_limit,
         async_window=async_window, async_candidates=async_candidates,
-        pin_weights=pin_weights, threads=threads, headroom=headroom)
+        pin_weights=pin_weights, threads=threads, headroom=headroom, arena=arena,
+        graph=graph_replay)
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
     result = api.optimize(graph, config, costs=costs, baselines=not no_baselines)

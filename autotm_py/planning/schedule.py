@@ -123,5 +123,6 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
         pin_weights=machine.pin_weights,
         headroom=machine.headroom,
         model=ModelOptions.of_graph(graph),
+        graph=machine.graph_replay,
     )
     return Plan(header, dict(builder.initial), records, names_table(graph))

@@ -1,0 +1,74 @@
+"""Scratch: what a kernel allocates outside its planned slots when a plan runs in an arena.
+
+In an arena run (`autotm_py.arena`, docs/gpu.md) every tensor has a planned slot, but torch's
+kernels allocate by themselves: their workspaces (cuDNN, cuBLAS, temporaries of composite
+kernels: `workspace_bytes` of the profile) and, unless an `out=` variant writes them straight
+into their slots, their outputs, which the executor then copies into the slots. All of it comes
+from torch's caching allocator in one scratch region beside the arena, as large as the largest
+kernel's scratch; the planner leaves that much of the budget to it.
+
+A kernel's scratch: its workspace, plus the bytes of each fast output that torch allocates:
+every output of a kernel that can neither write in place (`DIRECT_OPS`, `writes_in_place`) nor
+returns a view of an input (`VIEW_OPS`), and every output that ends a carried pair (W' of
+W -> W'), which the executor writes through scratch when it takes W's slot in place.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotm_py.ir.rules.geometry import window
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import Kernel, TensorGraph
+
+# Ops whose torch kernels write every output straight into a given buffer (aten `out=`
+# variants: `kernels/into.py`, which a test keeps in step). Conv does so on CUDA with cuDNN;
+# elsewhere the executor copies its output, which costs time but no budget (no cap off the
+# GPU).
+DIRECT_OPS = frozenset({
+    "Add", "Sub", "Mul", "Max", "Min", "Div", "Sum", "GradAccumulate", "Relu", "ReluGrad",
+    "Gelu", "GeluGrad", "MatMul", "BatchNormalization", "Conv", "SGDUpdate",
+    "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad",
+})
+# Ops whose torch kernels return a view of an input: the executor copies the view into the
+# output's slot and nothing is allocated.
+VIEW_OPS = frozenset({
+    "Reshape", "ReshapeGrad", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose",
+    "TransposeGrad",
+})
+
+
+def writes_in_place(graph: TensorGraph, kernel: Kernel) -> bool:
+    """Whether the executor's torch kernel writes the outputs of `kernel` into their slots (on
+    CUDA) without allocating them: `DIRECT_OPS`, with the attributes that the direct path of
+    `kernels/into.py` handles."""
+    if kernel.op_type not in DIRECT_OPS:
+        return False
+    if kernel.op_type == "BatchNormalization":
+        return bool(kernel.attr("training_mode", 0))
+    if kernel.op_type == "Conv":  # cuDNN pads symmetrically; explicit padding would copy
+        x, w = (graph.tensors[t].shape for t in kernel.inputs[:2])
+        geo = window(dict(kernel.attrs), x[2:], w[2:])
+        return geo.begins == geo.ends
+    if kernel.op_type in ("SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad"):
+        return _plain_cross_entropy(graph, kernel)
+    return True
+
+
+def _plain_cross_entropy(graph: TensorGraph, kernel: Kernel) -> bool:
+    """Our loss with class weights absent, the mean reduction and classes on the last axis
+    (what `kernels/into.py` writes in place)."""
+    scores = graph.tensors[kernel.inputs[0]]
+    axis = int(kernel.attr("axis", 1 if kernel.domain == "" else -1)) % len(scores.shape)
+    outputs = 2 if kernel.op_type == "SoftmaxCrossEntropy" else 1
+    return (len(kernel.inputs) == 2 and len(kernel.outputs) == outputs
+            and str(kernel.attr("reduction", "mean")) == "mean"
+            and axis == len(scores.shape) - 1 and kernel.attr("ignore_index") is None)
+
+
+def allocated_outputs(graph: TensorGraph, kernel: Kernel) -> list[int]:
+    """The outputs of `kernel` that torch allocates in an arena run (module docstring)."""
+    carried_ends = {last for _, last in graph.carried}
+    copied = kernel.op_type not in VIEW_OPS and not writes_in_place(graph, kernel)
+    return [t for t in kernel.outputs if copied or t in carried_ends]
