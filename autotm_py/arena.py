@@ -147,6 +147,30 @@ class Lifetimes:
     in_place: frozenset[tuple[int, int]]  # (compute record, output tensor)
     end: int  # 2 x the number of records
 
+    def live_peak(self) -> int:
+        """The largest sum of tensor buffers live at once (what the ILP's rows bound), which
+        no packing can beat. A steady pair's two pieces share one slot: counted once."""
+        events: dict[int, int] = {}
+        shared = {self.spans[z] for _, z in self.groups}
+        for s in self.spans:
+            if s in shared:  # the tail of a steady pair: its head's slot (a wrapped piece)
+                continue
+            events[s.start] = events.get(s.start, 0) + s.nbytes
+            events[s.end] = events.get(s.end, 0) - s.nbytes
+        for a, z in self.groups:
+            head, tail = self.spans[a], self.spans[z]
+            if tail.start >= head.end:  # W left fast memory and came back: two pieces
+                events[tail.start] = events.get(tail.start, 0) + tail.nbytes
+                events[tail.end] = events.get(tail.end, 0) - tail.nbytes
+            else:  # in place: the slot is held from the head's start to the tail's end
+                events[head.end] = events.get(head.end, 0) + head.nbytes
+                events[tail.end] = events.get(tail.end, 0) - head.nbytes
+        live, peak = 0, 0
+        for time in sorted(events):
+            live += events[time]
+            peak = max(peak, live)
+        return peak
+
 
 def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
     """Every fast buffer of `plan` with its lifetime (module docstring). Raises `ArenaError`

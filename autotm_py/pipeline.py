@@ -27,6 +27,7 @@ from autotm_py.costs import KernelCosts
 from autotm_py.errors import AutoTMError, PlanError, SolverError
 from autotm_py.machine import MachineModel
 from autotm_py.memory import accounting
+from autotm_py.memory.accounting import ALIGN_BYTES
 from autotm_py.memory.tiers import MemorySystem, load_memory_system, preset
 from autotm_py.planning import baselines as baseline_plans
 from autotm_py.planning import solve
@@ -112,12 +113,16 @@ def fit_arena(machine: MachineModel, config: PlanConfig) -> tuple[PlanResult, Ma
                 **result.plan.header.counts, "arena_bytes": layout.nbytes,
                 "arena_scratch_bytes": layout.scratch_bytes})
             return _noted(replace(result, plan=plan), machine, notes)
-        assert limit is not None
+        assert limit is not None and machine.budget is not None
         notes.append(f"arena: packed {format_bytes(layout.nbytes)} over the "
                      f"{format_bytes(limit)} it may use; solved again")
         last = (result, machine)
-        machine = replace(machine, arena_margin=machine.arena_margin + excess
-                          + int(limit * ARENA_SLACK))
+        # the next plan's live bytes must fall by the excess (the packing's holes) below this
+        # plan's, which may lie under the budget already
+        live = arena.lifetimes(machine, result.plan).live_peak()
+        target = live - excess - max(int(limit * ARENA_SLACK), ALIGN_BYTES)
+        machine = replace(machine, arena_margin=machine.arena_margin + max(
+            machine.budget - target, excess))
     notes.append(f"no arena: the packing did not fit in {ARENA_SOLVES} solves; the plan runs "
                  "on torch's caching allocator")
     assert last is not None

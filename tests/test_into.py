@@ -48,7 +48,8 @@ def test_direct_outputs_are_bitwise_the_kernels(make):
         written[kernel.op_type] += 1
     must = {"Add", "Relu", "ReluGrad", "BatchNormalization", "GradAccumulate", "SGDUpdate",
             "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad"} if make is small_cnn else \
-        {"Add", "MatMul", "SGDUpdate", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad"}
+        {"Add", "MatMul", "MatMulGradA", "MatMulGradB", "SGDUpdate", "SoftmaxCrossEntropy",
+         "SoftmaxCrossEntropyGrad"}
     assert must <= set(written), written
 
 

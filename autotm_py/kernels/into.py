@@ -137,6 +137,30 @@ def matmul(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     return False
 
 
+@into("MatMulGradA")
+def matmul_grad_a(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """dA = dY B^T as one GEMM over the rows of dY (B a matrix, no broadcast batch axes)."""
+    dy, b = args
+    out = outs[0]
+    if b.dim() != 2 or dy.dim() != out.dim() or dy.shape[:-1] != out.shape[:-1] or \
+            not dy.is_contiguous():
+        return False
+    torch.mm(dy.reshape(-1, dy.shape[-1]), b.transpose(-1, -2), out=out.view(-1, b.shape[0]))
+    return True
+
+
+@into("MatMulGradB")
+def matmul_grad_b(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """dB = A^T dY over every row of A and dY (a matrix dB)."""
+    dy, a = args
+    out = outs[0]
+    if out.dim() != 2 or a.dim() != dy.dim() or a.dim() < 2 or not (a.is_contiguous() and
+                                                                 dy.is_contiguous()):
+        return False
+    torch.mm(a.reshape(-1, a.shape[-1]).t(), dy.reshape(-1, dy.shape[-1]), out=out)
+    return True
+
+
 @into("Conv")
 def conv(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     """cuDNN writes the convolution into the slot, as aten's convolution runs it on CUDA

@@ -10,7 +10,8 @@ kernel's scratch; the planner leaves that much of the budget to it.
 A kernel's scratch: its workspace, plus the bytes of each fast output that torch allocates:
 every output of a kernel that can neither write in place (`DIRECT_OPS`, `writes_in_place`) nor
 returns a view of an input (`VIEW_OPS`), and every output that ends a carried pair (W' of
-W -> W'), which the executor writes through scratch when it takes W's slot in place.
+W -> W'), which the executor writes through scratch when it takes W's slot in place, unless
+the kernel is elementwise and may write over its input (`IN_PLACE_OPS`: the SGD update).
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ if TYPE_CHECKING:
 # GPU).
 DIRECT_OPS = frozenset({
     "Add", "Sub", "Mul", "Max", "Min", "Div", "Sum", "GradAccumulate", "Relu", "ReluGrad",
-    "Gelu", "GeluGrad", "MatMul", "BatchNormalization", "Conv", "SGDUpdate",
-    "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad",
+    "Gelu", "GeluGrad", "MatMul", "MatMulGradA", "MatMulGradB", "BatchNormalization", "Conv",
+    "SGDUpdate", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad",
 })
+# Elementwise ops whose torch kernels may write their output over an input (each element read
+# before it is written): an output taking its input's slot in place is written directly.
+IN_PLACE_OPS = frozenset({"SGDUpdate"})
 # Ops whose torch kernels return a view of an input: the executor copies the view into the
 # output's slot and nothing is allocated.
 VIEW_OPS = frozenset({
@@ -53,7 +57,19 @@ def writes_in_place(graph: TensorGraph, kernel: Kernel) -> bool:
         return geo.begins == geo.ends
     if kernel.op_type in ("SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad"):
         return _plain_cross_entropy(graph, kernel)
+    if kernel.op_type in ("MatMulGradA", "MatMulGradB"):
+        return _plain_matmul_grad(graph, kernel)
     return True
+
+
+def _plain_matmul_grad(graph: TensorGraph, kernel: Kernel) -> bool:
+    """One GEMM: dA = dY B^T with a matrix B and no broadcast batch axes, or dB = A^T dY over
+    rows folded from every batch axis into a matrix dB."""
+    dy, other = (graph.tensors[t].shape for t in kernel.inputs)
+    out = graph.tensors[kernel.outputs[0]].shape
+    if kernel.op_type == "MatMulGradA":
+        return len(other) == 2 and len(dy) == len(out) >= 2 and dy[:-1] == out[:-1]
+    return len(out) == 2 and len(other) == len(dy) >= 2
 
 
 def _plain_cross_entropy(graph: TensorGraph, kernel: Kernel) -> bool:
@@ -69,6 +85,8 @@ def _plain_cross_entropy(graph: TensorGraph, kernel: Kernel) -> bool:
 
 def allocated_outputs(graph: TensorGraph, kernel: Kernel) -> list[int]:
     """The outputs of `kernel` that torch allocates in an arena run (module docstring)."""
-    carried_ends = {last for _, last in graph.carried}
-    copied = kernel.op_type not in VIEW_OPS and not writes_in_place(graph, kernel)
+    direct = writes_in_place(graph, kernel)
+    carried_ends = set() if direct and kernel.op_type in IN_PLACE_OPS else \
+        {last for _, last in graph.carried}
+    copied = kernel.op_type not in VIEW_OPS and not direct
     return [t for t in kernel.outputs if copied or t in carried_ends]

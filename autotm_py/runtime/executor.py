@@ -41,6 +41,7 @@ from autotm_py.errors import ConfigError, ExecutionError
 from autotm_py.interpreter import PlanInterpreter
 from autotm_py.ir.graph import Role
 from autotm_py.kernels import run_kernel, run_kernel_into, run_kernel_raw
+from autotm_py.memory.scratch import IN_PLACE_OPS
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import INITIAL, Compute, Free, Move, Plan
 from autotm_py.runtime.arena import DeviceArena, GraphReplay, overlaps
@@ -270,7 +271,8 @@ class Executor(PlanInterpreter):
         outputs, which `compute` copies into their slots."""
         if not any(s is not None for s in slots):
             return run_kernel(kernel, args)
-        direct = all(s is not None and not any(overlaps(s, a) for a in args) for s in slots)
+        direct = all(s is not None and all(self._may_write(kernel, s, a) for a in args)
+                     for s in slots)
         if direct:
             addresses = [s.data_ptr() for s in slots if s is not None]
             if run_kernel_into(kernel, args, slots):
@@ -278,6 +280,21 @@ class Executor(PlanInterpreter):
                     return slots  # type: ignore[return-value]
                 raise ExecutionError(f"kernel {kernel.name!r} moved an output off its slot")
         return run_kernel_raw(kernel, args)
+
+    def _may_write(self, kernel: Any, slot: torch.Tensor, arg: torch.Tensor) -> bool:
+        """Whether a kernel may write into `slot` while it reads `arg`: they do not meet, or
+        `arg` is exactly the slot (an output taking its input's slot in place) and the kernel
+        is elementwise (`IN_PLACE_OPS`); a copy still reading `arg` then finishes first."""
+        if not overlaps(slot, arg):
+            return True
+        if kernel.op_type not in IN_PLACE_OPS or slot.data_ptr() != arg.data_ptr() or \
+                slot.numel() * slot.element_size() != arg.numel() * arg.element_size():
+            return False
+        tid = next(t for t in kernel.inputs if self.state.fast.get(t) is arg)
+        event = self.state.pending.get((tid, SLOW))  # a copy to the slow tier reading it
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+        return True
 
     def _read(self, tid: int, tier: str) -> torch.Tensor:
         store = self._store(tier)

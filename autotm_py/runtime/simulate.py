@@ -38,7 +38,6 @@ from autotm_py.errors import PlanError
 from autotm_py.interpreter import PlanInterpreter
 from autotm_py.machine import MachineModel
 from autotm_py.memory.accounting import aligned_sizes
-from autotm_py.memory.scratch import allocated_outputs
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import INITIAL, SCRATCH, TIER_CODES, Compute, Free, Move, Plan
 
@@ -311,8 +310,9 @@ class Simulator(PlanInterpreter):
 
     def _check_scratch(self, kid: int) -> None:
         assert self.plan.arena is not None
+        ends = {last for _, last in self.graph.carried}
         for tid in self.in_place:
-            if tid not in allocated_outputs(self.graph, self.graph.kernels[kid]):
+            if tid not in ends:
                 self.violate(f"output {self.name(tid)} takes an input's slot in place, which "
                              "only an output that ends a carried pair may")
         self.in_place = []
