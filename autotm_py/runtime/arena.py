@@ -58,10 +58,13 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 class GraphReplay:
-    """Capture `body` (one iteration, after eager warm-up) as a CUDA graph; `replay()` runs
-    it. `failed` says why the capture did not work (None if it did): the caller runs eagerly."""
+    """Capture `body` (one iteration) on `stream` as a CUDA graph; `replay()` runs it. The
+    caller has run an eager iteration on `stream` first (cuBLAS and cuDNN set themselves up per
+    stream, which a capture does not allow). `failed` says why the capture did not work (None
+    if it did): the caller runs eagerly."""
 
-    def __init__(self, body: Callable[[], None], where: Callable[[], str]) -> None:
+    def __init__(self, body: Callable[[], None], where: Callable[[], str],
+                 stream: torch.cuda.Stream) -> None:
         self.graph = torch.cuda.CUDAGraph()
         self.failed: str | None = None
         first: list[str] = []
@@ -74,7 +77,7 @@ class GraphReplay:
                 raise
 
         try:
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.graph(self.graph, stream=stream):
                 guarded()
         except Exception as exc:  # any failure means: run eagerly, and say why
             self.failed = first[0] if first else f"capture: {_first_line(exc)}"

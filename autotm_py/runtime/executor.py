@@ -147,7 +147,9 @@ class Executor(PlanInterpreter):
             raise ConfigError("the plan has no arena: plan with `autotm optimize --arena`, or "
                               "pack it first (`api.with_arena`)")
         self.arena = DeviceArena(plan.arena, self.device) if arena and plan.arena else None
-        self._graph: GraphReplay | None = None  # the captured iteration (`capture`)
+        # the captured iteration (`capture`), and the stream it is captured on
+        self._graph: GraphReplay | None = None
+        self.capture_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._end: tuple[_State, dict[int, tuple[str, torch.Tensor]]] | None = None
 
     # ---- iteration boundaries ------------------------------------------------------------
@@ -368,11 +370,23 @@ class Executor(PlanInterpreter):
         return self.state.fast if tier == FAST else self.state.slow
 
     # ---- CUDA graph ------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        """One eager iteration on the stream that `capture` will use, so that cuBLAS and cuDNN
+        set themselves up for it (a capture cannot) and pick the algorithms it will replay."""
+        assert self.capture_stream is not None, "CUDA graphs need a CUDA device"
+        current = torch.cuda.current_stream(self.device)
+        self.capture_stream.wait_stream(current)
+        with torch.cuda.stream(self.capture_stream):
+            self.prepare()
+            self.run()
+        current.wait_stream(self.capture_stream)
+
     def capture(self) -> str | None:
-        """Capture one iteration as a CUDA graph (after an eager warm-up, with an arena); later
+        """Capture one iteration as a CUDA graph (after `warm_up`, with an arena); later
         `replay()`s run it. Returns why it failed (the kernel and the error), None if not."""
+        assert self.capture_stream is not None, "CUDA graphs need a CUDA device"
         self.prepare()
-        graph = GraphReplay(self.run, self._where)
+        graph = GraphReplay(self.run, self._where, self.capture_stream)
         if graph.failed is not None:
             self.prepare()
             return graph.failed
@@ -485,9 +499,11 @@ def _timed_iterations(executor: Executor, iterations: int, warmup: int,
                       graph: bool = False) -> _Timed:
     timed = _Timed(alloc_retries=0 if executor.cuda else None)
     if graph and not warmup:  # kernels set themselves up (cuBLAS, cuDNN) outside a capture
-        executor.prepare()
-        executor.run()
+        executor.warm_up()
     for i in range(warmup + iterations):
+        if graph and i == warmup - 1:
+            executor.warm_up()  # untimed, on the capture's stream
+            continue
         if graph and i == warmup:
             failed = executor.capture()
             graph = timed.replayed = failed is None
@@ -498,10 +514,7 @@ def _timed_iterations(executor: Executor, iterations: int, warmup: int,
         try:
             sample = time_region(executor.device, executor.replay if graph else executor.run)
         except torch.OutOfMemoryError as exc:
-            raise ExecutionError(
-                f"the plan ran out of fast memory under its cap ({_first_sentence(exc)}): the "
-                "allocator's fragmentation needs room the plan does not leave; re-plan with "
-                "--headroom 0.1 (or `autotm bench --execute --fit`)") from None
+            raise ExecutionError(_out_of_memory(executor, exc)) from None
         if i < warmup:
             continue
         timed.times.append(sample.seconds)
@@ -515,6 +528,18 @@ def _timed_iterations(executor: Executor, iterations: int, warmup: int,
         if executor.kernel_times and executor.cuda:
             timed.kernels.append(executor.kernel_seconds())
     return timed
+
+
+def _out_of_memory(executor: Executor, exc: BaseException) -> str:
+    if executor.arena is not None:
+        return (f"the plan ran out of fast memory under its cap ({_first_sentence(exc)}): a "
+                "kernel's scratch (its workspace, or outputs that torch allocates) did not fit "
+                "beside the arena; plan with `autotm optimize --arena` (which leaves the "
+                "scratch region), or run with --no-cap to measure it")
+    return (f"the plan ran out of fast memory under its cap ({_first_sentence(exc)}): the "
+            "allocator's fragmentation needs room the plan does not leave; plan with "
+            "`autotm optimize --arena` and run with --arena, or re-plan with --headroom 0.1 "
+            "(or `autotm bench --execute --fit`)")
 
 
 def _first_sentence(exc: BaseException) -> str:
@@ -537,10 +562,13 @@ def run_steps(graph: TensorGraph, plan: Plan, *, steps: int = 3, device: str = "
             failed = executor.capture()
             if failed is not None:
                 raise ExecutionError(f"CUDA graph capture failed at {failed}")
-        executor.prepare()
-        if graph_replay and step >= 1:
+        if graph_replay and step == 0:
+            executor.warm_up()
+        elif graph_replay:
+            executor.prepare()
             executor.replay()
         else:
+            executor.prepare()
             executor.run()
         results.append({t: executor.value(t).detach().cpu().clone() for t in graph.outputs})
     return results
