@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from autotm_py.config import PlanConfig
-from autotm_py.kernels import KERNELS, run_kernel, run_kernel_into
+from autotm_py.errors import ExecutionError
+from autotm_py.kernels import INTO, KERNELS, run_kernel, run_kernel_into
 from autotm_py.memory.tiers import preset
 from autotm_py.pipeline import machine_for, optimize, with_arena
 from autotm_py.runtime.executor import Executor, execute, run_steps
@@ -47,9 +48,18 @@ def test_arena_runs_are_bitwise_the_caching_allocator_runs(arena_plans):
 
 def test_graph_replay_is_bitwise_eager_replay(arena_plans):
     graph, plans = arena_plans
+    dropout = any(k.op_type == "Dropout" for k in graph.kernels)
     for name, plan in plans.items():
         eager = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2, arena=True)
-        replayed = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2, graph_replay=True)
+        try:
+            replayed = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2,
+                                 graph_replay=True)
+        except ExecutionError as exc:
+            # Dropout draws its mask from a generator it seeds itself, which a capture may
+            # refuse (torch wants generators registered with the graph): the one kernel of the
+            # test models that may, and the failure names it
+            assert dropout and "Dropout" in str(exc), exc
+            continue
         _equal(replayed, eager, f"{name} replayed as a CUDA graph", graph)
 
 
@@ -112,18 +122,19 @@ def test_planned_addresses_fit_the_budget_without_retries(replay):
 
 
 def test_a_kernel_that_cannot_be_captured_is_named(monkeypatch):
-    graph = _graph("cnn")
+    graph = _graph("decoder")
     plan = with_arena(graph, _arena_plans(graph)["all-fast"], costs_for(graph))
-    relu = KERNELS["Relu"]
+    erf = KERNELS["Erf"]
 
-    def syncing_relu(kernel, args):
+    def syncing_erf(kernel, args):
         if args[0].is_cuda:
             args[0].sum().item()  # a host synchronization: not allowed in a capture
-        return relu(kernel, args)
+        return erf(kernel, args)
 
-    monkeypatch.setitem(KERNELS, "Relu", syncing_relu)
+    assert "Erf" not in INTO  # the kernel runs through the registry
+    monkeypatch.setitem(KERNELS, "Erf", syncing_erf)
     run = execute(graph, plan, device="cuda", iterations=2, warmup=1, graph_replay=True,
                   enforce_budget=False)
     assert not run.graph
     note = next(n for n in run.notes if n.startswith("no CUDA graph"))
-    assert "Relu" in note, note
+    assert "Erf" in note, note

@@ -276,11 +276,12 @@ class Executor(PlanInterpreter):
         direct = all(s is not None and all(self._may_write(kernel, s, a) for a in args)
                      for s in slots)
         if direct:
-            addresses = [s.data_ptr() for s in slots if s is not None]
+            where = [(s.data_ptr(), s.shape) for s in slots if s is not None]
             if run_kernel_into(kernel, args, slots):
-                if [s.data_ptr() for s in slots if s is not None] == addresses:
+                if [(s.data_ptr(), s.shape) for s in slots if s is not None] == where:
                     return slots  # type: ignore[return-value]
-                raise ExecutionError(f"kernel {kernel.name!r} moved an output off its slot")
+                raise ExecutionError(f"kernel {kernel.name!r} ({kernel.op_type}) moved or "
+                                     "resized an output in its slot; its direct path is wrong")
         return run_kernel_raw(kernel, args)
 
     def _may_write(self, kernel: Any, slot: torch.Tensor, arg: torch.Tensor) -> bool:
