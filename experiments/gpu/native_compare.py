@@ -141,9 +141,20 @@ def native_step(name, net, make, loss, segments: int | None):
     return step
 
 
+def segment_counts(name: str, budget: int | None) -> tuple[int | None, ...]:
+    """None: eager. A CNN tries the segment counts its block sequence allows; a transformer
+    has one checkpointed form (HF checkpoints every layer)."""
+    if budget is None:
+        return (None,)
+    if name in ("resnet200", "densenet264"):
+        blocks = len(cnn_sequential(native_model(name, 1, {})[0]))
+        return tuple(s for s in SEGMENTS if s <= blocks)
+    return (1,)
+
+
 def measure_native(name, batch, dims, iterations, budget=None):
     """Eager (budget None) or the fewest-segment checkpointed run that fits the budget."""
-    counts = (None,) if budget is None else SEGMENTS
+    counts = segment_counts(name, budget)
     missed = []
     for segments in counts:
         net, make, loss = native_model(name, batch, dims)
