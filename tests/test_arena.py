@@ -222,3 +222,21 @@ def test_scratch_buffers_belong_to_computes():
         if b.tensor == SCRATCH:
             assert isinstance(plan.records[b.record], Compute)
             assert b.offset == plan.arena.scratch_offset
+
+
+def test_the_planner_solves_again_until_the_packing_fits():
+    from autotm_py.ir.training import derive_training
+    from tests.test_training_models import tiny_decoder
+
+    graph = derive_training(tiny_decoder(), optimizer="adam")
+    costs = costs_for(graph)
+    base = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
+    probe = machine_for(graph, PlanConfig(fast_mem_bytes=base, device="cuda", arena=True), costs)
+    config = PlanConfig(fast_mem_bytes=base + probe.scratch_reserve, device="cuda",
+                        strategy="sync", solver="highs", arena=True)
+    result = optimize(graph, config, costs=costs)
+    notes = result.plan.header.notes
+    assert any("solved again" in n for n in notes), notes  # the first packing did not fit
+    assert result.plan.arena is not None, notes
+    assert result.plan.arena.nbytes <= machine_for(graph, config, costs).arena_limit
+    assert simulate(graph, result.plan, costs=costs).ok

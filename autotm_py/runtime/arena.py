@@ -38,15 +38,19 @@ class DeviceArena:
         self.offsets = layout.offsets()
         self.nbytes = layout.scratch_offset
         self.buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        self._views: dict[tuple[int, int], torch.Tensor | None] = {}
 
     def view(self, record: int, tensor: Tensor) -> torch.Tensor | None:
         """The slot of the fast copy of `tensor` made by record `record` (`INITIAL` for the
-        initial placement), or None if the plan gives it none (pinned, zero-sized)."""
-        offset = self.offsets.get((max(record, INITIAL), tensor.id))
-        if offset is None or tensor.nbytes == 0:
-            return None
-        region = self.buffer[offset:offset + tensor.nbytes]
-        return region.view(TORCH_DTYPES[tensor.dtype]).view(tensor.shape)
+        initial placement), or None if the plan gives it none (pinned, zero-sized). Views are
+        made once and kept: every iteration hands out the same tensors (no host work)."""
+        key = (max(record, INITIAL), tensor.id)
+        if key not in self._views:
+            offset = self.offsets.get(key)
+            self._views[key] = None if offset is None or tensor.nbytes == 0 else \
+                self.buffer[offset:offset + tensor.nbytes].view(
+                    TORCH_DTYPES[tensor.dtype]).view(tensor.shape)
+        return self._views[key]
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
