@@ -71,9 +71,12 @@ def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike |
 
 
 def load_costs(graph: TensorGraph, *, device: str = "cuda",
-               profiles_dir: PathLike | None = None) -> KernelCosts:
-    """Costs from shipped/cached profiles; kernels without one get flagged estimates."""
-    return _profiling.load_costs(graph, device=device, profiles_dir=profiles_dir)
+               profiles_dir: PathLike | None = None,
+               shipped_dir: PathLike | None = None) -> KernelCosts:
+    """Costs from shipped/cached profiles; kernels without one get flagged estimates.
+    `shipped_dir` stands in for the shipped profiles (a bench worker's copy of them)."""
+    return _profiling.load_costs(graph, device=device, profiles_dir=profiles_dir,
+                                 shipped_dir=shipped_dir)
 
 
 def calibrate(*, device: str = "cuda", **options: Any) -> MemorySystem:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from autotm_py.errors import ConfigError
-from autotm_py.units import Ratio, parse_ratio
+from autotm_py.units import Ratio, parse_bytes, parse_ratio
 
 Strategy = Literal["static", "sync", "async"]
 STRATEGIES: tuple[str, ...] = ("static", "sync", "async")
@@ -18,6 +18,10 @@ DEFAULT_ASYNC_CANDIDATES = 4
 # Which memory system a device plans for unless --memory says otherwise.
 DEFAULT_MEMORY = {"cuda": "h100-pcie5", "cpu": "optane"}
 MAX_HEADROOM = 0.5
+# The largest peak footprint the command line accepts: the most memory one machine has (an
+# 8-socket server: 32 TiB of DRAM, far above 8 GPUs' HBM). Above it a model cannot run anywhere
+# and a plan means nothing; it is almost always a typo in --batch or --dim.
+MAX_FOOTPRINT_BYTES = 32 * 2**40
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,12 @@ class PlanConfig:
     # GPU mode: price the iteration as a CUDA graph replays it (device times, no host
     # dispatch: `autotm run --graph`).
     graph: bool = False
+    # Fast memory the runtime keeps for itself (GPU: torch's cuBLAS workspaces), taken out of
+    # the budget before the plan's tensors; None: the memory system's `runtime_reserve_bytes`.
+    reserve_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        self._coerce()
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"--strategy {self.strategy!r}: choose one of "
                               f"{', '.join(STRATEGIES)}")
@@ -67,6 +75,20 @@ class PlanConfig:
         if self.async_candidates is not None and self.async_candidates < 1:
             raise ConfigError(f"--async-candidates {self.async_candidates}: must be >= 1 "
                               "(or 'all')")
+
+    def _coerce(self) -> None:
+        """API callers may write ratio="1:4" and fast_mem_bytes="16GiB", as on the command
+        line; anything else that is not a `Ratio` is refused here, not deep in planning."""
+        if isinstance(self.ratio, str):
+            object.__setattr__(self, "ratio", parse_ratio(self.ratio, flag="ratio"))
+        elif self.ratio is not None and not isinstance(self.ratio, Ratio):
+            raise ConfigError(f"ratio {self.ratio!r}: give a string like '1:4' or "
+                              "autotm_py.units.parse_ratio('1:4')")
+        if isinstance(self.fast_mem_bytes, str):
+            object.__setattr__(self, "fast_mem_bytes",
+                               parse_bytes(self.fast_mem_bytes, flag="fast_mem_bytes"))
+        if self.reserve_bytes is not None and self.reserve_bytes < 0:
+            raise ConfigError(f"--reserve {self.reserve_bytes}: must be >= 0 bytes")
 
     @property
     def memory_name(self) -> str:

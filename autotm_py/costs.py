@@ -8,9 +8,14 @@ a memory system is the machine model's job (`machine.MachineModel.placement_time
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
+
+DIGEST_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -65,3 +70,20 @@ class KernelCosts:
     @property
     def n_scaled(self) -> int:
         return sum(self.scaled)
+
+    @cached_property
+    def digest(self) -> str:
+        """The identity of these costs: a hash over each kernel's time, device time, workspace
+        and estimated flag, and the measured slow-tier placements. A plan records it
+        (`PlanHeader.costs`) so that a reader can tell when today's profiles price it
+        differently."""
+        n = len(self.times_s)
+        device = self.device_s or (0.0,) * n
+        workspace = self.workspace_bytes or (0,) * n
+        rows = [[repr(float(t)), repr(float(d)), int(w), bool(e)] for t, d, w, e in
+                zip(self.times_s, device, workspace, self.estimated or (False,) * n,
+                    strict=True)]
+        placements = {str(k): {p: repr(float(v)) for p, v in sorted(m.items())}
+                      for k, m in sorted(self.measured_placements.items())}
+        text = json.dumps([rows, placements], separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]

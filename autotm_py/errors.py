@@ -19,7 +19,11 @@ class ModelImportError(AutoTMError):
 
 
 class UnsupportedOpError(ModelImportError):
-    """An operator that the importer (or the training derivation) does not support."""
+    """An operator that the importer (or the training derivation) does not support.
+
+    `op_type`, `domain` and `node` name the first one; `others` lists every unsupported
+    (op_type, domain, node count, first node) of the model, the first included, so that one
+    message names them all with their counts."""
 
     def __init__(
         self,
@@ -30,20 +34,41 @@ class UnsupportedOpError(ModelImportError):
         node: str = "",
         supported: tuple[str, ...] = (),
         what: str = "the ONNX importer",
+        others: tuple[tuple[str, str, int, str], ...] = (),
     ) -> None:
         self.op_type = op_type
         self.domain = domain
         self.opset = opset
         self.node = node
         self.supported = supported
-        where = f" (node {node!r})" if node else ""
-        dom = domain or "ai.onnx"
+        self.others = others or ((op_type, domain, 1, node),)
         ops = f"; supported: {', '.join(sorted(supported))}" if supported else ""
         opset_txt = f" opset {opset}" if opset is not None else ""
-        super().__init__(
-            f"op {op_type!r} of domain {dom!r}{opset_txt}{where} is not supported by {what}"
-            f"{ops}"
-        )
+        if len(self.others) == 1 and self.others[0][2] == 1:
+            where = f" (node {node!r})" if node else ""
+            super().__init__(f"op {op_type!r} of domain {domain or 'ai.onnx'!r}{opset_txt}{where} "
+                             f"is not supported by {what}{ops}")
+            return
+        nodes = sum(n for _, _, n, _ in self.others)
+        kinds = ", ".join(_kind(*other) for other in self.others)
+        super().__init__(f"{nodes} nodes of {len(self.others)} op types{opset_txt} are not "
+                         f"supported by {what}: {kinds}{ops}")
+
+
+def _kind(op_type: str, domain: str, count: int, node: str) -> str:
+    """"'FusedGemm' of domain 'com.microsoft' x2 (e.g. node 'gemm_1')"."""
+    dom = f" of domain {domain!r}" if domain else ""
+    where = f" (e.g. node {node!r})" if node and count > 1 else f" (node {node!r})" if node else ""
+    return f"{op_type!r}{dom} x{count}{where}"
+
+
+def unsupported_summary(found: list[tuple[str, str, str]]) -> tuple[tuple[str, str, int, str], ...]:
+    """[(op_type, domain, node), ...] in model order -> ((op_type, domain, count, first node),
+    ...) in order of first appearance."""
+    counts: dict[tuple[str, str], list] = {}
+    for op_type, domain, node in found:
+        counts.setdefault((op_type, domain), [0, node])[0] += 1
+    return tuple((op, dom, n, first) for (op, dom), (n, first) in counts.items())
 
 
 class ShapeError(ModelImportError):

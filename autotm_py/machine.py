@@ -67,6 +67,7 @@ class MachineModel:
     arena_margin: int = 0  # bytes held back so that the packed arena fits (fit loop)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_profile_costs", self.costs)
         if self.graph_replay and self.gpu:
             object.__setattr__(self, "costs", self.costs.replayed())
         n = len(self.graph.kernels)
@@ -74,6 +75,12 @@ class MachineModel:
             raise ConfigError(f"kernel costs cover {len(self.costs.times_s)} kernels but graph "
                               f"{self.graph.name!r} has {n}; profile this graph (same --batch, "
                               "--dim and --training)")
+
+    @property
+    def profile_costs(self) -> KernelCosts:
+        """The costs as given (`costs` holds their graph-replay form when `graph_replay`):
+        what a plan's header records and what today's profiles are compared with."""
+        return self._profile_costs  # type: ignore[attr-defined,no-any-return]
 
     # ---- bytes ---------------------------------------------------------------------------
     @property
@@ -104,6 +111,18 @@ class MachineModel:
     def user_budget(self) -> int | None:
         """The budget as given (ratio or --fast-mem): the whole process's fast memory."""
         return self.memory.budget_bytes
+
+    @property
+    def reserve_bytes(self) -> int:
+        """Fast memory the runtime keeps whatever the plan (`--reserve`, the memory system's
+        `runtime_reserve_bytes`)."""
+        return int(self.memory.runtime_reserve_bytes)
+
+    @property
+    def headroom_bytes(self) -> int:
+        """The share of the user's budget left free for fragmentation, in bytes."""
+        total = self.memory.budget_bytes
+        return 0 if total is None else int(total * self.headroom)
 
     @property
     def gpu(self) -> bool:

@@ -50,6 +50,8 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
                 profiles_dir: PathLike | None = None) -> MachineModel:
     """The memory system (with its budget), costs and pinning that `config` describes."""
     memory = load_memory_system(config.memory_name)
+    if config.reserve_bytes is not None:
+        memory = replace(memory, runtime_reserve_bytes=int(config.reserve_bytes))
     pinned = accounting.pinned_tensors(graph, config.pin_weights)
     budget = accounting.resolve_budget(graph, ratio=config.ratio,
                                        fast_mem_bytes=config.fast_mem_bytes, pinned=pinned,

@@ -42,6 +42,7 @@ from autotm_py.fileio import atomic_write_bytes
 GZIP_MAGIC = b"\x1f\x8b"
 
 if TYPE_CHECKING:
+    from autotm_py.costs import KernelCosts
     from autotm_py.ir.graph import TensorGraph
 
 FORMAT_VERSION = 2
@@ -169,6 +170,24 @@ class ModelOptions:
 
 
 @dataclass(frozen=True)
+class CostsIdentity:
+    """The kernel costs a plan was solved with: their digest (`KernelCosts.digest`, a hash of
+    every kernel's time, device time, workspace and estimated flag) and counts to say what they
+    were. `simulate`, `run` and `report` compare it with the costs they load today."""
+
+    digest: str
+    kernels: int = 0
+    estimated: int = 0  # roofline estimates: kernels no profile had
+    scaled: int = 0  # scaled from a profile measured at another batch
+    total_s: float = 0.0  # sum of the kernel times (the all-fast compute time)
+
+    @classmethod
+    def of(cls, costs: KernelCosts) -> CostsIdentity:
+        return cls(costs.digest, len(costs.times_s), costs.n_estimated, costs.n_scaled,
+                   float(costs.total_s))
+
+
+@dataclass(frozen=True)
 class PlanHeader:
     model_hash: str
     model_name: str
@@ -192,6 +211,19 @@ class PlanHeader:
     model: ModelOptions | None = None
     # priced for CUDA-graph replay (device times, no host dispatch: `--graph`)
     graph: bool = False
+    # the kernel costs it was solved with (None: not recorded, e.g. a plan written before)
+    costs: CostsIdentity | None = None
+
+    @property
+    def reserve_bytes(self) -> int:
+        """Fast memory the runtime keeps for itself, out of `budget_bytes` (the memory
+        system's `runtime_reserve_bytes`, as planned)."""
+        return int(self.memory_system.get("runtime_reserve_bytes") or 0)
+
+    @property
+    def headroom_bytes(self) -> int:
+        """The share of `budget_bytes` left free for fragmentation, in bytes."""
+        return 0 if self.budget_bytes is None else int(self.budget_bytes * self.headroom)
 
 
 @dataclass(frozen=True)
@@ -292,11 +324,7 @@ class Plan:
         """Check that the plan belongs to `graph` and is well formed (not its memory rules:
         that is the simulator's strict mode). Raise `PlanError` naming the first problem."""
         if self.header.model_hash != graph.model_hash:
-            raise PlanError(
-                f"plan was made for model {self.header.model_name!r} (hash "
-                f"{self.header.model_hash}), not for {graph.name!r} (hash {graph.model_hash}); "
-                "re-run `autotm optimize` with the same model, --batch, --dim, --training, "
-                "--loss and --no-fuse")
+            raise PlanError(self._mismatch(graph))
         n_k, n_t = len(graph.kernels), len(graph.tensors)
         seen: set[int] = set()
         for i, rec in enumerate(self.records):
@@ -312,6 +340,58 @@ class Plan:
             _check_arena(self.arena, self.records, n_t)
         return self
 
+    def _mismatch(self, graph: TensorGraph) -> str:
+        """Why the plan does not belong to `graph`: the model options that differ, in words,
+        where the plan records them; else the names and hashes."""
+        h = self.header
+        differ = h.model.differences(ModelOptions.of_graph(graph)) if h.model else []
+        if differ:
+            return (f"plan was made for {h.model_name!r} with other model options: "
+                    f"{'; '.join(differ)}; leave those options out to use the plan's, or "
+                    "re-run `autotm optimize` with them")
+        same = " (the same model options: another file or version of the model?)" \
+            if h.model is not None and h.model_name == graph.name else ""
+        return (f"plan was made for model {h.model_name!r} (hash {h.model_hash}), not for "
+                f"{graph.name!r} (hash {graph.model_hash}){same}; re-run `autotm optimize` "
+                "with the same model, --batch, --dim, --training, --loss and --no-fuse")
+
+    def check_complete(self, n_kernels: int | None = None) -> Plan:
+        """Check, without the graph, that the plan computes every kernel once and holds as many
+        records as its header counts: a truncated or hand-cut file is a `PlanError`."""
+        n = n_kernels if n_kernels is not None else self.header.counts.get("kernels")
+        if n is None and self.names.get("kernels"):
+            n = len(self.names["kernels"])
+        computed = [r.kernel for r in self.records if isinstance(r, Compute)]
+        expected = self.header.counts.get("records")
+        problem = ""
+        if n is not None and (len(computed) != int(n) or len(set(computed)) != len(computed)):
+            problem = f"it computes {len(set(computed))} distinct of the {int(n)} kernels"
+        elif expected is not None and int(expected) != len(self.records):
+            problem = (f"it holds {len(self.records)} of the {int(expected)} records its "
+                       "header counts")
+        if problem:
+            raise PlanError(f"plan of {self.header.model_name!r} is incomplete: {problem} (a "
+                            "truncated or edited file?); write it again with `autotm optimize -o`")
+        return self
+
+
+def costs_drift(header: PlanHeader, digest: str, predicted_now_s: float | None = None
+                ) -> str | None:
+    """One line when the costs of today (`digest`) are not those the plan was solved with,
+    saying how far its prediction moved (`predicted_now_s`: the plan simulated on today's
+    costs); None when they are the same or the plan did not record its costs."""
+    then = header.costs
+    if then is None or not digest or then.digest == digest:
+        return None
+    moved = ""
+    before = header.predicted_time_s
+    if predicted_now_s is not None and before:
+        moved = (f": its predicted iteration moved from {before * 1e3:.3f} ms to "
+                 f"{predicted_now_s * 1e3:.3f} ms ({predicted_now_s / before - 1:+.1%})")
+    return (f"today's kernel costs differ from those the plan was solved with (costs "
+            f"{then.digest} then, {digest} now; the profiles changed){moved}; re-plan with "
+            "`autotm optimize` to plan for today's costs")
+
 
 def _header_from_json(h: dict[str, Any], version: int) -> PlanHeader:
     h["solver"] = SolverStats(**h.get("solver", {}))
@@ -325,6 +405,8 @@ def _header_from_json(h: dict[str, Any], version: int) -> PlanHeader:
         h["format_version"] = FORMAT_VERSION
     elif h.get("model") is not None:
         h["model"] = ModelOptions(**h["model"])
+    if h.get("costs") is not None:
+        h["costs"] = CostsIdentity(**h["costs"])
     return PlanHeader(**h)
 
 

@@ -58,8 +58,27 @@ def test_conv_and_its_gradients_have_the_same_flops():
     assert forward == 2 * 8 * 32 * 28 * 28 * 16 * 9
     assert flops_of(shape("ConvGradData", [y, w], [x], "autotm")) == forward
     assert flops_of(shape("ConvGradFilter", [y, x], [w], "autotm")) == forward
+    # one kernel for both gradients (and the bias): their sum
+    assert flops_of(shape("ConvGrad", [y, x, w], [x, w], "autotm")) == 2 * forward
+    assert flops_of(shape("ConvGrad", [y, x, w], [x, w, (32,)], "autotm")) == \
+        2 * forward + 8 * 32 * 28 * 28
+    assert flops_of(shape("ConvTransposeGrad", [x, y, (32, 16, 3, 3)], [y, (32, 16, 3, 3)],
+                          "autotm")) == 2 * flops_of(shape("ConvTranspose", [y, (32, 16, 3, 3)],
+                                                           [x]))
     grouped = flops_of(shape("Conv", [x, (32, 4, 3, 3)], [y], group=4))
     assert grouped == forward / 4
+
+
+def test_fused_linear_flops():
+    x, w, y = (4, 16, 32), (32, 64), (4, 16, 64)
+    product = 2 * 4 * 16 * 32 * 64
+    assert flops_of(shape("Linear", [x, w], [y], "autotm")) == product
+    assert flops_of(shape("Linear", [x, (64, 32), (64,)], [y], "autotm", transB=1)) == \
+        product + 4 * 16 * 64
+    grad = shape("LinearGrad", [y, x, w], [x, w, (64,)], "autotm", output_mask=(1, 1, 1))
+    assert flops_of(grad) == 2 * product + 4 * 16 * 64
+    weights_only = shape("LinearGrad", [y, x, w], [w], "autotm", output_mask=(0, 1, 0))
+    assert flops_of(weights_only) == product
 
 
 def test_gemm_and_matmul_flops():

@@ -8,6 +8,7 @@ import torch
 
 from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
+from autotm_py.frontend.fuse import fuse_graph
 from autotm_py.ir.training import derive_training
 from autotm_py.pipeline import machine_for, optimize, run_baselines, with_arena
 from autotm_py.runtime.executor import execute, run_steps
@@ -19,7 +20,9 @@ STEPS = 3
 
 
 def _graph(name: str):
-    forward = small_cnn() if name == "cnn" else tiny_decoder()
+    forward = small_cnn() if name.startswith("cnn") else tiny_decoder()
+    if name.endswith("-fused"):  # Linear, LinearGrad, ConvGrad, attention: as models load
+        forward = fuse_graph(forward)
     return derive_training(forward, optimizer="sgd")
 
 
@@ -70,7 +73,7 @@ def _arena_plans(graph):
     return plans
 
 
-@pytest.mark.parametrize("name", ["cnn", "decoder"])
+@pytest.mark.parametrize("name", ["cnn", "decoder", "cnn-fused", "decoder-fused"])
 def test_every_plan_in_an_arena_matches_the_reference_bitwise(name):
     # the CPU arena: one uint8 tensor, every fast copy a view at its planned offset
     graph = _graph(name)

@@ -123,6 +123,27 @@ def test_unsupported_error_lists_domain_opset_node_and_ops():
     assert "Conv" in exc.supported and "Upsample" in exc.supported
 
 
+def test_every_unsupported_op_is_named_with_its_count(capsys, tmp_path):
+    """Not only the first: each unsupported op type once, with how many nodes use it."""
+    nodes = [M.node("Relu", ["x"], ["a"]),
+             onnx.helper.make_node("FusedGemm", ["a"], ["b"], name="g1", domain="com.microsoft"),
+             onnx.helper.make_node("FusedGemm", ["b"], ["c"], name="g2", domain="com.microsoft"),
+             M.node("Relu", ["c"], ["d"]),
+             onnx.helper.make_node("Bogus", ["d"], ["y"], name="bog")]
+    model = M.make(nodes, [M.inp("x", [2, 4])], ["y"], extra_opsets=[("com.microsoft", 1)])
+    with pytest.raises(UnsupportedOpError) as info:
+        import_model(model)
+    exc = info.value
+    assert exc.others == (("FusedGemm", "com.microsoft", 2, "g1"), ("Bogus", "", 1, "bog"))
+    text = str(exc)
+    assert "3 nodes of 2 op types" in text and "'FusedGemm' of domain 'com.microsoft' x2" in text
+    assert "'Bogus' x1 (node 'bog')" in text
+    path = _write(tmp_path / "two_bad.onnx", model)
+    assert main(["inspect", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "FusedGemm" in err[0] and "Bogus" in err[0]
+
+
 def test_shape_op_on_runtime_data_is_named():
     """An op that is supported only on constants, applied to run-time data."""
     nodes = [M.node("Relu", ["x"], ["r"]), M.node("Equal", ["r", "x"], ["y"])]

@@ -58,8 +58,10 @@ def assert_same_outputs(unfused: TensorGraph, fused: TensorGraph, rtol: float = 
 
 # ---- hand-built attention and its variants -----------------------------------------------------
 def attention_graph(scale: str = "div", mask: str = "none", axis: int = 3,
-                    key: str = "transpose", probs_out: bool = False) -> TensorGraph:
-    """x -> q, k, v projections -> heads -> scores -> scale -> mask -> softmax -> @ v -> out."""
+                    key: str = "transpose", probs_out: bool = False,
+                    heads_out: bool = False) -> TensorGraph:
+    """x -> q, k, v projections -> heads -> scores -> scale -> mask -> softmax -> @ v -> out.
+    `heads_out`: the values with their heads split off are a graph output too."""
     net = Net("attn")
     x = net.tensor((B, L, D), Role.INPUT, name="x")
 
@@ -99,6 +101,8 @@ def attention_graph(scale: str = "div", mask: str = "none", axis: int = 3,
     out = net.op("MatMul", [ctx, net.weight(D, D)], (B, L, D))
     if probs_out:
         net.b.outputs.append(p)
+    if heads_out:
+        net.b.outputs.append(v)
     return net.build(out)
 
 
@@ -161,7 +165,7 @@ FUSED_VARIANTS = {
 def test_attention_variants_fuse_and_compute_the_same(variant):
     graph = attention_graph(**FUSED_VARIANTS[variant])
     fused = fuse_graph(graph)
-    assert fused.meta["fusion"] == {"attention": 1, "gelu": 0}
+    assert fused.meta["fusion"] == {"attention": 1, "gelu": 0, "linear": 0}
     (k,) = attention_kernels(fused)
     assert not {"Softmax", "Where", "Div"} & set(ops(fused))
     assert ops(fused)["MatMul"] == 4  # projections only
@@ -175,10 +179,25 @@ def test_attention_variants_fuse_and_compute_the_same(variant):
     masked = variant == "causal-and-additive" or (not causal and has_mask)
     assert len(k.inputs) == 3 + masked
     q, key, v = (fused.tensors[t].shape for t in k.inputs[:3])
-    assert q == key == v == (B, H, L, E)  # K untransposed by the rewritten Transpose
+    # the Transposes that split the heads off and merge them back are absorbed: Q, K, V
+    # and O stay (B, L, H, E), as the projections made them
+    assert q == key == v == fused.tensors[k.outputs[0]].shape == (B, L, H, E)
+    assert k.attr("layout") == "blhe" and "Transpose" not in ops(fused)
     # a run-time mask that leaves every row a key (a fully masked row is NaN unfused)
     keep = np.array([True, False, True, True]).reshape(1, 1, 1, L).repeat(B, axis=0)
     assert_same_outputs(graph, fused, fixed={"keep": keep} if "runtime" in variant else None)
+
+
+def test_attention_keeps_heads_first_when_a_head_transpose_stays():
+    """A transposed operand read outside the attention (here V, a graph output too) keeps the
+    (B, H, L, E) layout: only K's Transpose is rewritten, as before."""
+    graph = attention_graph(heads_out=True)
+    fused = fuse_graph(graph)
+    (k,) = attention_kernels(fused)
+    assert k.attr("layout") is None
+    assert [fused.tensors[t].shape for t in k.inputs[:3]] == [(B, H, L, E)] * 3
+    assert ops(fused)["Transpose"] == 4  # q, v (kept), K's rewritten one, the output's
+    assert_same_outputs(graph, fused)
 
 
 NEAR_MISSES = {
@@ -256,10 +275,10 @@ def _gelu_form(form: str, x: int, c, op, net: Net) -> int:
 def test_gelu_forms_fuse_and_compute_the_same(form, approximate):
     graph = gelu_graph(form)
     fused = fuse_graph(graph)
-    assert fused.meta["fusion"] == {"attention": 0, "gelu": 1}
+    assert fused.meta["fusion"] == {"attention": 0, "gelu": 1, "linear": 1}
     (gelu,) = [k for k in fused.kernels if k.op_type == "Gelu"]
     assert gelu.attr("approximate") == approximate and gelu.domain == ""
-    assert set(ops(fused)) == {"MatMul", "Add", "Gelu"}
+    assert set(ops(fused)) == {"Linear", "MatMul", "Gelu"}  # the layer before has a bias
     assert not any(t.role is Role.CONSTANT for t in fused.tensors)  # the 0.5, 1, sqrt 2 went
     assert_same_outputs(graph, fused)
 
@@ -269,20 +288,25 @@ def test_gelu_forms_fuse_and_compute_the_same(form, approximate):
 def test_gelu_near_misses_stay_unfused(form):
     graph = gelu_graph(form)
     fused = fuse_graph(graph)
-    assert fused.meta["fusion"]["gelu"] == 0
-    assert fused.kernels == graph.kernels
+    assert fused.meta["fusion"] == {"attention": 0, "gelu": 0, "linear": 1}
+    # only the layer before the GELU (MatMul + bias) became one kernel
+    assert ops(fused) == ops(graph) - Counter({"MatMul": 1, "Add": 1}) + Counter({"Linear": 1})
 
 
 # ---- zoo models and torch exports ----------------------------------------------------------------
-@pytest.mark.parametrize(("name", "attention", "gelu", "approximate"), [
-    ("bert_base", 12, 13, "none"), ("gpt2_small", 12, 12, "tanh"), ("transformer", 24, 0, None)])
-def test_zoo_models_fuse_every_block(name, attention, gelu, approximate):
+@pytest.mark.parametrize(("name", "attention", "gelu", "approximate", "linear"), [
+    ("bert_base", 12, 13, "none", 74), ("gpt2_small", 12, 12, "tanh", 49),
+    ("transformer", 24, 0, None, 129)])
+def test_zoo_models_fuse_every_block(name, attention, gelu, approximate, linear):
     fused = build_graph(name, batch=1, dims={"seq": 8})
     plain = build_graph(name, batch=1, dims={"seq": 8}, fuse=False)
-    assert "fusion" not in plain.meta
-    assert fused.meta["fusion"] == {"attention": attention, "gelu": gelu}
+    assert "fusion" not in plain.meta and "Linear" not in ops(plain)
+    assert fused.meta["fusion"] == {"attention": attention, "gelu": gelu, "linear": linear}
     counts = ops(fused)
-    assert counts[SDPA] == attention and counts["Gelu"] == gelu
+    assert counts[SDPA] == attention and counts["Gelu"] == gelu and counts["Linear"] == linear
+    # every projection with a bias, and the tied output embedding (its Transpose absorbed)
+    tied = [k for k in fused.kernels if k.op_type == "Linear" and k.attr("transB")]
+    assert len(tied) == 1
     assert not {"Softmax", "Erf", "Tanh"} & set(counts)
     assert {k.attr("approximate") for k in fused.kernels if k.op_type == "Gelu"} <= {approximate}
     assert {k.attr("scale") for k in attention_kernels(fused)} == {0.125}
@@ -302,7 +326,7 @@ def test_zoo_fused_forward_equals_unfused():
 def test_committed_tiny_gpt_fixture_fuses_causal_attention():
     path = f"{FIXTURES}/tiny_gpt_opset17.onnx"
     fused = import_onnx(path, dims={"batch": 2, "seq": 4})
-    assert fused.meta["fusion"] == {"attention": 2, "gelu": 2}
+    assert fused.meta["fusion"] == {"attention": 2, "gelu": 2, "linear": 8}
     for k in attention_kernels(fused):
         assert k.attr("is_causal") == 1 and len(k.inputs) == 3  # the folded mask is dropped
         assert k.attr("scale") == 0.25
@@ -314,7 +338,7 @@ def test_committed_tiny_gpt_fixture_fuses_causal_attention():
 def test_exported_gpt_fuses_at_every_opset(tmp_path, opset, mask):
     path = M.torch_gpt(tmp_path / "gpt.onnx", opset, mask=mask, layers=1)
     fused = import_onnx(path, batch=2, dims={"seq": 5})
-    assert fused.meta["fusion"] == {"attention": 1, "gelu": 1}
+    assert fused.meta["fusion"] == {"attention": 1, "gelu": 1, "linear": 4}
     assert [k.attr("is_causal") for k in attention_kernels(fused)] == [1]
     assert_same_outputs(import_onnx(path, batch=2, dims={"seq": 5}, fuse=False), fused)
 

@@ -29,14 +29,18 @@ def _attention_reference(q, k, v, mask, causal, scale):
 @pytest.mark.parametrize("mask", ["none", "additive", "bool", "padding"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("rank", "seq", "head"), [(4, 77, 64), (3, 40, 16)])
-def test_attention_kernels_on_cuda_match_autograd(mask, causal, rank, seq, head):
+@pytest.mark.parametrize("layout", [None, "blhe"])
+def test_attention_kernels_on_cuda_match_autograd(mask, causal, rank, seq, head, layout):
     """The CUDA pair (memory-efficient forward with logsumexp, its backward) against autograd
     of the math form in float64; the efficient kernel itself must accept these shapes (no
-    silent fallback to the math form)."""
+    silent fallback to the math form). With layout "blhe" the operands, the output and the
+    gradients are (B, L, H, E), and the kernels return them contiguous (no copy)."""
     from autotm_py.ir.graph import Kernel, freeze_attrs
+    from autotm_py.kernels import KERNELS, run_kernel
     from autotm_py.kernels import fused as kernels_fused
-    from autotm_py.kernels import run_kernel
 
+    if layout and rank == 3:
+        pytest.skip("the (B, L, H, E) layout has heads: rank 4 only")
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator().manual_seed(0)
     lead = (2, 3) if rank == 4 else (6,)
@@ -53,19 +57,27 @@ def test_attention_kernels_on_cuda_match_autograd(mask, causal, rank, seq, head)
         return Kernel(0, op, op, "autotm", freeze_attrs(attrs), tuple(range(n_in)),
                       tuple(range(n_out)), "")
 
-    attrs = {"scale": 0.3, "is_causal": int(causal)}
-    (plain,) = run_kernel(kernel(SDPA, len(cuda), 1, **attrs), cuda)
-    out, lse = run_kernel(kernel(SDPA, len(cuda), 2, **attrs), cuda)
+    attrs = {"scale": 0.3, "is_causal": int(causal), **({"layout": layout} if layout else {})}
+
+    def io(t: torch.Tensor) -> torch.Tensor:  # (B, H, L, E) <-> the kernels' layout
+        return t.transpose(1, 2).contiguous() if layout else t
+
+    given = [io(t) for t in cuda[:3]] + cuda[3:]
+    (plain,) = run_kernel(kernel(SDPA, len(cuda), 1, **attrs), given)
+    out, lse = KERNELS[SDPA](kernel(SDPA, len(cuda), 2, **attrs), given)
     leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
     ref = _attention_reference(*leaves, None if m is None else (m if m.dtype == torch.bool
                                                                else m.double()), causal, 0.3)
     dout = torch.randn(ref.shape, generator=gen)
     ref.backward(dout.double())
-    grads = run_kernel(kernel(SDPA_GRAD, 6 + (m is not None), 3, output_mask=(1, 1, 1),
-                              **attrs), [dout.cuda(), *cuda[:3], out, lse, *cuda[3:]])
+    grads = KERNELS[SDPA_GRAD](kernel(SDPA_GRAD, 6 + (m is not None), 3, output_mask=(1, 1, 1),
+                                      **attrs), [io(dout.cuda()), *given[:3], out, lse,
+                                                 *given[3:]])
+    if layout:
+        assert all(t.is_contiguous() for t in (out, *grads))  # written in that layout
     for got, want in zip([plain, out, *grads], [ref, ref, *(t.grad for t in leaves)],
                          strict=True):
-        assert_close(got.cpu().double(), want.detach(), "cuda attention", rtol=1e-5)
+        assert_close(io(got).cpu().double(), want.detach(), "cuda attention", rtol=1e-5)
     q4, k4, v4, m4 = kernels_fused._operands(cuda)
     torch.ops.aten._scaled_dot_product_efficient_attention(
         q4, k4, v4, kernels_fused._efficient_bias(m4, q4, k4), True, 0.0, causal, scale=0.3)

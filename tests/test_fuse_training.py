@@ -92,7 +92,7 @@ def test_fused_gelu_trains_like_unfused_autograd(form):
 def test_fused_tiny_decoder_trains_like_autograd(optimizer):
     graph = tiny_decoder()
     fused = fuse_graph(graph)
-    assert fused.meta["fusion"] == {"attention": 1, "gelu": 1}
+    assert fused.meta["fusion"] == {"attention": 1, "gelu": 1, "linear": 2}
     if optimizer == "sgd":
         compare_with_unfused(graph, fused)
     compare_training(fused, steps=3, optimizer=optimizer)
@@ -177,7 +177,7 @@ def test_fused_attention_backward_reads_q_k_v_output_and_logsumexp(bert_b16_s512
     assert len(gelu_grads) == 13
     for g in gelu_grads:
         x = g.inputs[1]
-        assert fused.kernels[fused.tensors[x].producer].op_type == "Add"  # the bias add
+        assert fused.kernels[fused.tensors[x].producer].op_type == "Linear"  # with its bias
 
 
 # ---- executor, cost model, CLI ------------------------------------------------------------------
@@ -210,19 +210,25 @@ def test_cost_model_prices_attention_by_its_flops():
     assert flops_of(causal) == pytest.approx(flops_of(fwd) / 2)
     grad = shape(SDPA_GRAD, [q, q, q, q, q, q[:-1]], [q, q, q], scale=0.125, is_causal=0)
     assert flops_of(grad) == pytest.approx(2.5 * matmuls + 8.0 * b * h * n * n)
+    # the same attention with (B, L, H, E) operands
+    blhe = (b, n, h, e)
+    assert flops_of(shape(SDPA, [blhe] * 3, [blhe], scale=0.125, is_causal=0,
+                          layout="blhe")) == flops_of(fwd)
+    assert flops_of(shape(SDPA_GRAD, [blhe] * 5 + [q[:-1]], [blhe] * 3, scale=0.125,
+                          is_causal=0, layout="blhe")) == flops_of(grad)
 
 
 def test_inspect_shows_what_was_fused(capsys):
     assert main(["inspect", "bert_base", "--batch", "1", "--dim", "seq=8", "--json"]) == 0
     fused = json.loads(capsys.readouterr().out)
-    assert fused["fused"] == {"attention": 12, "gelu": 13}
+    assert fused["fused"] == {"attention": 12, "gelu": 13, "linear": 74}
     assert fused["ops"][SDPA] == 12 and "Softmax" not in fused["ops"]
     assert main(["inspect", "bert_base", "--batch", "1", "--dim", "seq=8", "--no-fuse",
                  "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert plain["fused"] is None and plain["ops"]["Softmax"] == 12
     assert main(["inspect", "gpt2_small", "--batch", "1", "--dim", "seq=8"]) == 0
-    assert "fused        12 attention, 12 gelu" in capsys.readouterr().out
+    assert "fused        12 attention, 12 gelu, 49 linear" in capsys.readouterr().out
 
 
 def test_a_plan_for_the_unfused_graph_names_no_fuse(tmp_path, capsys):

@@ -24,6 +24,7 @@ from autotm_py.fileio import atomic_write_text
 from autotm_py.ir import Role
 from autotm_py.plan import (
     Compute,
+    CostsIdentity,
     Free,
     ModelOptions,
     Move,
@@ -71,7 +72,9 @@ def fixture_plan() -> Plan:
         graph_summary={"kernels": 3, "tensors": 4}, counts={"moves": 2, "frees": 4},
         config={"strategy": "async", "ratio": "1:2"},
         notes=("hand-built fixture for the AutoTMBridge tests",), device="cpu",
-        model=ModelOptions(batch=4, dims={"N": 4}, training=False, optimizer=None))
+        model=ModelOptions(batch=4, dims={"N": 4}, training=False, optimizer=None),
+        costs=CostsIdentity("0123456789abcdef", kernels=3, estimated=1, scaled=0,
+                            total_s=0.00096))
     records = (
         Move(0, "fast", "sync"),
         Compute(0, ("fast", "fast")),
@@ -108,6 +111,7 @@ def fixture_expected(plan: Plan) -> dict[str, Any]:
         "model_name": plan.header.model_name,
         "device": plan.header.device,
         "batch": plan.header.model.batch if plan.header.model else None,
+        "costs_digest": plan.header.costs.digest if plan.header.costs else None,
         "ops": [type(r).__name__.lower() for r in plan.records],
         "n_records": len(plan.records),
         "bytes_moved": moved["fast"] + moved["slow"],
@@ -151,6 +155,10 @@ def test_schema_header_fields_are_the_dataclass_fields() -> None:
     assert set(defs["header"]["required"]) == header_fields - OPTIONAL_HEADER_FIELDS
     assert set(defs["solver"]["properties"]) == solver_fields
     assert set(defs["solver"]["required"]) == solver_fields
+    for name, cls in (("modelOptions", ModelOptions), ("costsIdentity", CostsIdentity)):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert set(defs[name]["properties"]) == fields
+        assert set(defs[name]["required"]) == fields
 
 
 def test_schema_roles_are_the_ir_roles() -> None:

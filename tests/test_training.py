@@ -119,14 +119,51 @@ def test_training_mode_rewrites_of_dropout_and_batchnorm() -> None:
     assert (bn.inputs[3], bn.outputs[1]) in train.carried
 
 
-def test_relu_grad_reads_relu_output_and_conv_grads_are_separate() -> None:
+def test_relu_grad_reads_relu_output_and_conv_grads_are_one_kernel() -> None:
     train = derive_training(small_cnn())
     relu = next(k for k in train.kernels if k.op_type == "Relu")
     relu_grad = next(k for k in train.kernels if k.name == f"{relu.name}/grad")
     assert relu_grad.op_type == "ReluGrad" and relu_grad.inputs[1] == relu.outputs[0]
     conv = next(k for k in train.kernels if k.op_type == "Conv" and k.id > 0)
-    kinds = {k.op_type for k in train.kernels if k.name.startswith(conv.name + "/")}
-    assert kinds == {"ConvGradData", "ConvGradFilter"}
+    (grad,) = [k for k in train.kernels if k.name.startswith(conv.name + "/")]
+    # one convolution backward for dX and dW (and dB), reading dY, X and W
+    assert grad.op_type == "ConvGrad" and grad.name == f"{conv.name}/grad"
+    assert grad.inputs[1:] == conv.inputs[:2]
+    assert [train.tensors[t].name.removesuffix("::part") for t in grad.outputs] == \
+        [f"grad::{train.tensors[t].name}" for t in conv.inputs]
+    assert grad.attr("output_mask") == (1, 1, int(len(conv.inputs) > 2))
+    # the first conv's input needs no gradient: its filter gets a ConvGradFilter alone
+    first = train.kernels[0]
+    kinds = {k.op_type for k in train.kernels if k.name.startswith(first.name + "/")}
+    assert kinds == {"ConvGradFilter"} | ({"ConvGradBias"} if len(first.inputs) > 2 else set())
+
+
+def test_conv_grad_memory_accounting() -> None:
+    """ConvGrad reads dY, X and W and writes dX, dW, dB at once: its working set is the
+    union of what ConvGradData, ConvGradFilter and ConvGradBias read and wrote, the tensors
+    live at it are those that were live at the last of them (so the peak is unchanged), and
+    dY, X and W die there when nothing later reads them."""
+    net = Net("convs")
+    x = net.tensor((2, 3, 8, 8), Role.INPUT, name="x")
+    c1 = net.op("Conv", [x, net.weight(4, 3, 3, 3)], (2, 4, 8, 8), pads=(1, 1, 1, 1))
+    w2, b2 = net.weight(6, 4, 3, 3), net.weight(6)
+    c2 = net.op("Conv", [c1, w2, b2], (2, 6, 4, 4), pads=(1, 1, 1, 1), strides=(2, 2))
+    train = derive_training(net.build(net.op("Flatten", [c2], (2, 96), axis=1)))
+    (grad,) = [k for k in train.kernels if k.op_type == "ConvGrad"]
+    dy, xin, w = grad.inputs
+    assert (xin, w) == (c1, w2)
+    nbytes = train.tensor_bytes
+    assert [int(nbytes[t]) for t in grad.outputs] == [2 * 4 * 8 * 8 * 4, 6 * 4 * 9 * 4, 6 * 4]
+    assert train.working_set_bytes[grad.id] == sum(int(nbytes[t]) for t in grad.io)
+    ranges = train.live_ranges
+    assert ranges[dy][1] == grad.id and ranges[xin][1] == grad.id  # last read here
+    assert all(ranges[t][0] == grad.id for t in grad.outputs)  # born here
+    live = set(train.live_at(grad.id))
+    assert set(grad.io) <= live
+    assert train.live_bytes[grad.id] == sum(int(nbytes[t]) for t in live)
+    # the first conv's input is the image: only its filter gradient is computed
+    assert [k.op_type for k in train.kernels if k.name.startswith(train.kernels[0].name)
+            and k.domain == "autotm"] == ["ConvGradFilter"]
 
 
 def test_errors_name_the_problem() -> None:
@@ -136,6 +173,17 @@ def test_errors_name_the_problem() -> None:
     b.add_kernel("Softplus", [x], [y], name="sp")
     b.outputs.append(y)
     with pytest.raises(UnsupportedOpError, match=r"Softplus.*--training"):
+        derive_training(b.build())
+    b = GraphBuilder("odder")  # every unsupported op type, with its count
+    x = b.add_tensor("x", (2, 3), "float32", Role.WEIGHT)
+    prev = x
+    for i, op in enumerate(("Softplus", "Softsign", "Softplus")):
+        out = b.add_tensor(f"t{i}", (2, 3), "float32", Role.ACTIVATION)
+        b.add_kernel(op, [prev], [out], name=f"k{i}")
+        prev = out
+    b.outputs.append(prev)
+    with pytest.raises(UnsupportedOpError, match=r"3 nodes of 2 op types.*'Softplus' x2.*"
+                                                 r"'Softsign' x1"):
         derive_training(b.build())
     with pytest.raises(ConfigError, match="optimizer 'lamb'"):
         derive_training(small_cnn(), optimizer="lamb")

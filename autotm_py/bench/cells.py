@@ -1,7 +1,11 @@
 """One model of a bench sweep: load it and its costs once, then make one row per cell.
 
 Baselines depend only on (model, ratio), so they are planned, simulated (and with ``execute``
-run) once per ratio and copied into every row of that ratio.
+run) once per ratio and copied into every row of that ratio. With ``execute``, what does not
+depend on the ratio at all (all-fast run without a cap, torch.autograd with and without
+`save_on_cpu`) is measured once per model by `model_columns`; the driver adds those columns to
+every row of the model (`bench/tasks.py`), so the rows of one ratio can run on one GPU while
+the model's own measurements run on another.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotm_py import api, pipeline
+from autotm_py.bench.ship import PlanBox
 from autotm_py.config import PlanConfig
 from autotm_py.errors import AutoTMError
 from autotm_py.plan import Plan
@@ -22,8 +27,6 @@ from autotm_py.report.residency import PlanView
 from autotm_py.units import parse_ratio
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from autotm_py.bench.spec import BenchSpec
 
 log = logging.getLogger(__name__)
@@ -44,19 +47,30 @@ def _one_line(exc: BaseException) -> str:
 
 
 class ModelRunner:
-    """Rows of one model. A model that cannot be loaded or priced gives error rows."""
+    """Rows of one model. A model that cannot be loaded or priced gives error rows.
 
-    def __init__(self, spec: BenchSpec, model: str) -> None:
+    `source` is where the model is read from when it is not `model` itself (a worker's copy of
+    the driver's file); `shipped_dir` the shipped profiles' folder when not the package's;
+    `names` the spec as the driver gave it, which names rows and plan files (`spec` may point
+    at a worker's copies of its files). Plans are read from and solved into `plans` (the
+    driver reads and writes the folder)."""
+
+    def __init__(self, spec: BenchSpec, model: str, *, source: str | None = None,
+                 shipped_dir: str | None = None, names: BenchSpec | None = None) -> None:
         self.spec, self.model = spec, model
+        self.names = names or spec
         self.error: str | None = None
+        self.plans = PlanBox()
         self._ratio_columns: dict[str, dict[str, Any]] = {}
         self._ratio_notes: dict[str, list[str]] = {}
+        self._model_columns: tuple[dict[str, Any], list[str]] | None = None
         self._failures: list[str] = []  # runs that failed while making the current row
         try:
-            self.graph = api.load_model(model, batch=spec.batch, dims=dict(spec.dims),
-                                        training=spec.training)
+            self.graph = api.load_model(source or model, batch=spec.batch,
+                                        dims=dict(spec.dims), training=spec.training)
             self.costs = api.load_costs(self.graph, device=spec.device,
-                                        profiles_dir=spec.profiles_dir)
+                                        profiles_dir=spec.profiles_dir,
+                                        shipped_dir=shipped_dir)
             self.view = PlanView.from_graph(self.graph)
         except AutoTMError as exc:
             self.error = _one_line(exc)
@@ -67,17 +81,16 @@ class ModelRunner:
         return PlanConfig(strategy=strategy, ratio=parse_ratio(ratio), device=s.device,
                           memory=s.memory, solver=solver, gap=s.gap,
                           time_limit_s=s.time_limit_s, pin_weights=s.pin_weights,
-                          headroom=s.headroom)
+                          headroom=s.headroom, threads=s.threads)
 
     def row(self, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
-        key = self.spec.key_values(self.model, ratio, strategy, solver)
+        key = self.names.key_values(self.model, ratio, strategy, solver)
         if self.error is not None:
             return {**key, "status": "error", "error": self.error}
         self._failures = []
         try:
             config = self.config(ratio, strategy, solver)
-            row = {**key, **self._graph_columns(), **self._baseline_columns(ratio, config),
-                   **self._eager_columns()}
+            row = {**key, **self._graph_columns(), **self._baseline_columns(ratio, config)}
             row.update(self._fitted_plan_columns(config, ratio, strategy, solver))
         except AutoTMError as exc:
             log.warning("bench: %s %s %s %s: %s", self.model, ratio, strategy, solver, exc)
@@ -85,6 +98,30 @@ class ModelRunner:
         notes = [row["notes"]] if row.get("notes") else []
         row["notes"] = "; ".join(notes + self._failures) or None
         return row
+
+    def model_columns(self) -> tuple[dict[str, Any], list[str]]:
+        """With `execute`, the measurements of the model itself, the same at every ratio, and
+        the notes of those that failed: all-fast (the unlimited reference, run without a cap)
+        and, when training, torch.autograd without and with `save_on_cpu`. Measured once."""
+        if self.error is not None or not self.spec.execute:
+            return {}, []
+        if self._model_columns is None:
+            self._failures = []
+            cols: dict[str, Any] = {}
+            s = self.spec
+            try:
+                all_fast = api.baselines(self.graph, self.config(s.ratios[0], s.strategies[0],
+                                                                 s.solvers[0]),
+                                         costs=self.costs, names=("all-fast",))["all-fast"]
+                if all_fast.feasible:
+                    measured = self._measure(all_fast.plan, cap=False)
+                    cols["measured_all_fast_s"] = measured[0]
+                    cols["measured_all_fast_peak_bytes"] = measured[1]
+            except AutoTMError as exc:
+                self._failures.append(f"all-fast failed: {_one_line(exc)[:160]}")
+            cols.update(self._eager_columns())
+            self._model_columns = (cols, list(self._failures))
+        return self._model_columns
 
     # ---- columns -------------------------------------------------------------------------
     def _graph_columns(self) -> dict[str, Any]:
@@ -101,7 +138,8 @@ class ModelRunner:
                 pipeline.machine_for(self.graph, config, self.costs))}
             for name, res in results.items():
                 cols[f"{_column(name)}_s"] = res.time_s if res.feasible else None
-                if self.spec.execute and res.feasible and name in EXECUTED_BASELINES:
+                if self.spec.execute and res.feasible and name in EXECUTED_BASELINES \
+                        and name != "all-fast":  # once per model: `model_columns`
                     measured = self._measure_baseline(name, res.plan, config)
                     cols[f"measured_{_column(name)}_s"] = measured[0]
                     cols[f"measured_{_column(name)}_peak_bytes"] = measured[1]
@@ -112,24 +150,23 @@ class ModelRunner:
         return self._ratio_columns[ratio]
 
     def _eager_columns(self) -> dict[str, Any]:
-        """torch.autograd without and with `save_on_cpu`, measured once per model."""
-        if not (self.spec.execute and self.spec.training):
+        """torch.autograd without and with `save_on_cpu` (training only)."""
+        if not self.spec.training:
             return {}
-        if not hasattr(self, "_eager"):
-            from autotm_py.runtime.eager import measure_autograd
+        from autotm_py.runtime.eager import measure_autograd
 
-            self._eager: dict[str, Any] = {}
-            for column, offload in (("torch_autograd", False), ("save_on_cpu", True)):
-                try:
-                    run = measure_autograd(self.graph, device=self._device,
-                                           iterations=self.spec.iterations,
-                                           warmup=self.spec.warmup, save_on_cpu=offload)
-                except (AutoTMError, RuntimeError) as exc:
-                    self._failures.append(f"{column} failed: {_one_line(exc)[:160]}")
-                    continue
-                self._eager[f"measured_{column}_s"] = run.median_s
-                self._eager[f"measured_{column}_peak_bytes"] = run.peak_fast_bytes
-        return self._eager
+        eager: dict[str, Any] = {}
+        for column, offload in (("torch_autograd", False), ("save_on_cpu", True)):
+            try:
+                run = measure_autograd(self.graph, device=self._device,
+                                       iterations=self.spec.iterations,
+                                       warmup=self.spec.warmup, save_on_cpu=offload)
+            except (AutoTMError, RuntimeError) as exc:
+                self._failures.append(f"{column} failed: {_one_line(exc)[:160]}")
+                continue
+            eager[f"measured_{column}_s"] = run.median_s
+            eager[f"measured_{column}_peak_bytes"] = run.peak_fast_bytes
+        return eager
 
     def _checkpoint_columns(self, config: PlanConfig) -> dict[str, Any]:
         """PyTorch activation checkpointing of the same graph under the same cap, with the
@@ -159,20 +196,19 @@ class ModelRunner:
         # an explicit index: the executor caps memory per device, which needs one
         return "cuda:0" if self.spec.device == "cuda" else self.spec.device
 
-    def _solve(self, config: PlanConfig, path: Path | None) -> PlanResult:
-        """Solve, or read the plan a previous run solved for this cell (`plans_dir`)."""
-        if path is not None and not path.exists() and path.with_suffix("").exists():
-            path = path.with_suffix("")  # a plain plan.json kept by an earlier version
-        if path is not None and path.exists():
-            plan = Plan.load(path)
+    def _solve(self, config: PlanConfig, name: str | None) -> PlanResult:
+        """Solve, or read the plan a previous run solved for this cell (`plans_dir`, by its
+        file `name`; the driver put the ones it found into `self.plans`)."""
+        plan = self.plans.get(name) if name is not None else None
+        if plan is not None:
             h = plan.header
-            return PlanResult(status=h.solver.status, plan=plan, message=f"plan from {path}",
+            return PlanResult(status=h.solver.status, plan=plan, message=f"plan from {name}",
                               budget_bytes=h.budget_bytes, predicted_time_s=h.predicted_time_s,
                               stats=h.solver, all_fast_time_s=float(sum(self.costs.times_s)),
                               objective_s=h.solver.objective_s)
         result = api.optimize(self.graph, config, costs=self.costs)
-        if path is not None and result.plan is not None:
-            result.plan.save(path)
+        if name is not None and result.plan is not None:
+            self.plans.put(name, result.plan)
         return result
 
     def _fitted_plan_columns(self, config: PlanConfig, ratio: str, strategy: str,
@@ -180,9 +216,9 @@ class ModelRunner:
         """The plan's columns at the first headroom whose plan fits when it runs."""
 
         def attempt(headroom: float) -> dict[str, Any]:
-            cols = self._plan_columns(
-                replace(config, headroom=headroom),
-                self.spec.plan_path(self.model, ratio, strategy, solver, headroom))
+            path = self.names.plan_path(self.model, ratio, strategy, solver, headroom)
+            cols = self._plan_columns(replace(config, headroom=headroom),
+                                      None if path is None else path.name)
             return {**cols, "headroom": headroom}
 
         return self._fit("", attempt, _misfit, lambda cols: cols.get("measured_s"))
@@ -220,8 +256,8 @@ class ModelRunner:
                               f"(headroom {headroom:.2f})")
         return best
 
-    def _plan_columns(self, config: PlanConfig, path: Path | None = None) -> dict[str, Any]:
-        result = self._solve(config, path)
+    def _plan_columns(self, config: PlanConfig, name: str | None = None) -> dict[str, Any]:
+        result = self._solve(config, name)
         st = result.stats
         row: dict[str, Any] = {
             "status": result.status, "budget_bytes": result.budget_bytes,
@@ -252,14 +288,8 @@ class ModelRunner:
 
     def _measure_baseline(self, name: str, plan: Plan | None, config: PlanConfig
                           ) -> tuple[float | None, int | None]:
-        """all-fast is the unlimited reference: the same at every ratio, so it runs once per
-        model and without a memory cap. With `fit`, a baseline gets the plans' defrag loop:
+        """A capped baseline's run. With `fit`, a baseline gets the plans' defrag loop:
         planned again with more headroom while its run fails or the allocator retries."""
-        if name == "all-fast":
-            if not hasattr(self, "_all_fast"):
-                self._all_fast = self._measure(plan, cap=False)
-            return self._all_fast
-
         first = self.spec.headrooms()[0]
 
         def attempt(headroom: float):

@@ -39,8 +39,10 @@ def machine() -> str:
     return f"{cpu}; {platform.machine()}; {os.cpu_count()} cores; {platform.system()}"
 
 
+@cache
 def device_name(device: str) -> str:
-    """The GPU's name for cuda (torch is imported only then), else the CPU."""
+    """The GPU's name for cuda (torch is imported only then), else the CPU. Asked once per
+    process: a sweep's worker keeps its GPU."""
     if device != "cuda":
         return machine().split(";")[0]
     import torch
@@ -50,6 +52,10 @@ def device_name(device: str) -> str:
     return str(torch.cuda.get_device_name(torch.cuda.current_device()))
 
 
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
 def environment(device: str) -> dict[str, Any]:
     return {"machine": machine(), "device_name": device_name(device), "versions": versions(),
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+            "date": now()}

@@ -57,6 +57,9 @@ class BenchSpec:
     dims: Mapping[str, int] = field(default_factory=dict)
     time_limit_s: float | None = None
     gap: float = 0.01
+    # Solver threads per ILP (None: the solver's default); a parallel sweep gives each cell
+    # this many CPUs (`bench/engines.py`).
+    threads: int | None = None
     pin_weights: bool = False
     profiles_dir: str | None = None
     execute: bool = False  # run every plan for real (GPU) and record measured times
@@ -79,7 +82,10 @@ class BenchSpec:
             parse_ratio(r, flag="--ratios")
         for s in self.strategies:  # validates strategy, device, gap, limit, headroom up front
             PlanConfig(strategy=s, device=self.device, gap=self.gap,
-                       time_limit_s=self.time_limit_s, headroom=self.headroom)
+                       time_limit_s=self.time_limit_s, headroom=self.headroom,
+                       threads=self.threads)
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads {self.threads}: at least 1")
         if self.fit and not self.execute:
             raise ConfigError("--fit needs --execute: it re-plans the plans that do not fit "
                               "when they run")

@@ -10,50 +10,62 @@ from typing import Any, TypeVar
 import click
 
 from autotm_py import api
-from autotm_py.config import MAX_HEADROOM
+from autotm_py.config import MAX_FOOTPRINT_BYTES, MAX_HEADROOM
 from autotm_py.errors import ConfigError
+from autotm_py.fileio import write_problem
 from autotm_py.ir.loss import LOSSES
+from autotm_py.plan import Plan
+from autotm_py.units import format_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 # --loss is read by `load_model_from_cli` from the click context rather than passed through
 # every command's signature: every command that loads a model takes it, none uses it otherwise.
 LOSS_KEY = "autotm.loss"
+# Model options a command leaves unset (None) take these values, or, for a command that reads
+# a plan (simulate, run, report --model), the plan's (`PlanHeader.model`).
+DEFAULT_OPTIMIZER, DEFAULT_LOSS = "sgd", "auto"
+FROM_PLAN = ("Not given: the plan's, for commands that read a plan (simulate, run, report "
+             "--model).")
 
 
-def _remember_loss(ctx: click.Context, _param: click.Parameter, value: str) -> str:
+def _remember_loss(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     ctx.meta[LOSS_KEY] = value
     return value
 
 
 loss_option = click.option(
-    "--loss", type=click.Choice(LOSSES), default="auto", show_default=True,
-    expose_value=False, callback=_remember_loss,
+    "--loss", type=click.Choice(LOSSES), default=None, expose_value=False,
+    callback=_remember_loss,
     help="Loss that --training appends when the model has none: auto (from the output's "
          "shape: N x C classifiers and N x C x H x W per-pixel classes on axis 1, N x T x V "
          "sequence models on the last axis), ce-axis1, ce-last (softmax cross-entropy over "
-         "that axis) or mse (mean squared error). See docs/training.md.")
+         f"that axis) or mse (mean squared error) [default: auto]. {FROM_PLAN} See "
+         "docs/training.md.")
 
 
 no_fuse_option = click.option(
-    "--no-fuse", is_flag=True,
+    "--no-fuse", is_flag=True, default=None,
     help="Keep attention and GELU unfused, as the file has them (by default scaled dot-product "
-         "attention and GELU patterns become one kernel each; docs/fusion.md).")
+         f"attention and GELU patterns become one kernel each; docs/fusion.md). {FROM_PLAN}")
 
 
 def model_options(func: F) -> F:
-    """MODEL argument plus --batch, --dim, --training, --optimizer, --loss, --no-fuse."""
+    """MODEL argument plus --batch, --dim, --training, --optimizer, --loss, --no-fuse. Unset
+    options are None, so that a command reading a plan can take them from it."""
     decorators = [
         click.argument("model"),
         click.option("--batch", "-b", type=int, default=None,
-                     help="Bind the first dimension of every input (the batch size)."),
+                     help="Bind the first dimension of every input (the batch size). --batch "
+                          "and --dim go together: given neither, a command that reads a plan "
+                          "takes both from it."),
         click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
                      help="Bind a symbolic dimension (repeatable), e.g. --dim seq=128."),
-        click.option("--training", is_flag=True,
+        click.option("--training", is_flag=True, default=None,
                      help="One training iteration (forward, loss, backward, optimizer update) "
-                          "instead of inference."),
-        click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd",
-                     show_default=True, help="Weight update used with --training."),
+                          f"instead of inference. {FROM_PLAN}"),
+        click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default=None,
+                     help=f"Weight update used with --training [default: sgd]. {FROM_PLAN}"),
         loss_option,
         no_fuse_option,
     ]
@@ -77,8 +89,35 @@ graph_option = click.option(
     "--graph", "graph_replay", is_flag=True,
     help="GPU mode: price the iteration as replayed from a CUDA graph (kernels at their device "
          "times, no host dispatch), as `autotm run --graph` runs it.")
+reserve_option = click.option(
+    "--reserve", default=None, metavar="BYTES",
+    help="Fast memory the runtime keeps for itself whatever the plan, taken out of the budget "
+         "before the plan's tensors [default: the memory system's runtime_reserve_bytes: "
+         "68MiB for h100-pcie5 (torch's cuBLAS workspaces), 0 in host mode]. --reserve 0 "
+         "plans the tensors alone (docs/memory-systems.md).")
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print machine-readable JSON instead of tables.")
+
+
+def budget_parts(budget: int, reserve: int, plannable: int | None) -> str:
+    """'68.00 MiB runtime reserve + 7.85 MiB headroom + 81.95 MiB for the plan's tensors'."""
+    tensors = max(plannable or 0, 0)
+    headroom = max(budget - reserve - tensors, 0)
+    text = (f"{format_bytes(reserve)} runtime reserve + {format_bytes(headroom)} headroom + "
+            f"{format_bytes(tensors)} for the plan's tensors")
+    if reserve > budget:
+        text += " (the reserve alone exceeds the budget)"
+    return text
+
+
+def fast_peak_line(peak: int, budget: int | None, reserve: int, plannable: int | None) -> str:
+    """The fast-tier peak of a plan's tensors against what they may use and the budget."""
+    if budget is None:
+        return f"fast peak  {format_bytes(peak)}"
+    if reserve == 0 and plannable == budget:
+        return f"fast peak  {format_bytes(peak)} of the {format_bytes(budget)} budget"
+    return (f"fast peak  {format_bytes(peak)} of the {format_bytes(plannable or 0)} for tensors "
+            f"({format_bytes(peak + reserve)} with the reserve, budget {format_bytes(budget)})")
 
 
 def parse_dims(values: Sequence[str] | None) -> dict[str, int]:
@@ -100,15 +139,62 @@ def parse_dims(values: Sequence[str] | None) -> dict[str, int]:
 
 
 def load_model_from_cli(model: str, batch: int | None, dims: Sequence[str] | None,
-                        training: bool, optimizer: str, no_fuse: bool = False) -> Any:
-    """The graph that MODEL (an ONNX file or a zoo name) and the model options describe."""
+                        training: bool | None, optimizer: str | None,
+                        no_fuse: bool | None = None, plan: Plan | None = None) -> Any:
+    """The graph that MODEL (an ONNX file or a zoo name) and the model options describe.
+
+    Options left unset (None, or no --batch and no --dim) take their defaults, or with `plan`
+    the values recorded in its header (`PlanHeader.model`), so that `simulate`, `run` and
+    `report --model` rebuild the graph the plan was made for. With `plan`, the graph is checked
+    against it (`Plan.validate`: a mismatch names the options that differ)."""
 
     if batch is not None and batch <= 0:
         raise ConfigError(f"--batch {batch}: must be a positive integer")
     ctx = click.get_current_context(silent=True)
-    loss = ctx.meta.get(LOSS_KEY, "auto") if ctx is not None else "auto"
-    return api.load_model(model, batch=batch, dims=parse_dims(dims), training=training,
-                          optimizer=optimizer, fuse=not no_fuse, loss=loss)
+    loss = ctx.meta.get(LOSS_KEY) if ctx is not None else None
+    bound = parse_dims(dims)
+    recorded = plan.header.model if plan is not None else None
+    if recorded is not None:
+        if batch is None and not bound:
+            batch, bound = recorded.batch, dict(recorded.dims)
+        training = recorded.training if training is None else training
+        optimizer = optimizer or recorded.optimizer
+        loss = loss or recorded.loss
+        no_fuse = (not recorded.fuse) if no_fuse is None else no_fuse
+    graph = api.load_model(model, batch=batch, dims=bound, training=bool(training),
+                           optimizer=optimizer or DEFAULT_OPTIMIZER, fuse=not no_fuse,
+                           loss=loss or DEFAULT_LOSS)
+    check_footprint(graph)
+    if plan is not None:
+        plan.validate(graph)
+    return graph
+
+
+def check_footprint(graph: Any) -> None:
+    """Refuse a model whose unconstrained peak exceeds any machine's memory: a typo in --batch
+    or --dim (e.g. --dim batch=100000000) would otherwise be planned without a word."""
+    peak = int(graph.peak_live_bytes)
+    if peak > MAX_FOOTPRINT_BYTES:
+        dims = " ".join(f"{k}={v}" for k, v in (graph.meta.get("dims") or {}).items())
+        raise ConfigError(f"{graph.name}: one iteration needs {format_bytes(peak)} at its peak "
+                          f"({dims or 'the dims of the file'}), more than "
+                          f"{format_bytes(MAX_FOOTPRINT_BYTES)}, the most memory one machine "
+                          "has; check --batch and --dim")
+
+
+def check_writable(path: str | None, flag: str, *, directory: bool = False) -> None:
+    """Refuse an output path that cannot be written, before any long work starts."""
+    if path is None:
+        return
+    why = write_problem(path, directory=directory)
+    if why is not None:
+        raise ConfigError(f"{flag} {path}: cannot write there ({why}); give a path in a "
+                          "writable folder")
+
+
+def warn(message: str) -> None:
+    """One line on stderr, beside the command's output."""
+    click.echo(f"warning: {message}", err=True)
 
 
 def print_json(data: Any) -> None:

@@ -11,18 +11,28 @@ from __future__ import annotations
 import csv
 import io
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import click
 
 from autotm_py import api
 from autotm_py.cli import cli
-from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
+from autotm_py.cli.common import (
+    check_writable,
+    json_option,
+    load_model_from_cli,
+    model_options,
+    print_json,
+    reserve_option,
+)
+from autotm_py.config import DEFAULT_MEMORY
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.ir.graph import TensorGraph
+from autotm_py.memory.tiers import MemorySystem, load_memory_system
 from autotm_py.report.tables import kernel_csv, kernel_report, render_kernel_report
-from autotm_py.units import format_bytes
+from autotm_py.units import format_bytes, parse_bytes
 
 TOP_KERNELS = 8
 CSV_FIELDS = ("id", "name", "op", "working_set_bytes", "live_bytes")
@@ -33,8 +43,12 @@ def _kernel_ref(graph: TensorGraph, kid: int) -> dict[str, Any]:
     return {"id": kid, "name": k.name, "op": k.op_type}
 
 
-def inspect_report(graph: TensorGraph) -> dict[str, Any]:
-    """Everything `autotm inspect` shows, as plain data (the `--json` document)."""
+def inspect_report(graph: TensorGraph, memory: MemorySystem | None = None) -> dict[str, Any]:
+    """Everything `autotm inspect` shows, as plain data (the `--json` document). Budgets are
+    the user's, for `memory` (default: the GPU preset): its runtime reserve comes on top of
+    the tensors' interval."""
+    memory = memory or load_memory_system(DEFAULT_MEMORY["cuda"])
+    reserve = int(memory.runtime_reserve_bytes)
     ws = graph.working_set_bytes
     live = graph.live_bytes
     ws_bytes, ws_kernel = graph.max_working_set
@@ -60,7 +74,10 @@ def inspect_report(graph: TensorGraph) -> dict[str, Any]:
         "peak_kernel": _kernel_ref(graph, graph.peak_kernel) if graph.kernels else None,
         "max_working_set_bytes": ws_bytes,
         "max_working_set_kernel": _kernel_ref(graph, ws_kernel) if graph.kernels else None,
-        "budget_interval_bytes": [ws_bytes, graph.peak_live_bytes],
+        "memory_system": memory.name,
+        "runtime_reserve_bytes": reserve,
+        "tensor_interval_bytes": [ws_bytes, graph.peak_live_bytes],
+        "budget_interval_bytes": [ws_bytes + reserve, graph.peak_live_bytes + reserve],
         "model_hash": graph.model_hash,
         "per_kernel": kernels,
     }
@@ -68,7 +85,6 @@ def inspect_report(graph: TensorGraph) -> dict[str, Any]:
 
 def _text(report: dict[str, Any]) -> str:
     peak, wsk = report["peak_kernel"], report["max_working_set_kernel"]
-    lo, hi = report["budget_interval_bytes"]
     lines = [
         f"model        {report['model']}" + (" (training iteration)" if report["training"]
                                              else " (forward)"),
@@ -87,13 +103,35 @@ def _text(report: dict[str, Any]) -> str:
         f"{_short(peak['name'])} ({peak['op']})",
         f"largest WS   {format_bytes(report['max_working_set_bytes'])} at kernel #{wsk['id']} "
         f"{_short(wsk['name'])} ({wsk['op']})",
-        f"budget       [{format_bytes(lo)}, {format_bytes(hi)}]: useful fast-memory budgets "
-        "(below the largest",
-        "             working set no plan exists; at the peak everything fits)",
+        *_budget_lines(report),
         "",
         *_top_kernels(report),
     ]
     return "\n".join(lines)
+
+
+def _budget_lines(report: dict[str, Any]) -> list[str]:
+    """The useful budgets (with the reserve, and saying so) and the ratios they mean."""
+    lo, hi = report["budget_interval_bytes"]
+    reserve, peak = report["runtime_reserve_bytes"], report["peak_live_bytes"]
+    lines = [f"budget       [{format_bytes(lo)}, {format_bytes(hi)}]: useful fast-memory budgets "
+             f"on {report['memory_system']}" + (", with its" if reserve else "")]
+    if reserve:
+        lines += [f"             {format_bytes(reserve)} runtime reserve (the runtime's own "
+                  "memory, out of every budget; --reserve)",
+                  f"             on top of the tensors' [{format_bytes(lo - reserve)}, "
+                  f"{format_bytes(hi - reserve)}]:"]
+    lines.append("             below the largest working set no plan exists, at the peak "
+                 "everything fits")
+    share = lo / peak if peak else 0.0
+    if share >= 1:
+        lines.append(f"ratios       none but 1:0: --ratio F:S gives F/(F+S) of the peak "
+                     f"{format_bytes(peak)}, and the smallest useful budget is larger; give "
+                     "--fast-mem or a smaller --reserve")
+    elif reserve:
+        lines.append(f"ratios       --ratio F:S gives F/(F+S) of the peak {format_bytes(peak)}: "
+                     f"below 1:{(1 - share) / share:.3g} ({100 * share:.0f}%) no plan exists")
+    return lines
 
 
 def _top_kernels(report: dict[str, Any]) -> list[str]:
@@ -140,9 +178,10 @@ def write_csv(path: str, report: dict[str, Any]) -> None:
 
 
 def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
-                        as_json: bool) -> None:
+                        as_json: bool, reserve_bytes: int = 0) -> None:
     """`autotm inspect MODEL --kernels [DEVICE]`: print the report (and write the CSV)."""
-    report = kernel_report(graph, api.load_costs(graph, device=device))
+    report = kernel_report(graph, api.load_costs(graph, device=device),
+                           reserve_bytes=reserve_bytes)
     if csv_path:
         atomic_write_text(csv_path, kernel_csv(report))
     if as_json:
@@ -165,20 +204,30 @@ def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
               help="Kernel report instead: working set vs live bytes per kernel, the most "
                    "repeated signatures and their share of the device's profiled time "
                    "(default cuda).")
+@click.option("--memory", default=None, metavar="PRESET|FILE",
+              help="Memory system whose runtime reserve the useful budgets include [default: "
+                   "h100-pcie5; optane with --kernels cpu] (host-mode presets keep none).")
+@reserve_option
 @json_option
-def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
-                    optimizer: str, csv_path: str | None, as_json: bool,
-                    kernels_device: str | None = None, no_fuse: bool = False) -> None:
+def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], training: bool | None,
+                    optimizer: str | None, csv_path: str | None, as_json: bool,
+                    kernels_device: str | None = None, no_fuse: bool | None = None,
+                    memory: str | None = None, reserve: str | None = None) -> None:
     """Kernels, tensors by role, peak footprint and working sets of MODEL.
 
     MODEL is an ONNX file or a zoo name. The peak live footprint is the memory one iteration
     needs with no limit; the largest working set (a kernel's inputs + outputs + workspace) is
     the smallest fast-memory budget any plan can meet.
     """
+    check_writable(csv_path, "--csv")
+    system = load_memory_system(memory or DEFAULT_MEMORY[kernels_device or "cuda"])
+    if reserve is not None:
+        system = replace(system, runtime_reserve_bytes=parse_bytes(reserve, flag="--reserve"))
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     if kernels_device:  # the kernel table of autotm_py/report/tables.py
-        return print_kernel_report(graph, kernels_device, csv_path, as_json)
-    report = inspect_report(graph)
+        return print_kernel_report(graph, kernels_device, csv_path, as_json,
+                                   system.runtime_reserve_bytes)
+    report = inspect_report(graph, system)
     if csv_path:
         write_csv(csv_path, report)
     if as_json:

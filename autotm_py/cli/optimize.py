@@ -16,12 +16,17 @@ from autotm_py import api
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
     arena_option,
+    budget_parts,
+    check_writable,
+    fast_peak_line,
     graph_option,
     headroom_option,
     json_option,
     load_model_from_cli,
     model_options,
     print_json,
+    reserve_option,
+    warn,
 )
 from autotm_py.config import (
     DEFAULT_ASYNC_CANDIDATES,
@@ -33,7 +38,7 @@ from autotm_py.config import (
 )
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
-from autotm_py.plan import Plan
+from autotm_py.plan import Plan, costs_drift
 from autotm_py.units import format_bytes, parse_bytes, parse_ratio
 
 EXIT_INFEASIBLE = 3
@@ -77,6 +82,7 @@ RATIO_HELP = (
                    "memory, outside the budget.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Solver threads.")
 @headroom_option
+@reserve_option
 @arena_option
 @graph_option
 @click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
@@ -90,7 +96,8 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
                  device: str, memory: str | None, solver: str, gap: float,
                  time_limit: float | None, async_window: int,
                  async_candidates: int | None, pin_weights: bool,
-                 threads: int | None, headroom: float, arena: bool, graph_replay: bool,
+                 threads: int | None, headroom: float, reserve: str | None, arena: bool,
+                 graph_replay: bool,
                  profiles_dir: str | None, no_baselines: bool,
                  output: str | None, as_json: bool, no_fuse: bool = False) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
@@ -100,13 +107,15 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
     the budget is infeasible (the smallest feasible budget is printed).
     """
 
+    check_writable(output, "-o")
     config = PlanConfig(
         strategy=strategy, ratio=parse_ratio(ratio) if ratio else None,
         fast_mem_bytes=parse_bytes(fast_mem) if fast_mem else None, device=device,
         memory=memory, solver=solver, gap=gap, time_limit_s=time_limit,
         async_window=async_window, async_candidates=async_candidates,
-        pin_weights=pin_weights, threads=threads, headroom=headroom, arena=arena,
-        graph=graph_replay)
+        pin_weights=pin_weights, threads=threads, headroom=headroom,
+        reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
+        arena=arena, graph=graph_replay)
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
     result = api.optimize(graph, config, costs=costs, baselines=not no_baselines)
@@ -146,6 +155,9 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
     how = f" (ratio {config.ratio})" if config.ratio is not None else ""
     lines.append(f"budget     {budget}{how}, strategy {config.strategy}, memory "
                  f"{config.memory_name}")
+    if result.budget_bytes is not None:
+        lines.append("           = " + budget_parts(result.budget_bytes, result.reserve_bytes,
+                                                     result.plannable_bytes))
     if result.plan is None:
         lines.append(f"result     {result.message}")
         return lines
@@ -164,9 +176,8 @@ def _plan_lines(result: Any) -> list[str]:
     lines.append(f"moved      to fast {format_bytes(sum(fast))} (sync {format_bytes(fast[0])}, "
                  f"async {format_bytes(fast[1])}); to slow {format_bytes(sum(slow))} (sync "
                  f"{format_bytes(slow[0])}, async {format_bytes(slow[1])})")
-    budget = result.budget_bytes
-    lines.append(f"fast peak  {format_bytes(result.fast_peak_bytes or 0)}" +
-                 ("" if budget is None else f" of the {format_bytes(budget)} budget"))
+    lines.append(fast_peak_line(result.fast_peak_bytes or 0, result.budget_bytes,
+                                result.reserve_bytes, result.plannable_bytes))
     if st.solver != "none":
         gap = "-" if st.gap is None else f"{st.gap * 100:.2f}%"
         lines.append(f"solver     {st.solver}: {st.status}, gap {gap}, {st.variables} variables, "
@@ -187,7 +198,7 @@ def _baseline_lines(result: Any) -> list[str]:
         return []
     plan_s, fast_s = result.predicted_time_s, result.all_fast_time_s
     lines = ["", f"{'plan':<12} {'time (ms)':>10} {'vs all-fast':>12} {'plan speedup':>13}  "
-                 "fast peak"]
+                 "tensors' fast peak"]
     lines.append(f"{'this plan':<12} {plan_s * 1e3:>10.3f} {plan_s / fast_s:>11.3f}x "
                  f"{1.0:>12.3f}x")
     for name, b in result.baselines.items():
@@ -219,34 +230,37 @@ def simulate_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
     state). Exits 1 naming the first record that breaks a rule."""
     import json
 
+    check_writable(output, "-o")
     plan = Plan.load(plan_path)
-    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
-    plan.validate(graph)
-    device = plan.header.device
-    costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
+    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)
+    costs = api.load_costs(graph, device=plan.header.device, profiles_dir=profiles_dir)
     sim = api.simulate(graph, plan, costs=costs, strict=not no_strict)
+    drift = costs_drift(plan.header, sim.costs_digest, sim.total_s)
     if output:
         atomic_write_text(output, json.dumps(sim.to_dict()) + "\n")
     if as_json:
-        print_json(sim.to_dict())
+        print_json({**sim.to_dict(), "costs_warning": drift})
     else:
         for line in simulation_lines(sim):
             click.echo(line)
         if output:
             click.echo(f"wrote {output}")
+    if drift:
+        warn(drift)
     return 0 if sim.ok else 1
 
 
 def simulation_lines(sim: Any) -> list[str]:
     """The human summary of `autotm simulate`."""
 
-    budget = "none" if sim.budget_bytes is None else format_bytes(sim.budget_bytes)
     moved = sum(sim.bytes_moved.values())
+    peak = fast_peak_line(sim.fast_peak_bytes, sim.budget_bytes, sim.reserve_bytes,
+                          sim.plannable_bytes).removeprefix("fast peak  ")
     lines = [f"plan       {sim.model_name}, strategy {sim.strategy}, {sim.mode} mode",
              f"predicted  {sim.total_s * 1e3:.3f} ms per iteration, {sim.slowdown:.3f}x "
              f"all-fast ({sim.all_fast_s * 1e3:.3f} ms)",
-             f"memory     fast peak {format_bytes(sim.fast_peak_bytes)} of budget {budget}; "
-             f"slow peak {format_bytes(sim.slow_peak_bytes)}; pinned "
+             f"memory     fast peak {peak}",
+             f"           slow peak {format_bytes(sim.slow_peak_bytes)}; pinned "
              f"{format_bytes(sim.pinned_bytes)}",
              f"moves      {len(sim.moves)} moves, {format_bytes(moved)}"]
     if sim.ok:

@@ -10,8 +10,12 @@ import click
 
 from autotm_py import api
 from autotm_py.bench import BenchSpec, run_bench
+from autotm_py.bench.rows import key_of
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
+    FROM_PLAN,
+    budget_parts,
+    check_writable,
     headroom_option,
     json_option,
     load_model_from_cli,
@@ -19,9 +23,10 @@ from autotm_py.cli.common import (
     no_fuse_option,
     parse_dims,
     print_json,
+    warn,
 )
 from autotm_py.errors import ConfigError
-from autotm_py.plan import Plan
+from autotm_py.plan import Plan, costs_drift
 from autotm_py.report.build import make_report
 from autotm_py.report.timeline import load_measured
 from autotm_py.units import format_bytes
@@ -38,11 +43,10 @@ def read_json(path: str, what: str) -> Any:
 
 
 def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple[str, ...],
-                           training: bool, optimizer: str, device: str | None,
-                           profiles: str | None, no_fuse: bool = False
+                           training: bool | None, optimizer: str | None, device: str | None,
+                           profiles: str | None, no_fuse: bool | None = None
                            ) -> tuple[Any, dict[str, Any]]:
-    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
-    plan.validate(graph)
+    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)
     dev = device or plan.header.device
     costs = api.load_costs(graph, device=dev, profiles_dir=profiles)
     return graph, api.simulate(graph, plan, costs=costs, strict=False).to_dict()
@@ -60,9 +64,10 @@ def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple
 @click.option("--batch", "-b", type=int, default=None, help="With --model: the batch size.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="With --model: bind a symbolic dimension (repeatable).")
-@click.option("--training", is_flag=True, help="With --model: one training iteration.")
-@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd",
-              show_default=True, help="With --model --training: the weight update.")
+@click.option("--training", is_flag=True, default=None,
+              help=f"With --model: one training iteration. {FROM_PLAN}")
+@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default=None,
+              help=f"With --model --training: the weight update [default: sgd]. {FROM_PLAN}")
 @loss_option
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="With --model: whose kernel profiles to use (default: the plan's).")
@@ -79,10 +84,10 @@ def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple
 @no_fuse_option
 @json_option
 def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: str | None,
-               batch: int | None, dims: tuple[str, ...], training: bool, optimizer: str,
-               device: str | None, profiles: str | None, measured: str | None,
-               trace_path: str | None, formats: str, max_tensors: int, as_json: bool,
-               no_fuse: bool = False) -> None:
+               batch: int | None, dims: tuple[str, ...], training: bool | None,
+               optimizer: str | None, device: str | None, profiles: str | None,
+               measured: str | None, trace_path: str | None, formats: str, max_tensors: int,
+               as_json: bool, no_fuse: bool | None = None) -> None:
     """Figures (memory per tier with the budget, tensor x kernel residency, bytes moved), a
     Markdown summary and optionally a trace of PLAN.
 
@@ -95,13 +100,16 @@ def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: str | 
 
     if timeline and model:
         raise ConfigError("give either --timeline or --model, not both")
-    plan = Plan.load(plan_path)
+    check_writable(out_dir, "-o", directory=True)
+    check_writable(trace_path, "--trace")
+    plan = Plan.load(plan_path).check_complete()
     graph, simulation = None, None
     if model:
         graph, simulation = _simulation_from_model(plan, model, batch, dims, training, optimizer,
                                                    device, profiles, no_fuse)
     elif timeline:
         simulation = read_json(timeline, "timeline")
+    drift = _drift(plan, simulation)
     run = load_measured(read_json(measured, "measured run"), origin=measured) if measured \
         else None
     fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
@@ -110,17 +118,32 @@ def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: str | 
                          origin={"timeline": timeline or "simulation", "measured": measured})
     if as_json:
         print_json({"files": [str(p) for p in result.files], "overview": result.overview,
-                    "metrics": result.metrics})
-        return
-    _print_report(result)
+                    "metrics": result.metrics, "costs_warning": drift})
+    else:
+        _print_report(result)
+    if drift:
+        warn(drift)
+
+
+def _drift(plan: Any, simulation: Any) -> str | None:
+    """The costs warning of a simulation (from --model, or a saved --timeline) of this plan."""
+    if not isinstance(simulation, dict):
+        return None
+    total = simulation.get("total_s")
+    return costs_drift(plan.header, str(simulation.get("costs_digest") or ""),
+                       float(total) if isinstance(total, int | float) else None)
 
 
 def _print_report(result: Any) -> None:
 
     o, m = result.overview, result.metrics
+    budget = o["budget_bytes"]
     click.echo(f"{o['model']}: {o['strategy']} plan, budget "
-               f"{'unlimited' if o['budget_bytes'] is None else format_bytes(o['budget_bytes'])}"
-               f", timeline {o['timeline']}")
+               f"{'unlimited' if budget is None else format_bytes(budget)}, timeline "
+               f"{o['timeline']}")
+    if budget is not None and (o["reserve_bytes"] or o["headroom_bytes"]):
+        tensors = budget - o["reserve_bytes"] - o["headroom_bytes"]
+        click.echo("  budget = " + budget_parts(budget, o["reserve_bytes"], tensors))
     click.echo(f"  moved slow->fast {format_bytes(m['bytes_to_fast'])} "
                f"({m['moves_to_fast']} copies), fast->slow {format_bytes(m['bytes_to_slow'])} "
                f"({m['moves_to_slow']} copies)")
@@ -178,13 +201,26 @@ def _split(text: str) -> tuple[str, ...]:
 @click.option("-o", "--output", default="bench.csv", show_default=True,
               help="CSV to write; a JSON document with the same stem is written beside it. "
                    "Rows already there are skipped (the sweep resumes).")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True,
+              help="local: worker processes on this machine; ray: tasks on a Ray cluster "
+                   "(needs the ray extra).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="local: worker processes (default: one per CPU, or one per GPU with "
+                   "--execute on cuda; 1 runs in this process); ray: most cells in flight.")
+@click.option("--address", default=None,
+              help="With --engine ray: the cluster's head (HOST:PORT, or auto); without it a "
+                   "Ray instance is started on this machine.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Solver threads per plan; each cell takes this many CPUs (default 1).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @json_option
 def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: str,
               memory: str | None, training: bool, batch: int | None, dims: tuple[str, ...],
               time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
               execute: bool, iterations: int, warmup: int, headroom: float, fit: bool,
-              plans_dir: str | None, output: str,
+              plans_dir: str | None, output: str, engine: str, workers: int | None,
+              address: str | None, threads: int | None,
               no_progress: bool, as_json: bool) -> None:
     """Sweep models x ratios x strategies x solvers; one row per plan (CSV + JSON).
 
@@ -192,27 +228,70 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
     Example:
       autotm bench --models resnet50,vgg19 --ratios 1:8,1:4,1:1 --strategies static,sync \\
           --device cpu --training --batch 16 -o results/bench.csv
+      autotm bench ... --engine ray --address auto     (on the head of a Ray cluster)
     """
 
+    check_writable(output, "-o")
+    check_writable(plans_dir, "--plans", directory=True)
     spec = BenchSpec(models=_split(models), ratios=_split(ratios),
                      strategies=_split(strategies), solvers=_split(solvers), device=device,
                      memory=memory, training=training, batch=batch, dims=parse_dims(dims),
                      time_limit_s=time_limit, gap=gap, pin_weights=pin_weights,
                      profiles_dir=profiles, execute=execute, iterations=iterations,
-                     warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir)
+                     warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,
+                     threads=threads)
+    where = {"engine": engine, "workers": workers, "address": address}
     if no_progress or as_json:
-        result = run_bench(spec, output)
+        result = run_bench(spec, output, **where)
     else:
-        result = _bench_with_progress(spec, output)
+        result = _bench_with_progress(spec, output, where)
+    keys = {spec.row_key(*cell) for cell in spec.cells()}
+    rows = [r for r in result.rows if key_of(r) in keys]  # this sweep's, not older ones
     if as_json:
         print_json({"ran": result.ran, "skipped": result.skipped, "failed": result.failed,
-                    "files": [str(p) for p in result.paths], "rows": result.rows})
+                    "files": [str(p) for p in result.paths], "rows": rows})
         return
+    for line in bench_table(rows):
+        click.echo(line)
     click.echo(f"{result.ran} rows run, {result.skipped} already there, {result.failed} failed; "
                f"wrote {result.paths[0]} and {result.paths[1]}")
 
 
-def _bench_with_progress(spec: Any, output: str) -> Any:
+BENCH_BASELINES = (("first-touch", "first_touch_s"), ("lru", "lru_s"), ("offload", "offload_s"),
+                   ("all-slow", "all_slow_s"), ("2lm", "2lm_s"))
+
+
+def bench_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row: the plan's predicted time against all-fast and the best baseline that
+    fits (the CSV and JSON hold every column)."""
+    head = (f"{'model':<14} {'ratio':>6} {'strategy':<8} {'solver':<6} {'status':<10} "
+            f"{'predicted':>13} {'vs all-fast':>11}  best baseline")
+    lines = [head]
+    for r in rows:
+        ms = _ms(r.get("predicted_s"))
+        slowdown = r.get("slowdown")
+        fits = [(r[col], name) for name, col in BENCH_BASELINES
+                if isinstance(r.get(col), int | float)]
+        best = "-" if not fits else f"{min(fits)[1]} {_ms(min(fits)[0]).strip()}"
+        if fits and isinstance(r.get("predicted_s"), int | float) and r["predicted_s"] > 0:
+            best += f" ({min(fits)[0] / r['predicted_s']:.3f}x this plan)"
+        status = str(r.get("status") or "-") if not r.get("error") else "error"
+        lines.append(f"{str(r.get('model'))[:14]:<14} {r.get('ratio')!s:>6} "
+                     f"{r.get('strategy')!s:<8} {r.get('solver')!s:<6} {status:<10} "
+                     f"{ms:>13} {_times(slowdown):>11}  "
+                     + (best if not r.get("error") else str(r["error"])[:60]))
+    return lines
+
+
+def _ms(seconds: Any) -> str:
+    return f"{seconds * 1e3:.3f} ms" if isinstance(seconds, int | float) else "-"
+
+
+def _times(x: Any) -> str:
+    return f"{x:.3f}x" if isinstance(x, int | float) else "-"
+
+
+def _bench_with_progress(spec: Any, output: str, where: dict[str, Any]) -> Any:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -220,7 +299,6 @@ def _bench_with_progress(spec: Any, output: str) -> Any:
         TextColumn,
         TimeElapsedColumn,
     )
-
 
     columns = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))
@@ -230,4 +308,4 @@ def _bench_with_progress(spec: Any, output: str) -> Any:
         def update(done: int, total: int, label: str) -> None:
             bar.update(task, completed=done, total=total, description=label)
 
-        return run_bench(spec, output, progress=update)
+        return run_bench(spec, output, progress=update, **where)

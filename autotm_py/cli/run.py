@@ -7,9 +7,16 @@ import click
 
 from autotm_py import api
 from autotm_py.cli import cli
-from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
+from autotm_py.cli.common import (
+    check_writable,
+    json_option,
+    load_model_from_cli,
+    model_options,
+    print_json,
+    warn,
+)
 from autotm_py.fileio import atomic_write_text
-from autotm_py.plan import Plan
+from autotm_py.plan import Plan, costs_drift
 from autotm_py.units import format_bytes
 
 
@@ -51,30 +58,54 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     `--headroom`)."""
     import json
 
+    check_writable(output, "-o")
     plan = Plan.load(plan_path)
-    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
+    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)
+    costs = api.load_costs(graph, device=plan.header.device)
+    now = api.simulate(graph, plan, costs=costs, strict=False)
+    drift = costs_drift(plan.header, costs.digest, now.total_s)
     result = api.execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
                          seed=seed, kernel_times=kernel_times, enforce_budget=not no_cap,
-                         arena=arena, graph_replay=graph_replay)
+                         arena=arena, graph_replay=graph_replay, costs=costs)
+    notes = {"estimated_kernels": _estimated(plan, costs), "kernels": len(graph.kernels),
+             "weights": weights_note(graph, seed), "costs_warning": drift}
     if output:
         atomic_write_text(output, json.dumps(result.to_dict(), indent=1))
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), **notes})
     else:
-        _print_summary(result)
+        _print_summary(result, notes)
+    if drift:
+        warn(drift)
     return 0
 
 
-def _print_summary(result) -> None:
+def _estimated(plan: Plan, costs) -> int:
+    """Kernel times of the plan's prediction that were roofline estimates, not measurements."""
+    return plan.header.costs.estimated if plan.header.costs is not None else costs.n_estimated
+
+
+def weights_note(graph, seed: int) -> str:
+    """What values the run computes with: always seeded random weights, never the file's."""
+    missing = graph.meta.get("missing_external_data") or []
+    why = (f"the model's external data {', '.join(missing)} is missing, and autotm run never "
+           "loads weights" if missing else "autotm run never loads the model's own weights")
+    return f"seeded random values (--seed {seed}): {why} (times and memory do not depend on them)"
+
+
+def _print_summary(result, notes) -> None:
 
     def size(n: int | None) -> str:
         return "-" if n is None else format_bytes(n)
 
+    predicted = "-" if result.predicted_time_s is None else \
+        f"{result.predicted_time_s * 1e3:.3f} ms"
+    if notes["estimated_kernels"] and result.predicted_time_s is not None:
+        predicted += (f" ({notes['estimated_kernels']} of {notes['kernels']} kernel times in it "
+                      "are roofline estimates, not measurements)")
     click.echo(f"model {result.model_name}, plan {result.strategy}, {result.device_name}")
     click.echo(f"iteration: median {result.median_s * 1e3:.3f} ms over {result.iterations} "
-               f"(warm-up {result.warmup}); predicted "
-               + ("-" if result.predicted_time_s is None
-                  else f"{result.predicted_time_s * 1e3:.3f} ms"))
+               f"(warm-up {result.warmup}); predicted {predicted}")
     click.echo(f"fast memory: measured peak {size(result.peak_fast_bytes)} allocated, "
                f"{size(result.reserved_peak_bytes)} reserved; modelled "
                f"{size(result.modelled_peak_fast_bytes)}, budget {size(result.budget_bytes)}, "
@@ -89,6 +120,7 @@ def _print_summary(result) -> None:
     if result.alloc_retries is not None:  # CUDA: on the CPU the host does the work itself
         click.echo(f"host: enqueueing an iteration took {result.host_median_s * 1e3:.3f} ms "
                    f"(median); allocator retries at the cap: {result.alloc_retries}")
+    click.echo(f"weights: {notes['weights']}")
     if result.alloc_retries:
         click.echo("hint: each retry frees the allocator's cache and synchronizes the GPU; "
                    "re-plan with --headroom 0.05 or 0.1 to leave room for fragmentation")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autotm_py.cli import cli
-from autotm_py.cli.common import json_option, print_json
+from autotm_py.cli.common import check_writable, json_option, print_json
 from autotm_py.frontend.zoo import ZOO, build_model, count_params, export_model, resolve_dims
 
 
@@ -60,18 +60,25 @@ def list_models(as_json: bool) -> None:
 @json_option
 def export(name: str, output: str, batch: int | None, seq_len: int | None,
            with_weights: bool, as_json: bool) -> None:
-    """Write zoo model NAME as ONNX (weights as external data, written only if asked)."""
+    """Write zoo model NAME as ONNX (weights as external data, written only if asked).
 
+    Without --with-weights the file is for autotm (it reads shapes only): onnx.load,
+    onnxruntime and Netron need the weights file beside it."""
+
+    check_writable(output, "-o")
     path = export_model(name, output, batch=batch, seq_len=seq_len, with_weights=with_weights)
     weights = path.parent / f"{path.stem}.weights.bin"
     info = {"model": name, "path": str(path), "bytes": path.stat().st_size,
             "weights": str(weights) if with_weights else None,
+            "loadable_by_other_tools": with_weights,
             "default_dims": resolve_dims(name, batch=batch, seq_len=seq_len)}
     if as_json:
         print_json(info)
         return
     dims = " ".join(f"{k}={v}" for k, v in info["default_dims"].items())
     click.echo(f"wrote {path} ({info['bytes']:,} bytes; default dims {dims})")
-    click.echo(f"weights: {weights}" if with_weights
-               else f"weights not written (add --with-weights to write {weights.name})")
+    click.echo(f"weights: {weights}" if with_weights else
+               f"weights not written: autotm reads {path.name} as it is, but onnx.load, "
+               f"onnxruntime and Netron cannot open it without {weights.name} (add "
+               "--with-weights to write it, 4 bytes per parameter)")
 

@@ -2,14 +2,17 @@
 fused kernel each.
 
     fused = fuse_graph(graph)            # import_onnx/import_model call it unless fuse=False
-    fused.meta["fusion"]                 # {"attention": 12, "gelu": 13}
+    fused.meta["fusion"]                 # {"attention": 12, "gelu": 13, "linear": 74}
 
 Patterns (each in its own module; docs/fusion.md has the exact forms):
 - scaled dot-product attention (`fuse_attention`): MatMul(Q, K^T) -> scale -> mask ->
   Softmax(last axis) -> MatMul(., V) becomes `ScaledDotProductAttention` (domain "autotm"),
   whose backward saves a logsumexp per query row instead of the probability matrix;
 - GELU (`fuse_gelu`): the erf and tanh forms exporters write before opset 20 become ONNX
-  `Gelu` (approximate "none" / "tanh"), whose backward saves only its input.
+  `Gelu` (approximate "none" / "tanh"), whose backward saves only its input;
+- Linear (`fuse_linear`): MatMul(X, W) with a 2-d W plus the Add of a bias per output
+  column, or MatMul(X, Transpose(W)), becomes `Linear` (domain "autotm"): one addmm, and one
+  backward kernel for dX, dW and dB.
 
 A pattern matches only when the fused op computes the same function (constants checked,
 softmax over the last axis, K^T really the transpose of K, intermediate tensors read by
@@ -17,7 +20,8 @@ nothing else); anything else is left as it is. A graph without matches keeps its
 and tensors (only `meta` gains the counts). Matching sees the original graph; the accepted
 rewrites are disjoint and are applied in one rebuild, in which every surviving tensor keeps
 its name (ids are renumbered) and the fused kernel runs where the last kernel of its pattern
-ran.
+ran, i.e. where the producer of its output ran, so a pattern may read the output of another
+(a Linear after a GELU).
 """
 
 from __future__ import annotations
@@ -30,37 +34,44 @@ from autotm_py.errors import GraphError
 from autotm_py.frontend.fuse_attention import match_attention
 from autotm_py.frontend.fuse_base import Matcher, NewKernel, Ref, Rewrite
 from autotm_py.frontend.fuse_gelu import match_gelu
+from autotm_py.frontend.fuse_linear import match_linear
 from autotm_py.ir.builder import GraphBuilder
 from autotm_py.ir.graph import TensorGraph
 
 log = logging.getLogger(__name__)
 
 FUSION_META_KEY = "fusion"
-KINDS = ("attention", "gelu")
+KINDS = ("attention", "gelu", "linear")
 
 
 # ---- the pass ---------------------------------------------------------------------------------
 def find_rewrites(graph: TensorGraph) -> list[Rewrite]:
-    """Every accepted, mutually disjoint rewrite of the graph, attention first."""
+    """Every accepted, mutually disjoint rewrite of the graph: attention, GELU, then Linear."""
     m = Matcher(graph)
     accepted: list[Rewrite] = []
     removed: set[int] = set()
-    for matcher in (match_attention, match_gelu):
+    produced: set[int] = set()  # existing tensors that accepted rewrites produce again
+    for matcher in (match_attention, match_gelu, match_linear):
         for k in graph.kernels:
             rewrite = matcher(m, k)
-            if rewrite is not None and _disjoint(graph, rewrite, removed):
+            if rewrite is not None and _disjoint(graph, rewrite, removed, produced):
                 accepted.append(rewrite)
                 removed |= rewrite.removed
+                produced.update(r for _, nk in rewrite.placed for r in nk.outputs
+                                if isinstance(r, int))
     return accepted
 
 
-def _disjoint(graph: TensorGraph, rewrite: Rewrite, removed: set[int]) -> bool:
-    """No kernel removed twice, and no input produced by a kernel another rewrite removes."""
+def _disjoint(graph: TensorGraph, rewrite: Rewrite, removed: set[int],
+              produced: set[int]) -> bool:
+    """No kernel removed twice, and every input still exists: its producer is not removed by
+    another rewrite, or that rewrite's fused kernel produces it again (where it was made)."""
     if rewrite.removed & removed:
         return False
     for _, nk in rewrite.placed:
         for ref in nk.inputs:
-            if isinstance(ref, int) and graph.tensors[ref].producer in removed:
+            if isinstance(ref, int) and graph.tensors[ref].producer in removed and \
+                    ref not in produced:
                 return False
     return True
 

@@ -34,9 +34,10 @@ import numpy as np
 from autotm_py.frontend.fuse_base import Matcher, NewKernel, NewTensor, Ref, Rewrite
 from autotm_py.ir.graph import Kernel, Role
 from autotm_py.ir.rules.base import BACKWARD_DOMAIN
-from autotm_py.ir.rules.fused import SDPA, sdpa_workspace
+from autotm_py.ir.rules.fused import BLHE, SDPA, sdpa_workspace
 
 MASKED_FILL_MAX = -1e9  # fills at or below this are "masked out" (exp(F - max) == 0 exactly)
+HEADS = [0, 2, 1, 3]  # (B, L, H, E) <-> (B, H, L, E): splitting heads off, merging them back
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,45 @@ def _scores(m: Matcher, mm1: Kernel, acc: _Acc, mm2: Kernel) -> Rewrite | None:
                     acc.scale * cq * ck, mm2)
 
 
+def _heads_split(m: Matcher, t: int, inside: tuple[int, ...]) -> Kernel | None:
+    """The Transpose (perm 0, 2, 1, 3) that made `t` from a (B, L, H, E) tensor, when only the
+    pattern's kernels read `t`."""
+    k = m.producer(t)
+    if k is None or k.op_type != "Transpose" or k.domain != "" or \
+            list(k.attr("perm") or ()) != HEADS or not m.read_only_by(t, inside):
+        return None
+    return k
+
+
+def _heads_last(m: Matcher, removed: tuple[int, ...], tr: Kernel, perm: list[int],
+                qv: tuple[int, int], mm2: Kernel) -> tuple[tuple[int, int, int], Kernel,
+                                                           tuple[int, ...]] | None:
+    """(Q, K, V as (B, L, H, E) tensors, the output's Transpose, kernels removed besides)
+    when the heads were split off and merged back by Transposes (0, 2, 1, 3) that only the
+    attention reads: the fused op then reads and writes that layout (`layout` "blhe") and
+    none of the four transposed copies is made."""
+    g = m.graph
+    out_tr = m.sole_user(mm2.outputs[0])
+    if len(g.tensors[qv[0]].shape) != 4 or out_tr is None or out_tr.op_type != "Transpose" \
+            or out_tr.domain != "" or list(out_tr.attr("perm") or ()) != HEADS:
+        return None
+    q_tr, v_tr = (_heads_split(m, t, removed) for t in qv)
+    if q_tr is None or v_tr is None:
+        return None
+    extra = {q_tr.id, v_tr.id, out_tr.id}
+    if perm == HEADS:  # K^T = Transpose(K_blhe, (0, 2, 3, 1))
+        key = tr.inputs[0]
+    elif perm == sorted(perm):  # K^T = Transpose(K_bhle, (0, 1, 3, 2)), K_bhle split off
+        k_tr = _heads_split(m, tr.inputs[0], removed)
+        if k_tr is None:
+            return None
+        key = k_tr.inputs[0]
+        extra.add(k_tr.id)
+    else:
+        return None
+    return (q_tr.inputs[0], key, v_tr.inputs[0]), out_tr, tuple(sorted(extra))
+
+
 def _rewrite(m: Matcher, removed: tuple[int, ...], tr: Kernel, perm: list[int],
              k_shape: tuple[int, ...], qv: tuple[int, int], mask: Ref | None, causal: bool,
              scale: float, mm2: Kernel) -> Rewrite:
@@ -224,7 +264,13 @@ def _rewrite(m: Matcher, removed: tuple[int, ...], tr: Kernel, perm: list[int],
     q, v = qv
     placed: list[tuple[int, NewKernel]] = []
     key: Ref = tr.inputs[0]
-    if perm != sorted(perm):
+    layout, out, at = {}, mm2.outputs[0], mm2.id
+    heads = _heads_last(m, removed, tr, perm, qv, mm2)
+    if heads is not None:
+        (q, key, v), out_tr, extra = heads
+        removed = (*removed, *extra)
+        layout, out, at = {"layout": BLHE}, out_tr.outputs[0], out_tr.id
+    elif perm != sorted(perm):
         kt = tr.outputs[0]
         key = NewTensor(f"{g.name_of(kt)}::key", k_shape, g.tensors[kt].dtype)
         placed.append((tr.id, NewKernel("Transpose", (tr.inputs[0],), (key,),
@@ -237,11 +283,12 @@ def _rewrite(m: Matcher, removed: tuple[int, ...], tr: Kernel, perm: list[int],
         mask_spec = (mask.shape, mask.dtype)
     dtype = g.tensors[q].dtype
     attention = NewKernel(
-        SDPA, inputs, (mm2.outputs[0],),
-        {"scale": scale if dtype == "float64" else _f32(scale), "is_causal": int(causal)},
+        SDPA, inputs, (out,),
+        {"scale": scale if dtype == "float64" else _f32(scale), "is_causal": int(causal),
+         **layout},
         m.kernel_name(removed, SDPA), domain=BACKWARD_DOMAIN,
         workspace_bytes=sdpa_workspace(g.tensors[q].shape, dtype, mask_spec, backward=False))
-    placed.append((mm2.id, attention))
+    placed.append((at, attention))
     return Rewrite("attention", frozenset(removed), tuple(placed))
 
 

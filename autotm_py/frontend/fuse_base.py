@@ -75,6 +75,11 @@ class Matcher:
     def _outputs(self) -> frozenset[int]:
         return frozenset(self.graph.outputs)
 
+    def read_only_by(self, tid: int, kernels: Iterable[int]) -> bool:
+        """Every reader of `tid` is one of `kernels`, and it is no graph output."""
+        inside = set(kernels)
+        return tid not in self._outputs and all(u in inside for u in self.graph.tensors[tid].users)
+
     def constant(self, tid: int) -> np.ndarray | None:
         return self.graph.constants.get(tid)
 

@@ -22,7 +22,7 @@ from typing import Any
 import onnx
 import onnx.inliner
 
-from autotm_py.errors import UnsupportedOpError
+from autotm_py.errors import UnsupportedOpError, unsupported_summary
 from autotm_py.frontend.canonical import REGISTRY, importable_ops
 from autotm_py.frontend.dims import Binding, bind_inputs
 from autotm_py.frontend.emit import build_graph
@@ -81,7 +81,7 @@ def import_model(model: onnx.ModelProto, *, batch: int | None = None,
     start = time.perf_counter()
     label = source or name or model.graph.name or "<model>"
     opset = default_opset(model, label)
-    check_external_locations(model, base_dir, label)
+    missing = check_external_locations(model, base_dir, label)
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     graph = parse_graph(model, opset=opset, source=label,
@@ -93,6 +93,8 @@ def import_model(model: onnx.ModelProto, *, batch: int | None = None,
     folder = Folder(graph, binding.shapes, model, hint=hint)
     fold = folder.run()
     meta = _meta(model, graph, binding, batch, source, fold.rounds)
+    if base_dir is not None:  # a file: its weights' external data, which nothing here reads
+        meta["missing_external_data"] = missing
     result = build_graph(graph, fold, folder.value_of, meta, hint)
     if fuse:
         result = fuse_graph(result)
@@ -108,21 +110,28 @@ def _check_ops(graph: OnnxGraph) -> None:
     A tensor may be constant when it derives only from initializers, Constant nodes and
     Shape/Size; graph inputs never are."""
     maybe_static = set(graph.initializers)
+    bad: list[OnnxNode] = []
     for node in graph.nodes:
         if node.domain != "" or node.op_type in CONTROL_FLOW or \
                 not onnx.defs.has(node.op_type, node.domain):
-            _unsupported(graph, node)
+            bad.append(node)
+            continue
         static = node.op_type in ("Shape", "Size") or \
             all(i in maybe_static for i in node.inputs if i)
         if static:
             maybe_static.update(node.outputs)
         elif node.op_type not in REGISTRY:
-            _unsupported(graph, node)
+            bad.append(node)
+    if bad:
+        _unsupported(graph, bad)
 
 
-def _unsupported(graph: OnnxGraph, node: OnnxNode) -> None:
-    raise UnsupportedOpError(node.op_type, domain=node.domain, opset=graph.opset,
-                             node=node.label, supported=importable_ops())
+def _unsupported(graph: OnnxGraph, nodes: list[OnnxNode]) -> None:
+    """One error that names every unsupported op of the model, with its node count."""
+    first = nodes[0]
+    others = unsupported_summary([(n.op_type, n.domain, n.label) for n in nodes])
+    raise UnsupportedOpError(first.op_type, domain=first.domain, opset=graph.opset,
+                             node=first.label, supported=importable_ops(), others=others)
 
 
 def _rebatch_hint(binding: Binding, batch: int | None) -> str:

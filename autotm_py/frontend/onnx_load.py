@@ -76,13 +76,17 @@ def external_tensors(model: onnx.ModelProto) -> list[TensorProto]:
     return tensors
 
 
-def check_external_locations(model: onnx.ModelProto, base_dir: Path | None, source: str) -> None:
-    """Refuse external-data locations that are absolute or escape the model's folder.
+def check_external_locations(model: onnx.ModelProto, base_dir: Path | None,
+                             source: str) -> list[str]:
+    """Refuse external-data locations that are absolute or escape the model's folder; return
+    the locations whose file is missing.
 
-    A missing data file is fine (only shapes are read); a location outside the folder is an
-    error so that a crafted model cannot make us read (later, at execution) arbitrary files.
+    A missing data file is fine for importing (only shapes are read; `autotm run` says so); a
+    location outside the folder is an error so that a crafted model cannot make us read
+    (later, at execution) arbitrary files.
     """
     base = (base_dir or Path.cwd()).resolve()
+    missing: set[str] = set()
     for tensor in external_tensors(model):
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
@@ -95,6 +99,9 @@ def check_external_locations(model: onnx.ModelProto, base_dir: Path | None, sour
                 f"tensor '{tensor.name}' of model '{source}' stores its data at '{location}', "
                 f"outside the model's folder '{base}'; move the data file next to the model "
                 "and save the model with a relative location")
+        if not target.exists():
+            missing.add(location)
+    return sorted(missing)
 
 
 def parse_default_dims(model: onnx.ModelProto, source: str) -> dict[str, int]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autotm_py.errors import ConfigError, GraphError, UnsupportedOpError
+from autotm_py.errors import ConfigError, GraphError, UnsupportedOpError, unsupported_summary
 from autotm_py.ir.builder import GraphBuilder
 from autotm_py.ir.graph import Role, TensorGraph
 from autotm_py.ir.loss import LOSSES, choose_loss
@@ -75,11 +75,13 @@ def _check_arguments(graph: TensorGraph, optimizer: str, learning_rate: float) -
     if "training" in graph.meta:
         raise GraphError(f"graph {graph.name!r} is already a training graph; derive training "
                          "from the forward graph")
-    for k in graph.kernels:
-        if k.op_type not in RULES or k.domain not in ("", BACKWARD_DOMAIN):
-            raise UnsupportedOpError(k.op_type, domain=k.domain, node=k.name,
-                                     supported=tuple(RULES),
-                                     what="the training derivation (--training)")
+    bad = [k for k in graph.kernels
+           if k.op_type not in RULES or k.domain not in ("", BACKWARD_DOMAIN)]
+    if bad:
+        raise UnsupportedOpError(
+            bad[0].op_type, domain=bad[0].domain, node=bad[0].name, supported=tuple(RULES),
+            what="the training derivation (--training)",
+            others=unsupported_summary([(k.op_type, k.domain, k.name) for k in bad]))
 
 
 def _forward_drafts(graph: TensorGraph) -> Tape:

@@ -14,7 +14,15 @@ logsumexp and the backward recomputes the scores blockwise:
   materializes the (L, S) scores inside the kernel (numerically the same; more memory).
 
 Boolean masks become additive ones (0 / -inf) of the query's dtype: torch's fused kernels
-take additive masks only. Rank-3 operands (N, L, E) run as (N, 1, L, E).
+take additive masks only. Rank-3 operands (N, L, E) run as (N, 1, L, E). With `layout`
+"blhe", Q, K, V, O, dO and the gradients are (B, L, H, E): the kernels pass torch (B, H, L, E)
+views of them, and torch's fused kernels write their outputs in (B, L, H, E) memory, so the
+results are contiguous as they come (in the default layout the executor's contract makes a
+copy of each, `run_kernel`).
+
+`Linear` (X, W[, B] -> X op(W) + B) is one addmm over the rows of X (mm without a bias), as
+torch's nn.Linear; `LinearGrad` computes dX and dW with one mm each and dB as the row sum of
+dY, the three kernels autograd runs for addmm.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
+from autotm_py.ir.rules.fused import BLHE
 from autotm_py.kernels.util import register
 
 Tensors = Sequence[torch.Tensor]
@@ -114,18 +123,33 @@ def _forward_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v), lse
 
 
+def _heads_first(kernel: Kernel, args: Tensors, count: int) -> list[torch.Tensor]:
+    """With layout "blhe", the first `count` operands as (B, H, L, E) views of their
+    (B, L, H, E) memory (which is how torch's fused kernels keep them); else as they are."""
+    if kernel.attr("layout") != BLHE:
+        return list(args)
+    return [a.transpose(1, 2) if i < count else a for i, a in enumerate(args)]
+
+
+def _heads_back(kernel: Kernel, t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2) if kernel.attr("layout") == BLHE else t
+
+
 @register("ScaledDotProductAttention")
 def scaled_dot_product_attention(kernel: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
+    args = _heads_first(kernel, args, 3)
     q, k, v, mask = _operands(args)
     scale, causal = float(kernel.attr("scale")), bool(kernel.attr("is_causal", 0))
     if len(kernel.outputs) > 1:
         out, lse = _forward_with_lse(q, k, v, mask, causal, scale)
         lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
-        return (out.squeeze(1), lse.squeeze(1)) if args[0].dim() == 3 else (out, lse)
+        if args[0].dim() == 3:
+            return out.squeeze(1), lse.squeeze(1)
+        return _heads_back(kernel, out), lse
     if causal and mask is not None:  # F.sdpa takes one of them: fold the causal part in
         mask, causal = mask + _causal_bias(q.shape[-2], k.shape[-2], mask), False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
-    return (out.squeeze(1) if args[0].dim() == 3 else out,)
+    return (out.squeeze(1) if args[0].dim() == 3 else _heads_back(kernel, out),)
 
 
 def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -156,11 +180,46 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 @register("ScaledDotProductAttentionGrad")
 def scaled_dot_product_attention_grad(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     squeeze = args[1].dim() == 3  # rank-3 operands run as (N, 1, L, E)
+    args = _heads_first(kernel, args, 5)
     dout, q, k, v, out = (_four_d(a) for a in args[:5])
     lse = args[5].unsqueeze(1) if squeeze else args[5]
     mask = _mask_4d(args[6], q.dtype, squeeze) if len(args) > 6 else None
     grads = _backward(dout, q, k, v, out, lse, mask, bool(kernel.attr("is_causal", 0)),
                       float(kernel.attr("scale")))
     mask_out = kernel.attr("output_mask", (1, 1, 1))
-    return [g.squeeze(1) if squeeze else g
+    return [g.squeeze(1) if squeeze else _heads_back(kernel, g)
             for g, wanted in zip(grads, mask_out, strict=True) if wanted]
+
+
+# ---- Linear: MatMul(X, W) + bias as one addmm ------------------------------------------------
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """(..., K) as (rows, K): a view of a contiguous tensor."""
+    return t.reshape(-1, t.shape[-1])
+
+
+@register("Linear")
+def linear(kernel: Kernel, args: Tensors) -> torch.Tensor:
+    """Y = X op(W) + B over the rows of X: one addmm (mm without a bias), as torch's Linear."""
+    x, w = args[0], args[1]
+    w = w.t() if kernel.attr("transB", 0) else w
+    rows = _rows(x)
+    y = torch.mm(rows, w) if len(args) < 3 else torch.addmm(args[2].reshape(-1), rows, w)
+    return y.reshape(*x.shape[:-1], w.shape[1])
+
+
+@register("LinearGrad")
+def linear_grad(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
+    """dX = dY op(W)^T, dW = X^T dY (or dY^T X for transB), dB = dY summed over its rows."""
+    dy, x, w = args
+    mask = kernel.attr("output_mask", (1, 1, 0))
+    trans = bool(kernel.attr("transB", 0))
+    dy_rows = _rows(dy)
+    outs = []
+    if mask[0]:
+        outs.append(torch.mm(dy_rows, w if trans else w.t()).reshape(x.shape))
+    if mask[1]:
+        rows = _rows(x)
+        outs.append(torch.mm(dy_rows.t(), rows) if trans else torch.mm(rows.t(), dy_rows))
+    if mask[2]:
+        outs.append(dy_rows.sum(0).reshape(kernel.attr("bias_shape")))
+    return outs

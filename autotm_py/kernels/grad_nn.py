@@ -1,7 +1,8 @@
 """Backward torch kernels of the network ops and of the loss (ops of domain "autotm").
 
 Each calls the aten backward that PyTorch's autograd calls for the same forward op
-(convolution_backward with one output mask per kernel, native_batch_norm_backward,
+(convolution_backward for dX and dW together, or with a one-output mask where only one is
+needed, batch_norm_backward (cuDNN's on CUDA, `kernels/batch_norm.py`),
 native_layer_norm_backward, _softmax_backward_data, max_pool*_with_indices_backward...), so
 their cost matches what torch pays in a real training step.
 """
@@ -14,6 +15,7 @@ import torch
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import pool_output_size
+from autotm_py.kernels.batch_norm import batch_norm_backward
 from autotm_py.kernels.nn import (
     avg_pool_counts,
     channel_window_sum,
@@ -95,6 +97,22 @@ def conv_grad_filter(k: Kernel, args: Tensors) -> torch.Tensor:
     return _conv_backward(k, dy, x, w, [False, True, False])[1]
 
 
+@register("ConvGrad", "ConvTransposeGrad")
+def conv_grad(k: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
+    """dX and dW from one convolution_backward (as autograd does), and dB if asked: the sum of
+    dY over all axes but 1, as ConvGradBias, from dY as the forward's output received it."""
+    dy, x, w = args
+    explicit = _explicit_pads(k)
+    if explicit is not None:
+        x = pad_spatial(x, explicit)
+    dx, dw, _ = _conv_backward(k, dy, x, w, [True, True, False])
+    if explicit is not None:
+        dx = pad_spatial(dx, negate(explicit))
+    if not k.attr("output_mask", (1, 1, 0))[2]:
+        return dx, dw
+    return dx, dw, conv_grad_bias(k, [dy])
+
+
 @register("ConvGradBias")
 def conv_grad_bias(k: Kernel, args: Tensors) -> torch.Tensor:
     dy = args[0]
@@ -151,8 +169,7 @@ def _masked(outs: Sequence[torch.Tensor | None], mask: Sequence[int]) -> tuple[t
 def batch_norm_grad(k: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
     dy, x, scale, mean, invstd = args
     mask = [bool(m) for m in k.attr("output_mask")]
-    outs = torch.ops.aten.native_batch_norm_backward(
-        dy, x, scale, None, None, mean, invstd, True, float(k.attr("epsilon", 1e-5)), mask)
+    outs = batch_norm_backward(dy, x, scale, mean, invstd, float(k.attr("epsilon", 1e-5)), mask)
     return _masked(outs, mask)
 
 

@@ -7,7 +7,10 @@ the outputs there through aten `out=` variants, computing exactly what `run_kern
 runs as usual and the executor copies its outputs into their slots.
 
 An implementation returns False, having written nothing, when it cannot write in place (a
-dtype it does not handle, Conv off CUDA); the caller then runs the kernel and copies.
+dtype it does not handle, Conv off CUDA, a batch norm that runs cuDNN's pair); the caller then
+runs the kernel and copies. Ops with no entry here run and are copied too: among them ConvGrad
+(aten's `convolution_backward.out` is a generated wrapper that allocates and copies, as the
+executor's copy does), the batch-norm gradient, attention and layer norm.
 `memory.scratch.writes_in_place` says, without torch, which kernels are written in place on
 CUDA, so that the planner leaves scratch for the others.
 """
@@ -20,6 +23,7 @@ import torch
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import window
+from autotm_py.kernels.batch_norm import cudnn_batch_norm
 from autotm_py.kernels.util import attrs
 
 Tensors = Sequence[torch.Tensor]
@@ -161,6 +165,46 @@ def matmul_grad_b(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     return True
 
 
+@into("Linear")
+def linear(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """One addmm (mm without a bias) over the rows of X into the slot, as `kernels.fused`."""
+    x, w = args[0], args[1]
+    if not x.is_contiguous():
+        return False
+    w = w.t() if k.attr("transB", 0) else w
+    rows = outs[0].view(-1, w.shape[1])
+    if len(args) < 3:
+        torch.mm(x.reshape(-1, x.shape[-1]), w, out=rows)
+    else:
+        torch.addmm(args[2].reshape(-1), x.reshape(-1, x.shape[-1]), w, out=rows)
+    return True
+
+
+@into("LinearGrad")
+def linear_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """dX and dW with one mm each, dB as the row sum of dY, each into its slot (the outputs
+    that `output_mask` asks for, in order)."""
+    dy, x, w = args
+    if not (dy.is_contiguous() and x.is_contiguous()):
+        return False
+    mask = k.attr("output_mask", (1, 1, 0))
+    trans = bool(k.attr("transB", 0))
+    dy_rows = dy.reshape(-1, dy.shape[-1])
+    slots = iter(outs)
+    if mask[0]:
+        torch.mm(dy_rows, w if trans else w.t(), out=next(slots).view(-1, x.shape[-1]))
+    if mask[1]:
+        rows = x.reshape(-1, x.shape[-1])
+        out = next(slots)
+        if trans:
+            torch.mm(dy_rows.t(), rows, out=out)
+        else:
+            torch.mm(rows.t(), dy_rows, out=out)
+    if mask[2]:
+        torch.sum(dy_rows, 0, out=next(slots).view(-1))
+    return True
+
+
 @into("Conv")
 def conv(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     """cuDNN writes the convolution into the slot, as aten's convolution runs it on CUDA
@@ -186,12 +230,14 @@ def conv(k: Kernel, args: Tensors, outs: Tensors) -> bool:
 
 @into("BatchNormalization")
 def batch_norm(k: Kernel, args: Tensors, outs: Tensors) -> bool:
-    """Training mode: the running statistics are copied into their new slots and updated
-    there, as the functional kernel computes them; missing outputs go to small temporaries."""
-    if not k.attr("training_mode", 0):
-        return False
+    """Training mode on the native kernel (the CPU; CUDA where torch would not pick cuDNN,
+    `kernels.batch_norm`): the running statistics are copied into their new slots and updated
+    there, as the functional kernel computes them; missing outputs go to small temporaries.
+    Where the kernel runs cuDNN's pair, the caller copies."""
     x, scale, bias, mean, var = args
     eps, momentum = float(k.attr("epsilon", 1e-5)), float(k.attr("momentum", 0.9))
+    if not k.attr("training_mode", 0) or cudnn_batch_norm(x, scale, eps):
+        return False  # cuDNN's has no out= kernel (its out= variant allocates and copies)
     slots = list(outs) + [None] * (5 - len(outs))
     y, new_mean, new_var, save_mean, save_invstd = (
         s if s is not None else torch.empty_like(ref)

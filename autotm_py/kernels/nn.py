@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import conv_transpose_window, pool_output_size, window
+from autotm_py.kernels.batch_norm import batch_norm_training
 from autotm_py.kernels.util import (
     attrs,
     conv_padding,
@@ -85,16 +86,14 @@ def matmul(k: Kernel, args: Tensors) -> torch.Tensor:
 def batch_norm(k: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
     """Inference: running statistics. Training mode (outputs Y, mean', var', saved mean,
     saved invstd): batch statistics; the running ones are updated PyTorch-style (unbiased
-    variance), with ONNX momentum = weight of the old value."""
+    variance), with ONNX momentum = weight of the old value. cuDNN where autograd would use
+    it, else the native kernel (`kernels/batch_norm.py`)."""
     x, scale, bias, mean, var = args
     eps, momentum = float(k.attr("epsilon", 1e-5)), float(k.attr("momentum", 0.9))
     n_out = len(k.outputs)
     if not k.attr("training_mode", 0):
         return (F.batch_norm(x, mean, var, scale, bias, False, 0.0, eps),)
-    y, save_mean, save_invstd, new_mean, new_var = (
-        torch.ops.aten._native_batch_norm_legit_functional(x, scale, bias, mean, var, True,
-                                                           1.0 - momentum, eps))
-    return (y, new_mean, new_var, save_mean, save_invstd)[:n_out]
+    return batch_norm_training(x, scale, bias, mean, var, 1.0 - momentum, eps)[:n_out]
 
 
 @register("LayerNormalization")

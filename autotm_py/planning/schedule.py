@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import (
     Compute,
+    CostsIdentity,
     Free,
     ModelOptions,
     Move,
@@ -124,5 +125,6 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
         headroom=machine.headroom,
         model=ModelOptions.of_graph(graph),
         graph=machine.graph_replay,
+        costs=CostsIdentity.of(machine.profile_costs),
     )
     return Plan(header, dict(builder.initial), records, names_table(graph))

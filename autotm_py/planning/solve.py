@@ -59,6 +59,9 @@ class PlanResult:
     objective_s: float | None = None
     fast_peak_bytes: int | None = None
     baselines: Mapping[str, BaselineResult] = field(default_factory=dict)
+    # budget_bytes = reserve_bytes + headroom + plannable_bytes (what the tensors may use)
+    reserve_bytes: int = 0
+    plannable_bytes: int | None = None
 
     @property
     def feasible(self) -> bool:
@@ -76,6 +79,7 @@ class PlanResult:
             "predicted_time_s": self.predicted_time_s, "all_fast_time_s": self.all_fast_time_s,
             "slowdown": self.slowdown, "objective_s": self.objective_s,
             "fast_peak_bytes": self.fast_peak_bytes,
+            "reserve_bytes": self.reserve_bytes, "plannable_bytes": self.plannable_bytes,
             "min_feasible_budget_bytes": self.min_feasible_budget_bytes,
             "forcing_kernel": self.forcing_kernel,
             "forcing_kernel_name": self.forcing_kernel_name,
@@ -114,7 +118,8 @@ def plan(machine: MachineModel, config: PlanConfig) -> PlanResult:
     """Plan `model.graph` under `config` (see the module docstring). A solved plan comes back
     unverified: no predicted time yet, and `fast_peak_bytes` unset."""
     graph = machine.graph
-    common = {"budget_bytes": machine.user_budget, "all_fast_time_s": machine.all_fast_time}
+    common = {"budget_bytes": machine.user_budget, "all_fast_time_s": machine.all_fast_time,
+              "reserve_bytes": machine.reserve_bytes, "plannable_bytes": machine.budget}
     if machine.budget is None:
         unbounded = all_fast(machine).with_header(
             strategy=config.strategy, config=_config(config),
@@ -196,17 +201,31 @@ def _solve(f: formulation.Formulation, config: PlanConfig, time_limit: float | N
 def _infeasible(machine: MachineModel, need: int, kid: int, strategy: str,
                 common: dict[str, Any]) -> PlanResult:
     kernel = machine.graph.kernels[kid]
-    need = machine.user_terms(need)  # the whole budget: with the reserve and the headroom
+    tensors, need = need, machine.user_terms(need)  # the whole budget: reserve, headroom
     why = ("the static strategy moves nothing, so the whole footprint must fit"
            if machine.gpu and strategy == "static" else
            "its inputs, outputs and workspace must be in fast memory together" if machine.gpu
            else "its workspace must be in fast memory")
     message = (f"infeasible: the budget of {format_bytes(machine.user_budget or 0)} is below the "
                f"smallest feasible budget of {format_bytes(need)} ({need} bytes), forced by "
-               f"kernel #{kid} {kernel.name!r} ({kernel.op_type}): {why}")
+               f"kernel #{kid} {kernel.name!r} ({kernel.op_type}): {why}"
+               f"{_reserve_cause(machine, tensors)}")
     return PlanResult("infeasible", None, message, predicted_time_s=None, stats=SolverStats(),
                       min_feasible_budget_bytes=need, forcing_kernel=kid,
                       forcing_kernel_name=kernel.name, **common)
+
+
+def _reserve_cause(machine: MachineModel, tensors: int) -> str:
+    """Where the runtime reserve is most of the smallest feasible budget, say so and how to
+    change it (small models on a GPU preset: the reserve is tens of MiB)."""
+    reserve = machine.reserve_bytes
+    if reserve < tensors:
+        return ""
+    return (f"; {format_bytes(reserve)} of it is the runtime reserve of memory system "
+            f"{machine.memory.name!r} (fast memory the runtime keeps for itself: torch's cuBLAS "
+            f"workspaces on a GPU), the model's tensors need only {format_bytes(tensors)}: give "
+            "a larger budget, or --reserve BYTES (or a --memory file with another "
+            "runtime_reserve_bytes) if your runtime keeps less")
 
 
 def _unsolved(status: str, stats: SolverStats, need: int, kid: int, graph: TensorGraph,

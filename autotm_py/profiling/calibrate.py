@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.errors import ConfigError, ProfileError
-from autotm_py.memory.tiers import Link, MemorySystem, TierSpec
+from autotm_py.memory.tiers import Link, MemorySystem, TierSpec, preset
 from autotm_py.profiling.progress import ProgressCallback, progress_reporter
 
 if TYPE_CHECKING:
@@ -99,6 +99,9 @@ def summarize(tables: Mapping[str, Any], *, device_name: str, date: str,
         source=f"autotm calibrate on {device_name}, {date}",
         measured={"device": device_name, "date": date, **dict(versions or {}),
                   "tables": dict(tables)},
+        # torch's cuBLAS workspaces: the runtime's, not the link's; the GPU preset's measured
+        # value (docs/memory-systems.md, "The runtime reserve"), so plans stay within the cap
+        runtime_reserve_bytes=preset("h100-pcie5").runtime_reserve_bytes,
     )
 
 

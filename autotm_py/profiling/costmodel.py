@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.ir.graph import DTYPE_SIZES
+from autotm_py.ir.rules.fused import heads_first
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import Kernel, TensorGraph
@@ -205,6 +206,19 @@ def _conv_grad_filter(s: OpShape) -> float:
     return conv_flops(s.inputs[0][0], s.outputs[0][0])
 
 
+@_rule("ConvGrad")  # dY, X, W -> dX, dW[, dB]: ConvGradData + ConvGradFilter (+ ConvGradBias)
+def _conv_grad(s: OpShape) -> float:
+    dy = s.inputs[0][0]
+    bias = numel(dy) if len(s.outputs) > 2 else 0
+    return 2 * conv_flops(dy, s.inputs[2][0]) + bias
+
+
+@_rule("ConvTransposeGrad")  # dY, X, W -> dX, dW[, dB]: both work over the forward input X
+def _convt_grad(s: OpShape) -> float:
+    bias = numel(s.inputs[0][0]) if len(s.outputs) > 2 else 0
+    return 2 * conv_flops(s.inputs[1][0], s.inputs[2][0]) + bias
+
+
 @_rule("ConvTransposeGradData")  # dY, W -> dX, dX is the forward input
 def _convt_grad_data(s: OpShape) -> float:
     return conv_flops(s.outputs[0][0], s.inputs[1][0])
@@ -261,14 +275,26 @@ def attention_flops(q: Shape, k: Shape, v: Shape, causal: bool, matmuls: tuple[i
 
 @_rule("ScaledDotProductAttention")  # Q K^T, softmax, P V
 def _attention(s: OpShape) -> float:
-    q, k, v = (s.inputs[i][0] for i in range(3))
+    q, k, v = (heads_first(s.inputs[i][0], s.attr("layout")) for i in range(3))
     return attention_flops(q, k, v, bool(s.attr("is_causal", 0)), (1, 1), 5.0)
 
 
 @_rule("ScaledDotProductAttentionGrad")  # dO, Q, K, V, ...: recompute Q K^T; dV, dP, dQ, dK
 def _attention_grad(s: OpShape) -> float:
-    q, k, v = (s.inputs[i][0] for i in range(1, 4))
+    q, k, v = (heads_first(s.inputs[i][0], s.attr("layout")) for i in range(1, 4))
     return attention_flops(q, k, v, bool(s.attr("is_causal", 0)), (3, 2), 8.0)
+
+
+@_rule("Linear")  # X (..., K) op(W) + B: one product, the bias added per output element
+def _linear(s: OpShape) -> float:
+    return (2.0 * s.inputs[0][0][-1] + (len(s.inputs) > 2)) * _out(s)
+
+
+@_rule("LinearGrad")  # dY, X, W -> dX, dW (a product each), dB (a row sum of dY)
+def _linear_grad(s: OpShape) -> float:
+    mask = s.attr("output_mask", (1, 1, 0))
+    dy = _in(s)
+    return (2.0 * s.inputs[1][0][-1] * (mask[0] + mask[1]) + mask[2]) * dy
 
 
 # ---- the device roofline ------------------------------------------------------------------------

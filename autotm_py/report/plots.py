@@ -68,13 +68,23 @@ def time_axis(tl: Timeline) -> tuple[float, str]:
 
 
 # ---- memory timeline -----------------------------------------------------------------------
+RESERVE_COLOUR = "#999999"
+TOP_MARGIN = 1.08  # room above the highest line, so that the budget line is never on the frame
+
+
+def _fast_top(tl: Timeline) -> float:
+    """The highest value the fast-tier panel shows: the curve on the reserve, the budget, the
+    measured peak."""
+    return max(float(tl.memory_fast.max(initial=0)) + tl.reserve_bytes,
+               float(tl.budget_bytes or 0), float(tl.measured_peak_fast_bytes or 0))
+
+
 def plot_memory(predicted: Timeline, measured: Timeline | None = None) -> Figure:
-    """Bytes in each tier over the iteration, with the fast budget; one column per timeline."""
+    """Bytes in each tier over the iteration, with the user's budget and, below the plan's
+    bytes, the runtime's reserve; one column per timeline."""
     timelines = [predicted] + ([measured] if measured is not None else [])
-    top = max([float(tl.memory_fast.max(initial=0)) for tl in timelines]
-              + [float(tl.memory_slow.max(initial=0)) for tl in timelines]
-              + [float(tl.budget_bytes or 0) for tl in timelines]
-              + [float(tl.measured_peak_fast_bytes or 0) for tl in timelines])
+    top = max([_fast_top(tl) for tl in timelines]
+              + [float(tl.memory_slow.max(initial=0)) for tl in timelines])
     scale, unit = byte_scale(top)
     fig, axes = new_figure(6.5 * len(timelines), 5.5, nrows=2, ncols=len(timelines),
                            sharex="col", squeeze=False)
@@ -88,23 +98,41 @@ def _memory_column(ax_fast: Any, ax_slow: Any, tl: Timeline, scale: float, unit:
     factor, label = time_axis(tl)
     t = factor * (np.append(tl.memory_t, tl.total) if len(tl.memory_t) else
                   np.array([0.0, tl.total]))
+    reserve = tl.reserve_bytes / scale
     for ax, values, tier in ((ax_fast, tl.memory_fast, "fast"), (ax_slow, tl.memory_slow, "slow")):
         y = np.append(values, values[-1]) / scale if len(values) else np.zeros(2)
+        base = reserve if tier == "fast" else 0.0
         curve = "modelled" if tl.source != "measured" else "plan bytes on measured times"
-        ax.step(t, y, where="post", color=TIER_COLOURS[tier], label=curve, linewidth=1.4)
-        ax.fill_between(t, y, step="post", color=TIER_COLOURS[tier], alpha=0.2)
+        if base:
+            curve += ", above the reserve"
+        ax.step(t, y + base, where="post", color=TIER_COLOURS[tier], label=curve, linewidth=1.4)
+        ax.fill_between(t, y + base, base, step="post", color=TIER_COLOURS[tier], alpha=0.2)
         ax.set_ylabel(f"{tier} tier ({unit})")
         ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)
-    if tl.budget_bytes:
-        ax_fast.axhline(tl.budget_bytes / scale, color=BUDGET_COLOUR, linestyle="--",
-                        label=f"budget {tl.budget_bytes / scale:.3g} {unit}")
+    if reserve:
+        ax_fast.axhspan(0, reserve, color=RESERVE_COLOUR, alpha=0.35, linewidth=0,
+                        label=f"runtime reserve {reserve:.3g} {unit}")
+    _budget_lines(ax_fast, tl, scale, unit)
     if tl.measured_peak_fast_bytes is not None:
         ax_fast.axhline(tl.measured_peak_fast_bytes / scale, color="black", linestyle=":",
                         label=f"measured peak {tl.measured_peak_fast_bytes / scale:.3g} {unit}")
+    ax_fast.set_ylim(0, max(_fast_top(tl) / scale, 1e-9) * TOP_MARGIN)
+    ax_slow.set_ylim(0, max(float(tl.memory_slow.max(initial=0)) / scale, 1e-9) * TOP_MARGIN)
     ax_fast.set_title(f"{tl.source} timeline")
-    ax_fast.legend(loc="upper right", fontsize="small")
+    ax_fast.legend(loc="lower right", fontsize="small")
     ax_slow.set_xlabel(label)
+
+
+def _budget_lines(ax: Any, tl: Timeline, scale: float, unit: str) -> None:
+    """The user's budget and, with --headroom, the line the plan's bytes stay under."""
+    if not tl.budget_bytes:
+        return
+    budget = tl.budget_bytes / scale
+    ax.axhline(budget, color=BUDGET_COLOUR, linestyle="--", label=f"budget {budget:.3g} {unit}")
+    if tl.headroom_bytes:
+        limit = (tl.budget_bytes - tl.headroom_bytes) / scale
+        ax.axhline(limit, color=BUDGET_COLOUR, linestyle=":", linewidth=1.0,
+                   label=f"budget less headroom {limit:.3g} {unit}")
 
 
 # ---- residency heatmap ---------------------------------------------------------------------

@@ -16,6 +16,10 @@ def _pct(x: float) -> str:
     return f"{100.0 * x:.1f}%"
 
 
+def _gap(x: float | None) -> str:
+    return "-" if x is None else f"{100.0 * x:.2f}%"
+
+
 def _seconds(x: float | None) -> str:
     if x is None:
         return "n/a"
@@ -29,7 +33,8 @@ def overview(plan: Plan, res: Residency, predicted: Timeline,
     out: dict[str, Any] = {
         "model": h.model_name, "strategy": h.strategy,
         "memory_system": h.memory_system.get("name"), "mode": h.memory_system.get("mode"),
-        "budget_bytes": h.budget_bytes, "predicted_time_s": h.predicted_time_s,
+        "budget_bytes": h.budget_bytes, "reserve_bytes": h.reserve_bytes,
+        "headroom_bytes": h.headroom_bytes, "predicted_time_s": h.predicted_time_s,
         "solver": h.solver.solver, "status": h.solver.status, "gap": h.solver.gap,
         "variables": h.solver.variables, "constraints": h.solver.constraints,
         "build_s": h.solver.build_s, "solve_s": h.solver.solve_s,
@@ -74,18 +79,24 @@ def markdown_summary(plan: Plan, view: PlanView, res: Residency, metrics: PlanMe
 def _headline_rows(plan: Plan, info: Mapping[str, Any]) -> list[tuple[str, str]]:
     budget = info["budget_bytes"]
     ratio = plan.header.config.get("ratio") if plan.header.config else None
+    reserve, headroom = plan.header.reserve_bytes, plan.header.headroom_bytes
+    tensors = None if budget is None else max(budget - reserve - headroom, 0)
     rows = [
         ("strategy", str(info["strategy"])),
         ("memory system", f"{info['memory_system']} ({info['mode']} mode)"),
         ("fast budget", "unlimited" if budget is None else
-         format_bytes(budget) + (f" (ratio fast:slow {ratio})" if ratio else "")),
-        ("solver", f"{info['solver']}, {info['status']}, gap {info['gap']}, "
+         format_bytes(budget) + (f" (ratio fast:slow {ratio})" if ratio else "")
+         + f" = {format_bytes(reserve)} runtime reserve + {format_bytes(headroom)} headroom + "
+           f"{format_bytes(tensors or 0)} for the plan's tensors"),
+        ("solver", f"{info['solver']}, {info['status']}, gap {_gap(info['gap'])}, "
                    f"{info['variables']} variables, {info['constraints']} constraints, "
                    f"build {info['build_s']:.2f} s, solve {info['solve_s']:.2f} s"),
         ("predicted iteration", _seconds(info["predicted_time_s"])),
         ("timeline", info["timeline"]),
-        ("peak fast-tier bytes (modelled)", format_bytes(info["peak_fast_bytes"])
-         + (f" ({_pct(info['peak_fast_bytes'] / budget)} of budget)" if budget else "")),
+        ("peak fast-tier bytes of the plan's tensors (modelled)",
+         format_bytes(info["peak_fast_bytes"])
+         + (f" ({_pct(info['peak_fast_bytes'] / tensors)} of the "
+            f"{format_bytes(tensors)} they may use)" if tensors else "")),
     ]
     if "measured_median_s" in info:
         rows.append(("measured iteration (median)", _seconds(info["measured_median_s"])))
@@ -122,7 +133,8 @@ def _largest_moves(view: PlanView, res: Residency, top: int = 10) -> list[str]:
     for m in sorted(res.moves, key=lambda m: (-m.nbytes, m.record))[:top]:
         before = view.kernel_names[res.order[m.position]] if m.position < len(res.order) \
             else "(end)"
-        reader = "" if m.consumer is None else view.kernel_names[m.consumer]
+        reader = view.kernel_names[m.consumer] if m.consumer is not None else \
+            "- (an eviction)" if m.to == "slow" else "- (none later in the iteration)"
         lines.append(f"| {view.tensor_names[m.tensor]} | {format_bytes(m.nbytes)} | "
                      f"→ {m.to} | {m.mode} | {before} | {reader} |")
     return lines

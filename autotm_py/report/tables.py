@@ -28,8 +28,9 @@ KERNEL_COLUMNS = ("id", "name", "op", "working_set_bytes", "live_bytes", "workin
 
 
 def kernel_report(graph: TensorGraph, costs: KernelCosts | None = None, *,
-                  top: int = 10) -> dict[str, Any]:
-    """Per-kernel rows, the `top` signatures by time (or count without costs), the bounds."""
+                  top: int = 10, reserve_bytes: int = 0) -> dict[str, Any]:
+    """Per-kernel rows, the `top` signatures by time (or count without costs), the bounds
+    (budgets: with the runtime's `reserve_bytes` on top of the tensors)."""
     ws, live = graph.working_set_bytes, graph.live_bytes
     rows = []
     for k in graph.kernels:
@@ -49,7 +50,8 @@ def kernel_report(graph: TensorGraph, costs: KernelCosts | None = None, *,
         "peak_kernel": graph.peak_kernel,
         "max_working_set_bytes": ws_bytes,
         "max_working_set_kernel": ws_kernel,
-        "sweep_bytes": [ws_bytes, graph.peak_live_bytes],
+        "runtime_reserve_bytes": reserve_bytes,
+        "sweep_bytes": [ws_bytes + reserve_bytes, graph.peak_live_bytes + reserve_bytes],
         "total_time_s": None if costs is None else costs.total_s,
         "estimated_kernels": None if costs is None else costs.n_estimated,
         "signatures": _signatures(graph, costs, top),
@@ -91,15 +93,18 @@ def _shapes(slots: list[Any]) -> str:
 def render_kernel_report(report: Mapping[str, Any], *, limit: int = 20) -> str:
     """Plain text: the bounds, the top signatures, the kernels with the largest working sets."""
     lo, hi = report["sweep_bytes"]
+    reserve, peak = report.get("runtime_reserve_bytes", 0), report["peak_footprint_bytes"]
+    plus = f" + the {format_bytes(reserve)} runtime reserve" if reserve else ""
     lines = [
         f"{report['model']}: {report['kernels']} kernels, {report['unique_signatures']} unique "
         "signatures",
-        f"peak footprint      {format_bytes(report['peak_footprint_bytes'])} "
-        f"(at kernel #{report['peak_kernel']})",
+        f"peak footprint      {format_bytes(peak)} (at kernel #{report['peak_kernel']})",
         f"largest working set {format_bytes(report['max_working_set_bytes'])} "
-        f"(kernel #{report['max_working_set_kernel']}): no GPU plan below this budget",
+        f"(kernel #{report['max_working_set_kernel']}): no GPU plan below this{plus}",
         f"useful budget sweep [{format_bytes(lo)}, {format_bytes(hi)}]"
-        + (f" (fast tier {100 * lo / hi:.0f}% to 100% of the peak)" if hi else ""),
+        + (f" (with the reserve; budgets of {100 * lo / peak:.0f}% to "
+           f"{100 * hi / peak:.0f}% of the peak)" if reserve and peak else
+           f" (fast tier {100 * lo / hi:.0f}% to 100% of the peak)" if hi else ""),
         "", "most repeated signatures" + (" by time" if report["total_time_s"] else ""),
     ]
     for s in report["signatures"]:

@@ -60,6 +60,10 @@ class Timeline:
     iteration_times_s: tuple[float, ...] = ()
     notes: tuple[str, ...] = ()
     modelled_peak_bytes: int | None = None  # exact peak (a curve may merge same-instant points)
+    # out of budget_bytes, besides the plan's tensors: the runtime's own memory (cuBLAS
+    # workspaces on a GPU) and the share left free for fragmentation (--headroom)
+    reserve_bytes: int = 0
+    headroom_bytes: int = 0
 
     @property
     def peak_fast_bytes(self) -> int:
@@ -117,7 +121,12 @@ def plan_order_timeline(plan: Plan, res: Residency) -> Timeline:
         moves.append(MoveSpan(m.record, m.tensor, m.to, m.mode, start, end, m.nbytes, m.consumer))
     return Timeline("plan-order", "step", kernels, tuple(moves),
                     *_record_curve(record_time, res), plan.header.budget_bytes, t,
-                    modelled_peak_bytes=res.peak_fast_bytes)
+                    modelled_peak_bytes=res.peak_fast_bytes, **_outside_plan(plan))
+
+
+def _outside_plan(plan: Plan) -> dict[str, int]:
+    return {"reserve_bytes": plan.header.reserve_bytes,
+            "headroom_bytes": plan.header.headroom_bytes}
 
 
 def measured_timeline(run: Mapping[str, Any], plan: Plan, res: Residency,
@@ -149,7 +158,7 @@ def measured_timeline(run: Mapping[str, Any], plan: Plan, res: Residency,
     return Timeline("measured", "s", kernels, (), mem_t, fast, slow,
                     run.get("budget_bytes", plan.header.budget_bytes), total,
                     None if peak is None else int(peak), iterations, tuple(notes),
-                    modelled_peak_bytes=res.peak_fast_bytes)
+                    modelled_peak_bytes=res.peak_fast_bytes, **_outside_plan(plan))
 
 
 def _end_to_end(plan: Plan, res: Residency,
@@ -217,7 +226,7 @@ def _simulated(sim: Mapping[str, Any], plan: Plan, res: Residency) -> Timeline:
     peak = _first(sim, "fast_peak_bytes", default=int(fast.max()) if len(fast) else 0)
     return Timeline("simulated", "s", kernels, tuple(moves), mem_t, fast, slow,
                     _first(sim, "budget_bytes", default=plan.header.budget_bytes), total,
-                    notes=_sim_notes(sim), modelled_peak_bytes=int(peak))
+                    notes=_sim_notes(sim), modelled_peak_bytes=int(peak), **_outside_plan(plan))
 
 
 def _sim_notes(sim: Mapping[str, Any]) -> tuple[str, ...]:

@@ -50,6 +50,8 @@ def _fan_in(graph: TensorGraph, t: Tensor) -> int:
         return shape[0] if (slot == 0) == bool(trans) else shape[1]
     if k.op_type == "MatMul" and slot == 1:
         return shape[-2]
+    if k.op_type == "Linear" and slot == 1:  # the fused MatMul (+ bias): (K, N) or (N, K)
+        return shape[1] if k.attr("transB", 0) else shape[0]
     return shape[-1]
 
 

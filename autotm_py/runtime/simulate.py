@@ -96,6 +96,10 @@ class SimulationResult:
     violations: tuple[str, ...] = ()
     strict: bool = True
     notes: tuple[str, ...] = ()
+    # budget_bytes = reserve_bytes (the runtime's own) + headroom + plannable_bytes (tensors)
+    reserve_bytes: int = 0
+    plannable_bytes: int | None = None
+    costs_digest: str = ""  # `KernelCosts.digest` of the costs it was priced with
 
     @property
     def ok(self) -> bool:
@@ -427,4 +431,6 @@ class Simulator(PlanInterpreter):
             slow_peak_bytes=int(max(cols[3], default=0)), pinned_bytes=pinned,
             kernels=tuple(self.kernels), moves=tuple(self.moves), memory=memory,
             bytes_moved=dict(self.moved), violations=tuple(self.violations),
-            strict=self.strict, notes=tuple(self.plan.header.notes))
+            strict=self.strict, notes=tuple(self.plan.header.notes),
+            reserve_bytes=self.machine.reserve_bytes, plannable_bytes=self.machine.budget,
+            costs_digest=self.machine.profile_costs.digest)

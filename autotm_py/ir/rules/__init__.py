@@ -27,9 +27,12 @@ TRAINING_OPS: dict[str, str] = {
     "GradAccumulate": "g0, g1, ... -> g: sum of partial gradients of one tensor",
     "SumToShape": "dY -> dX: scale * dY summed over broadcast axes down to `shape`",
     # convolution, matrix products
+    "ConvGrad": "dY, X, W -> dX, dW[, dB] (one convolution backward for both; output_mask "
+                "says whether dB is there)",
     "ConvGradData": "dY, W -> dX",
     "ConvGradFilter": "dY, X -> dW",
     "ConvGradBias": "dY -> dB: dY summed over all axes but 1",
+    "ConvTransposeGrad": "dY, X, W -> dX, dW[, dB] (as ConvGrad)",
     "ConvTransposeGradData": "dY, W -> dX",
     "ConvTransposeGradFilter": "dY, X -> dW",
     "GemmGradA": "dY, B -> dA",

@@ -12,7 +12,11 @@ Softmax(last axis) -> MatMul(., V):
 
 `mask` (optional) is additive (float, the dtype of Q) or boolean (True = attend), either
 broadcastable to (..., L, S); `is_causal` masks out key positions j > i (top-left aligned, as
-`torch.nn.functional.scaled_dot_product_attention` does). A forward graph's kernel has one
+`torch.nn.functional.scaled_dot_product_attention` does). With `layout` "blhe" (rank 4 only)
+Q, K, V and O are (B, L, H, E) instead of (B, H, L, E): the pass absorbs the Transposes
+(0, 2, 1, 3) that split the heads off and merge them back, the layout torch's fused kernels
+keep their operands in, so no transposed copy is made; the mask and the logsumexp keep the
+(B, H, L, ...) order of the scores. A forward graph's kernel has one
 output; the training derivation adds the row-wise logsumexp of the masked, scaled scores
 (float32, float64 for float64 inputs), which the backward reads instead of the (L, S) score
 or probability matrix:
@@ -25,6 +29,19 @@ gradient (the fusion pass only fuses masks that do not depend on a trainable wei
 
 GELU needs no new op: the pass emits ONNX `Gelu` (domain "", `approximate` "none" or
 "tanh"), whose rule (`elementwise.UNARY`) saves only its input X.
+
+`Linear` (domain "autotm") replaces MatMul(X, W) + Add(., B) with a 2-d W and a bias B along
+the last axis (how exporters and our zoo write a Linear layer on (..., K) activations), and
+MatMul(X, Transpose(W)) with or without the bias (a tied output embedding):
+
+    inputs   X (..., K), W (K, N), or (N, K) with transB = 1[, B (N,) with any leading 1s]
+    outputs  Y (..., N) = X op(W) + B                         (one addmm, as torch's Linear)
+    attrs    transB (0/1)
+
+    LinearGrad: dY, X, W -> dX, dW, dB (masked): two products and the bias's row sum
+
+Saved for the backward: X and W, as the unfused MatMul's; the product X W before the bias is
+no tensor any more.
 """
 
 from __future__ import annotations
@@ -36,16 +53,22 @@ from autotm_py.ir.graph import DTYPE_SIZES, Role
 from autotm_py.ir.rules.base import KernelDraft, Rule, Tape, grad_name
 
 SDPA = "ScaledDotProductAttention"
+BLHE = "blhe"  # the `layout` of Q, K, V, O as (batch, sequence, heads, head size)
 SDPA_GRAD = "ScaledDotProductAttentionGrad"
+LINEAR = "Linear"
+LINEAR_GRAD = "LinearGrad"
 
 # op type -> "inputs -> outputs: meaning" (the forward ops of ours a fused graph may contain)
 FUSED_OPS: dict[str, str] = {
     SDPA: "Q, K, V[, mask] -> O[, logsumexp]: softmax(Q K^T * scale + mask) V "
-          "(attrs scale, is_causal)",
+          "(attrs scale, is_causal, layout)",
+    LINEAR: "X, W[, B] -> Y = X W + B, or X W^T + B with transB = 1 (one addmm over the "
+            "rows of X)",
 }
 FUSED_TRAINING_OPS: dict[str, str] = {
     SDPA_GRAD: "dO, Q, K, V, O, logsumexp[, mask] -> dQ, dK, dV (masked; scores recomputed "
                "blockwise from the saved logsumexp)",
+    LINEAR_GRAD: "dY, X, W -> dX, dW, dB (masked; dB the row sum of dY)",
 }
 
 Grads = list[int | None]
@@ -72,11 +95,18 @@ def sdpa_workspace(q_shape: Sequence[int], q_dtype: str, mask: tuple[tuple[int, 
     return total
 
 
+def heads_first(shape: Sequence[int], layout: str | None) -> tuple[int, ...]:
+    """An operand's shape as (..., L, E) with the heads before the rows, whatever `layout`."""
+    shape = tuple(shape)
+    return (shape[0], shape[2], shape[1], shape[3]) if layout == BLHE else shape
+
+
 def sdpa_prepare(tape: Tape, k: KernelDraft) -> None:
     """Training: the forward kernel also outputs the logsumexp of each query row."""
     if len(k.outputs) < 2:
         q, o = k.inputs[0], k.outputs[0]
-        k.outputs.append(tape.new_tensor(f"{tape.name(o)}::logsumexp", tape.shape(q)[:-1],
+        rows = heads_first(tape.shape(q), k.attr("layout"))[:-1]
+        k.outputs.append(tape.new_tensor(f"{tape.name(o)}::logsumexp", rows,
                                          lse_dtype(tape.dtype(q)), Role.ACTIVATION))
 
 
@@ -89,13 +119,30 @@ def sdpa_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> 
     tape.emit(SDPA_GRAD, [dy, q, key, v, k.outputs[0], k.outputs[1], *mask],
               [g for g in outs if g is not None], grad_name(k, "grad"),
               scale=float(k.attr("scale")), is_causal=int(k.attr("is_causal", 0)),
-              output_mask=tuple(int(g is not None) for g in outs))
+              output_mask=tuple(int(g is not None) for g in outs),
+              **({"layout": BLHE} if k.attr("layout") == BLHE else {}))
     mask_spec = (tape.shape(mask[0]), tape.dtype(mask[0])) if mask else None
     tape.kernels[-1].workspace_bytes = sdpa_workspace(tape.shape(q), tape.dtype(q), mask_spec,
                                                       backward=True)
     return [*outs, *([None] * len(mask))]
 
 
+def linear_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> Grads:
+    """One LinearGrad for every needed gradient (dX = dY op(W)^T, dW, dB = rows of dY summed),
+    as the unfused MatMulGradA, MatMulGradB and SumToShape computed them."""
+    dy = dys[0]
+    assert dy is not None
+    x, w = k.inputs[:2]
+    outs = [tape.new_grad(t) if needs[i] else None for i, t in enumerate(k.inputs)]
+    outs += [None] * (3 - len(outs))
+    tape.emit(LINEAR_GRAD, [dy, x, w], [g for g in outs if g is not None], grad_name(k, "grad"),
+              transB=int(k.attr("transB", 0)),
+              output_mask=tuple(int(g is not None) for g in outs),
+              bias_shape=tape.shape(k.inputs[2]) if len(k.inputs) > 2 else None)
+    return outs[: len(k.inputs)]
+
+
 RULES: dict[str, Rule] = {
     SDPA: Rule(sdpa_backward, inputs=(0, 1, 2), prepare=sdpa_prepare),
+    LINEAR: Rule(linear_backward),
 }

@@ -1,8 +1,10 @@
 """Training rules of the network ops: convolutions, matrix products, normalizations, softmax,
 pooling and the softmax cross-entropy loss.
 
-Saved tensors follow what cuDNN/PyTorch kernels read: ConvGradData reads dY and W,
-ConvGradFilter reads dY and X; BatchNorm/LayerNorm backward read X, the scale and the batch
+Saved tensors follow what cuDNN/PyTorch kernels read: a convolution whose input and filter
+both need gradients gets one ConvGrad kernel (dY, X, W -> dX, dW[, dB]), as autograd runs one
+`convolution_backward` for both; where only one is needed, ConvGradData reads dY and W and
+ConvGradFilter reads dY and X. BatchNorm/LayerNorm backward read X, the scale and the batch
 statistics that the forward kernel saves as extra outputs; MaxPoolGrad reads X (the argmax is
 recomputed inside the kernel, as nGraph's MaxPoolBackprop does, instead of saving indices).
 """
@@ -24,17 +26,29 @@ def _emit_grad(tape: Tape, k: KernelDraft, op: str, inputs: list[int], of: int,
     return g
 
 
-def _conv_like(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool], data_op: str,
-               filter_op: str, attrs: dict[str, object]) -> Grads:
+def _conv_like(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool], prefix: str,
+               attrs: dict[str, object]) -> Grads:
+    """`<prefix>Grad` (dY, X, W -> dX, dW and the bias gradient if needed) when the input and
+    the filter both need gradients; else `<prefix>GradData` / `<prefix>GradFilter` and
+    `ConvGradBias` for the one(s) needed."""
     dy = dys[0]
     assert dy is not None
     x, w = k.inputs[:2]
+    bias = len(k.inputs) > 2 and needs[2]
     grads: Grads = [None] * len(k.inputs)
+    if needs[0] and needs[1]:
+        grads[0], grads[1] = tape.new_grad(x), tape.new_grad(w)
+        if bias:
+            grads[2] = tape.new_grad(k.inputs[2])
+        tape.emit(f"{prefix}Grad", [dy, x, w], [g for g in grads if g is not None],
+                  grad_name(k, "grad"), output_mask=(1, 1, int(bias)), **attrs)
+        return grads
     if needs[0]:
-        grads[0] = _emit_grad(tape, k, data_op, [dy, w], x, "grad_data", **attrs)
+        grads[0] = _emit_grad(tape, k, f"{prefix}GradData", [dy, w], x, "grad_data", **attrs)
     if needs[1]:
-        grads[1] = _emit_grad(tape, k, filter_op, [dy, x], w, "grad_filter", **attrs)
-    if len(k.inputs) > 2 and needs[2]:
+        grads[1] = _emit_grad(tape, k, f"{prefix}GradFilter", [dy, x], w, "grad_filter",
+                              **attrs)
+    if bias:
         grads[2] = _emit_grad(tape, k, "ConvGradBias", [dy], k.inputs[2], "grad_bias")
     return grads
 
@@ -44,7 +58,7 @@ def conv_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> 
     geo = window(k.attrs, x_shape[2:], w_shape[2:])
     attrs = {"strides": geo.strides, "pads": geo.pads, "dilations": geo.dilations,
              "group": int(k.attr("group", 1))}
-    return _conv_like(tape, k, dys, needs, "ConvGradData", "ConvGradFilter", attrs)
+    return _conv_like(tape, k, dys, needs, "Conv", attrs)
 
 
 def conv_transpose_backward(tape: Tape, k: KernelDraft, dys: Grads,
@@ -53,8 +67,7 @@ def conv_transpose_backward(tape: Tape, k: KernelDraft, dys: Grads,
     geo, out_pad = conv_transpose_window(k.attrs, x_shape[2:], w_shape[2:])
     attrs = {"strides": geo.strides, "pads": geo.pads, "dilations": geo.dilations,
              "group": int(k.attr("group", 1)), "output_padding": out_pad}
-    return _conv_like(tape, k, dys, needs, "ConvTransposeGradData", "ConvTransposeGradFilter",
-                      attrs)
+    return _conv_like(tape, k, dys, needs, "ConvTranspose", attrs)
 
 
 def gemm_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> Grads:

@@ -23,7 +23,7 @@ module AutoTMBridge
 import JSON
 
 export Tier, FAST, SLOW, Record, Compute, Move, Free, SolverStats, PlanHeader, ModelOptions,
-    TensorInfo, ArenaBuffer, ArenaLayout, arena_offset,
+    CostsIdentity, TensorInfo, ArenaBuffer, ArenaLayout, arena_offset,
     KernelInfo, Plan, PlanError, RecordError, FORMAT_VERSION,
     read_plan, parse_plan, plan_from_dict,
     computes, moves, frees, bytes_moved, tensor_name, tensor_bytes, kernel_name,

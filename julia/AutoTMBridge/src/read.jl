@@ -205,6 +205,18 @@ function _header(x, ctx)
         _req(_float, x, "headroom", ctx),
         _req(_optmodel, x, "model", ctx),
         _opt(_bool, x, "graph", false, ctx),
+        _req(_optcosts, x, "costs", ctx),
+    )
+end
+
+_optcosts(x::Nothing, ctx) = nothing
+function _optcosts(x, ctx)
+    return CostsIdentity(
+        _req(_str, x, "digest", ctx),
+        _req(_int, x, "kernels", ctx),
+        _req(_int, x, "estimated", ctx),
+        _req(_int, x, "scaled", ctx),
+        _req(_float, x, "total_s", ctx),
     )
 end
 

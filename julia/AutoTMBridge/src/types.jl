@@ -78,6 +78,17 @@ struct ModelOptions
     loss::Union{String,Nothing}
 end
 
+"""The kernel costs the plan was solved with: `digest` (a hash over every kernel's time,
+device time, workspace and estimated flag), how many kernels, how many of their times were
+roofline estimates or scaled from another batch, and the sum of the kernel times."""
+struct CostsIdentity
+    digest::String
+    kernels::Int
+    estimated::Int
+    scaled::Int
+    total_s::Float64
+end
+
 "The plan's header: which model and memory system it is for, and how it was made."
 struct PlanHeader
     format_version::Int
@@ -97,6 +108,7 @@ struct PlanHeader
     headroom::Float64
     model::Union{ModelOptions,Nothing}
     graph::Bool
+    costs::Union{CostsIdentity,Nothing}
 end
 
 "A row of the plan's tensor table: 0-based id, name, size in bytes, role (e.g. `\"weight\"`)."

@@ -78,6 +78,7 @@ end
         @test h.memory_system["mode"] == "host"
         @test h.device == EXPECTED["device"]
         @test h.model !== nothing && h.model.batch == EXPECTED["batch"]
+        @test h.costs !== nothing && h.costs.digest == EXPECTED["costs_digest"]
         @test h.pin_weights == false
         @test h.solver.status == "optimal"
         @test h.solver.time_limit_s === nothing

@@ -1,0 +1,88 @@
+"""Training-mode batch normalization with the kernels autograd itself runs on each device.
+
+Where torch picks cuDNN for a batch norm (CUDA, float32/float64 or half with float
+parameters, rank >= 3, eps at or above cuDNN's minimum, cuDNN enabled: torch's own choice,
+`torch._C._select_batch_norm_backend`), training runs the pair autograd runs there:
+`_batch_norm_with_update_functional` (cudnn_batch_norm on two copies of the running statistics)
+and `batch_norm_backward` (cudnn_batch_norm_backward). Everywhere else (the CPU, 2-d inputs,
+bfloat16, a small eps...) it runs `_native_batch_norm_legit_functional` and
+`native_batch_norm_backward`, as before.
+
+cuDNN's backward takes a *reserve* buffer that its forward fills. The IR does not carry it:
+for what cuDNN is given here (op CUDNN_BATCHNORM_OPS_BN, no fused activation, and the
+contiguous layout every kernel output has, i.e. mode CUDNN_BATCHNORM_SPATIAL) cuDNN asks for
+none. Both kernels ask cuDNN for the reserve's size themselves
+(`torch._C._get_cudnn_batch_norm_reserve_space_size`, the query torch sizes the buffer with,
+on the host, no GPU work) and use the cuDNN pair only when it is 0; the backward then gets an
+empty reserve, which is exactly what the forward produced. Where cuDNN asks for a reserve
+(channels-last inputs take its persistent mode; another cuDNN version might), both kernels take
+the native path instead, so a reserve is never dropped. The two paths compute the same saved
+statistics (mean and 1 / sqrt(biased variance + eps)), so either backward reads either forward's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autotm_py.errors import ExecutionError
+
+_CHOICE: dict[tuple[object, ...], bool] = {}
+
+
+def cudnn_batch_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> bool:
+    """Whether training-mode batch norm of `x` runs the cuDNN pair (see the module docstring).
+
+    Decided from x's shape, strides, dtype and device, the scale's dtype, eps and whether cuDNN
+    is enabled, identically in the forward and the backward kernel; remembered per key, since
+    both queries are host calls a kernel should not repeat."""
+    if x.device.type != "cuda":
+        return False
+    key = (tuple(x.shape), x.stride(), x.dtype, scale.dtype, x.device, float(eps),
+           torch.backends.cudnn.enabled)
+    choice = _CHOICE.get(key)
+    if choice is None:
+        choice = _CHOICE[key] = _cudnn_without_reserve(x, scale, eps)
+    return choice
+
+
+def _cudnn_without_reserve(x: torch.Tensor, scale: torch.Tensor, eps: float) -> bool:
+    # bias and running statistics are always given (ONNX BatchNormalization has all five
+    # inputs); the scale stands in for them, torch's choice only asks whether they exist
+    backend = torch._C._select_batch_norm_backend(x, scale, scale, scale, scale, True, eps)
+    if backend != torch._C._BatchNormBackend.Cudnn:
+        return False
+    return int(torch._C._get_cudnn_batch_norm_reserve_space_size(x, True)) == 0
+
+
+def batch_norm_training(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+                     mean: torch.Tensor, var: torch.Tensor, momentum: float,
+                     eps: float) -> tuple[torch.Tensor, ...]:
+    """(Y, running mean', running var', saved mean, saved invstd); `momentum` is torch's (the
+    weight of the batch statistic)."""
+    if cudnn_batch_norm(x, scale, eps):
+        y, save_mean, save_invstd, reserve, new_mean, new_var = (
+            torch.ops.aten._batch_norm_with_update_functional(x, scale, bias, mean, var,
+                                                               momentum, eps))
+        if reserve.numel():
+            raise ExecutionError(
+                f"cuDNN batch norm of a {tuple(x.shape)} input returned a {reserve.numel()}-"
+                "byte reserve after reporting none; the backward would run without it")
+        return y, new_mean, new_var, save_mean, save_invstd
+    y, save_mean, save_invstd, new_mean, new_var = (
+        torch.ops.aten._native_batch_norm_legit_functional(x, scale, bias, mean, var, True,
+                                                           momentum, eps))
+    return y, new_mean, new_var, save_mean, save_invstd
+
+
+def batch_norm_backward(dy: torch.Tensor, x: torch.Tensor, scale: torch.Tensor,
+                    save_mean: torch.Tensor, save_invstd: torch.Tensor, eps: float,
+                    mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
+    """(dX, dscale, dB), None where `mask` is False (cuDNN computes all three anyway)."""
+    if cudnn_batch_norm(x, scale, eps):
+        reserve = torch.empty(0, dtype=torch.uint8, device=x.device)
+        outs = torch.ops.aten.batch_norm_backward(dy, x, scale, None, None, save_mean,
+                                                  save_invstd, True, eps, mask, reserve)
+    else:
+        outs = torch.ops.aten.native_batch_norm_backward(dy, x, scale, None, None, save_mean,
+                                                         save_invstd, True, eps, mask)
+    return tuple(o if m else None for o, m in zip(outs, mask, strict=True))
