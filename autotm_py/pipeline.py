@@ -159,6 +159,30 @@ def with_arena(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None,
     return plan.with_arena(arena.pack(machine, plan))
 
 
+def arena_for_run(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None, *,
+                  capped: bool = True, profiles_dir: PathLike | None = None
+                  ) -> tuple[Plan | None, str | None]:
+    """The plan to run at planned addresses: `plan` if it has an arena, else packed now
+    (`with_arena`); or None with the reason where no arena can serve it, the run then using
+    torch's caching allocator: its buffers cannot keep steady slots, or (`capped`: the run is
+    held to the budget) the packed arena exceeds what the budget leaves."""
+    if plan.arena is not None:
+        return plan, None
+    machine = replace(machine_for_plan(graph, plan, costs, profiles_dir=profiles_dir),
+                      arena=True)
+    try:
+        layout = arena.pack(machine, plan)
+    except arena.ArenaError as exc:
+        return None, f"no arena: {exc}; ran on torch's caching allocator"
+    limit = machine.arena_limit
+    if capped and limit is not None and layout.nbytes > limit:
+        return None, (f"no arena: the plan has none, and packed now it needs "
+                      f"{format_bytes(layout.nbytes)} of the {format_bytes(limit)} its budget "
+                      "leaves; ran on torch's caching allocator (plan with `autotm optimize "
+                      "--arena`)")
+    return plan.with_arena(layout), None
+
+
 def _verified(machine: MachineModel, result: PlanResult) -> PlanResult:
     """Simulate the decoded plan strictly (a violation here is a planner bug); the result
     gains the plan's predicted time and fast-tier peak."""

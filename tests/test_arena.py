@@ -209,6 +209,7 @@ def test_graph_replay_prices_device_times():
     config = PlanConfig(device="cuda", ratio=None, graph=True, fast_mem_bytes=1 << 30)
     result = optimize(graph, config, costs=costs)
     assert result.plan.header.graph is True
+    assert result.plan.header.costs.digest == costs.digest  # the costs as loaded, not replayed
     assert Plan.from_json(result.plan.to_json()).header.graph is True
     sim = simulate(graph, result.plan, costs=costs)
     assert sim.total_s == pytest.approx(1e-3 * n)
@@ -240,3 +241,17 @@ def test_the_planner_solves_again_until_the_packing_fits():
     assert result.plan.arena is not None, notes
     assert result.plan.arena.nbytes <= machine_for(graph, config, costs).arena_limit
     assert simulate(graph, result.plan, costs=costs).ok
+
+
+def test_a_run_falls_back_to_the_caching_allocator_where_no_arena_fits():
+    from autotm_py.pipeline import arena_for_run, machine_for_plan
+
+    graph, costs, plan = _training_plan(arena_mode=False)
+    packed = with_arena(graph, plan, costs)
+    limit = replace(machine_for_plan(graph, plan, costs), arena=True).arena_limit
+    assert packed.arena.nbytes > limit  # the scratch region does not fit beside the tensors
+    placed, why = arena_for_run(graph, plan, costs)
+    assert placed is None and why.startswith("no arena") and "caching allocator" in why
+    assert arena_for_run(graph, plan, costs, capped=False) == (packed, None)  # no cap: packed
+    _, _, fitted = _training_plan()
+    assert arena_for_run(graph, fitted, costs) == (fitted, None)

@@ -115,7 +115,7 @@ def _print_summary(result, notes) -> None:
                    f"{result.copied_outputs} outputs per iteration copied into their slots"
                    + ("; CUDA graph replayed" if result.graph else ""))
     for note in result.notes:
-        if note.startswith("no CUDA graph"):
+        if note.startswith(("no CUDA graph", "no arena")):
             click.echo(f"note: {note}")
     if result.alloc_retries is not None:  # CUDA: on the CPU the host does the work itself
         click.echo(f"host: enqueueing an iteration took {result.host_median_s * 1e3:.3f} ms "
