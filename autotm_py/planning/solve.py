@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 from autotm_py.errors import SolverError
 from autotm_py.plan import Plan, SolverStats
-from autotm_py.planning import formulation, warmstart
 from autotm_py.planning.baselines import BaselineResult, all_fast
 from autotm_py.planning.decode import decode
 from autotm_py.planning.gadgets import small_tensors
-from autotm_py.planning.solvers import SolveOutcome, run_solver
 from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
     from autotm_py.config import PlanConfig
     from autotm_py.ir.graph import TensorGraph
     from autotm_py.machine import MachineModel
+    from autotm_py.planning import formulation
+    from autotm_py.planning.solvers import SolveOutcome
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,11 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int]
     static plan is a sync plan and every sync plan an async one (`warmstart`), so each search
     starts from a good plan and can only improve on it. If the last search finds nothing in
     time, the best earlier plan is returned."""
+    # PuLP comes in here, not with this module: simulating and running plans import the
+    # pipeline but never solve (the GPU machine has no PuLP)
+    import autotm_py.planning.formulation as formulation
+    import autotm_py.planning.warmstart as warmstart
+
     started = time.perf_counter()
     chain = [s for s in ("static", "sync", "async") if not (machine.gpu and s == "static")]
     chain = chain[:chain.index(config.strategy) + 1] if config.strategy in chain else \
@@ -184,9 +189,11 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int]
 
 def _stats(config: PlanConfig, f: formulation.Formulation, outcome: SolveOutcome,
            spent: list[float]) -> SolverStats:
+    from autotm_py.planning.formulation import MS
+
     return SolverStats(
         solver=config.solver, status=outcome.status,
-        objective_s=None if outcome.objective is None else outcome.objective / formulation.MS,
+        objective_s=None if outcome.objective is None else outcome.objective / MS,
         gap=outcome.gap, variables=f.n_vars, constraints=f.n_rows, build_s=spent[0],
         solve_s=spent[1], time_limit_s=config.time_limit_s,
         hit_time_limit=outcome.status in ("time_limit", "no_solution"))
@@ -194,6 +201,8 @@ def _stats(config: PlanConfig, f: formulation.Formulation, outcome: SolveOutcome
 
 def _solve(f: formulation.Formulation, config: PlanConfig, time_limit: float | None, *,
            warm: bool) -> SolveOutcome:
+    from autotm_py.planning.solvers import run_solver
+
     return run_solver(f.prob, config.solver, gap=config.gap, time_limit=time_limit,
                       threads=config.threads, warm_start=warm)
 
