@@ -335,3 +335,25 @@ def test_optimize_prices_with_the_profiles_directory_it_is_given(dirs):
     assert api.load_costs(g, device="cpu", profiles_dir=dirs["profiles_dir"]).n_estimated == 0
     elsewhere = api.optimize(g, config, profiles_dir=dirs["profiles_dir"] / "empty")
     assert elsewhere.all_fast_time_s != pytest.approx(mine.all_fast_time_s)
+
+
+def test_a_fused_conv_gradient_is_priced_from_its_measured_parts(tmp_path):
+    # ConvGrad runs one convolution_backward for what ConvGradData and ConvGradFilter ran: with
+    # no entry of its own it costs their measured sum and needs the larger of their workspaces
+    from autotm_py import api
+    from autotm_py.profiling.profile import cost_sources, target_fingerprint
+    from autotm_py.profiling.sources import kernel_parts
+
+    graph = api.load_model("resnet50", batch=32, training=True)
+    costs = load_costs(graph, device="cuda", profiles_dir=tmp_path)
+    sources = cost_sources("cuda", target_fingerprint("cuda"), tmp_path, None)
+    fused = [k for k in graph.kernels if k.op_type == "ConvGrad"]
+    assert fused and not any(costs.estimated)
+    for kernel in fused:
+        parts = [sources.sets[0].get(sig, placement) for sig, placement in
+                 kernel_parts(graph, kernel)]
+        assert len(parts) == 2 and all(p is not None for p in parts), kernel.name
+        assert costs.times_s[kernel.id] == pytest.approx(sum(p.median_s for p in parts))
+        assert costs.workspace_bytes[kernel.id] == max(p.workspace_bytes or 0 for p in parts)
+        assert costs.scaled[kernel.id]
+    assert kernel_parts(graph, graph.kernels[0]) == ()  # a forward Conv is itself
