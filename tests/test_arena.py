@@ -255,3 +255,19 @@ def test_a_run_falls_back_to_the_caching_allocator_where_no_arena_fits():
     assert arena_for_run(graph, plan, costs, capped=False) == (packed, None)  # no cap: packed
     _, _, fitted = _training_plan()
     assert arena_for_run(graph, fitted, costs) == (fitted, None)
+
+
+def test_the_budget_line_names_the_arena_scratch():
+    from autotm_py.cli.common import budget_parts
+
+    graph, costs, plan = _training_plan()
+    config = PlanConfig(strategy="sync", device="cuda", fast_mem_bytes=plan.header.budget_bytes,
+                        solver="highs", arena=True)
+    result = optimize(graph, config, costs=costs, baselines=False)
+    machine = machine_for(graph, config, costs)
+    assert result.scratch_bytes >= machine.scratch_reserve > 0
+    assert result.reserve_bytes + result.scratch_bytes + result.plannable_bytes == \
+        result.budget_bytes  # no headroom asked for
+    line = budget_parts(result.budget_bytes, result.reserve_bytes, result.plannable_bytes,
+                        result.scratch_bytes)
+    assert "0 B headroom" in line and "arena scratch" in line

@@ -99,12 +99,15 @@ json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print machine-readable JSON instead of tables.")
 
 
-def budget_parts(budget: int, reserve: int, plannable: int | None) -> str:
-    """'68.00 MiB runtime reserve + 7.85 MiB headroom + 81.95 MiB for the plan's tensors'."""
+def budget_parts(budget: int, reserve: int, plannable: int | None, scratch: int = 0) -> str:
+    """'68.00 MiB runtime reserve + 7.85 MiB headroom + 81.95 MiB for the plan's tensors';
+    `scratch` (arena mode: the scratch region and bytes held back for the packing) is named
+    between the headroom and the tensors."""
     tensors = max(plannable or 0, 0)
-    headroom = max(budget - reserve - tensors, 0)
+    headroom = max(budget - reserve - scratch - tensors, 0)
+    region = f"{format_bytes(scratch)} arena scratch + " if scratch else ""
     text = (f"{format_bytes(reserve)} runtime reserve + {format_bytes(headroom)} headroom + "
-            f"{format_bytes(tensors)} for the plan's tensors")
+            f"{region}{format_bytes(tensors)} for the plan's tensors")
     if reserve > budget:
         text += " (the reserve alone exceeds the budget)"
     return text

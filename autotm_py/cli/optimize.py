@@ -157,7 +157,8 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
                  f"{config.memory_name}")
     if result.budget_bytes is not None:
         lines.append("           = " + budget_parts(result.budget_bytes, result.reserve_bytes,
-                                                     result.plannable_bytes))
+                                                     result.plannable_bytes,
+                                                     result.scratch_bytes))
     if result.plan is None:
         lines.append(f"result     {result.message}")
         return lines

@@ -59,9 +59,12 @@ class PlanResult:
     objective_s: float | None = None
     fast_peak_bytes: int | None = None
     baselines: Mapping[str, BaselineResult] = field(default_factory=dict)
-    # budget_bytes = reserve_bytes + headroom + plannable_bytes (what the tensors may use)
+    # budget_bytes = reserve_bytes + headroom + scratch_bytes + plannable_bytes (what the
+    # tensors may use); scratch_bytes: arena mode's scratch region and the bytes its fit loop
+    # held back
     reserve_bytes: int = 0
     plannable_bytes: int | None = None
+    scratch_bytes: int = 0
 
     @property
     def feasible(self) -> bool:
@@ -80,6 +83,7 @@ class PlanResult:
             "slowdown": self.slowdown, "objective_s": self.objective_s,
             "fast_peak_bytes": self.fast_peak_bytes,
             "reserve_bytes": self.reserve_bytes, "plannable_bytes": self.plannable_bytes,
+            "scratch_bytes": self.scratch_bytes,
             "min_feasible_budget_bytes": self.min_feasible_budget_bytes,
             "forcing_kernel": self.forcing_kernel,
             "forcing_kernel_name": self.forcing_kernel_name,
@@ -119,7 +123,8 @@ def plan(machine: MachineModel, config: PlanConfig) -> PlanResult:
     unverified: no predicted time yet, and `fast_peak_bytes` unset."""
     graph = machine.graph
     common = {"budget_bytes": machine.user_budget, "all_fast_time_s": machine.all_fast_time,
-              "reserve_bytes": machine.reserve_bytes, "plannable_bytes": machine.budget}
+              "reserve_bytes": machine.reserve_bytes, "plannable_bytes": machine.budget,
+              "scratch_bytes": machine.scratch_reserve + machine.arena_margin}
     if machine.budget is None:
         unbounded = all_fast(machine).with_header(
             strategy=config.strategy, config=_config(config),
