@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
     from autotm_py.memory.tiers import MemorySystem
     from autotm_py.plan import Plan
+    from autotm_py.planning.control import SolveControl
     from autotm_py.planning.solve import PlanResult
     from autotm_py.runtime.executor import RunResult
     from autotm_py.runtime.simulate import SimulationResult
@@ -87,12 +88,16 @@ def calibrate(*, device: str = "cuda", **options: Any) -> MemorySystem:
 
 def optimize(graph: TensorGraph, config: PlanConfig | None = None, *,
              costs: KernelCosts | None = None, profiles_dir: PathLike | None = None,
-             baselines: bool | Sequence[str] = False) -> PlanResult:
+             baselines: bool | Sequence[str] = False,
+             control: SolveControl | None = None) -> PlanResult:
     """Solve the placement ILP; infeasible budgets come back as a result, not an exception.
     Costs: `costs`, else the profiles (`profiles_dir`, else the cache and shipped profiles).
-    `baselines`: also plan and simulate the baselines (True: all) for comparison."""
+    `baselines`: also plan and simulate the baselines (True: all) for comparison.
+    `control` (`planning.control.SolveControl`): progress callbacks and stop requests; with
+    `planning.control.handle_signals(control)` around the call, Ctrl-C stops the search and
+    keeps the best plan found so far."""
     return pipeline.optimize(graph, config or PlanConfig(), costs=costs,
-                             profiles_dir=profiles_dir, baselines=baselines)
+                             profiles_dir=profiles_dir, baselines=baselines, control=control)
 
 
 def baselines(graph: TensorGraph, config: PlanConfig | None = None, *,

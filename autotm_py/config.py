@@ -10,8 +10,12 @@ from autotm_py.units import Ratio, parse_bytes, parse_ratio
 
 Strategy = Literal["static", "sync", "async"]
 STRATEGIES: tuple[str, ...] = ("static", "sync", "async")
-DEFAULT_SOLVER = "cbc"
+DEFAULT_SOLVER = "highs"
 DEFAULT_GAP = 0.01
+# Seconds the whole static -> sync -> async chain may search before the best plan found is
+# returned, marked `time_limit` (None: no limit). HiGHS plans every zoo model in GPU mode at
+# 1:4 within it (docs/planning.md, section 12).
+DEFAULT_TIME_LIMIT_S = 300.0
 DEFAULT_ASYNC_WINDOW = 15
 # async: how many kernels of each window are decision points (the longest ones); None: all
 DEFAULT_ASYNC_CANDIDATES = 4
@@ -35,7 +39,7 @@ class PlanConfig:
     memory: str | None = None  # preset name or memory-system file; None: DEFAULT_MEMORY[device]
     solver: str = DEFAULT_SOLVER
     gap: float = DEFAULT_GAP
-    time_limit_s: float | None = None
+    time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
     async_window: int = DEFAULT_ASYNC_WINDOW
     async_candidates: int | None = DEFAULT_ASYNC_CANDIDATES
     pin_weights: bool = False

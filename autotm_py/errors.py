@@ -99,3 +99,19 @@ class PlanError(AutoTMError):
 
 class ExecutionError(AutoTMError):
     """A plan failed while it was executed for real."""
+
+
+# Optional dependencies and the extra of autotm_py that installs each (pyproject.toml).
+# Modules not listed are core dependencies: `pip install autotm_py` brings them.
+EXTRAS = {"torch": "torch", "highspy": "highs", "juliacall": "julia", "ray": "ray"}
+
+
+class MissingDependencyError(AutoTMError):
+    """A module that is not installed; the message names the pip command that installs it."""
+
+    def __init__(self, module: str, needed_by: str = "this") -> None:
+        self.module = module
+        extra = EXTRAS.get(module)
+        fix = f'pip install "autotm_py[{extra}]"' if extra else \
+            f"pip install {module} (a dependency of autotm_py; reinstall it)"
+        super().__init__(f"{needed_by} needs {module}, which is not installed: {fix}")

@@ -53,6 +53,18 @@ if TYPE_CHECKING:
     from autotm_py.memory.tiers import MemorySystem
 
 
+def working_sets(graph: TensorGraph, costs: KernelCosts | None = None) -> np.ndarray:
+    """Per kernel: its distinct inputs + outputs + workspace as the planner counts them
+    (aligned sizes; the larger of the IR's and the profiled workspace), the fast memory a GPU
+    plan needs free to run it. Without costs, the IR's workspaces alone."""
+    sizes = accounting.aligned_sizes(graph)
+    measured = (costs.workspace_bytes if costs is not None else None) or \
+        (0,) * len(graph.kernels)
+    return np.array([int(sizes[list(set(k.io))].sum())
+                     + accounting.aligned(max(k.workspace_bytes, int(w)))
+                     for k, w in zip(graph.kernels, measured, strict=True)], dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class MachineModel:
     """A graph on a memory system with kernel costs; `memory.budget_bytes` is the budget."""

@@ -32,6 +32,7 @@ from autotm_py.memory.tiers import MemorySystem, load_memory_system, preset
 from autotm_py.planning import baselines as baseline_plans
 from autotm_py.planning import solve
 from autotm_py.planning.baselines import BASELINES, BaselineResult
+from autotm_py.planning.control import SolveControl
 from autotm_py.planning.solve import PlanResult
 from autotm_py.profiling.in_context import profile_in_context as _profile
 from autotm_py.profiling.profile import load_costs
@@ -70,34 +71,45 @@ ARENA_SLACK = 0.002
 
 def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | None = None,
              profiles_dir: PathLike | None = None,
-             baselines: bool | Sequence[str] = False) -> PlanResult:
+             baselines: bool | Sequence[str] = False,
+             control: SolveControl | None = None) -> PlanResult:
     """Plan `graph` under `config` and verify the plan (in GPU mode with `config.arena`, packed
     into an arena that fits the budget). `baselines`: also plan and simulate these baselines
-    (True: all of them) for comparison."""
+    (True: all of them) for comparison. `control`: progress reports and stop requests (a stop
+    ends the search with the best plan so far and skips the baselines)."""
+    control = control or SolveControl(time_limit_s=config.time_limit_s)
     machine = machine_for(graph, config, costs, profiles_dir=profiles_dir)
     if machine.arena_mode:
-        result, machine = fit_arena(machine, config)
+        result, machine = fit_arena(machine, config, control)
     else:
-        result = solve.plan(machine, config)
+        result = solve.plan(machine, config, control)
     if result.plan is not None and result.predicted_time_s is None:
+        control.report(stage="verifying the plan")
         result = _verified(machine, result)
-    if baselines and result.feasible:
+    if baselines and result.feasible and not control.stop_requested:
         names = BASELINES if baselines is True else tuple(baselines)
-        result = replace(result, baselines=run_baselines(machine, names))
+        control.report(stage="planning the baselines")
+        result = replace(result, baselines=run_baselines(machine, names, control))
     return result
 
 
-def fit_arena(machine: MachineModel, config: PlanConfig) -> tuple[PlanResult, MachineModel]:
+def fit_arena(machine: MachineModel, config: PlanConfig, control: SolveControl | None = None
+              ) -> tuple[PlanResult, MachineModel]:
     """Solve, pack the plan's buffers (`arena.pack`) and, while the arena exceeds the budget
     (tensors beyond their live sum: the packing's holes), solve again with the excess held
-    back (`MachineModel.arena_margin`); at most `ARENA_SOLVES` solves. The result's plan has
-    its arena, unverified; a plan that never fits keeps none and runs on torch's allocator
-    (a note says why). Returns the result and the machine of its last solve."""
+    back (`MachineModel.arena_margin`); at most `ARENA_SOLVES` solves, none after a stop
+    request (`control`). The result's plan has its arena, unverified; a plan that never fits
+    keeps none and runs on torch's allocator (a note says why). Returns the result and the
+    machine of its last solve."""
     limit = machine.arena_limit
     notes: list[str] = []
     last: tuple[PlanResult, MachineModel] | None = None
     for attempt in range(1, ARENA_SOLVES + 1):
-        result = solve.plan(machine, config)
+        if last is not None and control is not None and control.stop_requested:
+            notes.append("no arena: stopped before the packing fitted; the plan runs on "
+                         "torch's caching allocator")
+            return _noted(*last, notes)
+        result = solve.plan(machine, config, control)
         if result.plan is None:
             if last is None:
                 return result, machine
@@ -203,11 +215,14 @@ def _verified(machine: MachineModel, result: PlanResult) -> PlanResult:
                    fast_peak_bytes=peak)
 
 
-def run_baselines(machine: MachineModel, names: Sequence[str] = BASELINES
-                  ) -> dict[str, BaselineResult]:
-    """Plan and simulate each baseline (non-strict: a budget breach makes it infeasible)."""
+def run_baselines(machine: MachineModel, names: Sequence[str] = BASELINES,
+                  control: SolveControl | None = None) -> dict[str, BaselineResult]:
+    """Plan and simulate each baseline (non-strict: a budget breach makes it infeasible);
+    a stop request through `control` ends the list early."""
     out = {}
     for name in names:
+        if control is not None and control.stop_requested:
+            break
         if name == "2lm" and machine.gpu:
             out[name] = BaselineResult(name, None, None, False, None, "host mode only")
             continue

@@ -126,7 +126,7 @@ class SolverStats:
     """How the plan was found. Zeros for plans that need no solver (baselines)."""
 
     solver: str = "none"
-    status: str = "none"  # optimal | feasible (time limit or gap) | infeasible | none
+    status: str = "none"  # optimal | time_limit | interrupted | none (no solver ran)
     objective_s: float | None = None
     gap: float | None = None
     variables: int = 0

@@ -20,8 +20,8 @@ the current directory, and each with an empty profile cache of its own (shown as
 command's prediction depends on times another one just measured on a busy machine; they use
 the shipped profiles. Comparisons (`--check`, tests/test_user_guide.py) mask what changes from
 run to run without the code changing: measured and elapsed times, solver build and solve
-seconds, and the machine-specific profile file name (`MASKS`); the profiler's warning that the
-machine is busy is left out of the outputs (`DROPPED`).
+seconds, the machine-specific profile file name and CPU name (`MASKS`); the profiler's warning
+that the machine is busy is left out of the outputs (`DROPPED`).
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ MASKS = (
     (re.compile(r"enqueueing an iteration took \d+\.\d+ ms"), "enqueueing an iteration took "
                                                               "<ms> ms"),
     (re.compile(r"\b\d+:\d\d:\d\d\b"), "<elapsed>"),
+    # the device whose profile lacks kernels: this machine's CPU name for --device cpu
+    (re.compile(r"(have no profile: roofline estimates on) (?!NVIDIA).+$", re.M),
+     r"\1 <this machine's CPU>"),
 )
 # Lines left out of generated outputs: they depend on the machine's load, not on the code.
 DROPPED = (re.compile(r"^WARNING autotm_py\.profiling\.profile: load average .* exceeds"),)

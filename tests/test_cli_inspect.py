@@ -11,6 +11,8 @@ import pytest
 from autotm_py import api
 from autotm_py.cli import main
 from autotm_py.cli.inspect import inspect_report
+from autotm_py.config import PlanConfig
+from autotm_py.machine import working_sets
 from tests.fixtures import onnx_models as M
 
 
@@ -43,11 +45,12 @@ def test_json_matches_the_graph(zoo9, capsys):
     assert data["kernels"] == len(g.kernels) and data["unique_kernels"] == g.unique_signatures
     assert data["peak_live_bytes"] == g.peak_live_bytes
     assert data["peak_kernel"]["id"] == g.peak_kernel
-    assert data["budget_interval_bytes"] == [g.max_working_set[0], g.peak_live_bytes]
+    ws = working_sets(g, api.load_costs(g, device="cuda"))
+    assert data["budget_interval_bytes"] == [int(ws.max()), g.peak_live_bytes]
     assert data["roles"]["weight"]["bytes"] == sum(t.nbytes for t in g.tensors
                                                    if t.role.value == "weight")
     rows = data["per_kernel"]
-    assert [r["working_set_bytes"] for r in rows] == g.working_set_bytes.tolist()
+    assert [r["working_set_bytes"] for r in rows] == ws.tolist()
     assert [r["live_bytes"] for r in rows] == g.live_bytes.tolist()
     assert all(r["working_set_bytes"] <= r["live_bytes"] for r in rows)
 
@@ -86,3 +89,19 @@ def test_bad_csv_path_is_clean(zoo9, tmp_path, capsys):
     code = main(["inspect", str(zoo9), "--csv", str(blocker / "sub" / "k.csv")])
     err = capsys.readouterr().err
     assert code != 0 and "Traceback" not in err
+
+
+def test_the_smallest_useful_budget_is_the_planners_smallest_feasible_one(capsys):
+    """inspect counts the profiled kernel workspaces as the planner does: ResNet-50 b8's
+    combined convolution backward needs a 39 MiB cuDNN workspace on the H100, more than any
+    working set of the IR alone, and a budget just under inspect's lower end is infeasible
+    with exactly that end as the smallest feasible budget."""
+    args = ["resnet50", "--batch", "8", "--training"]
+    assert main(["inspect", *args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    lo = data["budget_interval_bytes"][0]
+    graph = api.load_model("resnet50", batch=8, training=True)
+    # the measured workspace counts
+    assert lo - data["runtime_reserve_bytes"] > graph.max_working_set[0]
+    result = api.optimize(graph, PlanConfig(fast_mem_bytes=lo - 1))
+    assert result.status == "infeasible" and result.min_feasible_budget_bytes == lo

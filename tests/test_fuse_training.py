@@ -238,9 +238,17 @@ def test_a_plan_for_the_unfused_graph_names_no_fuse(tmp_path, capsys):
     capsys.readouterr()
     assert main(["simulate", "bert_base", "--batch", "1", "--dim", "seq=8", "--no-fuse",
                  "--plan", str(plan_path)]) == 0
-    assert main(["simulate", "bert_base", "--batch", "1", "--dim", "seq=8",
-                 "--plan", str(plan_path)]) != 0
-    assert "--no-fuse" in capsys.readouterr().err
+    capsys.readouterr()
+    # without the flag, simulate takes the plan's model options: the unfused graph
+    assert main(["simulate", "bert_base", "--plan", str(plan_path)]) == 0
+    capsys.readouterr()
+    fused_plan = tmp_path / "fused.json"
+    assert main(["optimize", "bert_base", "--batch", "1", "--dim", "seq=8",
+                 "--ratio", "1:0", "--no-baselines", "-o", str(fused_plan)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "bert_base", "--batch", "1", "--dim", "seq=8", "--no-fuse",
+                 "--plan", str(fused_plan)]) != 0
+    assert "fuse" in capsys.readouterr().err
 
 
 def test_lse_dtype_follows_the_inputs():

@@ -244,8 +244,8 @@ def test_host_chain_is_monotone_and_falls_back(monkeypatch):
     assert times["async"] <= times["sync"] * (1 + 1e-9) <= times["static"] * (1 + 1e-9)
     real = solve_module._solve
 
-    def no_async(f, cfg, left, *, warm):
-        out = real(f, cfg, left, warm=warm)
+    def no_async(f, cfg, left, *, warm, control):
+        out = real(f, cfg, left, warm=warm, control=control)
         return replace(out, status="no_solution") if f.strategy == "async" else out
 
     monkeypatch.setattr(solve_module, "_solve", no_async)

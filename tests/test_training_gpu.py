@@ -35,7 +35,7 @@ def exact_cuda() -> Iterator[None]:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_op_backward_matches_autograd_on_cuda(case: Case) -> None:
     graph, fixed = op_graph(case)
-    compare_training(graph, fixed=fixed, device="cuda")
+    compare_training(graph, fixed=fixed, device="cuda", loss=case.loss)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotm_py.config import PlanConfig
+from autotm_py.config import DEFAULT_SOLVER, PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.memory.tiers import load_memory_system
 from autotm_py.planning.solvers import SOLVERS
@@ -49,7 +49,7 @@ class BenchSpec:
     models: tuple[str, ...]
     ratios: tuple[str, ...]
     strategies: tuple[str, ...] = ("static", "sync", "async")
-    solvers: tuple[str, ...] = ("cbc",)
+    solvers: tuple[str, ...] = (DEFAULT_SOLVER,)
     device: str = "cpu"
     memory: str | None = None
     training: bool = False

@@ -1,8 +1,11 @@
 """The `autotm` command line: a thin layer over `autotm_py.api`.
 
 One handler turns `AutoTMError` into ``error: <message>`` on stderr and its exit code; a
-traceback is printed only with ``-v``. Each command family lives in its own module and
-registers itself on `cli` when imported by `_register_commands`.
+traceback is printed only with ``-v``. A module that is not installed (torch for profile, run
+and calibrate; highspy; juliacall) is such an error too: one line naming the extra to install.
+SIGTERM during a solve (`planning.control.Terminated`) exits 143 after the solver's cleanup.
+Each command family lives in its own module and registers itself on `cli` when imported by
+`_register_commands`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from collections.abc import Sequence
 
 import click
 
-from autotm_py.errors import AutoTMError
+from autotm_py.errors import AutoTMError, MissingDependencyError
+from autotm_py.planning.control import Terminated
 
 COMMAND_MODULES = ("inspect", "zoo", "optimize", "device", "run", "report")
 
@@ -61,7 +65,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (click.exceptions.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("terminated: the solver was stopped and its files removed; nothing written",
+              file=sys.stderr)
+        return 143
+    except ModuleNotFoundError as exc:  # an optional dependency that is not installed
+        missing = MissingDependencyError((exc.name or "?").split(".")[0], _command(args))
+        return _report(missing, missing.exit_code, verbose)
     return int(result) if isinstance(result, int) else 0
+
+
+def _command(args: Sequence[str]) -> str:
+    """``autotm <command>`` for messages: the first argument that names a command."""
+    name = next((a for a in args if a in cli.commands), None)
+    return f"autotm {name}" if name else "autotm"
 
 
 def _report(exc: BaseException, code: int, verbose: bool) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -11,7 +12,7 @@ import click
 
 from autotm_py import api
 from autotm_py.config import MAX_FOOTPRINT_BYTES, MAX_HEADROOM
-from autotm_py.errors import ConfigError
+from autotm_py.errors import ConfigError, MissingDependencyError
 from autotm_py.fileio import write_problem
 from autotm_py.ir.loss import LOSSES
 from autotm_py.plan import Plan
@@ -198,6 +199,17 @@ def check_writable(path: str | None, flag: str, *, directory: bool = False) -> N
 def warn(message: str) -> None:
     """One line on stderr, beside the command's output."""
     click.echo(f"warning: {message}", err=True)
+
+
+def require(module: str, needed_by: str) -> None:
+    """Stop at once, in one line naming the extra to install, when `module` is missing (before
+    a model is loaded or a plan read, not after)."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != module:
+            raise
+        raise MissingDependencyError(module, needed_by) from None
 
 
 def print_json(data: Any) -> None:

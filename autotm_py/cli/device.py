@@ -13,7 +13,13 @@ import click
 
 from autotm_py import api
 from autotm_py.cli import cli
-from autotm_py.cli.common import json_option, load_model_from_cli, model_options, print_json
+from autotm_py.cli.common import (
+    json_option,
+    load_model_from_cli,
+    model_options,
+    print_json,
+    require,
+)
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.profiling.calibrate import MiB
@@ -53,7 +59,7 @@ def profile_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: 
     Identical kernels (repeated blocks) are measured once; kernels already cached for this
     device are not measured again, so an interrupted run resumes where it stopped.
     """
-
+    require("torch", "autotm profile")
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     costs = api.profile(graph, device=device, profiles_dir=profiles_dir, repeats=repeats,
                         warmup=warmup, max_seconds=max_seconds, resume=not fresh,
@@ -115,7 +121,7 @@ def calibrate_cmd(device: str, output: str, repeats: int, max_size: str, no_prog
                   as_json: bool) -> None:
     """Measure pinned/pageable copy bandwidth, both directions at once, copies under compute
     and pinned-allocation cost; write a GPU-mode memory-system file."""
-
+    require("torch", "autotm calibrate")
     sizes = _sizes_up_to(parse_bytes(max_size, flag="--max-size"))
     memory = api.calibrate(device=device, sizes=sizes, repeats=repeats,
                            progress=not (no_progress or as_json))

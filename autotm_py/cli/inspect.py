@@ -12,7 +12,7 @@ import csv
 import io
 from collections import Counter
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -30,9 +30,13 @@ from autotm_py.config import DEFAULT_MEMORY
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.ir.graph import TensorGraph
+from autotm_py.machine import working_sets
 from autotm_py.memory.tiers import MemorySystem, load_memory_system
 from autotm_py.report.tables import kernel_csv, kernel_report, render_kernel_report
 from autotm_py.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from autotm_py.costs import KernelCosts
 
 TOP_KERNELS = 8
 CSV_FIELDS = ("id", "name", "op", "working_set_bytes", "live_bytes")
@@ -43,15 +47,19 @@ def _kernel_ref(graph: TensorGraph, kid: int) -> dict[str, Any]:
     return {"id": kid, "name": k.name, "op": k.op_type}
 
 
-def inspect_report(graph: TensorGraph, memory: MemorySystem | None = None) -> dict[str, Any]:
+def inspect_report(graph: TensorGraph, memory: MemorySystem | None = None,
+                   costs: KernelCosts | None = None) -> dict[str, Any]:
     """Everything `autotm inspect` shows, as plain data (the `--json` document). Budgets are
     the user's, for `memory` (default: the GPU preset): its runtime reserve comes on top of
-    the tensors' interval."""
+    the tensors' interval. With `costs` (the device's profiles), working sets count the
+    measured kernel workspaces and aligned sizes, as the planner does, so the smallest useful
+    budget is the planner's smallest feasible one."""
     memory = memory or load_memory_system(DEFAULT_MEMORY["cuda"])
     reserve = int(memory.runtime_reserve_bytes)
-    ws = graph.working_set_bytes
+    ws = graph.working_set_bytes if costs is None else working_sets(graph, costs)
     live = graph.live_bytes
-    ws_bytes, ws_kernel = graph.max_working_set
+    ws_kernel = int(ws.argmax()) if graph.kernels else -1
+    ws_bytes = int(ws[ws_kernel]) if graph.kernels else 0
     roles = {}
     counts = Counter(t.role for t in graph.tensors)
     for role, nbytes in sorted(graph.bytes_by_role().items(), key=lambda kv: kv[0].value):
@@ -227,7 +235,8 @@ def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], traini
     if kernels_device:  # the kernel table of autotm_py/report/tables.py
         return print_kernel_report(graph, kernels_device, csv_path, as_json,
                                    system.runtime_reserve_bytes)
-    report = inspect_report(graph, system)
+    device = "cuda" if system.mode == "gpu" else "cpu"
+    report = inspect_report(graph, system, api.load_costs(graph, device=device))
     if csv_path:
         write_csv(csv_path, report)
     if as_json:

@@ -1,9 +1,10 @@
 """`autotm optimize` (solve the placement ILP, write a plan) and `autotm simulate` (predict and
 verify a plan's timeline).
 
-Exit codes: 0 success; 1 error (bad plan, solver failure); 2 bad option; 3 the budget is
-infeasible (below the smallest feasible budget, which is printed with the kernel forcing it)
-or no plan was found within --time-limit.
+Exit codes: 0 success (also a plan found by the time limit or kept after Ctrl-C, marked as
+such); 1 error (bad plan, solver failure); 2 bad option; 3 the budget is infeasible (below the
+smallest feasible budget, which is printed with the kernel forcing it) or no plan was found
+within --time-limit; 130 Ctrl-C before any plan was found; 143 SIGTERM (nothing written).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import click
 
 from autotm_py import api
-from autotm_py.cli import cli
+from autotm_py.cli import cli, status
 from autotm_py.cli.common import (
     arena_option,
     budget_parts,
@@ -33,15 +34,23 @@ from autotm_py.config import (
     DEFAULT_ASYNC_WINDOW,
     DEFAULT_GAP,
     DEFAULT_SOLVER,
+    DEFAULT_TIME_LIMIT_S,
     STRATEGIES,
     PlanConfig,
 )
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
+from autotm_py.machine import working_sets
 from autotm_py.plan import Plan, costs_drift
+from autotm_py.planning.control import SolveControl, handle_signals
+from autotm_py.planning.solvers import SOLVERS
 from autotm_py.units import format_bytes, parse_bytes, parse_ratio
 
 EXIT_INFEASIBLE = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C before any plan was found (the shell's 128 + SIGINT)
+# How `wrote FILE` marks a plan that is not proven within the gap (its header says so too)
+WROTE_NOTE = {"interrupted": " (the best plan found before the stop)",
+              "time_limit": " (the best plan found within the time limit)"}
 
 RATIO_HELP = (
     "Fast:slow capacity, e.g. 1:4 = the fast tier holds 1/5 of the model's unconstrained peak "
@@ -63,13 +72,17 @@ RATIO_HELP = (
 @click.option("--memory", default=None, metavar="PRESET|FILE",
               help="Memory system: optane, cxl, h100-pcie5, or a JSON file (autotm "
                    "calibrate). Default: h100-pcie5 for cuda, optane for cpu.")
-@click.option("--solver", type=click.Choice(["cbc", "highs", "gurobi", "cplex"]),
-              default=DEFAULT_SOLVER, show_default=True,
-              help="MILP solver. cbc ships with PuLP; highs is much faster on async plans.")
+@click.option("--solver", type=click.Choice(SOLVERS), default=DEFAULT_SOLVER,
+              show_default=True,
+              help="MILP solver: highs (HiGHS, in-process); cbc (ships with PuLP, much slower "
+                   "on async plans); gurobi or cplex where installed and licensed.")
 @click.option("--gap", type=float, default=DEFAULT_GAP, show_default=True,
               help="Relative MIP gap at which the solver stops (0.01 = 1%).")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Seconds; on timeout the best plan found is returned, marked as such.")
+@click.option("--time-limit", default=f"{DEFAULT_TIME_LIMIT_S:g}", show_default=True,
+              metavar="SECONDS|none", callback=lambda _c, _p, v: parse_time_limit(v),
+              help="Wall seconds for the whole search; then the best plan found is returned, "
+                   "marked as such. 0 or none: no limit. Ctrl-C also stops the search and "
+                   "keeps the best plan found so far.")
 @click.option("--async-window", type=click.IntRange(min=0), default=DEFAULT_ASYNC_WINDOW,
               show_default=True, help="Kernels around each use where async copies may run.")
 @click.option("--async-candidates", default=str(DEFAULT_ASYNC_CANDIDATES), show_default=True,
@@ -103,8 +116,10 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
 
     MODEL is an ONNX file or a zoo name. Prints predicted time against all-fast and the
-    baselines, bytes moved, the fast-tier peak and the solver's statistics. Exit code 3 when
-    the budget is infeasible (the smallest feasible budget is printed).
+    baselines, bytes moved, the fast-tier peak and the solver's statistics; on a terminal, a
+    live status line while it works. Ctrl-C stops the search and keeps (and writes) the best
+    plan found so far; a second Ctrl-C stops at once. Exit code 3 when the budget is
+    infeasible (the smallest feasible budget is printed).
     """
 
     check_writable(output, "-o")
@@ -116,9 +131,14 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         pin_weights=pin_weights, threads=threads, headroom=headroom,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
         arena=arena, graph=graph_replay)
-    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
-    costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
-    result = api.optimize(graph, config, costs=costs, baselines=not no_baselines)
+    control = SolveControl(time_limit_s=time_limit)
+    with status.StatusLine(control, status.wanted(as_json)):
+        control.report(stage="loading the model")
+        graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
+        costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
+        with handle_signals(control):
+            result = api.optimize(graph, config, costs=costs, baselines=not no_baselines,
+                                  control=control)
     if result.plan is not None and output:
         result.plan.save(output)
     if as_json:
@@ -127,8 +147,27 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         for line in summary_lines(graph, result, config, costs):
             click.echo(line)
         if result.plan is not None and output:
-            click.echo(f"wrote {output}")
-    return 0 if result.plan is not None else EXIT_INFEASIBLE
+            click.echo(f"wrote {output}{WROTE_NOTE.get(result.status, '')}")
+        elif result.status == "interrupted":
+            click.echo("interrupted before any plan was found: nothing written", err=True)
+    if result.plan is not None:
+        return 0
+    return EXIT_INTERRUPTED if result.status == "interrupted" else EXIT_INFEASIBLE
+
+
+def parse_time_limit(value: str | float | None) -> float | None:
+    """--time-limit: positive seconds; 0 or 'none' for no limit."""
+    if value is None or str(value).strip().lower() in ("none", "0", "0.0", "inf"):
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"--time-limit {value!r}: seconds, e.g. 300, or none for no "
+                          "limit") from None
+    if seconds < 0:
+        raise ConfigError(f"--time-limit {value!r}: must be >= 0 seconds (0 or none: no "
+                          "limit)")
+    return seconds or None
 
 
 def _candidates(value: str) -> int | None:
@@ -146,7 +185,7 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
     s = graph.summary()
     lines = [f"model      {s['name']}: {s['kernels']} kernels, {s['tensors']} tensors, peak "
              f"{format_bytes(s['peak_live_bytes'])}, largest working set "
-             f"{format_bytes(s['max_working_set_bytes'])}"]
+             f"{format_bytes(int(working_sets(graph, costs).max(initial=0)))}"]
     if costs.n_estimated:
         lines.append(f"costs      {costs.n_estimated} of {len(costs.times_s)} kernel times "
                      "are roofline estimates (no profile)")

@@ -23,8 +23,10 @@ from autotm_py.cli.common import (
     no_fuse_option,
     parse_dims,
     print_json,
+    require,
     warn,
 )
+from autotm_py.config import DEFAULT_SOLVER
 from autotm_py.errors import ConfigError
 from autotm_py.plan import Plan, costs_drift
 from autotm_py.report.build import make_report
@@ -168,7 +170,8 @@ def _split(text: str) -> tuple[str, ...]:
                    "1/5 of the peak; the paper's PMM:DRAM 4:1).")
 @click.option("--strategies", default="static,sync,async", show_default=True,
               help="Comma-separated: static, sync, async.")
-@click.option("--solvers", default="cbc", show_default=True, help="Comma-separated: cbc, highs.")
+@click.option("--solvers", default=DEFAULT_SOLVER, show_default=True,
+              help="Comma-separated: highs, cbc.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cpu: host mode (DRAM + slow tier); cuda: GPU mode.")
 @click.option("--memory", default=None,
@@ -231,6 +234,8 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
       autotm bench ... --engine ray --address auto     (on the head of a Ray cluster)
     """
 
+    if execute:
+        require("torch", "autotm bench --execute")
     check_writable(output, "-o")
     check_writable(plans_dir, "--plans", directory=True)
     spec = BenchSpec(models=_split(models), ratios=_split(ratios),

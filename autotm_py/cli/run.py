@@ -13,6 +13,7 @@ from autotm_py.cli.common import (
     load_model_from_cli,
     model_options,
     print_json,
+    require,
     warn,
 )
 from autotm_py.fileio import atomic_write_text
@@ -58,6 +59,7 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     `--headroom`)."""
     import json
 
+    require("torch", "autotm run")
     check_writable(output, "-o")
     plan = Plan.load(plan_path)
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)

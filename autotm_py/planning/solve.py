@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from autotm_py.errors import SolverError
 from autotm_py.plan import Plan, SolverStats
 from autotm_py.planning.baselines import BaselineResult, all_fast
+from autotm_py.planning.control import SolveControl
 from autotm_py.planning.decode import decode
 from autotm_py.planning.gadgets import small_tensors
 from autotm_py.units import format_bytes
@@ -43,8 +44,9 @@ class PlanResult:
     """What `optimize` found. `plan` is None when infeasible or when no plan was found in time.
 
     status: ``optimal`` (within the gap), ``time_limit`` (best plan found when the limit hit),
-    ``infeasible`` (budget below `min_feasible_budget_bytes`, forced by `forcing_kernel`), or
-    ``no_solution`` (the limit hit before any plan was found)."""
+    ``interrupted`` (stopped on request: the best plan found so far, or None if there was
+    none yet), ``infeasible`` (budget below `min_feasible_budget_bytes`, forced by
+    `forcing_kernel`), or ``no_solution`` (the limit hit before any plan was found)."""
 
     status: str
     plan: Plan | None
@@ -118,9 +120,11 @@ def min_feasible_budget(machine: MachineModel, strategy: str,
     return need[kid], kid
 
 
-def plan(machine: MachineModel, config: PlanConfig) -> PlanResult:
+def plan(machine: MachineModel, config: PlanConfig,
+         control: SolveControl | None = None) -> PlanResult:
     """Plan `model.graph` under `config` (see the module docstring). A solved plan comes back
-    unverified: no predicted time yet, and `fast_peak_bytes` unset."""
+    unverified: no predicted time yet, and `fast_peak_bytes` unset. `control` receives
+    progress and may ask the search to stop (it then returns the best plan found so far)."""
     graph = machine.graph
     common = {"budget_bytes": machine.user_budget, "all_fast_time_s": machine.all_fast_time,
               "reserve_bytes": machine.reserve_bytes, "plannable_bytes": machine.budget,
@@ -140,27 +144,32 @@ def plan(machine: MachineModel, config: PlanConfig) -> PlanResult:
         need, kid = min_feasible_budget(machine, config.strategy)
     if machine.budget < need:
         return _infeasible(machine, need, kid, config.strategy, common)
-    f, outcome, stats, notes = _search(machine, config, small)
+    f, outcome, stats, notes = _search(machine, config, small, control or SolveControl())
     if not outcome.has_solution:
         return _unsolved(outcome.status, stats, need, kid, graph, common, config)
     if outcome.status == "time_limit":
         notes.append("time limit reached: best plan found, not proven within the gap")
+    if outcome.status == "interrupted":
+        notes.append("interrupted: best plan found when the search was stopped, not proven "
+                     "within the gap")
     decoded = decode(f, config=_config(config), solver=stats, notes=tuple(notes))
     return PlanResult(outcome.status, decoded, f"{outcome.status}: not verified yet",
                       predicted_time_s=None, stats=stats, objective_s=stats.objective_s,
                       **common)
 
 
-def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int]
-            ) -> tuple[formulation.Formulation, SolveOutcome, SolverStats, list[str]]:
+def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
+            control: SolveControl
+            ) -> tuple[formulation.Formulation | None, SolveOutcome, SolverStats, list[str]]:
     """Build and solve the ILP, warm-started from the smaller strategies' solutions: every
     static plan is a sync plan and every sync plan an async one (`warmstart`), so each search
     starts from a good plan and can only improve on it. If the last search finds nothing in
-    time, the best earlier plan is returned."""
+    time, or a stop request ends the chain early, the best earlier plan is returned."""
     # PuLP comes in here, not with this module: simulating and running plans import the
     # pipeline but never solve (the GPU machine has no PuLP)
     import autotm_py.planning.formulation as formulation
     import autotm_py.planning.warmstart as warmstart
+    from autotm_py.planning.solvers import SolveOutcome
 
     started = time.perf_counter()
     chain = [s for s in ("static", "sync", "async") if not (machine.gpu and s == "static")]
@@ -169,47 +178,58 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int]
     notes: list[str] = []
     spent = [0.0, 0.0]  # build and solve seconds of every model in the chain
     best: tuple[formulation.Formulation, SolveOutcome] | None = None
+    f, outcome = None, SolveOutcome("interrupted", None, None, None, 0.0, has_values=False)
     for strategy in chain:
+        if control.stop_requested:
+            break
         candidates = config.async_candidates if strategy == "async" else None
+        control.report(stage="building", strategy=strategy, solver=config.solver)
         f = formulation.build(machine, strategy, config.async_window, candidates, small)
         log.info("built the %s ILP: %d variables, %d constraints in %.2f s", strategy,
                  f.n_vars, f.n_rows, f.build_s)
         warm = best is not None and warmstart.apply(f, warmstart.events_of(best[0]))
         left = None if config.time_limit_s is None else \
             max(config.time_limit_s - (time.perf_counter() - started), 1.0)
-        outcome = _solve(f, config, left, warm=warm)
+        control.report(stage="stopping" if control.stop_requested else "solving",
+                       incumbent=best[1].objective if warm and best else None)
+        outcome = _solve(f, config, left, warm=warm, control=control)
         spent = [spent[0] + f.build_s, spent[1] + outcome.seconds]
         if warm and strategy == config.strategy:
             notes.append(f"{strategy} search started from the {best[0].strategy} plan "
                          f"({best[1].objective:.3f} ms)")
         if outcome.has_solution:
             best = (f, outcome)
-    f, outcome = best if best is not None else (f, outcome)
-    if f.strategy != config.strategy:
-        notes.append(f"the {config.strategy} search found no plan in time: this is the "
-                     f"{f.strategy} plan")
-        outcome = replace(outcome, status="time_limit")
+    if best is not None:
+        f, outcome = best
+    if best is not None and f is not None and f.strategy != config.strategy:
+        stopped = control.stop_requested
+        notes.append(f"the {config.strategy} search was "
+                     f"{'stopped' if stopped else 'out of time'} before it found a plan: this "
+                     f"is the {f.strategy} plan")
+        outcome = replace(outcome, status="interrupted" if stopped else "time_limit")
     return f, outcome, _stats(config, f, outcome, spent), notes
 
 
-def _stats(config: PlanConfig, f: formulation.Formulation, outcome: SolveOutcome,
+def _stats(config: PlanConfig, f: formulation.Formulation | None, outcome: SolveOutcome,
            spent: list[float]) -> SolverStats:
+    """`f` is None when a stop came before the first model was built."""
     from autotm_py.planning.formulation import MS
 
     return SolverStats(
         solver=config.solver, status=outcome.status,
         objective_s=None if outcome.objective is None else outcome.objective / MS,
-        gap=outcome.gap, variables=f.n_vars, constraints=f.n_rows, build_s=spent[0],
+        gap=outcome.gap, variables=f.n_vars if f else 0, constraints=f.n_rows if f else 0,
+        build_s=spent[0],
         solve_s=spent[1], time_limit_s=config.time_limit_s,
         hit_time_limit=outcome.status in ("time_limit", "no_solution"))
 
 
 def _solve(f: formulation.Formulation, config: PlanConfig, time_limit: float | None, *,
-           warm: bool) -> SolveOutcome:
+           warm: bool, control: SolveControl) -> SolveOutcome:
     from autotm_py.planning.solvers import run_solver
 
     return run_solver(f.prob, config.solver, gap=config.gap, time_limit=time_limit,
-                      threads=config.threads, warm_start=warm)
+                      threads=config.threads, warm_start=warm, control=control)
 
 
 def _infeasible(machine: MachineModel, need: int, kid: int, strategy: str,
@@ -249,8 +269,10 @@ def _unsolved(status: str, stats: SolverStats, need: int, kid: int, graph: Tenso
                           f"the smallest feasible one ({need} bytes, kernel #{kid}); please "
                           "report this with the model and options")
     other = "cbc" if config.solver == "highs" else "highs"
-    message = (f"no plan found within the time limit of {config.time_limit_s} s; raise "
-               f"--time-limit or --gap, or try --solver {other}")
+    limit = "no time limit" if config.time_limit_s is None else \
+        f"the time limit of {config.time_limit_s:g} s"
+    message = "interrupted before any plan was found" if status == "interrupted" else \
+        (f"no plan found within {limit}; raise --time-limit or --gap, or try --solver {other}")
     return PlanResult(status, None, message, predicted_time_s=None, stats=stats,
                       min_feasible_budget_bytes=need, forcing_kernel=kid,
                       forcing_kernel_name=graph.kernels[kid].name, **common)

@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotm_py.machine import working_sets
 from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
@@ -31,7 +32,8 @@ def kernel_report(graph: TensorGraph, costs: KernelCosts | None = None, *,
                   top: int = 10, reserve_bytes: int = 0) -> dict[str, Any]:
     """Per-kernel rows, the `top` signatures by time (or count without costs), the bounds
     (budgets: with the runtime's `reserve_bytes` on top of the tensors)."""
-    ws, live = graph.working_set_bytes, graph.live_bytes
+    ws = graph.working_set_bytes if costs is None else working_sets(graph, costs)
+    live = graph.live_bytes
     rows = []
     for k in graph.kernels:
         rows.append({
@@ -41,7 +43,8 @@ def kernel_report(graph: TensorGraph, costs: KernelCosts | None = None, *,
             "time_s": None if costs is None else costs.times_s[k.id],
             "estimated": None if costs is None else bool(costs.estimated[k.id]),
         })
-    ws_bytes, ws_kernel = graph.max_working_set
+    ws_kernel = int(ws.argmax()) if graph.kernels else -1
+    ws_bytes = int(ws[ws_kernel]) if graph.kernels else 0
     return {
         "model": graph.name,
         "kernels": len(graph.kernels),

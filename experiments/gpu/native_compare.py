@@ -9,10 +9,14 @@ For each model (same shapes, fp32, SGD, one training iteration):
 - ours: the all-fast plan through the executor (the graph as imported, fused by default), our
   kernels under torch autograd, and our graph with checkpointed segments under the same cap
   (`runtime.eager.fit_checkpointing`);
+- with `--compile F1,F2`: torch.compile of the native model with
+  `torch._functorch.config.activation_memory_budget` at the first of these fractions that fits
+  the same cap (each try compiles anew: minutes for ResNet-200);
 - per aten op: self CUDA time of one iteration under the torch profiler, native vs executor.
 
     python3 experiments/gpu/native_compare.py OUT_DIR [--models resnet200,bert_base]
-        [--shares 0.5,0.25] [--iterations 10] [--no-fuse] [--small]
+        [--shares 0.5,0.25] [--iterations 10] [--no-fuse] [--small] [--no-ops]
+        [--compile 0.5,0.2] [--no-native-checkpoint]
 
 Writes OUT_DIR/native_compare.json (rows and op tables) and prints a summary. `--small` runs
 tiny shapes (a smoke test of the script itself; its times mean nothing).
@@ -177,6 +181,52 @@ def measure_native(name, batch, dims, iterations, budget=None):
     return {"median_s": None, "out_of_memory_at": missed}
 
 
+def compiled_step(net, make, loss):
+    """One SGD step of torch.compile(net) (compiled at the first call)."""
+    net = net.to(DEV).train()
+    compiled = torch.compile(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, foreach=True)
+    data = make()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss(compiled, data).backward()
+        opt.step()
+    return step
+
+
+def measure_compiled(name, batch, dims, iterations, budget, fractions):
+    """torch.compile of the native model with `activation_memory_budget` (the partitioner's
+    knapsack over saved activations), under the same cap as the checkpointed runs: the first
+    fraction in `fractions` whose run fits. Each try compiles anew (minutes for a big CNN)."""
+    import torch._dynamo
+    import torch._functorch.config as functorch_config
+
+    tried = []
+    for fraction in fractions:
+        torch._dynamo.reset()
+        functorch_config.activation_memory_budget = fraction
+        step = compiled_step(*native_model(name, batch, dims))
+        torch.cuda.empty_cache()
+        cap = apply_cap(budget, DEV, True, SLACK)
+        try:
+            started = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - started
+            t, peak = timed(step, iterations)
+            return {"median_s": t, "peak_bytes": peak, "activation_memory_budget": fraction,
+                    "compile_s": compile_s, "cap": cap, "out_of_memory_at": tried}
+        except torch.OutOfMemoryError:
+            tried.append(fraction)
+        finally:
+            release_cap(DEV)
+            functorch_config.activation_memory_budget = 1.0
+            del step
+            torch.cuda.empty_cache()
+    return {"median_s": None, "out_of_memory_at": tried}
+
+
 # ---- ours ----------------------------------------------------------------------------------
 def measure_ours(graph, iterations, budgets):
     plan = pipeline.all_fast_plan(graph)
@@ -242,6 +292,11 @@ def main() -> int:
     parser.add_argument("--no-fuse", action="store_true")
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--no-ops", action="store_true", help="skip the per-op profile")
+    parser.add_argument("--compile", default="", metavar="FRACTIONS",
+                        help="also torch.compile the native model under each budget's cap "
+                             "with these activation_memory_budget values, first that fits "
+                             "(e.g. 0.5,0.2; minutes of compiling each)")
+    parser.add_argument("--no-native-checkpoint", action="store_true")
     args = parser.parse_args()
     configure_cuda(deterministic=False)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -260,9 +315,15 @@ def main() -> int:
         row = {"model": name, "batch": batch, "dims": dims, "fused": not args.no_fuse,
                "budgets": budgets, "device": torch.cuda.get_device_name(0),
                "native_eager": measure_native(name, batch, dims, args.iterations),
-               "native_checkpoint": {s: measure_native(name, batch, dims, args.iterations, b)
-                                     for s, b in budgets.items()},
+               "native_checkpoint": {} if args.no_native_checkpoint else
+               {s: measure_native(name, batch, dims, args.iterations, b)
+                for s, b in budgets.items()},
                "ours": measure_ours(graph, args.iterations, budgets)}
+        if args.compile:
+            fractions = [float(f) for f in args.compile.split(",")]
+            row["native_compiled"] = {s: measure_compiled(name, batch, dims, args.iterations,
+                                                          b, fractions)
+                                      for s, b in budgets.items()}
         if not args.no_ops:
             row["ops"] = profile_ops(name, batch, dims, graph)
         row["wall_s"] = time.perf_counter() - started

@@ -1,0 +1,64 @@
+"""The live status line of long commands: one line on stderr, redrawn in place while a solve
+runs (stage, incumbent predicted time, gap, elapsed seconds), erased when it ends.
+
+Drawn only when both stdout and stderr are terminals and no `--json` was asked for, so logs,
+pipes and machine-readable output never see it. A thread redraws it four times a second from
+`SolveControl.progress`, so the elapsed time moves even while a model is being built.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+from typing import TextIO
+
+from autotm_py.planning.control import SolveControl
+
+HINTS = {"solving": "Ctrl-C keeps the best plan", "stopping": "Ctrl-C again: stop now"}
+
+
+def wanted(as_json: bool) -> bool:
+    """Whether a status line belongs on this terminal."""
+    return not as_json and sys.stdout.isatty() and sys.stderr.isatty()
+
+
+class StatusLine:
+    """``with StatusLine(control, enabled):`` draws ``control.progress`` until the block ends."""
+
+    def __init__(self, control: SolveControl, enabled: bool, *, stream: TextIO | None = None,
+                 every_s: float = 0.25) -> None:
+        self.control, self.enabled, self.every_s = control, enabled, every_s
+        self.stream = stream or sys.stderr
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> StatusLine:
+        if self.enabled:
+            self._thread = threading.Thread(target=self._run, name="autotm-status", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._thread is None:
+            return
+        self._done.set()
+        self._thread.join()
+        self.stream.write("\r\x1b[K")
+        self.stream.flush()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            self.stream.write("\r" + self.text() + "\x1b[K")
+            self.stream.flush()
+            self._done.wait(self.every_s)
+
+    def text(self) -> str:
+        """The line for the terminal's width; the Ctrl-C hint goes first when it is narrow."""
+        progress = self.control.progress
+        line = f"autotm: {progress.describe()}"
+        width = shutil.get_terminal_size((100, 20)).columns - 1
+        hint = HINTS.get(progress.stage)
+        if hint and len(line) + len(hint) + 3 <= width:
+            line += f" ({hint})"
+        return line if len(line) <= width else line[:max(width - 3, 0)] + "..."

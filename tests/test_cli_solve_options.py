@@ -1,0 +1,82 @@
+"""`autotm optimize`'s solver options and the live status line, in-process on a synthetic
+model (the loader is patched); real signals are in tests/test_cli_interrupts.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+
+from autotm_py import api
+from autotm_py.cli import main, status
+from autotm_py.cli import optimize as optimize_cli
+from autotm_py.planning.control import SolveControl
+from tests.graphs import costs_for, small_training
+
+
+@pytest.fixture()
+def net(monkeypatch):
+    graph = small_training(kib=256)
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: graph)
+    monkeypatch.setattr(api, "load_costs",
+                        lambda g, device="cuda", profiles_dir=None: costs_for(g, device))
+    return graph
+
+
+@pytest.mark.parametrize(("given", "limit"), [(None, 300.0), ("none", None), ("0", None),
+                                              ("12.5", 12.5)])
+def test_time_limit_defaults_to_300_s_and_none_or_0_lift_it(net, capsys, given, limit):
+    args = ["optimize", "net", "--fast-mem", "900KiB", "--no-baselines", "--json"]
+    assert main(args + (["--time-limit", given] if given else [])) == 0
+    solver = json.loads(capsys.readouterr().out)["solver"]
+    assert solver["solver"] == "highs" and solver["time_limit_s"] == limit
+
+
+@pytest.mark.parametrize("bad", ["-1", "soon"])
+def test_bad_time_limits_are_one_line_errors(net, capsys, bad):
+    assert main(["optimize", "net", "--fast-mem", "900KiB", "--time-limit", bad]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --time-limit '{bad}'")
+
+
+def test_interrupted_before_any_plan_exits_130_and_writes_nothing(net, tmp_path, capsys,
+                                                                  monkeypatch):
+    class StoppedAtOnce(SolveControl):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.request_stop()
+
+    monkeypatch.setattr(optimize_cli, "SolveControl", StoppedAtOnce)
+    plan = tmp_path / "plan.json"
+    assert main(["optimize", "net", "--fast-mem", "900KiB", "-o", str(plan)]) == 130
+    captured = capsys.readouterr()
+    assert "interrupted before any plan was found" in captured.out
+    assert "nothing written" in captured.err and not plan.exists()
+
+
+def test_no_status_line_off_a_terminal_or_with_json(net, capsys):
+    assert not status.wanted(as_json=True)
+    assert not status.wanted(as_json=False)  # pytest's captured streams are not terminals
+    assert main(["optimize", "net", "--fast-mem", "900KiB", "--no-baselines"]) == 0
+    assert "autotm:" not in capsys.readouterr().err
+
+
+def test_the_status_line_redraws_in_place_and_erases_itself(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+    control = SolveControl(time_limit_s=300.0)
+    stream = io.StringIO()
+    with status.StatusLine(control, True, stream=stream, every_s=0.01):
+        control.report(stage="solving", strategy="async", solver="cbc", incumbent=52.4,
+                       bound=50.0)
+        time.sleep(0.1)
+    text = stream.getvalue()
+    assert "\rautotm: solving the async model (cbc), best 52.400 ms, gap 4.6%" in text
+    assert "Ctrl-C keeps the best plan" in text and text.endswith("\r\x1b[K")
+    monkeypatch.setenv("COLUMNS", "60")  # narrow: the hint goes, the numbers stay
+    narrow = status.StatusLine(control, True).text()
+    assert len(narrow) <= 59 and "best 52.400 ms" in narrow and "Ctrl-C" not in narrow
+    quiet = io.StringIO()
+    with status.StatusLine(control, False, stream=quiet):
+        time.sleep(0.02)
+    assert quiet.getvalue() == ""
