@@ -126,8 +126,32 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
 
 
 def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations: int = 5,
-            warmup: int = 2, **options: Any) -> RunResult:
-    """Run a plan for real with torch and measure it."""
+            warmup: int = 2, arena: bool = False, graph_replay: bool = False,
+            costs: KernelCosts | None = None, **options: Any) -> RunResult:
+    """Run a plan for real with torch and measure it. `arena`: every fast copy at its planned
+    offset (a plan without an arena is packed first, `with_arena`); `graph_replay` (CUDA): the
+    timed iterations replay one CUDA graph (implies `arena`). Where no arena can serve the plan
+    (`pipeline.arena_for_run`: packed now, it would exceed the capped budget), the run falls
+    back to torch's caching allocator, eagerly, and its notes say why."""
+    from dataclasses import replace
+
     from autotm_py.runtime.executor import execute as _execute
 
-    return _execute(graph, plan, device=device, iterations=iterations, warmup=warmup, **options)
+    fallback = None
+    if arena or graph_replay:
+        capped = device.startswith("cuda") and options.get("enforce_budget", True)
+        placed, fallback = pipeline.arena_for_run(graph, plan, costs, capped=capped)
+        if placed is None:
+            arena = graph_replay = False
+        else:
+            plan = placed
+    result = _execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
+                      arena=arena, graph_replay=graph_replay, **options)
+    return replace(result, notes=(*result.notes, fallback)) if fallback else result
+
+
+def with_arena(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None, *,
+               profiles_dir: PathLike | None = None) -> Plan:
+    """`plan` with every fast buffer at a packed offset (unchanged if it has an arena). A plan
+    planned without `--arena` may need more than its budget this way; `simulate` says so."""
+    return pipeline.with_arena(graph, plan, costs, profiles_dir=profiles_dir)

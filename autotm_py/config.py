@@ -62,12 +62,22 @@ class PlanConfig:
     recompute: str = "auto"  # auto | off | on | only (RECOMPUTE_MODES)
     recompute_depth: int = DEFAULT_RECOMPUTE_DEPTH
     recompute_ratio: float = DEFAULT_RECOMPUTE_RATIO
+    # GPU mode: give every fast-memory buffer a planned offset in one arena (`autotm_py.arena`)
+    # and fit the packed arena in the budget, so that the plan runs without headroom.
+    arena: bool = False
+    # GPU mode: price the iteration as a CUDA graph replays it (device times, no host
+    # dispatch: `autotm run --graph`).
+    graph: bool = False
     # Fast memory the runtime keeps for itself (GPU: torch's cuBLAS workspaces), taken out of
     # the budget before the plan's tensors; None: the memory system's `runtime_reserve_bytes`.
     reserve_bytes: int | None = None
 
     def __post_init__(self) -> None:
         self._coerce()
+        if self.arena and self.recompute in ("on", "only"):
+            raise ConfigError(f"--recompute {self.recompute} with --arena: arena plans do not "
+                              "place regenerated tensors yet; use --recompute off (the default "
+                              "with --arena) or drop --arena")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"--strategy {self.strategy!r}: choose one of "
                               f"{', '.join(STRATEGIES)}")
@@ -108,7 +118,9 @@ class PlanConfig:
         strategy is static, else off)."""
         if self.recompute != "auto":
             return self.recompute
-        return "on" if self.device == "cuda" and self.strategy != "static" else "off"
+        # arena plans do not place regenerated tensors yet (docs/gpu.md): auto is off there
+        return "on" if self.device == "cuda" and self.strategy != "static" and not self.arena \
+            else "off"
 
     @property
     def plan_name(self) -> str:

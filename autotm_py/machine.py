@@ -18,6 +18,18 @@ object, so that a plan's predicted time is the same number whoever computes it:
   sum over its copies);
 - bytes: `accounting.aligned` sizes; pinned tensors outside the budget; the workspace of a
   kernel counts while it runs.
+
+`graph_replay` (GPU mode): the iteration is replayed as a CUDA graph (`autotm run --graph`),
+so the host enqueues it at once and no kernel waits for its dispatch: every kernel costs its
+device time (`KernelCosts.replayed`), for the ILP's objective and both clocks of the simulator
+alike.
+
+`arena` (GPU mode): the plan runs in an arena (`autotm_py.arena`): its tensors at planned
+offsets, and what kernels allocate themselves (workspace, outputs they cannot write in place:
+`memory.scratch`) in one scratch region beside it, as large as the largest kernel's scratch
+(`scratch_reserve`). The capacity rows then bound the tensors alone (`workspace` is zero) by the
+budget less the scratch region. `arena_margin`: bytes the planner holds back so that the
+packed arena fits (the pipeline's fit loop).
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ import numpy as np
 
 from autotm_py.errors import ConfigError
 from autotm_py.memory import accounting
+from autotm_py.memory.scratch import allocated_outputs
 from autotm_py.memory.tiers import FAST, SLOW
 
 if TYPE_CHECKING:
@@ -61,19 +74,41 @@ class MachineModel:
     costs: KernelCosts
     pin_weights: bool = False
     headroom: float = 0.0  # share of the budget left free for allocator fragmentation
+    graph_replay: bool = False  # priced for CUDA-graph replay: device times, no host dispatch
+    arena: bool = False  # planned for an arena run (GPU mode): see the module docstring
+    arena_margin: int = 0  # bytes held back so that the packed arena fits (fit loop)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_profile_costs", self.costs)
+        if self.graph_replay and self.gpu:
+            object.__setattr__(self, "costs", self.costs.replayed())
         n = len(self.graph.kernels)
         if len(self.costs.times_s) != n:
             raise ConfigError(f"kernel costs cover {len(self.costs.times_s)} kernels but graph "
                               f"{self.graph.name!r} has {n}; profile this graph (same --batch, "
                               "--dim and --training)")
 
+    @property
+    def profile_costs(self) -> KernelCosts:
+        """The costs as given (`costs` holds their graph-replay form when `graph_replay`):
+        what a plan's header records and what today's profiles are compared with."""
+        return self._profile_costs  # type: ignore[attr-defined,no-any-return]
+
     # ---- bytes ---------------------------------------------------------------------------
     @property
     def budget(self) -> int | None:
         """Bytes the plan's tensors and workspaces may use: the budget minus the runtime's
-        own reserve (`MemorySystem.runtime_reserve_bytes`) and the fragmentation headroom."""
+        own reserve (`MemorySystem.runtime_reserve_bytes`), the fragmentation headroom and the
+        arena margin."""
+        total = self.memory.budget_bytes
+        if total is None:
+            return None
+        return max(total - self.memory.runtime_reserve_bytes - int(total * self.headroom)
+                   - self.scratch_reserve - self.arena_margin, 0)
+
+    @property
+    def arena_limit(self) -> int | None:
+        """The largest arena (tensors and scratch region) that fits the budget."""
         total = self.memory.budget_bytes
         if total is None:
             return None
@@ -81,8 +116,8 @@ class MachineModel:
 
     def user_terms(self, plan_bytes: int) -> int:
         """The budget a user must give for the plan's tensors to have `plan_bytes`."""
-        return math.ceil((plan_bytes + self.memory.runtime_reserve_bytes)
-                         / (1.0 - self.headroom))
+        return math.ceil((plan_bytes + self.memory.runtime_reserve_bytes + self.scratch_reserve
+                          + self.arena_margin) / (1.0 - self.headroom))
 
     @property
     def user_budget(self) -> int | None:
@@ -117,13 +152,40 @@ class MachineModel:
             sizes[list(self.pinned)] = 0
         return sizes
 
+    @property
+    def arena_mode(self) -> bool:
+        return self.arena and self.gpu
+
     @cached_property
-    def workspace(self) -> np.ndarray:
+    def kernel_workspace(self) -> np.ndarray:
         """Per kernel: the larger of the IR's workspace and the measured one (profiles)."""
         measured = self.costs.workspace_bytes or (0,) * len(self.graph.kernels)
         return np.array([accounting.aligned(max(k.workspace_bytes, int(w)))
                          for k, w in zip(self.graph.kernels, measured, strict=True)],
                         dtype=np.int64)
+
+    @cached_property
+    def workspace(self) -> np.ndarray:
+        """Per kernel: the bytes its capacity row counts beside its tensors, its workspace; in
+        arena mode none (the scratch region holds every kernel's workspace)."""
+        if self.arena_mode:
+            return np.zeros(len(self.graph.kernels), dtype=np.int64)
+        return self.kernel_workspace
+
+    @cached_property
+    def scratch(self) -> np.ndarray:
+        """Per kernel: its scratch in an arena run, workspace plus the fast outputs that
+        torch allocates (`memory.scratch`; pinned outputs are outside the budget)."""
+        return np.array([int(self.kernel_workspace[k.id]) + sum(
+            int(self.sizes[t]) for t in allocated_outputs(self.graph, k))
+            for k in self.graph.kernels], dtype=np.int64)
+
+    @cached_property
+    def scratch_reserve(self) -> int:
+        """Arena mode: the scratch region, the largest kernel's scratch; else 0."""
+        if not self.arena_mode or not self.graph.kernels:
+            return 0
+        return int(self.scratch.max())
 
     @cached_property
     def live_ranges(self) -> tuple[tuple[int, int], ...]:

@@ -3,9 +3,13 @@
 Stages never call each other's wiring; this module does it, once:
 
 - `machine_for`: a graph and a `PlanConfig` -> the `MachineModel` (memory system with its
-  budget, pinning, headroom, kernel costs: the caller's, else loaded from the profiles);
-- `optimize`: plan (`planning.solve.plan`, unverified), verify the plan by strict simulation,
-  which also gives its predicted time and fast-tier peak, then (optionally) the baselines;
+  budget, pinning, headroom, arena and graph pricing, kernel costs: the caller's, else loaded
+  from the profiles);
+- `optimize`: plan (`planning.solve.plan`, unverified), pack its arena and fit it in the
+  budget (`fit_arena`: re-solving with a tighter budget while the packing exceeds it), verify
+  the plan by strict simulation, which also gives its predicted time and fast-tier peak, then
+  (optionally) the baselines;
+- `with_arena`: a saved plan (or a baseline's) packed into an arena for the executor;
 - `run_baselines`: each baseline's plan (`planning.baselines`) simulated on its machine;
 - `machine_for_plan` and `simulate`: the machine a saved plan was made for, and its timeline;
 - `profile_in_context`: the all-fast plan run through the executor, timed per kernel.
@@ -18,10 +22,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from autotm_py import arena
 from autotm_py.costs import KernelCosts
 from autotm_py.errors import AutoTMError, PlanError, SolverError
 from autotm_py.machine import MachineModel
 from autotm_py.memory import accounting
+from autotm_py.memory.accounting import ALIGN_BYTES
 from autotm_py.memory.tiers import MemorySystem, load_memory_system, preset
 from autotm_py.planning import baselines as baseline_plans
 from autotm_py.planning import solve
@@ -31,6 +37,7 @@ from autotm_py.planning.solve import PlanResult
 from autotm_py.profiling.in_context import profile_in_context as _profile
 from autotm_py.profiling.profile import load_costs
 from autotm_py.runtime.simulate import SimulationResult, Simulator
+from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
     from autotm_py.config import PlanConfig
@@ -53,19 +60,29 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
     if costs is None:
         costs = load_costs(graph, device=config.device, profiles_dir=profiles_dir)
     return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights,
-                        config.headroom)
+                        config.headroom, graph_replay=config.graph, arena=config.arena)
+
+
+# The fit loop: solves at most this many times; each retry holds back the last packing's excess
+# plus this share of the arena's limit.
+ARENA_SOLVES = 4
+ARENA_SLACK = 0.002
 
 
 def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | None = None,
              profiles_dir: PathLike | None = None,
              baselines: bool | Sequence[str] = False,
              control: SolveControl | None = None) -> PlanResult:
-    """Plan `graph` under `config` and verify the plan. `baselines`: also plan and simulate
-    these baselines (True: all of them) for comparison. `control`: progress reports and stop
-    requests (a stop ends the search with the best plan so far and skips the baselines)."""
+    """Plan `graph` under `config` and verify the plan (in GPU mode with `config.arena`, packed
+    into an arena that fits the budget). `baselines`: also plan and simulate these baselines
+    (True: all of them) for comparison. `control`: progress reports and stop requests (a stop
+    ends the search with the best plan so far and skips the baselines)."""
     control = control or SolveControl(time_limit_s=config.time_limit_s)
     machine = machine_for(graph, config, costs, profiles_dir=profiles_dir)
-    result = solve.plan(machine, config, control)
+    if machine.arena_mode:
+        result, machine = fit_arena(machine, config, control)
+    else:
+        result = solve.plan(machine, config, control)
     if result.plan is not None and result.predicted_time_s is None:
         control.report(stage="verifying the plan")
         result = _verified(machine, result)
@@ -74,6 +91,108 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
         control.report(stage="planning the baselines")
         result = replace(result, baselines=run_baselines(machine, names, control))
     return result
+
+
+def fit_arena(machine: MachineModel, config: PlanConfig, control: SolveControl | None = None
+              ) -> tuple[PlanResult, MachineModel]:
+    """Solve, pack the plan's buffers (`arena.pack`) and, while the arena exceeds the budget
+    (tensors beyond their live sum: the packing's holes), solve again with the excess held
+    back (`MachineModel.arena_margin`); at most `ARENA_SOLVES` solves, none after a stop
+    request (`control`). The result's plan has its arena, unverified; a plan that never fits
+    keeps none and runs on torch's allocator (a note says why). Returns the result and the
+    machine of its last solve."""
+    limit = machine.arena_limit
+    notes: list[str] = []
+    last: tuple[PlanResult, MachineModel] | None = None
+    for attempt in range(1, ARENA_SOLVES + 1):
+        if last is not None and control is not None and control.stop_requested:
+            notes.append("no arena: stopped before the packing fitted; the plan runs on "
+                         "torch's caching allocator")
+            return _noted(*last, notes)
+        result = solve.plan(machine, config, control)
+        if result.plan is None:
+            if last is None:
+                return result, machine
+            notes.append("no arena: with the packing's holes held back the budget is "
+                         "infeasible; the plan runs on torch's caching allocator")
+            return _noted(*last, notes)
+        try:
+            layout = arena.pack(machine, result.plan)
+        except arena.ArenaError as exc:
+            return _noted(result, machine, [*notes, f"no arena: {exc}"])
+        excess = 0 if limit is None else layout.nbytes - limit
+        if excess <= 0:
+            notes.append(_arena_note(layout, machine, attempt))
+            plan = result.plan.with_arena(layout).with_header(counts={
+                **result.plan.header.counts, "arena_bytes": layout.nbytes,
+                "arena_scratch_bytes": layout.scratch_bytes})
+            return _noted(replace(result, plan=plan), machine, notes)
+        assert limit is not None and machine.budget is not None
+        notes.append(f"arena: packed {format_bytes(layout.nbytes)} over the "
+                     f"{format_bytes(limit)} it may use; solved again")
+        last = (result, machine)
+        # the next plan's live bytes must fall by the excess (the packing's holes) below this
+        # plan's, which may lie under the budget already
+        live = arena.lifetimes(machine, result.plan).live_peak()
+        target = live - excess - max(int(limit * ARENA_SLACK), ALIGN_BYTES)
+        machine = replace(machine, arena_margin=machine.arena_margin + max(
+            machine.budget - target, excess))
+    notes.append(f"no arena: the packing did not fit in {ARENA_SOLVES} solves; the plan runs "
+                 "on torch's caching allocator")
+    assert last is not None
+    return _noted(*last, notes)
+
+
+def _arena_note(layout: arena.ArenaLayout, machine: MachineModel, solves: int) -> str:
+    return (f"arena: {format_bytes(layout.nbytes)} (tensors "
+            f"{format_bytes(layout.scratch_offset)}, scratch {format_bytes(layout.scratch_bytes)})"
+            f" of {format_bytes(machine.arena_limit or 0)}"
+            + (f", after {solves} solves holding back {format_bytes(machine.arena_margin)}"
+               if solves > 1 else ""))
+
+
+def _noted(result: PlanResult, machine: MachineModel, notes: list[str]
+           ) -> tuple[PlanResult, MachineModel]:
+    if result.plan is None or not notes:
+        return result, machine
+    return replace(result, plan=result.plan.with_header(
+        notes=(*result.plan.header.notes, *notes))), machine
+
+
+def with_arena(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None, *,
+               profiles_dir: PathLike | None = None) -> Plan:
+    """`plan` with its buffers packed into an arena (unchanged if it has one): for running a
+    plan made without one (a baseline, `--no-arena`, an older plan) at planned addresses. The
+    arena may exceed the budget; the verifier says so."""
+    if plan.arena is not None:
+        return plan
+    machine = replace(machine_for_plan(graph, plan, costs, profiles_dir=profiles_dir),
+                      arena=True)
+    return plan.with_arena(arena.pack(machine, plan))
+
+
+def arena_for_run(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None, *,
+                  capped: bool = True, profiles_dir: PathLike | None = None
+                  ) -> tuple[Plan | None, str | None]:
+    """The plan to run at planned addresses: `plan` if it has an arena, else packed now
+    (`with_arena`); or None with the reason where no arena can serve it, the run then using
+    torch's caching allocator: its buffers cannot keep steady slots, or (`capped`: the run is
+    held to the budget) the packed arena exceeds what the budget leaves."""
+    if plan.arena is not None:
+        return plan, None
+    machine = replace(machine_for_plan(graph, plan, costs, profiles_dir=profiles_dir),
+                      arena=True)
+    try:
+        layout = arena.pack(machine, plan)
+    except arena.ArenaError as exc:
+        return None, f"no arena: {exc}; ran on torch's caching allocator"
+    limit = machine.arena_limit
+    if capped and limit is not None and layout.nbytes > limit:
+        return None, (f"no arena: the plan has none, and packed now it needs "
+                      f"{format_bytes(layout.nbytes)} of the {format_bytes(limit)} its budget "
+                      "leaves; ran on torch's caching allocator (plan with `autotm optimize "
+                      "--arena`)")
+    return plan.with_arena(layout), None
 
 
 def _verified(machine: MachineModel, result: PlanResult) -> PlanResult:
@@ -131,7 +250,8 @@ def machine_for_plan(graph: TensorGraph, plan: Plan, costs: KernelCosts | None =
     header = plan.header
     if costs is None:
         costs = load_costs(graph, device=header.device, profiles_dir=profiles_dir)
-    return MachineModel(graph, memory, costs, header.pin_weights, header.headroom)
+    return MachineModel(graph, memory, costs, header.pin_weights, header.headroom,
+                        graph_replay=header.graph, arena=plan.arena is not None)
 
 
 def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,

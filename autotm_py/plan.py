@@ -23,6 +23,13 @@ Records (executed in order by `interpreter.PlanInterpreter` subclasses):
 Tensors without a producer (inputs, weights, optimizer state, constants) start where
 `initial` says. Carried tensors (training: W -> W') must end the iteration where their
 first version starts, so the next iteration can run the same plan.
+
+`Plan.arena` (optional, `ArenaLayout`): where every fast-memory buffer lives in one arena of
+fast memory (GPU mode; `autotm_py.arena` packs it). A buffer is one fast copy of a tensor, from
+the record that creates it (the initial placement, a Move to fast, the Compute that produces
+it) to the Free that drops it; each Compute's scratch (workspace and outputs that the kernel
+cannot write in place) lives in the scratch region at the top of the arena while it runs.
+A plan without an arena runs on torch's caching allocator.
 """
 
 from __future__ import annotations
@@ -88,6 +95,53 @@ NON_REPRODUCIBLE_OPS = frozenset({
     "Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
     "Bernoulli", "Multinomial",
 })
+
+INITIAL = -1  # ArenaBuffer.record of a given tensor's initial fast copy
+SCRATCH = -1  # ArenaBuffer.tensor of a Compute's scratch
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaBuffer:
+    """One fast-memory buffer at a planned offset. `record`: the index of the record that
+    creates it (`INITIAL` for a given tensor's initial fast copy); `tensor`: whose copy it is
+    (`SCRATCH`: the scratch of the Compute at `record`)."""
+
+    record: int
+    tensor: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ArenaLayout:
+    """Planned offsets of a plan's fast-memory buffers in one arena of `nbytes`.
+
+    Buffers at [0, scratch_offset) hold tensors; [scratch_offset, nbytes) is the scratch region
+    where kernels allocate their workspaces and the outputs they cannot write in place (torch's
+    allocator serves it at run time). `alignment`: every offset is a multiple of it."""
+
+    nbytes: int
+    scratch_offset: int
+    alignment: int
+    buffers: tuple[ArenaBuffer, ...]
+
+    def offsets(self) -> dict[tuple[int, int], int]:
+        """(record, tensor) -> offset of every tensor buffer (scratch buffers left out)."""
+        return {(b.record, b.tensor): b.offset for b in self.buffers if b.tensor != SCRATCH}
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.nbytes - self.scratch_offset
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bytes": self.nbytes, "scratch_offset": self.scratch_offset,
+                "alignment": self.alignment,
+                "buffers": [[b.record, b.tensor, b.offset, b.nbytes] for b in self.buffers]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ArenaLayout:
+        return cls(int(data["bytes"]), int(data["scratch_offset"]), int(data["alignment"]),
+                   tuple(ArenaBuffer(*(int(x) for x in row)) for row in data["buffers"]))
 
 
 @dataclass(frozen=True)
@@ -172,11 +226,14 @@ class PlanHeader:
     format_version: int = FORMAT_VERSION
     # Typed fields (format 2). device: whose profiles priced the plan ("cuda": GPU mode, "cpu":
     # host mode); pin_weights and headroom as planned; model: how the graph was loaded (None
-    # for a version-1 plan, which did not record it).
+    # for a version-1 plan, which did not record it); graph: priced for CUDA-graph replay
+    # (absent, false, in plans written before it existed).
     device: str = "cuda"
     pin_weights: bool = False
     headroom: float = 0.0
     model: ModelOptions | None = None
+    # priced for CUDA-graph replay (device times, no host dispatch: `--graph`)
+    graph: bool = False
     # the kernel costs it was solved with (None: not recorded, e.g. a plan written before)
     costs: CostsIdentity | None = None
 
@@ -200,6 +257,7 @@ class Plan:
     initial: Mapping[int, tuple[str, ...]]
     records: tuple[Record, ...]
     names: Mapping[str, Any] = field(default_factory=dict)  # tensor/kernel tables for readers
+    arena: ArenaLayout | None = None  # planned offsets of the fast-memory buffers
 
     # ---- queries -------------------------------------------------------------------------
     def computes(self) -> Iterable[Compute]:
@@ -214,10 +272,13 @@ class Plan:
     def with_header(self, **changes: Any) -> Plan:
         return replace(self, header=replace(self.header, **changes))
 
+    def with_arena(self, arena: ArenaLayout | None) -> Plan:
+        return replace(self, arena=arena)
+
     # ---- JSON ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         header = asdict(self.header)
-        return {
+        out = {
             "format": "autotm-plan",
             "format_version": self.header.format_version,
             "header": header,
@@ -226,6 +287,9 @@ class Plan:
             "records": [_record_to_json(r) for r in self.records],
             "names": dict(self.names),
         }
+        if self.arena is not None:
+            out["arena"] = self.arena.to_dict()
+        return out
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, separators=(",", ":") if indent is None
@@ -246,9 +310,10 @@ class Plan:
             initial = {int(t): tuple(CODE_TIERS[c] for c in code)
                        for t, code in data["initial"].items()}
             records = tuple(_record_from_json(r) for r in data["records"])
+            arena = None if data.get("arena") is None else ArenaLayout.from_dict(data["arena"])
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"{origin}: malformed plan ({type(exc).__name__}: {exc})") from None
-        return cls(header, initial, records, dict(data.get("names", {})))
+        return cls(header, initial, records, dict(data.get("names", {})), arena)
 
     @classmethod
     def from_json(cls, text: str, *, origin: str = "plan") -> Plan:
@@ -299,6 +364,8 @@ class Plan:
         if len(seen) != n_k:
             missing = sorted(set(range(n_k)) - seen)[:5]
             raise PlanError(f"plan computes {len(seen)} of {n_k} kernels; missing e.g. {missing}")
+        if self.arena is not None:
+            _check_arena(self.arena, self.records, n_t)
         return self
 
     def _mismatch(self, graph: TensorGraph) -> str:
@@ -419,6 +486,31 @@ def _check_record(rec: Record, i: int, graph: TensorGraph, n_k: int, n_t: int) -
     bad = [t for t in tiers if t not in TIER_CODES]
     if bad:
         raise PlanError(f"record #{i}: unknown tier {bad[0]!r} (tiers: fast, slow)")
+
+
+def _check_arena(arena: ArenaLayout, records: Sequence[Record], n_t: int) -> None:
+    """Each buffer names a record that creates it and lies inside the arena (whether live
+    buffers overlap is the verifier's: the strict simulator)."""
+    if not 0 <= arena.scratch_offset <= arena.nbytes or arena.alignment < 1:
+        raise PlanError(f"arena: scratch offset {arena.scratch_offset} outside the arena of "
+                        f"{arena.nbytes} bytes (or alignment {arena.alignment} < 1)")
+    for b in arena.buffers:
+        where = f"arena buffer (record {b.record}, tensor {b.tensor})"
+        if not INITIAL <= b.record < len(records) or (b.record == INITIAL and b.tensor < 0):
+            raise PlanError(f"{where}: no such record")
+        if b.tensor != SCRATCH and not 0 <= b.tensor < n_t:
+            raise PlanError(f"{where}: tensor #{b.tensor} does not exist")
+        if b.tensor == SCRATCH and not isinstance(records[b.record], Compute | Recompute):
+            raise PlanError(f"{where}: scratch belongs to a compute or recompute record")
+        if b.offset < 0 or b.nbytes < 0 or b.offset + b.nbytes > arena.nbytes:
+            raise PlanError(f"{where}: [{b.offset}, {b.offset + b.nbytes}) is outside the "
+                            f"arena of {arena.nbytes} bytes")
+        if (b.tensor == SCRATCH) != (b.offset >= arena.scratch_offset) and b.nbytes:
+            raise PlanError(f"{where}: at {b.offset}, but the scratch region starts at "
+                            f"{arena.scratch_offset} and holds scratch only")
+        if b.offset % arena.alignment:
+            raise PlanError(f"{where}: offset {b.offset} is not a multiple of the alignment "
+                            f"{arena.alignment}")
 
 
 def _record_to_json(rec: Record) -> dict[str, Any]:

@@ -8,8 +8,9 @@ import torch
 
 from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
+from autotm_py.frontend.fuse import fuse_graph
 from autotm_py.ir.training import derive_training
-from autotm_py.pipeline import machine_for, optimize, run_baselines
+from autotm_py.pipeline import machine_for, optimize, run_baselines, with_arena
 from autotm_py.runtime.executor import execute, run_steps
 from autotm_py.runtime.reference import train_steps
 from tests.graphs import costs_for
@@ -19,7 +20,9 @@ STEPS = 3
 
 
 def _graph(name: str):
-    forward = small_cnn() if name == "cnn" else tiny_decoder()
+    forward = small_cnn() if name.startswith("cnn") else tiny_decoder()
+    if name.endswith("-fused"):  # Linear, LinearGrad, ConvGrad, attention: as models load
+        forward = fuse_graph(forward)
     return derive_training(forward, optimizer="sgd")
 
 
@@ -52,6 +55,46 @@ def test_every_plan_matches_the_reference_bitwise(name):
             for tid in graph.outputs:
                 assert torch.equal(got[tid], want[tid].cpu()), (
                     f"{plan_name} ({moves} moves), step {step}: {graph.name_of(tid)} differs")
+
+
+def _arena_plans(graph):
+    """Every plan of `_plans` packed into an arena, and the ILP plans solved for one."""
+    costs = costs_for(graph)
+    plans = {name: with_arena(graph, plan, costs) for name, plan in _plans(graph).items()}
+    budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
+    for strategy in ("sync", "async"):
+        config = PlanConfig(fast_mem_bytes=budget, device="cuda", strategy=strategy, arena=True)
+        machine = machine_for(graph, config, costs)
+        result = optimize(graph, PlanConfig(fast_mem_bytes=budget + machine.scratch_reserve,
+                                            device="cuda", strategy=strategy, arena=True),
+                          costs=costs)
+        assert result.plan is not None and result.plan.arena is not None, result.message
+        plans[f"{strategy}-arena"] = result.plan
+    return plans
+
+
+@pytest.mark.parametrize("name", ["cnn", "decoder", "cnn-fused", "decoder-fused"])
+def test_every_plan_in_an_arena_matches_the_reference_bitwise(name):
+    # the CPU arena: one uint8 tensor, every fast copy a view at its planned offset
+    graph = _graph(name)
+    reference = train_steps(graph, steps=STEPS, seed=3)
+    for plan_name, plan in _arena_plans(graph).items():
+        steps = run_steps(graph, plan, steps=STEPS, seed=3, arena=True)
+        for step, (got, want) in enumerate(zip(steps, reference, strict=True)):
+            for tid in graph.outputs:
+                assert torch.equal(got[tid], want[tid].cpu()), (
+                    f"{plan_name} in an arena, step {step}: {graph.name_of(tid)} differs")
+
+
+def test_arena_run_reports_the_arena():
+    graph = _graph("cnn")
+    plan = _arena_plans(graph)["async-arena"]
+    result = execute(graph, plan, device="cpu", iterations=2, warmup=1, arena=True)
+    assert result.arena_bytes == plan.arena.scratch_offset
+    assert result.copied_outputs is not None and result.copied_outputs > 0  # Conv, on the CPU
+    assert not result.graph and result.reserved_peak_bytes is None
+    with pytest.raises(ConfigError, match="--graph"):
+        execute(graph, plan, device="cpu", arena=True, graph_replay=True)
 
 
 def test_plans_with_moves_exist():

@@ -90,7 +90,19 @@ def fixture_plan() -> Plan:
         Free(1, "slow"),
         Free(2, "fast"),
     )
-    return Plan(header, {0: ("slow",)}, records, names_table(graph))
+    plan = Plan(header, {0: ("slow",)}, records, names_table(graph))
+    return plan.with_arena(_fixture_arena(graph, plan))
+
+
+def _fixture_arena(graph, plan: Plan):
+    """The fixture's fast copies packed into an arena (as `autotm optimize --arena` does)."""
+    from autotm_py.arena import pack
+    from autotm_py.costs import KernelCosts
+    from autotm_py.machine import MachineModel
+    from autotm_py.memory.tiers import preset
+
+    costs = KernelCosts.from_times("cpu", [1e-3] * len(graph.kernels))
+    return pack(MachineModel(graph, preset("optane").with_budget(12288), costs), plan)
 
 
 def fixture_expected(plan: Plan) -> dict[str, Any]:
@@ -115,6 +127,11 @@ def fixture_expected(plan: Plan) -> dict[str, Any]:
         "initial": plan.to_dict()["initial"],
         "placements": [list(r.placement) for r in plan.computes()],
         "recomputes": [[r.kernel, list(r.outputs), r.before] for r in plan.recomputes()],
+        "graph": plan.header.graph,
+        "arena_bytes": plan.arena.nbytes if plan.arena else None,
+        "arena_scratch_offset": plan.arena.scratch_offset if plan.arena else None,
+        "arena_offsets": [[b.record, b.tensor, b.offset] for b in plan.arena.buffers]
+        if plan.arena else [],
     }
 
 
@@ -131,12 +148,16 @@ def test_schema_is_valid_draft_2020_12() -> None:
     jsonschema.Draft202012Validator.check_schema(schema)
 
 
+# Header fields added within format 2: plans written before them lack them (readers default).
+OPTIONAL_HEADER_FIELDS = {"graph"}
+
+
 def test_schema_header_fields_are_the_dataclass_fields() -> None:
     defs = load_schema()["$defs"]
     header_fields = {f.name for f in dataclasses.fields(PlanHeader)}
     solver_fields = {f.name for f in dataclasses.fields(SolverStats)}
     assert set(defs["header"]["properties"]) == header_fields
-    assert set(defs["header"]["required"]) == header_fields
+    assert set(defs["header"]["required"]) == header_fields - OPTIONAL_HEADER_FIELDS
     assert set(defs["solver"]["properties"]) == solver_fields
     assert set(defs["solver"]["required"]) == solver_fields
     for name, cls in (("modelOptions", ModelOptions), ("costsIdentity", CostsIdentity)):
@@ -229,6 +250,10 @@ BROKEN = {
     "role outside the IR": _break(["names", "tensors", 0, 3], "scratch"),
     "short tensor row": _break(["names", "tensors", 0], [0, "x"]),
     "missing records": _break(["records"], delete=True),
+    "graph not a boolean": _break(["header", "graph"], "yes"),
+    "arena without buffers": _break(["arena", "buffers"], delete=True),
+    "short arena row": _break(["arena", "buffers", 0], [0, 1, 2]),
+    "arena record below -1": _break(["arena", "buffers", 0, 0], -2),
 }
 
 

@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "autotm_py"
 # Floors, bottom first; each floor lists its units in the order they may import each other.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("errors", "fileio", "units", "config")),
-    ("values", ("ir", "memory", "costs", "plan", "interpreter", "machine")),
+    ("values", ("ir", "memory", "costs", "plan", "interpreter", "machine", "arena")),
     ("kernels", ("kernels",)),
     ("stages", ("frontend", "runtime", "profiling", "planning", "report", "julia")),
     ("composition", ("pipeline",)),
@@ -31,6 +31,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
 INDEPENDENT_FLOORS = {"stages"}  # units of these floors import each other only as listed
 ALLOWED_BETWEEN = {("profiling", "runtime")}  # in-context profiling runs the executor
 LAZY_ONLY = ("torch", "matplotlib", "juliacall")
+# also deferred: PuLP, so that simulating and running plans works where it is not installed
+DEFERRED = (*LAZY_ONLY, "pulp")
 ROOT = "autotm_py"
 
 
@@ -127,14 +129,14 @@ def test_no_import_points_up_the_layers():
 
 
 def _heavy_modules() -> set[str]:
-    """Package modules that import torch, matplotlib or juliacall at their top, directly or
-    through other package modules."""
+    """Package modules that import torch, matplotlib, juliacall or PuLP at their top, directly
+    or through other package modules."""
     top: dict[str, set[str]] = defaultdict(set)
     heavy: set[str] = set()
     for src, target, scope, _ in IMPORTS:
         if scope != "top":
             continue
-        if target.split(".")[0] in LAZY_ONLY:
+        if target.split(".")[0] in DEFERRED:
             heavy.add(src)
         dst = _known(MODULES, target)
         if dst is not None:
@@ -153,13 +155,13 @@ def test_imports_inside_functions_only_defer_heavy_libraries():
     heavy = _heavy_modules()
     needless = []
     for src, target, scope, line in IMPORTS:
-        if scope != "function" or target.split(".")[0] in LAZY_ONLY:
+        if scope != "function" or target.split(".")[0] in DEFERRED:
             continue
         dst = _known(MODULES, target)
         if target.split(".")[0] == ROOT and dst not in heavy:
             needless.append(f"{src}:{line} imports {target} inside a function")
-    assert not needless, ("import these at the top (only torch, matplotlib and juliacall are "
-                          "deferred):\n" + "\n".join(needless))
+    assert not needless, ("import these at the top (only torch, matplotlib, juliacall and PuLP "
+                          "are deferred):\n" + "\n".join(needless))
 
 
 def test_modules_form_no_import_cycle():
@@ -195,6 +197,19 @@ def test_the_layer_table_in_the_developer_guide_matches():
         assert line is not None, f"docs/developer.md has no row for the {floor} floor"
         for unit in units:
             assert f"`{unit}" in line, f"docs/developer.md: {unit} is not on the {floor} row"
+
+
+def test_simulating_and_running_plans_need_no_pulp():
+    """The GPU machine has no PuLP: the API, the pipeline and the executor import without it
+    (`planning/solve.py` imports the formulation and the solvers where it solves)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, autotm_py.api, autotm_py.pipeline, autotm_py.runtime.simulate, "
+            "autotm_py.profiling.in_context; print('pulp' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "False"
 
 
 def test_planning_and_the_cli_load_no_heavy_library():

@@ -335,3 +335,37 @@ def test_optimize_prices_with_the_profiles_directory_it_is_given(dirs):
     assert api.load_costs(g, device="cpu", profiles_dir=dirs["profiles_dir"]).n_estimated == 0
     elsewhere = api.optimize(g, config, profiles_dir=dirs["profiles_dir"] / "empty")
     assert elsewhere.all_fast_time_s != pytest.approx(mine.all_fast_time_s)
+
+
+def test_a_fused_conv_gradient_is_priced_from_its_measured_parts(tmp_path):
+    # ConvGrad runs one convolution_backward for what ConvGradData and ConvGradFilter ran: with
+    # no entry of its own (the shipped profile without its ConvGrad entries) it costs their
+    # measured sum and needs the larger of their workspaces
+    from autotm_py import api
+    from autotm_py.profiling.profile import cost_sources, target_fingerprint
+    from autotm_py.profiling.sources import kernel_parts
+
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    doc = json.loads((Path(__file__).parent.parent / "profiles" / "h100-80gb-hbm3.json")
+                     .read_text())
+    for s in doc["sets"].values():
+        s["entries"] = {sig: e for sig, e in s["entries"].items()
+                        if '"op":"autotm::ConvGrad"' not in sig}
+    (shipped / "h100-80gb-hbm3.json").write_text(json.dumps(doc))
+    graph = api.load_model("resnet50", batch=32, training=True)
+    costs = load_costs(graph, device="cuda", profiles_dir=tmp_path / "user", shipped_dir=shipped)
+    sources = cost_sources("cuda", target_fingerprint("cuda"), tmp_path / "user", shipped)
+    fused = [k for k in graph.kernels if k.op_type == "ConvGrad"]
+    assert fused and not any(costs.estimated)
+    for kernel in fused:
+        parts = [sources.sets[0].get(sig, placement) for sig, placement in
+                 kernel_parts(graph, kernel)]
+        assert len(parts) == 2 and all(p is not None for p in parts), kernel.name
+        assert costs.times_s[kernel.id] == pytest.approx(sum(p.median_s for p in parts))
+        assert costs.workspace_bytes[kernel.id] == max(p.workspace_bytes or 0 for p in parts)
+        assert costs.scaled[kernel.id]
+    assert kernel_parts(graph, graph.kernels[0]) == ()  # a forward Conv is itself
+    # a measured ConvGrad entry comes first
+    measured = load_costs(graph, device="cuda", profiles_dir=tmp_path / "user")
+    assert not any(measured.scaled[k.id] for k in fused)

@@ -81,6 +81,15 @@ headroom_option = click.option(
     help="Share of the budget the plan leaves free for the allocator's fragmentation (the ILP "
          "counts live bytes; a real heap needs more). Try 0.1 when `autotm run` reports "
          "allocator retries or runs out of memory under the cap.")
+arena_option = click.option(
+    "--arena", is_flag=True,
+    help="GPU mode: give every fast-memory buffer a planned offset in one arena and fit the "
+         "packed arena in the budget (re-solving tighter where it does not fit), so the plan "
+         "runs at planned addresses without --headroom (`autotm run --arena`).")
+graph_option = click.option(
+    "--graph", "graph_replay", is_flag=True,
+    help="GPU mode: price the iteration as replayed from a CUDA graph (kernels at their device "
+         "times, no host dispatch), as `autotm run --graph` runs it.")
 reserve_option = click.option(
     "--reserve", default=None, metavar="BYTES",
     help="Fast memory the runtime keeps for itself whatever the plan, taken out of the budget "
@@ -91,12 +100,15 @@ json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print machine-readable JSON instead of tables.")
 
 
-def budget_parts(budget: int, reserve: int, plannable: int | None) -> str:
-    """'68.00 MiB runtime reserve + 7.85 MiB headroom + 81.95 MiB for the plan's tensors'."""
+def budget_parts(budget: int, reserve: int, plannable: int | None, scratch: int = 0) -> str:
+    """'68.00 MiB runtime reserve + 7.85 MiB headroom + 81.95 MiB for the plan's tensors';
+    `scratch` (arena mode: the scratch region and bytes held back for the packing) is named
+    between the headroom and the tensors."""
     tensors = max(plannable or 0, 0)
-    headroom = max(budget - reserve - tensors, 0)
+    headroom = max(budget - reserve - scratch - tensors, 0)
+    region = f"{format_bytes(scratch)} arena scratch + " if scratch else ""
     text = (f"{format_bytes(reserve)} runtime reserve + {format_bytes(headroom)} headroom + "
-            f"{format_bytes(tensors)} for the plan's tensors")
+            f"{region}{format_bytes(tensors)} for the plan's tensors")
     if reserve > budget:
         text += " (the reserve alone exceeds the budget)"
     return text

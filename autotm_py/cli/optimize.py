@@ -16,9 +16,11 @@ import click
 from autotm_py import api
 from autotm_py.cli import cli, status
 from autotm_py.cli.common import (
+    arena_option,
     budget_parts,
     check_writable,
     fast_peak_line,
+    graph_option,
     headroom_option,
     json_option,
     load_model_from_cli,
@@ -113,6 +115,8 @@ RATIO_HELP = (
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Solver threads.")
 @headroom_option
 @reserve_option
+@arena_option
+@graph_option
 @click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
               help="Profile cache directory (default: $AUTOTM_PROFILES or ~/.cache/autotm).")
 @click.option("--no-baselines", is_flag=True, help="Skip planning the baselines.")
@@ -125,7 +129,8 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
                  time_limit: float | None, async_window: int,
                  async_candidates: int | None, recompute: str, recompute_depth: int,
                  recompute_ratio: float, pin_weights: bool,
-                 threads: int | None, headroom: float, reserve: str | None,
+                 threads: int | None, headroom: float, reserve: str | None, arena: bool,
+                 graph_replay: bool,
                  profiles_dir: str | None, no_baselines: bool,
                  output: str | None, as_json: bool, no_fuse: bool = False) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
@@ -145,7 +150,8 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         async_window=async_window, async_candidates=async_candidates,
         pin_weights=pin_weights, threads=threads, headroom=headroom, recompute=recompute,
         recompute_depth=recompute_depth, recompute_ratio=recompute_ratio,
-        reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None)
+        reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
+        arena=arena, graph=graph_replay)
     control = SolveControl(time_limit_s=time_limit)
     with status.StatusLine(control, status.wanted(as_json)):
         control.report(stage="loading the model")
@@ -212,7 +218,8 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
                  f"{config.memory_name}")
     if result.budget_bytes is not None:
         lines.append("           = " + budget_parts(result.budget_bytes, result.reserve_bytes,
-                                                     result.plannable_bytes))
+                                                     result.plannable_bytes,
+                                                     result.scratch_bytes))
     if result.plan is None:
         lines.append(f"result     {result.message}")
         return lines

@@ -34,20 +34,29 @@ from autotm_py.units import format_bytes
 @click.option("--kernel-times", is_flag=True, help="Also time every kernel (CUDA events).")
 @click.option("--no-cap", is_flag=True,
               help="Do not cap GPU memory at the plan's budget (for the all-fast reference).")
+@click.option("--arena", is_flag=True,
+              help="Serve every fast-memory tensor at its planned offset in one arena (plans "
+                   "from `autotm optimize --arena`; any other plan is packed first and may "
+                   "need more than its budget).")
+@click.option("--graph", "graph_replay", is_flag=True,
+              help="CUDA: capture the steady-state iteration once as a CUDA graph and replay "
+                   "it (implies --arena); a kernel that cannot be captured makes the run eager, "
+                   "with a note naming it.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random values.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the measurements here (JSON; `autotm report --measured` reads it).")
 @json_option
 def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
             optimizer: str, plan_path: str, device: str, iterations: int, warmup: int,
-            kernel_times: bool, no_cap: bool, seed: int, output: str | None,
-            as_json: bool, no_fuse: bool = False) -> int:
+            kernel_times: bool, no_cap: bool, arena: bool, graph_replay: bool, seed: int,
+            output: str | None, as_json: bool, no_fuse: bool = False) -> int:
     """Run PLAN on MODEL (the same model options as `optimize`) and report measured times.
 
     On a GPU the plan's fast budget is enforced as a cap on torch's allocator; the measured
-    peak (max_memory_allocated) is printed beside the modelled one, with the host's enqueue
-    time and the allocator's retries at the cap (if it retried or ran out of memory, re-plan
-    with `autotm optimize --headroom`)."""
+    peak (max_memory_allocated) and reserved peak are printed beside the modelled one, with
+    the host's enqueue time and the allocator's retries at the cap (if it retried or ran out of
+    memory, re-plan with `autotm optimize --arena` and run with --arena, or with
+    `--headroom`)."""
     import json
 
     require("torch", "autotm run")
@@ -58,7 +67,8 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     now = api.simulate(graph, plan, costs=costs, strict=False)
     drift = costs_drift(plan.header, costs.digest, now.total_s)
     result = api.execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
-                         seed=seed, kernel_times=kernel_times, enforce_budget=not no_cap)
+                         seed=seed, kernel_times=kernel_times, enforce_budget=not no_cap,
+                         arena=arena, graph_replay=graph_replay, costs=costs)
     notes = {"estimated_kernels": _estimated(plan, costs), "kernels": len(graph.kernels),
              "weights": weights_note(graph, seed), "costs_warning": drift}
     if output:
@@ -98,9 +108,17 @@ def _print_summary(result, notes) -> None:
     click.echo(f"model {result.model_name}, plan {result.strategy}, {result.device_name}")
     click.echo(f"iteration: median {result.median_s * 1e3:.3f} ms over {result.iterations} "
                f"(warm-up {result.warmup}); predicted {predicted}")
-    click.echo(f"fast memory: measured peak {size(result.peak_fast_bytes)}, modelled "
+    click.echo(f"fast memory: measured peak {size(result.peak_fast_bytes)} allocated, "
+               f"{size(result.reserved_peak_bytes)} reserved; modelled "
                f"{size(result.modelled_peak_fast_bytes)}, budget {size(result.budget_bytes)}, "
                f"cap {size(result.cap_bytes)}; pinned pool {size(result.slow_pool_bytes)}")
+    if result.arena_bytes is not None:
+        click.echo(f"arena: {size(result.arena_bytes)} of tensors at planned offsets; "
+                   f"{result.copied_outputs} outputs per iteration copied into their slots"
+                   + ("; CUDA graph replayed" if result.graph else ""))
+    for note in result.notes:
+        if note.startswith(("no CUDA graph", "no arena")):
+            click.echo(f"note: {note}")
     if result.alloc_retries is not None:  # CUDA: on the CPU the host does the work itself
         click.echo(f"host: enqueueing an iteration took {result.host_median_s * 1e3:.3f} ms "
                    f"(median); allocator retries at the cap: {result.alloc_retries}")

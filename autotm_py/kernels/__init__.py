@@ -31,16 +31,27 @@ from autotm_py.kernels import (  # noqa: F401  (importing registers the kernels)
     resize,
     tensor,
 )
+from autotm_py.kernels.into import INTO, run_kernel_into
 from autotm_py.kernels.util import REGISTRY, TORCH_DTYPES, Impl, torch_dtype
 
 KERNELS: dict[str, Impl] = REGISTRY
 SUPPORTED_KERNELS: frozenset[str] = frozenset(REGISTRY)
 
-__all__ = ["KERNELS", "SUPPORTED_KERNELS", "TORCH_DTYPES", "run_kernel", "torch_dtype"]
+__all__ = ["INTO", "KERNELS", "SUPPORTED_KERNELS", "TORCH_DTYPES", "run_kernel",
+           "run_kernel_into", "run_kernel_raw", "torch_dtype"]
 
 
 def run_kernel(kernel: Kernel, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run one kernel; `args` in `kernel.inputs` order, outputs in `kernel.outputs` order."""
+    # Outputs are materialized in the standard layout: a strided view (a transpose, a split
+    # slice) would make its readers' numerics depend on whether a plan copied it (a copy is
+    # contiguous), and the IR accounts every output as its own bytes anyway.
+    return [o.contiguous() for o in run_kernel_raw(kernel, args)]
+
+
+def run_kernel_raw(kernel: Kernel, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`run_kernel` without making outputs contiguous: an output may be a strided view of an
+    argument (the arena executor copies it into its slot, which makes it contiguous)."""
     try:
         impl = KERNELS[kernel.op_type]
     except KeyError:
@@ -51,7 +62,4 @@ def run_kernel(kernel: Kernel, args: Sequence[torch.Tensor]) -> list[torch.Tenso
     if len(outs) != len(kernel.outputs):
         raise ExecutionError(f"kernel {kernel.name!r} ({kernel.op_type}) returned {len(outs)} "
                              f"outputs, the graph expects {len(kernel.outputs)}")
-    # Outputs are materialized in the standard layout: a strided view (a transpose, a split
-    # slice) would make its readers' numerics depend on whether a plan copied it (a copy is
-    # contiguous), and the IR accounts every output as its own bytes anyway.
-    return [o.contiguous() for o in outs]
+    return outs

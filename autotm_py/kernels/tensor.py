@@ -95,20 +95,41 @@ def clip(k: Kernel, args: Tensors) -> torch.Tensor:
 
 @register("Dropout")
 def dropout(k: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
-    """Training mode: keep each element with probability 1 - ratio. The generator is seeded by
-    ONNX's `seed` attribute if given, else by the kernel id, so every run and every plan of a
-    graph draws the same mask (the same one at every iteration)."""
+    """Training mode: keep each element with probability 1 - ratio. The mask is drawn on the
+    host by a generator seeded with ONNX's `seed` attribute if given, else the kernel id, so
+    every run, every plan and every device of a graph draws the same mask (the same one at
+    every iteration). It is drawn once and kept (`_dropout_mask`): on a GPU each call copies
+    it from pinned memory, which a CUDA graph can capture (a seeded device generator cannot)."""
     x = args[0]
     ratio = float(k.attr("ratio", 0.5))
     if not k.attr("training_mode", 0) or ratio == 0.0:
         mask = torch.ones_like(x, dtype=torch.bool)
         return (x, mask)[: len(k.outputs)]
-    gen = torch.Generator(device=x.device)
     seed = k.attr("seed")
-    gen.manual_seed(int(k.id if seed is None else seed))
-    mask = torch.rand(x.shape, generator=gen, device=x.device) >= ratio
+    mask = _dropout_mask(int(k.id if seed is None else seed), tuple(x.shape), ratio, x.device)
     y = x * mask * (1.0 / (1.0 - ratio))
     return (y, mask)[: len(k.outputs)]
+
+
+_DROPOUT_MASKS: dict[tuple[int, tuple[int, ...], float, bool], torch.Tensor] = {}
+DROPOUT_MASKS_KEPT = 64
+
+
+def _dropout_mask(seed: int, shape: tuple[int, ...], ratio: float,
+                  device: torch.device) -> torch.Tensor:
+    """A fresh tensor on `device` holding the mask of `seed` (drawn on the host once: pinned
+    where it is copied to a GPU, so the copy does not synchronize)."""
+    pin = device.type == "cuda"
+    key = (seed, shape, ratio, pin)
+    mask = _DROPOUT_MASKS.get(key)
+    if mask is None:
+        mask = torch.rand(shape, generator=torch.Generator().manual_seed(seed)) >= ratio
+        if pin:
+            mask = mask.pin_memory()
+        if len(_DROPOUT_MASKS) >= DROPOUT_MASKS_KEPT:
+            _DROPOUT_MASKS.pop(next(iter(_DROPOUT_MASKS)))
+        _DROPOUT_MASKS[key] = mask
+    return mask.to(device, non_blocking=True) if device.type != "cpu" else mask.clone()
 
 
 # ---- reductions -------------------------------------------------------------------------

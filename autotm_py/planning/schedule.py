@@ -141,6 +141,7 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
         pin_weights=machine.pin_weights,
         headroom=machine.headroom,
         model=ModelOptions.of_graph(graph),
-        costs=CostsIdentity.of(machine.costs),
+        graph=machine.graph_replay,
+        costs=CostsIdentity.of(machine.profile_costs),
     )
     return Plan(header, dict(builder.initial), records, names_table(graph))

@@ -19,19 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from autotm_py.errors import SolverError
 from autotm_py.plan import Plan, SolverStats
-from autotm_py.planning import formulation, warmstart
 from autotm_py.planning.baselines import BaselineResult, all_fast
 from autotm_py.planning.control import SolveControl
 from autotm_py.planning.decode import decode
 from autotm_py.planning.gadgets import small_tensors
 from autotm_py.planning.recompute import RecomputeSpec, recompute_spec
-from autotm_py.planning.solvers import SolveOutcome, run_solver
 from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
     from autotm_py.config import PlanConfig
     from autotm_py.ir.graph import TensorGraph
     from autotm_py.machine import MachineModel
+    from autotm_py.planning import formulation
+    from autotm_py.planning.solvers import SolveOutcome
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,12 @@ class PlanResult:
     objective_s: float | None = None
     fast_peak_bytes: int | None = None
     baselines: Mapping[str, BaselineResult] = field(default_factory=dict)
-    # budget_bytes = reserve_bytes + headroom + plannable_bytes (what the tensors may use)
+    # budget_bytes = reserve_bytes + headroom + scratch_bytes + plannable_bytes (what the
+    # tensors may use); scratch_bytes: arena mode's scratch region and the bytes its fit loop
+    # held back
     reserve_bytes: int = 0
     plannable_bytes: int | None = None
+    scratch_bytes: int = 0
 
     @property
     def feasible(self) -> bool:
@@ -85,6 +88,7 @@ class PlanResult:
             "slowdown": self.slowdown, "objective_s": self.objective_s,
             "fast_peak_bytes": self.fast_peak_bytes,
             "reserve_bytes": self.reserve_bytes, "plannable_bytes": self.plannable_bytes,
+            "scratch_bytes": self.scratch_bytes,
             "min_feasible_budget_bytes": self.min_feasible_budget_bytes,
             "forcing_kernel": self.forcing_kernel,
             "forcing_kernel_name": self.forcing_kernel_name,
@@ -129,7 +133,8 @@ def plan(machine: MachineModel, config: PlanConfig,
     progress and may ask the search to stop (the best plan so far is kept)."""
     graph = machine.graph
     common = {"budget_bytes": machine.user_budget, "all_fast_time_s": machine.all_fast_time,
-              "reserve_bytes": machine.reserve_bytes, "plannable_bytes": machine.budget}
+              "reserve_bytes": machine.reserve_bytes, "plannable_bytes": machine.budget,
+              "scratch_bytes": machine.scratch_reserve + machine.arena_margin}
     if machine.budget is None:
         unbounded = all_fast(machine).with_header(
             strategy=config.plan_name, config=_config(config),
@@ -237,6 +242,12 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
     `warmstart`), so each search starts from a good plan and can only improve on it. If the
     last search finds nothing in time, or a stop request ends the chain early, the best
     earlier plan is returned."""
+    # PuLP comes in here, not with this module: simulating and running plans import the
+    # pipeline but never solve (the GPU machine has no PuLP)
+    import autotm_py.planning.formulation as formulation
+    import autotm_py.planning.warmstart as warmstart
+    from autotm_py.planning.solvers import SolveOutcome
+
     started = time.perf_counter()
     notes: list[str] = []
     spent = [0.0, 0.0]  # build and solve seconds of every model in the chain
@@ -318,9 +329,11 @@ def _stage_name(stage: Stage) -> str:
 def _stats(config: PlanConfig, f: formulation.Formulation | None, outcome: SolveOutcome,
            spent: list[float], limit: float | None) -> SolverStats:
     """`f` is None when a stop came before the first model was built."""
+    from autotm_py.planning.formulation import MS
+
     return SolverStats(
         solver=config.solver, status=outcome.status,
-        objective_s=None if outcome.objective is None else outcome.objective / formulation.MS,
+        objective_s=None if outcome.objective is None else outcome.objective / MS,
         gap=outcome.gap, variables=f.n_vars if f else 0, constraints=f.n_rows if f else 0,
         build_s=spent[0],
         solve_s=spent[1], time_limit_s=limit,
@@ -329,6 +342,8 @@ def _stats(config: PlanConfig, f: formulation.Formulation | None, outcome: Solve
 
 def _solve(f: formulation.Formulation, config: PlanConfig, time_limit: float | None, *,
            warm: bool, control: SolveControl) -> SolveOutcome:
+    from autotm_py.planning.solvers import run_solver
+
     return run_solver(f.prob, config.solver, gap=config.gap, time_limit=time_limit,
                       threads=config.threads, warm_start=warm, control=control)
 

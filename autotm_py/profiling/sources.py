@@ -3,8 +3,10 @@
 The sets of the wanted device kind are ranked by how close their fingerprint is to the wanted
 one (`fingerprint.closeness`; user measurements before shipped ones on ties, then the larger
 set). Each kernel takes, from the first set that can serve it, the exact entry of its signature
-and all-fast placement, else a batch-scaled entry of that set; a kernel no set serves gets the
-roofline estimate of the best-ranked set's device, flagged `estimated`.
+and all-fast placement, else the sum of its parts' entries where it fuses kernels that set
+measured (`kernel_parts`: ConvGrad is ConvGradData then ConvGradFilter), else a batch-scaled
+entry of that set; a kernel no set serves gets the roofline estimate of the best-ranked set's
+device, flagged `estimated`. Parts and batch-scaled entries are flagged `scaled`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotm_py.costs import KernelCosts
+from autotm_py.ir.graph import kernel_signature
 from autotm_py.profiling.cache import ESTIMATED, ProfileEntry, ProfileSet
 from autotm_py.profiling.costmodel import CPU_REFERENCE, H100_SXM, OpShape, Roofline
 from autotm_py.profiling.fingerprint import Fingerprint, closeness
@@ -67,6 +70,53 @@ class KernelTime:
     device_s: float | None = None  # GPU busy time without launch gaps (in-context entries)
 
 
+# Kernels that run what other kernels ran before a fusion of the backward (ConvGrad: one
+# convolution_backward for what ConvGradData and ConvGradFilter computed): op -> its parts.
+PARTS = {"ConvGrad": ("ConvGradData", "ConvGradFilter"),
+         "ConvTransposeGrad": ("ConvTransposeGradData", "ConvTransposeGradFilter")}
+
+
+def kernel_parts(graph: TensorGraph, kernel: Kernel) -> tuple[tuple[str, str], ...]:
+    """(signature, placement) of the kernels whose work `kernel` does in one call, as the
+    training derivation emits them where only one gradient is needed (`ir/rules/nn.py`): for
+    ConvGrad (dY, X, W -> dX, dW[, dB]), ConvGradData (dY, W -> dX), ConvGradFilter
+    (dY, X -> dW) and, with a bias, ConvGradBias (dY -> dB). Empty for other kernels."""
+    if kernel.op_type not in PARTS or kernel.domain != "autotm":
+        return ()
+    data_op, filter_op = PARTS[kernel.op_type]
+    attrs = {k: v for k, v in kernel.attrs if k != "output_mask"}
+    spec = [(graph.tensors[t].shape, graph.tensors[t].dtype) for t in kernel.io]
+    dy, x, w, dx, dw = spec[:5]
+
+    def sig(op: str, inputs: list, output: tuple, **extra: object) -> tuple[str, str]:
+        merged = tuple(sorted({**attrs, **extra}.items()))
+        return kernel_signature(op, kernel.domain, merged, inputs, [output]), "FFF"
+
+    parts = [sig(data_op, [dy, w], dx, shape=dx[0]), sig(filter_op, [dy, x], dw, shape=dw[0])]
+    if len(spec) > 5:  # the bias gradient
+        db = spec[5]
+        parts.append((kernel_signature("ConvGradBias", kernel.domain, (("shape", db[0]),),
+                                       [dy], [db]), "FF"))
+    return tuple(parts)
+
+
+def _composed(s: ProfileSet, parts: Sequence[tuple[str, str]], rank: int) -> KernelTime | None:
+    """A fused kernel's time from measured entries of all its parts in one set: the sum of
+    their times, the largest of their workspaces (they run one after another, each freeing
+    its own). Marked scaled: derived from measurements, not measured itself."""
+    if not parts:
+        return None
+    entries = [s.get(signature, placement) for signature, placement in parts]
+    if any(e is None or e.source == ESTIMATED for e in entries):
+        return None
+    found = [e for e in entries if e is not None]
+    device = [e.device_s for e in found]
+    return KernelTime(sum(e.median_s for e in found), sum(e.p10_s for e in found),
+                      sum(e.p90_s for e in found), SCALED, rank,
+                      max(e.workspace_bytes or 0 for e in found),
+                      sum(d for d in device if d) if all(device) else None)
+
+
 class CostSources:
     """Ranked profile sets of one device kind, and the lookup rules above."""
 
@@ -106,11 +156,15 @@ class CostSources:
         placement = all_fast(kernel)
         shape: OpShape | None = None
         in_context = in_context_placement(graph, kernel)
+        parts = kernel_parts(graph, kernel)
         for rank, s in enumerate(self.sets):
             entry = s.get(kernel.signature, in_context) or s.get(kernel.signature, placement)
             if entry is not None and entry.source != ESTIMATED:
                 return KernelTime(entry.median_s, entry.p10_s, entry.p90_s, EXACT, rank,
                                   entry.workspace_bytes or 0, entry.device_s)
+            composed = _composed(s, parts, rank)
+            if composed is not None:
+                return composed
             shape = shape or OpShape.of_kernel(graph, kernel)
             roofline = self.roofline_for(s.fingerprint) or reference_roofline(self.kind)
             hit = self._index(rank).find(shape, placement, roofline, batch)

@@ -96,6 +96,7 @@ class Sample:
     host_seconds: float  # how long the host took to enqueue it
     peak: int | None  # CUDA: max_memory_allocated during it
     retries: int  # CUDA: allocator retries during it
+    reserved: int | None = None  # CUDA: max_memory_reserved during it (blocks and cache)
 
 
 def time_region(device: torch.device, body: Callable[[], object]) -> Sample:
@@ -117,4 +118,5 @@ def time_region(device: torch.device, body: Callable[[], object]) -> Sample:
     end.record()
     torch.cuda.synchronize(device)
     return Sample(begin.elapsed_time(end) / 1e3, host_seconds,
-                  int(torch.cuda.max_memory_allocated(device)), alloc_retries(device) - retries)
+                  int(torch.cuda.max_memory_allocated(device)), alloc_retries(device) - retries,
+                  int(torch.cuda.max_memory_reserved(device)))

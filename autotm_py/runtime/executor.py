@@ -13,6 +13,13 @@ enforced with `torch.cuda.set_per_process_memory_fraction`, and the measured pea
 CPU (``device="cpu"``): the same records with real copies between two host dictionaries; this
 checks a plan's correctness (results are bitwise equal between plans, since moves are copies).
 
+Arena (``arena=True``, a plan with `Plan.arena`): every fast copy is a view of one arena at its
+planned offset (`runtime.arena.DeviceArena`, on the GPU and the CPU alike). Kernels that can
+write their outputs in place (`kernels.into`) write into the slots; the others' outputs are
+copied into them after the kernel and its overlapped copies (which an output taking its input's
+slot in place needs). `graph=True` (CUDA) captures one steady-state iteration as a CUDA graph
+after the warm-up and replays it (`runtime.arena.GraphReplay`).
+
 Semantics follow `autotm_py.plan` and the planner's model: an async move issued before
 ``Compute(k)`` starts when kernel k starts (the copy stream waits for the work enqueued before
 k) and joins at k's end (the compute stream waits for it after k), so a step lasts
@@ -33,9 +40,11 @@ import torch
 from autotm_py.errors import ConfigError, ExecutionError
 from autotm_py.interpreter import PlanInterpreter
 from autotm_py.ir.graph import Role
-from autotm_py.kernels import run_kernel
+from autotm_py.kernels import run_kernel, run_kernel_into, run_kernel_raw
+from autotm_py.memory.scratch import IN_PLACE_OPS
 from autotm_py.memory.tiers import FAST, SLOW
-from autotm_py.plan import Compute, Free, Move, Plan, Recompute
+from autotm_py.plan import INITIAL, Compute, Free, Move, Plan, Recompute
+from autotm_py.runtime.arena import DeviceArena, GraphReplay, overlaps
 from autotm_py.runtime.device import (
     DEFAULT_ALLOCATOR_SETTINGS,
     apply_cap,
@@ -85,6 +94,14 @@ class RunResult:
     # caching allocator hit the cap, released its cache and retried (each synchronizes the GPU).
     host_median_s: float | None = None
     alloc_retries: int | None = None
+    # CUDA: the most memory torch's allocator held (reserved: allocated blocks and the cache),
+    # beside `peak_fast_bytes` (allocated). With an arena, the arena's bytes; `copied_outputs`:
+    # outputs per iteration copied into their slots (the rest were written in place). `graph`:
+    # the timed iterations were CUDA-graph replays.
+    reserved_peak_bytes: int | None = None
+    arena_bytes: int | None = None
+    copied_outputs: int | None = None
+    graph: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +119,8 @@ class _State:
     slow: dict[int, torch.Tensor] = field(default_factory=dict)
     pending: dict[tuple[int, str], Any] = field(default_factory=dict)  # copy events
     attached: dict[int, list[Any]] = field(default_factory=dict)  # kernel -> its async copies
+    streams: set[str] = field(default_factory=set)  # copy streams this iteration used
+    copied: int = 0  # outputs copied into their arena slots
 
 
 class Executor(PlanInterpreter):
@@ -109,7 +128,7 @@ class Executor(PlanInterpreter):
 
     def __init__(self, graph: TensorGraph, plan: Plan, *, device: str,
                  masters: Mapping[int, torch.Tensor], kernel_times: bool = False,
-                 kernel_ranges: bool = False) -> None:
+                 kernel_ranges: bool = False, arena: bool = False) -> None:
         super().__init__(graph, plan)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
@@ -124,12 +143,21 @@ class Executor(PlanInterpreter):
         offsets, nbytes = slow_tier_layout(graph, plan)
         self.pool = PinnedPool(offsets, nbytes, pin=self.cuda)
         self._kernel_events: list[Any] = []
+        if arena and plan.arena is None:
+            raise ConfigError("the plan has no arena: plan with `autotm optimize --arena`, or "
+                              "pack it first (`api.with_arena`)")
+        self.arena = DeviceArena(plan.arena, self.device) if arena and plan.arena else None
+        # the captured iteration (`capture`), and the stream it is captured on
+        self._graph: GraphReplay | None = None
+        self.capture_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self._end: tuple[_State, dict[int, tuple[str, torch.Tensor]]] | None = None
 
     # ---- iteration boundaries ------------------------------------------------------------
     def prepare(self) -> None:
         """Place every given tensor where the plan starts it (untimed, like a data loader)."""
         self.state = _State()
         self._kernel_events = []
+        self.index = INITIAL
         for tid, tiers in self.plan.initial.items():
             self._place_initial(tid, tiers)
         # Drop the previous iteration's references: a carried copy in a tier where the next
@@ -149,25 +177,40 @@ class Executor(PlanInterpreter):
     def _place_initial(self, tid: int, tiers: tuple[str, ...]) -> None:
         carried = self.carry.get(tid)
         for tier in tiers:
-            if carried is not None and carried[0] == tier:
+            if carried is not None and carried[0] == tier and self._in_place(tid, tier,
+                                                                            carried[1]):
                 self._store(tier)[tid] = carried[1]
             else:
                 source = carried[1] if carried is not None else self.masters[tid]
                 self._store(tier)[tid] = self._materialize(tid, source, tier)
 
+    def _in_place(self, tid: int, tier: str, value: torch.Tensor) -> bool:
+        """Whether a carried value already sits where the plan starts `tid` in `tier` (always,
+        without an arena; with one, the steady slot the verifier checks)."""
+        slot = self._fast_slot(tid) if tier == FAST else None
+        return slot is None or slot.data_ptr() == value.data_ptr()
+
+    def _fast_slot(self, tid: int) -> torch.Tensor | None:
+        """Arena: the slot of the fast copy of `tid` that the current record makes."""
+        if self.arena is None:
+            return None
+        return self.arena.view(self.index, self.graph.tensors[tid])
+
     def _materialize(self, tid: int, source: torch.Tensor, tier: str) -> torch.Tensor:
-        if tier == SLOW:
-            dst = self.pool.view(tid, self.graph.tensors[tid])
-            dst.copy_(source)
-            return dst
-        return source.to(self.device, copy=True)
+        dst = self.pool.view(tid, self.graph.tensors[tid]) if tier == SLOW else \
+            self._fast_slot(tid)
+        if dst is None:
+            return source.to(self.device, copy=True)
+        dst.copy_(source)
+        return dst
 
     def finish(self) -> None:
-        """Join the copy streams, then hand each carried value to the next iteration."""
+        """Join the copy streams this iteration used (a CUDA graph must not wait for a stream
+        outside its capture), then hand each carried value to the next iteration."""
         if self.streams is not None:
             current = torch.cuda.current_stream(self.device)
-            current.wait_stream(self.streams.h2d)
-            current.wait_stream(self.streams.d2h)
+            for name in sorted(self.state.streams):
+                current.wait_stream(getattr(self.streams, name))
         self.carry = {}
         for first, last in self.graph.carried:
             self.carry[first] = self._final_copy(first, last)
@@ -186,15 +229,18 @@ class Executor(PlanInterpreter):
         kernel = self.graph.kernels[record.kernel]
         n_in = len(kernel.inputs)
         args = [self._read(tid, record.placement[i]) for i, tid in enumerate(kernel.inputs)]
+        slots = [self._fast_slot(tid) if record.placement[n_in + j] == FAST else None
+                 for j, tid in enumerate(kernel.outputs)]
         if self.kernel_ranges:
             with torch.profiler.record_function(f"{KERNEL_RANGE}{record.kernel}"):
-                outputs = run_kernel(kernel, args)
+                outputs = self._run(kernel, args, slots)
         else:
-            outputs = run_kernel(kernel, args)
+            outputs = self._run(kernel, args, slots)
         for event in self.state.attached.pop(record.kernel, ()):
             # AutoTM's join: the copies overlapped with this kernel finish with it, as the
             # planner and the simulator assume (a step lasts max(kernel, its copies)).
             torch.cuda.current_stream(self.device).wait_event(event)
+        self._store_outputs(kernel, record.placement[n_in:], outputs, slots)
         if self.kernel_times and self.cuda:
             # One event after each kernel: a kernel's time is the interval since the previous
             # event, i.e. what it adds to the iteration (dispatch gaps included), so the
@@ -202,8 +248,19 @@ class Executor(PlanInterpreter):
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._kernel_events.append(end)
-        for j, (tid, value) in enumerate(zip(kernel.outputs, outputs, strict=True)):
-            tier = record.placement[n_in + j]
+
+    def _store_outputs(self, kernel: Any, tiers: tuple[str, ...], outputs: list[torch.Tensor],
+                       slots: list[torch.Tensor | None]) -> None:
+        """Keep each output where the plan puts it; with an arena, copied into its slot unless
+        the kernel wrote it there (after the join: an output that takes its input's slot in
+        place may be written only once the copies reading that input have finished)."""
+        for tid, tier, value, slot in zip(kernel.outputs, tiers, outputs, slots, strict=True):
+            if slot is not None and value is not slot:
+                slot.copy_(value)
+                value = slot
+                self.state.copied += 1
+            elif slot is None and self.arena is not None:
+                value = value.contiguous()
             if tier == SLOW and self.cuda:
                 raise ExecutionError(f"kernel {kernel.name!r} writes {self.graph.name_of(tid)!r} "
                                      "to the slow tier; on a GPU every output is in fast memory")
@@ -224,6 +281,39 @@ class Executor(PlanInterpreter):
                 raise ExecutionError(f"recompute of {self.graph.name_of(tid)!r}: it is already "
                                      "in the fast tier")
             self.state.fast[tid] = value
+
+    def _run(self, kernel: Any, args: list[torch.Tensor],
+             slots: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        """Run a kernel. With slots (arena): written in place where it can be (each slot
+        still at its planned address afterwards, and none shared with an input), else the raw
+        outputs, which `compute` copies into their slots."""
+        if not any(s is not None for s in slots):
+            return run_kernel(kernel, args)
+        direct = all(s is not None and all(self._may_write(kernel, s, a) for a in args)
+                     for s in slots)
+        if direct:
+            where = [(s.data_ptr(), s.shape) for s in slots if s is not None]
+            if run_kernel_into(kernel, args, slots):
+                if [(s.data_ptr(), s.shape) for s in slots if s is not None] == where:
+                    return slots  # type: ignore[return-value]
+                raise ExecutionError(f"kernel {kernel.name!r} ({kernel.op_type}) moved or "
+                                     "resized an output in its slot; its direct path is wrong")
+        return run_kernel_raw(kernel, args)
+
+    def _may_write(self, kernel: Any, slot: torch.Tensor, arg: torch.Tensor) -> bool:
+        """Whether a kernel may write into `slot` while it reads `arg`: they do not meet, or
+        `arg` is exactly the slot (an output taking its input's slot in place) and the kernel
+        is elementwise (`IN_PLACE_OPS`); a copy still reading `arg` then finishes first."""
+        if not overlaps(slot, arg):
+            return True
+        if kernel.op_type not in IN_PLACE_OPS or slot.data_ptr() != arg.data_ptr() or \
+                slot.numel() * slot.element_size() != arg.numel() * arg.element_size():
+            return False
+        tid = next(t for t in kernel.inputs if self.state.fast.get(t) is arg)
+        event = self.state.pending.get((tid, SLOW))  # a copy to the slow tier reading it
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+        return True
 
     def _read(self, tid: int, tier: str) -> torch.Tensor:
         store = self._store(tier)
@@ -253,11 +343,14 @@ class Executor(PlanInterpreter):
         assert self.streams is not None
         current = torch.cuda.current_stream(self.device)
         dst = self.pool.view(tid, self.graph.tensors[tid]) if to == SLOW else \
-            torch.empty_like(src, device=self.device)
+            self._fast_slot(tid)
+        if dst is None:
+            dst = torch.empty_like(src, device=self.device)
         source_event = self.state.pending.get((tid, SLOW if to == FAST else FAST))
-        stream = (self.streams.h2d if to == FAST else self.streams.d2h) if asynchronous \
-            else current
+        name = "h2d" if to == FAST else "d2h"
+        stream = getattr(self.streams, name) if asynchronous else current
         if stream is not current:
+            self.state.streams.add(name)
             # Start when the kernel it overlaps starts: after everything enqueued so far, which
             # also protects freshly allocated memory that earlier kernels may still be using.
             stream.wait_stream(current)
@@ -293,6 +386,43 @@ class Executor(PlanInterpreter):
     def _store(self, tier: str) -> dict[int, torch.Tensor]:
         return self.state.fast if tier == FAST else self.state.slow
 
+    # ---- CUDA graph ------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        """One eager iteration on the stream that `capture` will use, so that cuBLAS and cuDNN
+        set themselves up for it (a capture cannot) and pick the algorithms it will replay."""
+        assert self.capture_stream is not None, "CUDA graphs need a CUDA device"
+        current = torch.cuda.current_stream(self.device)
+        self.capture_stream.wait_stream(current)
+        with torch.cuda.stream(self.capture_stream):
+            self.prepare()
+            self.run()
+        current.wait_stream(self.capture_stream)
+
+    def capture(self) -> str | None:
+        """Capture one iteration as a CUDA graph (after `warm_up`, with an arena); later
+        `replay()`s run it. Returns why it failed (the kernel and the error), None if not."""
+        assert self.capture_stream is not None, "CUDA graphs need a CUDA device"
+        self.prepare()
+        graph = GraphReplay(self.run, self._where, self.capture_stream)
+        if graph.failed is not None:
+            self.prepare()
+            return graph.failed
+        self._graph, self._end = graph, (self.state, self.carry)
+        return None
+
+    def replay(self) -> None:
+        """Run the captured iteration (after `prepare()` placed its inputs); afterwards the
+        executor holds the iteration's results as after `run()`."""
+        if self._graph is None or self._end is None:
+            raise ExecutionError("no captured iteration to replay; call capture() first")
+        self._graph.replay()
+        self.state, self.carry = self._end
+
+    def _where(self) -> str:
+        if 0 <= self.index < len(self.plan.records):
+            return self.describe(self.plan.records[self.index])
+        return "the start of the iteration" if self.index < 0 else "its end"
+
     # ---- results ---------------------------------------------------------------------------
     def kernel_seconds(self) -> list[float]:
         events = self._kernel_events
@@ -310,17 +440,24 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
             warmup: int = 2, seed: int = 0, kernel_times: bool = False,
             enforce_budget: bool = True, cap_slack_bytes: int = 64 << 20,
             deterministic: bool = False, per_iteration_kernel_times: bool = False,
-            allocator_settings: str | None = DEFAULT_ALLOCATOR_SETTINGS) -> RunResult:
+            allocator_settings: str | None = DEFAULT_ALLOCATOR_SETTINGS, arena: bool = False,
+            graph_replay: bool = False) -> RunResult:
     """Run `warmup` + `iterations` iterations of a plan and measure the timed ones.
-    `allocator_settings`: the CUDA caching allocator's settings (None: the environment's)."""
+    `allocator_settings`: the CUDA caching allocator's settings (None: the environment's).
+    `arena`: fast copies at the plan's planned offsets (`Plan.arena`); `graph_replay` (CUDA,
+    implies `arena`): the timed iterations replay one captured after the warm-up."""
     plan.validate(graph)
     if iterations < 1 or warmup < 0:
         raise ConfigError("--iterations must be >= 1 and --warmup >= 0")
+    if graph_replay and (not device.startswith("cuda") or kernel_times):
+        raise ConfigError("--graph replays a CUDA graph: it needs --device cuda, and it does "
+                          "not time single kernels (no --kernel-times)")
     dev, executor = new_executor(graph, plan, device, seed, deterministic, kernel_times,
-                                 allocator_settings=allocator_settings)
+                                 allocator_settings=allocator_settings,
+                                 arena=arena or graph_replay)
     cap = apply_cap(plan.header.budget_bytes, dev, enforce_budget, cap_slack_bytes)
     try:
-        timed = _timed_iterations(executor, iterations, warmup)
+        timed = _timed_iterations(executor, iterations, warmup, graph_replay)
     finally:
         if cap is not None:
             release_cap(dev)
@@ -333,20 +470,23 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
         budget_bytes=plan.header.budget_bytes, cap_bytes=cap,
         predicted_time_s=plan.header.predicted_time_s, slow_pool_bytes=executor.pool.nbytes,
         strategy=plan.header.strategy, model_name=graph.name,
-        notes=(f"cap = budget + {cap_slack_bytes >> 20} MiB slack for library workspaces",)
-        if cap is not None else (),
+        notes=((f"cap = budget + {cap_slack_bytes >> 20} MiB slack for library workspaces",)
+               if cap is not None else ()) + tuple(timed.notes),
         kernel_samples_s=tuple(tuple(s) for s in timed.kernels) if per_iteration_kernel_times
         else None,
         host_median_s=statistics.median(timed.host_times),
-        alloc_retries=timed.alloc_retries,
+        alloc_retries=timed.alloc_retries, reserved_peak_bytes=timed.reserved,
+        arena_bytes=None if executor.arena is None else executor.arena.nbytes,
+        copied_outputs=None if executor.arena is None else timed.copied,
+        graph=timed.replayed,
     )
 
 
 def new_executor(graph: TensorGraph, plan: Plan, device: str, seed: int = 0,
                  deterministic: bool = False, kernel_times: bool = False,
                  kernel_ranges: bool = False, *,
-                 allocator_settings: str | None = DEFAULT_ALLOCATOR_SETTINGS
-                 ) -> tuple[str, Executor]:
+                 allocator_settings: str | None = DEFAULT_ALLOCATOR_SETTINGS,
+                 arena: bool = False) -> tuple[str, Executor]:
     """The checked device and an executor on it, with the initial values drawn from `seed`
     (untimed; `execute` and `run_steps` drive it, experiments may too)."""
     from autotm_py.runtime.reference import init_values
@@ -356,7 +496,7 @@ def new_executor(graph: TensorGraph, plan: Plan, device: str, seed: int = 0,
         configure_cuda(deterministic, allocator_settings)
     masters = {tid: v.cpu() for tid, v in init_values(graph, seed=seed, device="cpu").items()}
     return dev, Executor(graph, plan, device=dev, masters=masters, kernel_times=kernel_times,
-                         kernel_ranges=kernel_ranges)
+                         kernel_ranges=kernel_ranges, arena=arena)
 
 
 @dataclass
@@ -365,20 +505,33 @@ class _Timed:
     host_times: list[float] = field(default_factory=list)
     kernels: list[list[float]] = field(default_factory=list)
     peak: int | None = None
+    reserved: int | None = None
     alloc_retries: int | None = None
+    copied: int = 0  # outputs copied into arena slots, per iteration
+    replayed: bool = False
+    notes: list[str] = field(default_factory=list)
 
 
-def _timed_iterations(executor: Executor, iterations: int, warmup: int) -> _Timed:
+def _timed_iterations(executor: Executor, iterations: int, warmup: int,
+                      graph: bool = False) -> _Timed:
     timed = _Timed(alloc_retries=0 if executor.cuda else None)
+    if graph and not warmup:  # kernels set themselves up (cuBLAS, cuDNN) outside a capture
+        executor.warm_up()
     for i in range(warmup + iterations):
+        if graph and i == warmup - 1:
+            executor.warm_up()  # untimed, on the capture's stream
+            continue
+        if graph and i == warmup:
+            failed = executor.capture()
+            graph = timed.replayed = failed is None
+            if failed is not None:
+                timed.notes.append(f"no CUDA graph: capture failed at {failed}; ran eagerly")
         executor.prepare()  # untimed: placing the iteration's inputs, like a data loader
+        executor.state.copied = 0
         try:
-            sample = time_region(executor.device, executor.run)
+            sample = time_region(executor.device, executor.replay if graph else executor.run)
         except torch.OutOfMemoryError as exc:
-            raise ExecutionError(
-                f"the plan ran out of fast memory under its cap ({_first_sentence(exc)}): the "
-                "allocator's fragmentation needs room the plan does not leave; re-plan with "
-                "--headroom 0.1 (or `autotm bench --execute --fit`)") from None
+            raise ExecutionError(_out_of_memory(executor, exc)) from None
         if i < warmup:
             continue
         timed.times.append(sample.seconds)
@@ -387,9 +540,23 @@ def _timed_iterations(executor: Executor, iterations: int, warmup: int) -> _Time
             timed.alloc_retries += sample.retries
         if sample.peak is not None:
             timed.peak = max(timed.peak or 0, sample.peak)
+            timed.reserved = max(timed.reserved or 0, sample.reserved or 0)
+        timed.copied = executor.state.copied
         if executor.kernel_times and executor.cuda:
             timed.kernels.append(executor.kernel_seconds())
     return timed
+
+
+def _out_of_memory(executor: Executor, exc: BaseException) -> str:
+    if executor.arena is not None:
+        return (f"the plan ran out of fast memory under its cap ({_first_sentence(exc)}): a "
+                "kernel's scratch (its workspace, or outputs that torch allocates) did not fit "
+                "beside the arena; plan with `autotm optimize --arena` (which leaves the "
+                "scratch region), or run with --no-cap to measure it")
+    return (f"the plan ran out of fast memory under its cap ({_first_sentence(exc)}): the "
+            "allocator's fragmentation needs room the plan does not leave; plan with "
+            "`autotm optimize --arena` and run with --arena, or re-plan with --headroom 0.1 "
+            "(or `autotm bench --execute --fit`)")
 
 
 def _first_sentence(exc: BaseException) -> str:
@@ -397,14 +564,28 @@ def _first_sentence(exc: BaseException) -> str:
 
 
 def run_steps(graph: TensorGraph, plan: Plan, *, steps: int = 3, device: str = "cpu",
-              seed: int = 0, deterministic: bool = True) -> list[dict[int, torch.Tensor]]:
+              seed: int = 0, deterministic: bool = True, arena: bool = False,
+              graph_replay: bool = False) -> list[dict[int, torch.Tensor]]:
     """Execute `steps` iterations (untimed) and return each step's graph outputs on the CPU:
-    the values to compare with `reference.train_steps` and with other plans."""
+    the values to compare with `reference.train_steps` and with other plans. `arena`: at the
+    planned offsets; `graph_replay` (CUDA): the first step eager, the others replays of a CUDA
+    graph captured after it (an `ExecutionError` if the capture fails)."""
     plan.validate(graph)
-    _, executor = new_executor(graph, plan, device, seed, deterministic)
+    _, executor = new_executor(graph, plan, device, seed, deterministic,
+                               arena=arena or graph_replay)
     results = []
-    for _ in range(steps):
-        executor.prepare()
-        executor.run()
+    for step in range(steps):
+        if graph_replay and step == 1:
+            failed = executor.capture()
+            if failed is not None:
+                raise ExecutionError(f"CUDA graph capture failed at {failed}")
+        if graph_replay and step == 0:
+            executor.warm_up()
+        elif graph_replay:
+            executor.prepare()
+            executor.replay()
+        else:
+            executor.prepare()
+            executor.run()
         results.append({t: executor.value(t).detach().cpu().clone() for t in graph.outputs})
     return results

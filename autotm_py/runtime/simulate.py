@@ -37,12 +37,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autotm_py import arena
 from autotm_py.errors import PlanError
 from autotm_py.interpreter import PlanInterpreter
 from autotm_py.machine import MachineModel
 from autotm_py.memory.accounting import aligned_sizes
 from autotm_py.memory.tiers import FAST, SLOW
-from autotm_py.plan import NON_REPRODUCIBLE_OPS, TIER_CODES, Compute, Free, Move, Plan, Recompute
+from autotm_py.plan import (
+    INITIAL,
+    NON_REPRODUCIBLE_OPS,
+    SCRATCH,
+    TIER_CODES,
+    Compute,
+    Free,
+    Move,
+    Plan,
+    Recompute,
+)
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -171,6 +182,12 @@ class Simulator(PlanInterpreter):
         self.violations: list[str] = []
         self.peak = (0, -1)
         self.moved: dict[str, int] = {}
+        layout = plan.arena
+        self.slots = arena.SlotMap() if layout is not None else None
+        self.offsets = layout.offsets() if layout is not None else {}
+        self.scratch = {b.record: b for b in layout.buffers if b.tensor == SCRATCH} \
+            if layout is not None else {}
+        self.in_place: list[int] = []  # outputs of the running kernel that took an input's slot
 
     # ---- bookkeeping ---------------------------------------------------------------------
     def violate(self, message: str) -> None:
@@ -193,9 +210,45 @@ class Simulator(PlanInterpreter):
     def alloc(self, tid: int, tier: str, state: int = READY) -> None:
         self.state[tid, TIER_INDEX[tier]] = state
         self.bytes[TIER_INDEX[tier]] += self.size(tid, tier)
+        if tier == FAST and self.slots is not None and self.size(tid):
+            self._place(tid)
 
     def release(self, tid: int, tier: str) -> None:
         self.bytes[TIER_INDEX[tier]] -= self.size(tid, tier)
+        if tier == FAST and self.slots is not None:
+            self.slots.remove(tid)
+
+    def _place(self, tid: int) -> None:
+        """Arena: the new fast copy of `tid` has an offset and overlaps no live copy."""
+        assert self.slots is not None and self.plan.arena is not None
+        offset = self.offsets.get((max(self.index, INITIAL), tid))
+        if offset is None:
+            self.violate(f"the fast copy of {self.name(tid)} made here has no offset in the "
+                         "arena")
+            return
+        high = offset + self.size(tid)
+        if high > self.plan.arena.scratch_offset:
+            self.violate(f"the fast copy of {self.name(tid)} at [{offset}, {high}) reaches "
+                         f"into the scratch region (from {self.plan.arena.scratch_offset})")
+        for low, top, holders in self.slots.overlapping(offset, high):
+            if (low, top) == (offset, high) and self._takes_slot_of(tid, holders):
+                self.in_place.append(tid)
+                continue
+            other = self.name(min(holders))
+            self.violate(f"the fast copy of {self.name(tid)} at [{offset}, {high}) overlaps "
+                         f"the live copy of {other} at [{low}, {top})")
+            return
+        self.slots.add(offset, high, tid)
+
+    def _takes_slot_of(self, tid: int, holders: set[int]) -> bool:
+        """An output may take the slot of an input its kernel reads for the last time."""
+        record = self.plan.records[self.index] if self.index >= 0 else None
+        if not isinstance(record, Compute):
+            return False
+        kernel = self.graph.kernels[record.kernel]
+        return tid in kernel.outputs and any(
+            h in kernel.inputs and arena.frees_after(self.plan.records, self.index, h)
+            for h in holders)
 
     def mark(self, time_s: float, extra: int = 0) -> None:
         fast = self.bytes[0] + extra
@@ -208,6 +261,11 @@ class Simulator(PlanInterpreter):
 
     # ---- handlers ------------------------------------------------------------------------
     def start(self) -> None:
+        limit = self.machine.arena_limit
+        layout = self.plan.arena
+        if layout is not None and limit is not None and layout.nbytes > limit:
+            self.violate(f"the arena of {layout.nbytes} bytes exceeds the {limit} bytes of the "
+                         "budget that the plan's buffers may use")
         for t in self.graph.tensors:
             if t.producer is not None:
                 continue
@@ -303,6 +361,8 @@ class Simulator(PlanInterpreter):
             self._check_readable(tid, rec.placement[slot], "input")
         for tid, tier in zip(kernel.outputs, rec.placement[len(kernel.inputs):], strict=True):
             self._create_output(tid, tier)
+        if self.slots is not None:
+            self._check_scratch(kid)
         # Two clocks: the host dispatches kernel after kernel, each taking its profiled time
         # (launch gaps included), and never waits for the GPU; the GPU runs a kernel for its
         # device time, ending no earlier than its dispatch ends (so a host-bound stretch
@@ -320,7 +380,36 @@ class Simulator(PlanInterpreter):
                                        code))
         self.clock = step_end
 
+    def _check_scratch(self, kid: int) -> None:
+        assert self.plan.arena is not None
+        ends = {last for _, last in self.graph.carried}
+        for tid in self.in_place:
+            if tid not in ends:
+                self.violate(f"output {self.name(tid)} takes an input's slot in place, which "
+                             "only an output that ends a carried pair may")
+        self.in_place = []
+        need = int(self.machine.scratch[kid])
+        have = self.scratch.get(self.index)
+        if need and (have is None or have.nbytes < need):
+            self.violate(f"the kernel needs {need} bytes of scratch, the arena gives it "
+                         f"{0 if have is None else have.nbytes}")
+        elif have is not None and have.offset < self.plan.arena.scratch_offset:
+            self.violate(f"the kernel's scratch at {have.offset} lies below the scratch "
+                         f"region (from {self.plan.arena.scratch_offset})")
+
+    def _check_steady_slots(self) -> None:
+        """Arena: a tensor in fast memory at both ends ends in the slot where it started."""
+        assert self.slots is not None
+        for first, last in self.machine.steady_pairs:
+            begin = self.offsets.get((INITIAL, first))
+            end = self.slots.where.get(last)
+            if begin is not None and end is not None and begin != end:
+                self.violate(f"{self.name(last)} ends the iteration at offset {end} of the "
+                             f"arena, but {self.name(first)} starts it at {begin}")
+
     def finish(self) -> None:
+        if self.slots is not None:
+            self._check_steady_slots()
         if self.step.moves:
             self.violate("async moves after the last kernel overlap nothing")
         if self.pending_before:
@@ -416,4 +505,4 @@ class Simulator(PlanInterpreter):
             strict=self.strict, notes=tuple(self.plan.header.notes),
             recomputes=tuple(self.recomputes),
             reserve_bytes=self.machine.reserve_bytes, plannable_bytes=self.machine.budget,
-            costs_digest=self.machine.costs.digest)
+            costs_digest=self.machine.profile_costs.digest)

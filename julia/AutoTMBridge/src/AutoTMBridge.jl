@@ -24,7 +24,7 @@ module AutoTMBridge
 import JSON
 
 export Tier, FAST, SLOW, Record, Compute, Move, Free, Recompute, SolverStats, PlanHeader,
-    ModelOptions, CostsIdentity, TensorInfo,
+    ModelOptions, CostsIdentity, TensorInfo, ArenaBuffer, ArenaLayout, arena_offset,
     KernelInfo, Plan, PlanError, RecordError, FORMAT_VERSION,
     read_plan, parse_plan, plan_from_dict,
     computes, moves, frees, recomputes, bytes_moved, tensor_name, tensor_bytes, kernel_name,

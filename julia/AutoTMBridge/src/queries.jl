@@ -60,3 +60,18 @@ initial_tiers(p::Plan, id::Integer) = get(p.initial, id, Tier[])
 
 "The one-letter code of a tier in the JSON: `'F'` or `'S'`."
 tier_code(t::Tier) = t == FAST ? 'F' : 'S'
+
+"""
+    arena_offset(plan, record, tensor) -> Union{Int,Nothing}
+
+The planned offset of the fast copy of `tensor` (0-based id) that the record at 0-based
+schedule position `record` makes (`-1`: the initial placement); `nothing` when the plan has no
+arena or gives that copy none.
+"""
+function arena_offset(p::Plan, record::Integer, tensor::Integer)
+    p.arena === nothing && return nothing
+    for b in p.arena.buffers
+        (b.record == record && b.tensor == tensor) && return b.offset
+    end
+    return nothing
+end

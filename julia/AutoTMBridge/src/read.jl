@@ -81,7 +81,8 @@ function _plan(d)
     initial = _req(_initial, d, "initial", "")
     records = _req(_records, d, "records", "")
     tensors, kernels = _req(_names, d, "names", "")
-    return Plan(header, initial, records, tensors, kernels)
+    arena = _opt(_arena, d, "arena", nothing, "")
+    return Plan(header, initial, records, tensors, kernels, arena)
 end
 
 # ---- field access ------------------------------------------------------------------------
@@ -203,6 +204,7 @@ function _header(x, ctx)
         _req(_bool, x, "pin_weights", ctx),
         _req(_float, x, "headroom", ctx),
         _req(_optmodel, x, "model", ctx),
+        _opt(_bool, x, "graph", false, ctx),
         _req(_optcosts, x, "costs", ctx),
     )
 end
@@ -307,6 +309,26 @@ function _kernel_table(x, io, ctx)
         id = _id(row[1], c)
         inputs, outputs = id < length(io) ? io[id+1] : (Int[], Int[])
         out[id] = KernelInfo(id, _str(row[2], c), _str(row[3], c), inputs, outputs)
+    end
+    return out
+end
+
+function _arena(x, ctx)
+    return ArenaLayout(
+        _req(_int, x, "bytes", ctx),
+        _req(_int, x, "scratch_offset", ctx),
+        _req(_int, x, "alignment", ctx),
+        _req(_buffers, x, "buffers", ctx),
+    )
+end
+
+function _buffers(x, ctx)
+    out = ArenaBuffer[]
+    for (i, item) in enumerate(_array(x, ctx))
+        c = "$ctx[$i]"
+        row = _row(item, 4, c)
+        push!(out, ArenaBuffer(_int(row[1], c), _int(row[2], c), _int(row[3], c),
+            _int(row[4], c)))
     end
     return out
 end

@@ -128,6 +128,7 @@ struct PlanHeader
     pin_weights::Bool
     headroom::Float64
     model::Union{ModelOptions,Nothing}
+    graph::Bool
     costs::Union{CostsIdentity,Nothing}
 end
 
@@ -149,11 +150,43 @@ struct KernelInfo
 end
 
 """
+    ArenaBuffer(record, tensor, offset, nbytes)
+
+One fast-memory buffer at a planned offset: made by the record at 0-based position `record`
+of the schedule (`-1`: the initial placement), holding tensor `tensor` (`-1`: the scratch of
+that compute record), `nbytes` long from byte `offset` of the arena.
+"""
+struct ArenaBuffer
+    record::Int
+    tensor::Int
+    offset::Int
+    nbytes::Int
+end
+
+"""
+    ArenaLayout
+
+Where the plan's fast-memory buffers live in one arena of `nbytes`: tensors below
+`scratch_offset`, kernel scratch above it; every offset a multiple of `alignment`.
+"""
+struct ArenaLayout
+    nbytes::Int
+    scratch_offset::Int
+    alignment::Int
+    buffers::Vector{ArenaBuffer}
+end
+
+Base.:(==)(a::ArenaLayout, b::ArenaLayout) =
+    (a.nbytes, a.scratch_offset, a.alignment, a.buffers) ==
+    (b.nbytes, b.scratch_offset, b.alignment, b.buffers)
+
+"""
     Plan
 
 A parsed plan: `header`, `initial` (tensor id => tiers where a tensor without a producer
-starts), `records` (the schedule), and the `tensors`/`kernels` name tables (empty when the
-plan was written without them). Iterating a `Plan` yields its records in order.
+starts), `records` (the schedule), the `tensors`/`kernels` name tables (empty when the plan
+was written without them) and `arena` (planned offsets, `nothing` when the plan has none).
+Iterating a `Plan` yields its records in order.
 """
 struct Plan
     header::PlanHeader
@@ -161,7 +194,11 @@ struct Plan
     records::Vector{Record}
     tensors::Dict{Int,TensorInfo}
     kernels::Dict{Int,KernelInfo}
+    arena::Union{ArenaLayout,Nothing}
 end
+
+Plan(header, initial, records, tensors, kernels) =
+    Plan(header, initial, records, tensors, kernels, nothing)
 
 # ---- iteration over the schedule --------------------------------------------------------
 Base.iterate(p::Plan, i::Int=1) = i > length(p.records) ? nothing : (p.records[i], i + 1)

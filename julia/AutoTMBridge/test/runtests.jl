@@ -104,6 +104,25 @@ end
         @test [lowercase.(string.(c.placement)) for c in computes(plan)] == EXPECTED["placements"]
     end
 
+    @testset "the arena's planned offsets" begin
+        @test plan.header.graph == EXPECTED["graph"]
+        @test plan.arena !== nothing
+        @test plan.arena.nbytes == EXPECTED["arena_bytes"]
+        @test plan.arena.scratch_offset == EXPECTED["arena_scratch_offset"]
+        @test [[b.record, b.tensor, b.offset] for b in plan.arena.buffers] ==
+              EXPECTED["arena_offsets"]
+        for (record, tensor, offset) in EXPECTED["arena_offsets"]
+            @test arena_offset(plan, record, tensor) == offset
+        end
+        @test arena_offset(plan, 0, 99) === nothing
+        legacy = raw_plan()
+        delete!(legacy, "arena")
+        delete!(legacy["header"], "graph")
+        old = plan_from_dict(legacy)
+        @test old.arena === nothing && old.header.graph == false
+        @test arena_offset(old, 0, 0) === nothing
+    end
+
     @testset "the same plan from a path, text, IO and a Dict" begin
         text = read(PLAN_PATH, String)
         for other in (read_plan(text), parse_plan(text), open(read_plan, PLAN_PATH),

@@ -1,0 +1,355 @@
+"""Planned addresses: every fast-memory buffer of a plan at an offset in one arena.
+
+torch's caching allocator needs 5-25% more than a plan's live bytes (fragmentation, docs/gpu.md);
+packed offline at planned offsets the same plans need 0-2% more. This module finds the buffers
+of a plan and their lifetimes, and packs them (`pack`); the strict simulator checks that no two
+live buffers overlap, and the executor serves them as views of one arena.
+
+Lifetimes, in half-steps (record i spans [2i, 2i + 2)):
+
+- a *buffer* is one fast copy of a tensor. It is created by the initial placement (at -2), by
+  a Move to fast or by the Compute that produces it (at 2i), and dropped by the Free of that
+  fast copy at record j (at 2j + 1, exclusive), or lives to the end of the iteration (2n). A
+  fast copy read by an async copy to slow is held until the kernel that copy overlaps has
+  ended (the join), even where the plan frees it earlier;
+- each Compute has a *scratch* buffer while its kernel runs, [2i, 2i + 1): the kernel's
+  workspace plus the outputs that torch allocates itself before the executor copies them into
+  their slots (`MachineModel.scratch`, `memory.scratch`). Kernels allocate scratch through
+  torch's allocator, which cannot be told an address, so all scratch shares one region at the
+  top of the arena, [scratch_offset, nbytes), as large as the largest kernel's;
+- steady state: a carried pair (W -> W') or a persistent tensor that is in fast memory when the
+  iteration starts and when it ends keeps one offset across the boundary: the final copy of W'
+  takes the slot of W's initial copy, so the next iteration (and a CUDA graph replaying it)
+  finds it there. Where W' is made by the kernel that last reads W (the optimizer update), W'
+  takes W's slot *in place*: the executor writes it through scratch and copies it into the slot
+  after the kernel and its overlapped copies have finished (`in_place_outputs`).
+
+Packing: items (a buffer, or the two pieces of a steady pair) are placed largest first, each at
+the lowest offset where it overlaps no placed item live at the same time (greedy by size, as
+offline tensor allocators do). Offsets are multiples of `ALIGN_BYTES`, as sizes are.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autotm_py.errors import PlanError
+from autotm_py.interpreter import PlanInterpreter
+from autotm_py.memory.accounting import ALIGN_BYTES
+from autotm_py.memory.tiers import FAST
+from autotm_py.plan import (
+    INITIAL,
+    SCRATCH,
+    ArenaBuffer,
+    ArenaLayout,
+    Compute,
+    Free,
+    Move,
+    Plan,
+    Recompute,
+    Record,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from autotm_py.machine import MachineModel
+
+class ArenaError(PlanError):
+    """A plan whose buffers cannot be given steady offsets (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """One buffer's lifetime [start, end) in half-steps; `record`/`tensor` as `ArenaBuffer`."""
+
+    record: int
+    tensor: int
+    start: int
+    end: int
+    nbytes: int
+
+    def overlaps(self, other: Span) -> bool:
+        return self.start < other.end and other.start < self.end
+
+
+class _Lifetimes(PlanInterpreter):
+    """Walks a plan and collects every fast buffer's span (see the module docstring)."""
+
+    def __init__(self, machine: MachineModel, plan: Plan) -> None:
+        super().__init__(machine.graph, plan)
+        self.machine = machine
+        self.open: dict[int, tuple[int, int]] = {}  # tensor -> (record, start) of its fast copy
+        self.spans: list[Span] = []
+        self.scratch: dict[int, int] = {}  # compute record -> bytes (before in-place outputs)
+        self.sources: set[int] = set()  # fast copies that the coming step's async copies read
+        self.held: list[tuple[int, int, int]] = []  # (tensor, record, start) freed while read
+
+    def _open(self, tid: int, record: int) -> None:
+        if int(self.machine.sizes[tid]) > 0 and tid not in self.open:
+            self.open[tid] = (record, 2 * record)
+
+    def _close(self, tid: int, record: int, start: int, end: int) -> None:
+        self.spans.append(Span(record, tid, start, end, int(self.machine.sizes[tid])))
+
+    def start(self) -> None:
+        for tid, tiers in self.plan.initial.items():
+            if FAST in tiers:
+                self._open(tid, INITIAL)
+
+    def move(self, record: Move) -> None:
+        if record.to == FAST:
+            self._open(record.tensor, self.index)
+        elif record.mode == "async":
+            self.sources.add(record.tensor)
+
+    def compute(self, record: Compute) -> None:
+        kernel = self.machine.graph.kernels[record.kernel]
+        n_in = len(kernel.inputs)
+        for j, tid in enumerate(kernel.outputs):
+            if record.placement[n_in + j] == FAST:
+                self._open(tid, self.index)
+        self.scratch[self.index] = int(self.machine.scratch[record.kernel])
+        end = 2 * self.index + 1  # the step's join: its async copies are done
+        for tid, rec, start in self.held:
+            self._close(tid, rec, start, end)
+        self.held.clear()
+        self.sources.clear()
+
+    def recompute(self, record: Recompute) -> None:
+        # the regenerated outputs are fast copies from here on; the re-run's workspace (and
+        # the outputs it drops at once) is its scratch, as for the kernel's first run
+        for tid in record.outputs:
+            self._open(tid, self.index)
+        self.scratch[self.index] = int(self.machine.scratch[record.kernel])
+
+    def free(self, record: Free) -> None:
+        if record.tier != FAST or record.tensor not in self.open:
+            return
+        rec, start = self.open.pop(record.tensor)
+        if record.tensor in self.sources:
+            self.held.append((record.tensor, rec, start))
+        else:
+            self._close(record.tensor, rec, start, 2 * self.index + 1)
+
+    def finish(self) -> None:
+        end = 2 * len(self.plan.records)
+        for tid, rec, start in self.held:
+            self._close(tid, rec, start, end)
+        for tid, (rec, start) in self.open.items():
+            self._close(tid, rec, start, end)
+
+
+@dataclass(frozen=True)
+class Lifetimes:
+    """The buffers of a plan: tensor spans, per-compute scratch, the steady groups (spans
+    that must share an offset), and the outputs that take an input's slot in place."""
+
+    spans: tuple[Span, ...]
+    scratch: dict[int, int]  # compute record -> scratch bytes
+    groups: tuple[tuple[int, ...], ...]  # indices into spans that share one offset
+    in_place: frozenset[tuple[int, int]]  # (compute record, output tensor)
+    end: int  # 2 x the number of records
+
+    def live_peak(self) -> int:
+        """The largest sum of tensor buffers live at once (what the ILP's rows bound), which
+        no packing can beat. A steady pair's two pieces share one slot: counted once."""
+        events: dict[int, int] = {}
+        shared = {self.spans[z] for _, z in self.groups}
+        for s in self.spans:
+            if s in shared:  # the tail of a steady pair: its head's slot (a wrapped piece)
+                continue
+            events[s.start] = events.get(s.start, 0) + s.nbytes
+            events[s.end] = events.get(s.end, 0) - s.nbytes
+        for a, z in self.groups:
+            head, tail = self.spans[a], self.spans[z]
+            if tail.start >= head.end:  # W left fast memory and came back: two pieces
+                events[tail.start] = events.get(tail.start, 0) + tail.nbytes
+                events[tail.end] = events.get(tail.end, 0) - tail.nbytes
+            else:  # in place: the slot is held from the head's start to the tail's end
+                events[head.end] = events.get(head.end, 0) + head.nbytes
+                events[tail.end] = events.get(tail.end, 0) - head.nbytes
+        live, peak = 0, 0
+        for time in sorted(events):
+            live += events[time]
+            peak = max(peak, live)
+        return peak
+
+
+def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
+    """Every fast buffer of `plan` with its lifetime (module docstring). Raises `ArenaError`
+    when a steady pair's two copies live at once without being an in-place update."""
+    walk = _Lifetimes(machine, plan)
+    walk.run()
+    spans = walk.spans
+    index = {(s.record, s.tensor): i for i, s in enumerate(spans)}
+    end = 2 * len(plan.records)
+    final = {s.tensor: i for i, s in enumerate(spans) if s.end == end}
+    groups: list[tuple[int, ...]] = []
+    in_place: set[tuple[int, int]] = set()
+    for first, last in machine.steady_pairs:
+        a, z = index.get((INITIAL, first)), final.get(last)
+        if a is None or z is None or a == z:
+            continue  # not in fast memory at both ends, or one buffer all along
+        head, tail = spans[a], spans[z]
+        if head.nbytes != tail.nbytes:
+            raise ArenaError(f"carried tensors {machine.graph.name_of(first)!r} and "
+                             f"{machine.graph.name_of(last)!r} differ in size")
+        if head.end > tail.start:
+            if not _updates_in_place(plan, machine, tail, first):
+                raise ArenaError(
+                    f"{machine.graph.name_of(last)!r} must end the iteration in the slot of "
+                    f"{machine.graph.name_of(first)!r}, but both are live at record "
+                    f"#{tail.start // 2}")
+            in_place.add((tail.record, last))
+        groups.append((a, z))
+    return Lifetimes(tuple(spans), dict(walk.scratch), tuple(groups), frozenset(in_place), end)
+
+
+def _updates_in_place(plan: Plan, machine: MachineModel, tail: Span, first: int) -> bool:
+    """`tail` is made by a Compute that reads `first`, whose fast copy is then freed before the
+    next Compute with no record in between touching it (`frees_after`)."""
+    record = plan.records[tail.record] if tail.record >= 0 else None
+    if not isinstance(record, Compute):
+        return False
+    return first in machine.graph.kernels[record.kernel].inputs and \
+        frees_after(plan.records, tail.record, first)
+
+
+def frees_after(records: Sequence[Record], index: int, tid: int) -> bool:
+    """Whether the records after `index` free the fast copy of `tid` before the next Compute,
+    and none of them moves it first (nothing reads it once the kernel at `index` has run)."""
+    for record in records[index + 1:]:
+        if isinstance(record, Compute):
+            return False
+        if isinstance(record, Move) and record.tensor == tid:
+            return False
+        if isinstance(record, Free) and record.tensor == tid and record.tier == FAST:
+            return True
+    return False
+
+
+def pack(machine: MachineModel, plan: Plan) -> ArenaLayout:
+    """Offsets for every fast buffer of `plan` (module docstring). The arena's size is the
+    tensors' extent plus the largest scratch; whether it fits the budget is the caller's."""
+    life = lifetimes(machine, plan)
+    offsets = _place(life)
+    extent = max((offsets[i] + s.nbytes for i, s in enumerate(life.spans)), default=0)
+    scratch_offset = _aligned(extent)
+    buffers = [ArenaBuffer(s.record, s.tensor, offsets[i], s.nbytes)
+               for i, s in enumerate(life.spans)]
+    buffers.sort(key=lambda b: (b.record, b.tensor))
+    scratch = [ArenaBuffer(r, SCRATCH, scratch_offset, _aligned(n))
+               for r, n in sorted(life.scratch.items()) if n > 0]
+    top = max((b.nbytes for b in scratch), default=0)
+    return ArenaLayout(scratch_offset + top, scratch_offset, ALIGN_BYTES,
+                       tuple(buffers + scratch))
+
+
+def _aligned(n: int) -> int:
+    return -(-int(n) // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def _place(life: Lifetimes) -> list[int]:
+    """Greedy by size: each item (a span, or a steady group) at the lowest offset where it
+    overlaps no item placed before it that is live at the same time."""
+    spans = life.spans
+    grouped = {i for group in life.groups for i in group}
+    items = [group for group in life.groups] + [(i,) for i in range(len(spans))
+                                                 if i not in grouped]
+    # equal sizes in time order: for same-sized buffers, lowest-offset-first in order of start
+    # is the optimal colouring of an interval graph
+    items.sort(key=lambda it: (-spans[it[0]].nbytes, min(spans[i].start for i in it)))
+    n = len(spans)
+    starts, ends = np.empty(n, np.int64), np.empty(n, np.int64)
+    lows, highs = np.empty(n, np.int64), np.empty(n, np.int64)
+    placed = 0
+    offsets = [0] * n
+    for item in items:
+        size = spans[item[0]].nbytes
+        busy = np.zeros(placed, dtype=bool)
+        for i in item:
+            busy |= (starts[:placed] < spans[i].end) & (ends[:placed] > spans[i].start)
+        offset = _lowest_gap(lows[:placed][busy], highs[:placed][busy], size)
+        for i in item:
+            offsets[i] = offset
+            starts[placed], ends[placed] = spans[i].start, spans[i].end
+            lows[placed], highs[placed] = offset, offset + size
+            placed += 1
+    return offsets
+
+
+def _lowest_gap(lows: np.ndarray, highs: np.ndarray, size: int) -> int:
+    """The lowest offset where [offset, offset + size) meets none of the [low, high) ranges."""
+    order = np.argsort(lows, kind="stable")
+    offset = 0
+    for low, high in zip(lows[order].tolist(), highs[order].tolist(), strict=True):
+        if offset + size <= low:
+            break
+        offset = max(offset, high)
+    return offset
+
+
+def overlapping(layout: ArenaLayout, life: Lifetimes) -> tuple[Span, Span] | None:
+    """Two tensor buffers that are live at once and overlap in the arena (in-place updates
+    and the pieces of a steady group excepted), else None. A brute-force check for tests and
+    reports; the strict simulator checks the same rule as it walks the plan."""
+    offsets = layout.offsets()
+    together = {frozenset((life.spans[a], life.spans[z])) for a, z in life.groups}
+    spans = sorted(life.spans, key=lambda s: s.start)
+    for i, s in enumerate(spans):
+        lo = offsets[(s.record, s.tensor)]
+        for t in spans[i + 1:]:
+            if t.start >= s.end:
+                break
+            other = offsets[(t.record, t.tensor)]
+            if lo < other + t.nbytes and other < lo + s.nbytes and s.nbytes and t.nbytes \
+                    and frozenset((s, t)) not in together:
+                return s, t
+    return None
+
+
+
+
+class SlotMap:
+    """The arena's live buffers for the verifier: disjoint [low, high) ranges sorted by
+    offset, each with the tensors it holds (two while an output takes an input's slot in
+    place)."""
+
+    def __init__(self) -> None:
+        self.lows: list[int] = []
+        self.rows: list[tuple[int, int, set[int]]] = []
+        self.where: dict[int, int] = {}  # tensor -> low of its row
+
+    def overlapping(self, low: int, high: int) -> list[tuple[int, int, set[int]]]:
+        """Live rows that meet [low, high)."""
+        out = []
+        j = bisect.bisect_left(self.lows, high) - 1
+        while j >= 0 and self.rows[j][1] > low:
+            out.append(self.rows[j])
+            j -= 1
+        return out
+
+    def add(self, low: int, high: int, tid: int) -> None:
+        j = bisect.bisect_left(self.lows, low)
+        if j < len(self.rows) and self.rows[j][0] == low and self.rows[j][1] == high:
+            self.rows[j][2].add(tid)
+        else:
+            self.lows.insert(j, low)
+            self.rows.insert(j, (low, high, {tid}))
+        self.where[tid] = low
+
+    def remove(self, tid: int) -> None:
+        low = self.where.pop(tid, None)
+        if low is None:
+            return
+        j = bisect.bisect_left(self.lows, low)
+        while self.rows[j][0] == low and tid not in self.rows[j][2]:
+            j += 1
+        self.rows[j][2].discard(tid)
+        if not self.rows[j][2]:
+            del self.lows[j], self.rows[j]

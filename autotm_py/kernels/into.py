@@ -1,0 +1,286 @@
+"""Direct outputs for arena runs: kernels that write their outputs into given buffers.
+
+In an arena run (docs/gpu.md) each output has a planned slot. For the ops of
+`memory.scratch.DIRECT_OPS` the executor passes the slots to `run_kernel_into`, which writes
+the outputs there through aten `out=` variants, computing exactly what `run_kernel` computes
+(bitwise: tests/test_into.py), so nothing is allocated and nothing copied. Every other kernel
+runs as usual and the executor copies its outputs into their slots.
+
+An implementation returns False, having written nothing, when it cannot write in place (a
+dtype it does not handle, Conv off CUDA, a batch norm that runs cuDNN's pair); the caller then
+runs the kernel and copies. Ops with no entry here run and are copied too: among them ConvGrad
+(aten's `convolution_backward.out` is a generated wrapper that allocates and copies, as the
+executor's copy does), the batch-norm gradient, attention and layer norm.
+`memory.scratch.writes_in_place` says, without torch, which kernels are written in place on
+CUDA, so that the planner leaves scratch for the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from autotm_py.ir.graph import Kernel
+from autotm_py.ir.rules.geometry import window
+from autotm_py.kernels.batch_norm import cudnn_batch_norm
+from autotm_py.kernels.util import attrs
+
+Tensors = Sequence[torch.Tensor]
+IntoImpl = Callable[[Kernel, Tensors, Tensors], bool]
+INTO: dict[str, IntoImpl] = {}
+A = torch.ops.aten
+
+
+def into(*ops: str) -> Callable[[IntoImpl], IntoImpl]:
+    def deco(fn: IntoImpl) -> IntoImpl:
+        for op in ops:
+            INTO[op] = fn
+        return fn
+
+    return deco
+
+
+def run_kernel_into(kernel: Kernel, args: Tensors, outs: Sequence[torch.Tensor | None]) -> bool:
+    """Write the outputs of `kernel` into `outs` (contiguous, of the graph's shapes and dtypes)
+    if a direct implementation applies; False, with nothing written, if none does."""
+    impl = INTO.get(kernel.op_type)
+    if impl is None or any(o is None for o in outs) or len(outs) != len(kernel.outputs):
+        return False
+    return impl(kernel, args, outs)  # type: ignore[arg-type]
+
+
+# ---- elementwise ------------------------------------------------------------------------
+BINARY_OUT = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Max": torch.maximum,
+              "Min": torch.minimum}
+
+
+@into(*BINARY_OUT)
+def binary(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    a, b = args
+    if outs[0].dtype != torch.result_type(a, b):
+        return False
+    BINARY_OUT[k.op_type](a, b, out=outs[0])
+    return True
+
+
+@into("Div")
+def div(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    a, b = args
+    if outs[0].dtype != torch.result_type(a, b):
+        return False
+    if a.dtype.is_floating_point:
+        torch.div(a, b, out=outs[0])
+    else:
+        torch.div(a, b, rounding_mode="trunc", out=outs[0])
+    return True
+
+
+@into("Sum", "GradAccumulate")
+def sum_(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    out = outs[0]
+    if len(args) == 1:
+        out.copy_(args[0])
+        return True
+    if out.dtype != torch.result_type(args[0], args[1]):
+        return False
+    torch.add(args[0], args[1], out=out)  # the same left-to-right sums as functools.reduce
+    for arg in args[2:]:
+        torch.add(out, arg, out=out)
+    return True
+
+
+@into("Relu")
+def relu(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    torch.clamp_min(args[0], 0, out=outs[0])  # what torch.relu computes
+    return True
+
+
+@into("ReluGrad")
+def relu_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    A.threshold_backward.grad_input(args[0], args[1], 0, grad_input=outs[0])
+    return True
+
+
+@into("Gelu")
+def gelu(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    A.gelu.out(args[0], approximate=str(k.attr("approximate", "none")), out=outs[0])
+    return True
+
+
+@into("GeluGrad")
+def gelu_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    A.gelu_backward.grad_input(args[0], args[1], approximate=str(k.attr("approximate", "none")),
+                               grad_input=outs[0])
+    return True
+
+
+@into("SGDUpdate")
+def sgd_update(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    torch.add(args[0], args[1], alpha=-float(k.attr("lr")), out=outs[0])
+    return True
+
+
+# ---- matrix products, convolution, normalization -----------------------------------------
+@into("MatMul")
+def matmul(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """The GEMMs torch.matmul runs for these shapes: a folded into rows against a matrix, or
+    a batch of matrices against a batch of the same size."""
+    a, b = args
+    out = outs[0]
+    if not (a.is_contiguous() and b.is_contiguous()) or a.dim() < 2 or b.dim() < 2:
+        return False
+    if b.dim() == 2:
+        torch.mm(a.reshape(-1, a.shape[-1]), b, out=out.view(-1, b.shape[-1]))
+        return True
+    if a.dim() == b.dim() and a.shape[:-2] == b.shape[:-2]:
+        m, n = a.shape[-2], b.shape[-1]
+        torch.bmm(a.reshape(-1, m, a.shape[-1]), b.reshape(-1, b.shape[-2], n),
+                  out=out.view(-1, m, n))
+        return True
+    return False
+
+
+@into("MatMulGradA")
+def matmul_grad_a(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """dA = dY B^T as one GEMM over the rows of dY (B a matrix, no broadcast batch axes)."""
+    dy, b = args
+    out = outs[0]
+    if b.dim() != 2 or dy.dim() != out.dim() or dy.shape[:-1] != out.shape[:-1] or \
+            not dy.is_contiguous():
+        return False
+    torch.mm(dy.reshape(-1, dy.shape[-1]), b.transpose(-1, -2), out=out.view(-1, b.shape[0]))
+    return True
+
+
+@into("MatMulGradB")
+def matmul_grad_b(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """dB = A^T dY over every row of A and dY (a matrix dB)."""
+    dy, a = args
+    out = outs[0]
+    if out.dim() != 2 or a.dim() != dy.dim() or a.dim() < 2 or not (a.is_contiguous() and
+                                                                 dy.is_contiguous()):
+        return False
+    torch.mm(a.reshape(-1, a.shape[-1]).t(), dy.reshape(-1, dy.shape[-1]), out=out)
+    return True
+
+
+@into("Linear")
+def linear(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """One addmm (mm without a bias) over the rows of X into the slot, as `kernels.fused`."""
+    x, w = args[0], args[1]
+    if not x.is_contiguous():
+        return False
+    w = w.t() if k.attr("transB", 0) else w
+    rows = outs[0].view(-1, w.shape[1])
+    if len(args) < 3:
+        torch.mm(x.reshape(-1, x.shape[-1]), w, out=rows)
+    else:
+        torch.addmm(args[2].reshape(-1), x.reshape(-1, x.shape[-1]), w, out=rows)
+    return True
+
+
+@into("LinearGrad")
+def linear_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """dX and dW with one mm each, dB as the row sum of dY, each into its slot (the outputs
+    that `output_mask` asks for, in order)."""
+    dy, x, w = args
+    if not (dy.is_contiguous() and x.is_contiguous()):
+        return False
+    mask = k.attr("output_mask", (1, 1, 0))
+    trans = bool(k.attr("transB", 0))
+    dy_rows = dy.reshape(-1, dy.shape[-1])
+    slots = iter(outs)
+    if mask[0]:
+        torch.mm(dy_rows, w if trans else w.t(), out=next(slots).view(-1, x.shape[-1]))
+    if mask[1]:
+        rows = x.reshape(-1, x.shape[-1])
+        out = next(slots)
+        if trans:
+            torch.mm(dy_rows.t(), rows, out=out)
+        else:
+            torch.mm(rows.t(), dy_rows, out=out)
+    if mask[2]:
+        torch.sum(dy_rows, 0, out=next(slots).view(-1))
+    return True
+
+
+@into("Conv")
+def conv(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """cuDNN writes the convolution into the slot, as aten's convolution runs it on CUDA
+    (then adds the bias in place); elsewhere (CPU, grouped, asymmetric pads) the caller
+    copies."""
+    x, w = args[0], args[1]
+    if not (x.is_cuda and torch.backends.cudnn.enabled and x.dim() == 4
+            and int(k.attr("group", 1)) == 1 and x.dtype in (torch.float32, torch.float16,
+                                                             torch.bfloat16)):
+        return False
+    geo = window(attrs(k), x.shape[2:], w.shape[2:])
+    if geo.begins != geo.ends:
+        return False
+    deterministic = torch.backends.cudnn.deterministic or \
+        torch.are_deterministic_algorithms_enabled()
+    A.cudnn_convolution.out(x, w, list(geo.begins), list(geo.strides), list(geo.dilations), 1,
+                            torch.backends.cudnn.benchmark, deterministic,
+                            torch.backends.cudnn.allow_tf32, out=outs[0])
+    if len(args) > 2:
+        outs[0].add_(args[2].reshape(1, -1, 1, 1))
+    return True
+
+
+@into("BatchNormalization")
+def batch_norm(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """Training mode on the native kernel (the CPU; CUDA where torch would not pick cuDNN,
+    `kernels.batch_norm`): the running statistics are copied into their new slots and updated
+    there, as the functional kernel computes them; missing outputs go to small temporaries.
+    Where the kernel runs cuDNN's pair, the caller copies."""
+    x, scale, bias, mean, var = args
+    eps, momentum = float(k.attr("epsilon", 1e-5)), float(k.attr("momentum", 0.9))
+    if not k.attr("training_mode", 0) or cudnn_batch_norm(x, scale, eps):
+        return False  # cuDNN's has no out= kernel (its out= variant allocates and copies)
+    slots = list(outs) + [None] * (5 - len(outs))
+    y, new_mean, new_var, save_mean, save_invstd = (
+        s if s is not None else torch.empty_like(ref)
+        for s, ref in zip(slots, (x, mean, var, mean, mean), strict=True))
+    new_mean.copy_(mean)
+    new_var.copy_(var)
+    A._native_batch_norm_legit.out(x, scale, bias, new_mean, new_var, True, 1.0 - momentum, eps,
+                                   out=y, save_mean=save_mean, save_invstd=save_invstd)
+    return True
+
+
+# ---- loss ----------------------------------------------------------------------------------
+@into("SoftmaxCrossEntropy")
+def softmax_cross_entropy(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """Loss and log-probabilities with classes on the last axis, no class weights, the mean
+    reduction (`memory.scratch.writes_in_place`)."""
+    scores, labels = args[0], args[1]
+    axis = int(k.attr("axis", 1 if k.domain == "" else -1)) % scores.dim()
+    if len(args) > 2 or len(outs) != 2 or axis != scores.dim() - 1 or \
+            str(k.attr("reduction", "mean")) != "mean" or k.attr("ignore_index") is not None:
+        return False
+    loss, log_prob = outs
+    A._log_softmax.out(scores, axis, False, out=log_prob)
+    total = torch.empty((), dtype=scores.dtype, device=scores.device)
+    A.nll_loss_forward.output(log_prob.reshape(-1, scores.shape[-1]),
+                              labels.reshape(-1).long(), None, 1, -100, output=loss,
+                              total_weight=total)
+    return True
+
+
+@into("SoftmaxCrossEntropyGrad")
+def softmax_cross_entropy_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    log_prob, labels = args[0], args[1]
+    axis = int(k.attr("axis", -1)) % log_prob.dim()
+    if len(args) > 2 or axis != log_prob.dim() - 1 or k.attr("ignore_index") is not None or \
+            str(k.attr("reduction", "mean")) != "mean":
+        return False
+    rows = log_prob.reshape(-1, log_prob.shape[-1])
+    grad = outs[0].view(rows.shape)
+    lab = labels.reshape(-1).long()
+    coef = torch.ones(lab.shape, dtype=rows.dtype, device=rows.device)
+    coef = coef / coef.sum()
+    torch.exp(rows, out=grad)
+    grad.scatter_add_(1, lab.unsqueeze(1), -torch.ones_like(grad[:, :1]))
+    grad.mul_(coef.unsqueeze(1))
+    return True

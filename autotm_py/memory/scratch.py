@@ -1,0 +1,105 @@
+"""Scratch: what a kernel allocates outside its planned slots when a plan runs in an arena.
+
+In an arena run (`autotm_py.arena`, docs/gpu.md) every tensor has a planned slot, but torch's
+kernels allocate by themselves: their workspaces (cuDNN, cuBLAS, temporaries of composite
+kernels: `workspace_bytes` of the profile) and, unless an `out=` variant writes them straight
+into their slots, their outputs, which the executor then copies into the slots. All of it comes
+from torch's caching allocator in one scratch region beside the arena, as large as the largest
+kernel's scratch; the planner leaves that much of the budget to it.
+
+A kernel's scratch: its workspace, plus the bytes of each fast output that torch allocates:
+every output of a kernel that can neither write in place (`DIRECT_OPS`, `writes_in_place`) nor
+returns a view of an input (`VIEW_OPS`), and every output that ends a carried pair (W' of
+W -> W'), which the executor writes through scratch when it takes W's slot in place, unless
+the kernel is elementwise and may write over its input (`IN_PLACE_OPS`: the SGD update).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotm_py.ir.rules.geometry import window
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import Kernel, TensorGraph
+
+# Ops whose torch kernels write every output straight into a given buffer (aten `out=`
+# variants: `kernels/into.py`, which a test keeps in step). Conv does so on CUDA with cuDNN;
+# elsewhere the executor copies its output, which costs time but no budget (no cap off the
+# GPU).
+DIRECT_OPS = frozenset({
+    "Add", "Sub", "Mul", "Max", "Min", "Div", "Sum", "GradAccumulate", "Relu", "ReluGrad",
+    "Gelu", "GeluGrad", "MatMul", "MatMulGradA", "MatMulGradB", "BatchNormalization", "Conv",
+    "SGDUpdate", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad", "Linear", "LinearGrad",
+})
+# cuDNN's smallest batch-norm epsilon (CUDNN_BN_MIN_EPSILON): below it torch runs its own kernel.
+CUDNN_BN_MIN_EPSILON = 1e-5
+# Elementwise ops whose torch kernels may write their output over an input (each element read
+# before it is written): an output taking its input's slot in place is written directly.
+IN_PLACE_OPS = frozenset({"SGDUpdate"})
+# Ops whose torch kernels return a view of an input: the executor copies the view into the
+# output's slot and nothing is allocated.
+VIEW_OPS = frozenset({
+    "Reshape", "ReshapeGrad", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose",
+    "TransposeGrad",
+})
+
+
+def writes_in_place(graph: TensorGraph, kernel: Kernel) -> bool:
+    """Whether the executor's torch kernel writes the outputs of `kernel` into their slots (on
+    CUDA) without allocating them: `DIRECT_OPS`, with the attributes that the direct path of
+    `kernels/into.py` handles."""
+    if kernel.op_type not in DIRECT_OPS:
+        return False
+    if kernel.op_type == "BatchNormalization":  # cuDNN's pair has no out= kernel
+        return bool(kernel.attr("training_mode", 0)) and not _cudnn_batch_norm(graph, kernel)
+    if kernel.op_type == "Conv":  # cuDNN pads symmetrically; explicit padding would copy
+        x, w = (graph.tensors[t].shape for t in kernel.inputs[:2])
+        geo = window(dict(kernel.attrs), x[2:], w[2:])
+        return geo.begins == geo.ends
+    if kernel.op_type in ("SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad"):
+        return _plain_cross_entropy(graph, kernel)
+    if kernel.op_type in ("MatMulGradA", "MatMulGradB"):
+        return _plain_matmul_grad(graph, kernel)
+    return True
+
+
+def _cudnn_batch_norm(graph: TensorGraph, kernel: Kernel) -> bool:
+    """Whether torch runs a training batch norm through cuDNN on a GPU (`kernels.batch_norm`
+    asks torch; this is its rule without torch): an input of rank 3 or more, float32 or
+    float64 (float16 with float parameters), epsilon at least cuDNN's smallest."""
+    x, scale = (graph.tensors[t] for t in kernel.inputs[:2])
+    floats = x.dtype in ("float32", "float64") or (x.dtype == "float16" and
+                                                   scale.dtype == "float32")
+    return len(x.shape) >= 3 and floats and \
+        float(kernel.attr("epsilon", 1e-5)) >= CUDNN_BN_MIN_EPSILON
+
+
+def _plain_matmul_grad(graph: TensorGraph, kernel: Kernel) -> bool:
+    """One GEMM: dA = dY B^T with a matrix B and no broadcast batch axes, or dB = A^T dY over
+    rows folded from every batch axis into a matrix dB."""
+    dy, other = (graph.tensors[t].shape for t in kernel.inputs)
+    out = graph.tensors[kernel.outputs[0]].shape
+    if kernel.op_type == "MatMulGradA":
+        return len(other) == 2 and len(dy) == len(out) >= 2 and dy[:-1] == out[:-1]
+    return len(out) == 2 and len(other) == len(dy) >= 2
+
+
+def _plain_cross_entropy(graph: TensorGraph, kernel: Kernel) -> bool:
+    """Our loss with class weights absent, the mean reduction and classes on the last axis
+    (what `kernels/into.py` writes in place)."""
+    scores = graph.tensors[kernel.inputs[0]]
+    axis = int(kernel.attr("axis", 1 if kernel.domain == "" else -1)) % len(scores.shape)
+    outputs = 2 if kernel.op_type == "SoftmaxCrossEntropy" else 1
+    return (len(kernel.inputs) == 2 and len(kernel.outputs) == outputs
+            and str(kernel.attr("reduction", "mean")) == "mean"
+            and axis == len(scores.shape) - 1 and kernel.attr("ignore_index") is None)
+
+
+def allocated_outputs(graph: TensorGraph, kernel: Kernel) -> list[int]:
+    """The outputs of `kernel` that torch allocates in an arena run (module docstring)."""
+    direct = writes_in_place(graph, kernel)
+    carried_ends = set() if direct and kernel.op_type in IN_PLACE_OPS else \
+        {last for _, last in graph.carried}
+    copied = kernel.op_type not in VIEW_OPS and not direct
+    return [t for t in kernel.outputs if copied or t in carried_ends]

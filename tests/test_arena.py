@@ -1,0 +1,273 @@
+"""Planned addresses (`autotm_py.arena`): packed offsets never overlap on random plans, the
+verifier (strict simulator) checks them, arena plans fit their budget, the plan format keeps
+them, and CUDA-graph pricing uses device times."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autotm_py import arena
+from autotm_py.config import PlanConfig
+from autotm_py.costs import KernelCosts
+from autotm_py.errors import PlanError
+from autotm_py.machine import MachineModel
+from autotm_py.memory.tiers import preset
+from autotm_py.pipeline import machine_for, optimize, run_baselines, simulate, with_arena
+from autotm_py.plan import INITIAL, SCRATCH, ArenaBuffer, Compute, Plan
+from autotm_py.planning.solve import min_feasible_budget
+from autotm_py.runtime.simulate import Simulator
+from tests.graphs import costs_for, random_training, small_training
+from tests.synthetic import random_dag
+
+ARENA_RULES = ("offset", "overlaps", "scratch", "slot", "arena of")
+BASELINES = ("all-fast", "all-slow", "first-touch", "lru", "offload")
+
+
+def _arena_violations(graph, plan, machine) -> list[str]:
+    sim = Simulator(graph, plan, replace(machine, arena=True), strict=False)
+    sim.run()
+    return [v for v in sim.violations if any(word in v for word in ARENA_RULES[:4])]
+
+
+@st.composite
+def problems(draw):
+    seed = draw(st.integers(0, 10_000))
+    if draw(st.booleans()):
+        graph = random_dag(seed, n_kernels=draw(st.integers(3, 9)))
+    else:
+        graph = random_training(seed, n_forward=draw(st.integers(2, 5)))
+    return graph, draw(st.floats(0.0, 1.0)), draw(st.booleans())
+
+
+def _budget(graph, costs, frac: float, pin: bool, **flags) -> int:
+    memory = preset("h100-pcie5")
+    probe = MachineModel(graph, memory.with_budget(None), costs, pin, **flags)
+    need, _ = min_feasible_budget(MachineModel(graph, memory.with_budget(0), costs, pin,
+                                               **flags), "sync")
+    return int(need + frac * max(probe.peak[0] - need, 0)) + probe.scratch_reserve
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_packed_offsets_never_overlap(data):
+    graph, frac, pin = data.draw(problems())
+    costs = costs_for(graph, seed=len(graph.kernels))
+    budget = _budget(graph, costs, frac, pin, arena=True)
+    config = PlanConfig(strategy="async", device="cuda", fast_mem_bytes=budget,
+                        solver="highs", gap=0.0, async_window=4, pin_weights=pin, arena=True)
+    machine = machine_for(graph, config, costs)
+    plans = [r.plan for r in run_baselines(machine, BASELINES).values() if r.plan is not None]
+    result = optimize(graph, config, costs=costs)
+    assert result.plan is not None, result.message
+    plans.append(result.plan)
+    for plan in plans:
+        life = arena.lifetimes(machine, plan)
+        layout = plan.arena or arena.pack(machine, plan)
+        assert arena.overlapping(layout, life) is None, plan.header.strategy
+        assert not _arena_violations(graph, plan.with_arena(layout), machine)
+    if result.plan.arena is not None:  # the fit loop found one: it verifies, within budget
+        sim = simulate(graph, result.plan, costs=costs)
+        assert result.plan.arena.nbytes <= machine.arena_limit
+        assert sim.fast_peak_bytes <= budget
+    else:
+        assert any(note.startswith("no arena") for note in result.plan.header.notes)
+
+
+def _training_plan(kib: int = 64, arena_mode: bool = True, strategy: str = "sync"):
+    graph = small_training(kib=kib)
+    costs = costs_for(graph)
+    budget = _budget(graph, costs, 0.5, False, arena=arena_mode)
+    config = PlanConfig(strategy=strategy, device="cuda", fast_mem_bytes=budget, solver="highs",
+                        arena=arena_mode)
+    result = optimize(graph, config, costs=costs)
+    assert result.plan is not None and (result.plan.arena is not None) == arena_mode, \
+        result.message
+    return graph, costs, result.plan
+
+
+def test_arena_plans_fit_their_budget_and_say_so():
+    graph, costs, plan = _training_plan()
+    sim = simulate(graph, plan, costs=costs)  # strict: offsets checked
+    assert sim.ok
+    assert plan.arena.nbytes == plan.header.counts["arena_bytes"]
+    assert any(note.startswith("arena: ") for note in plan.header.notes)
+    machine = machine_for(graph, PlanConfig(device="cuda", fast_mem_bytes=plan.header.budget_bytes,
+                                            arena=True), costs)
+    assert plan.arena.nbytes <= machine.arena_limit
+    assert machine.scratch_reserve == plan.arena.scratch_bytes > 0
+
+
+def test_the_optimizer_update_takes_the_weights_slot_in_place():
+    graph, costs, plan = _training_plan()
+    w, w_next = graph.carried[0]
+    if w_next not in {b.tensor for b in plan.arena.buffers if b.record >= 0}:
+        pytest.skip("the weight left fast memory in this plan")
+    machine = machine_for(graph, PlanConfig(device="cuda", fast_mem_bytes=plan.header.budget_bytes,
+                                            arena=True), costs)
+    life = arena.lifetimes(machine, plan)
+    offsets = plan.arena.offsets()
+    final = next(s for s in life.spans if s.tensor == w_next)
+    assert offsets[(final.record, w_next)] == offsets[(INITIAL, w)]
+
+
+def _moved(plan: Plan, buffer: ArenaBuffer, offset: int) -> Plan:
+    buffers = tuple(replace(b, offset=offset) if b == buffer else b
+                    for b in plan.arena.buffers)
+    return plan.with_arena(replace(plan.arena, buffers=buffers))
+
+
+def test_the_verifier_rejects_overlapping_offsets():
+    graph, costs, plan = _training_plan()
+    tensors = [b for b in plan.arena.buffers if b.tensor != SCRATCH and b.nbytes]
+    machine = machine_for(graph, PlanConfig(device="cuda", fast_mem_bytes=plan.header.budget_bytes,
+                                            arena=True), costs)
+    life = arena.lifetimes(machine, plan)
+    spans = {(s.record, s.tensor): s for s in life.spans}
+    a, b = next((a, b) for a in tensors for b in tensors
+                if a != b and spans[(a.record, a.tensor)].overlaps(spans[(b.record, b.tensor)])
+                and a.offset != b.offset and a.offset + b.nbytes <= plan.arena.scratch_offset)
+    bad = _moved(plan, b, a.offset)
+    with pytest.raises(PlanError, match="overlaps the live copy"):
+        simulate(graph, bad, costs=costs)
+    assert arena.overlapping(bad.arena, life) is not None
+
+
+def test_the_verifier_rejects_a_weight_that_ends_elsewhere_and_small_scratch():
+    graph, costs, plan = _training_plan()
+    top = plan.arena.scratch_offset
+    # a fresh slot above every buffer (the arena grows, so its budget check may fail too)
+    finals = [b for b in plan.arena.buffers if b.tensor == graph.carried[0][1]]
+    grown = plan.with_arena(replace(plan.arena, nbytes=plan.arena.nbytes + top,
+                                    scratch_offset=2 * top, buffers=tuple(
+                                        replace(b, offset=2 * top) if b.tensor == SCRATCH else b
+                                        for b in plan.arena.buffers)))
+    moved = _moved(grown, finals[-1], top)
+    sim = simulate(graph, moved, costs=costs, strict=False)
+    assert any("ends the iteration at offset" in v for v in sim.violations), sim.violations
+    scratch = next(b for b in plan.arena.buffers if b.tensor == SCRATCH and b.nbytes)
+    small = plan.with_arena(replace(plan.arena, buffers=tuple(
+        replace(b, nbytes=b.nbytes - 512) if b == scratch else b for b in plan.arena.buffers)))
+    with pytest.raises(PlanError, match="bytes of scratch"):
+        simulate(graph, small, costs=costs)
+
+
+def test_arena_survives_json_and_validation_catches_bad_buffers():
+    graph, _, plan = _training_plan()
+    again = Plan.from_json(plan.to_json())
+    assert again.arena == plan.arena and again.validate(graph)
+    data = json.loads(plan.to_json())
+    data["arena"]["buffers"][0][2] = 100  # not a multiple of the alignment
+    with pytest.raises(PlanError, match="alignment"):
+        Plan.from_dict(data).validate(graph)
+    data = json.loads(plan.to_json())
+    data["arena"]["buffers"][0][2] = data["arena"]["bytes"]
+    with pytest.raises(PlanError, match=r"outside the arena|scratch region"):
+        Plan.from_dict(data).validate(graph)
+    assert Plan.from_json(_training_plan(arena_mode=False)[2].to_json()).arena is None
+
+
+def test_a_plan_without_an_arena_is_packed_for_the_executor():
+    graph, costs, plan = _training_plan(arena_mode=False)
+    assert plan.arena is None
+    packed = with_arena(graph, plan, costs)
+    assert packed.arena is not None and with_arena(graph, packed, costs) is packed
+    machine = MachineModel(graph, preset("h100-pcie5").with_budget(None), costs, arena=True)
+    assert not _arena_violations(graph, packed, machine)
+
+
+def test_scratch_counts_workspace_and_outputs_torch_allocates():
+    graph = small_training(kib=64, workspace_kib=32)
+    costs = costs_for(graph)
+    machine = MachineModel(graph, preset("h100-pcie5").with_budget(1 << 30), costs, arena=True)
+    gemm, relu = graph.kernels[0], graph.kernels[1]
+    assert gemm.op_type == "Gemm" and relu.op_type == "Relu"
+    # Gemm has no direct path: its output is allocated, beside its workspace; Relu writes in
+    # place; the SGD update writes W' over W (elementwise), also without scratch
+    assert machine.scratch[gemm.id] == 32 * 1024 + int(machine.sizes[gemm.outputs[0]])
+    assert machine.scratch[relu.id] == 0
+    assert machine.scratch[graph.kernels[-1].id] == 0
+    assert machine.scratch_reserve == int(machine.scratch.max())
+    assert not machine.workspace.any()  # the rows count tensors only
+    plain = replace(machine, arena=False)
+    assert plain.budget - machine.budget == machine.scratch_reserve
+
+
+def test_graph_replay_prices_device_times():
+    graph = small_training()
+    n = len(graph.kernels)
+    costs = replace(KernelCosts.from_times("cuda", [2e-3] * n), device_s=(1e-3,) * n)
+    memory = preset("h100-pcie5").with_budget(None)
+    eager = MachineModel(graph, memory, costs)
+    replayed = MachineModel(graph, memory, costs, graph_replay=True)
+    assert eager.all_fast_time == pytest.approx(2e-3 * n)
+    assert replayed.all_fast_time == pytest.approx(1e-3 * n)
+    config = PlanConfig(device="cuda", ratio=None, graph=True, fast_mem_bytes=1 << 30)
+    result = optimize(graph, config, costs=costs)
+    assert result.plan.header.graph is True
+    assert result.plan.header.costs.digest == costs.digest  # the costs as loaded, not replayed
+    assert Plan.from_json(result.plan.to_json()).header.graph is True
+    sim = simulate(graph, result.plan, costs=costs)
+    assert sim.total_s == pytest.approx(1e-3 * n)
+    assert simulate(graph, result.plan.with_header(graph=False), costs=costs).total_s == \
+        pytest.approx(2e-3 * n)
+
+
+def test_scratch_buffers_belong_to_computes():
+    _, _, plan = _training_plan()
+    for b in plan.arena.buffers:
+        if b.tensor == SCRATCH:
+            assert isinstance(plan.records[b.record], Compute)
+            assert b.offset == plan.arena.scratch_offset
+
+
+def test_the_planner_solves_again_until_the_packing_fits():
+    from autotm_py.ir.training import derive_training
+    from tests.test_training_models import tiny_decoder
+
+    graph = derive_training(tiny_decoder(), optimizer="adam")
+    costs = costs_for(graph)
+    base = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
+    probe = machine_for(graph, PlanConfig(fast_mem_bytes=base, device="cuda", arena=True), costs)
+    config = PlanConfig(fast_mem_bytes=base + probe.scratch_reserve, device="cuda",
+                        strategy="sync", solver="highs", arena=True)
+    result = optimize(graph, config, costs=costs)
+    notes = result.plan.header.notes
+    assert any("solved again" in n for n in notes), notes  # the first packing did not fit
+    assert result.plan.arena is not None, notes
+    assert result.plan.arena.nbytes <= machine_for(graph, config, costs).arena_limit
+    assert simulate(graph, result.plan, costs=costs).ok
+
+
+def test_a_run_falls_back_to_the_caching_allocator_where_no_arena_fits():
+    from autotm_py.pipeline import arena_for_run, machine_for_plan
+
+    graph, costs, plan = _training_plan(arena_mode=False)
+    packed = with_arena(graph, plan, costs)
+    limit = replace(machine_for_plan(graph, plan, costs), arena=True).arena_limit
+    assert packed.arena.nbytes > limit  # the scratch region does not fit beside the tensors
+    placed, why = arena_for_run(graph, plan, costs)
+    assert placed is None and why.startswith("no arena") and "caching allocator" in why
+    assert arena_for_run(graph, plan, costs, capped=False) == (packed, None)  # no cap: packed
+    _, _, fitted = _training_plan()
+    assert arena_for_run(graph, fitted, costs) == (fitted, None)
+
+
+def test_the_budget_line_names_the_arena_scratch():
+    from autotm_py.cli.common import budget_parts
+
+    graph, costs, plan = _training_plan()
+    config = PlanConfig(strategy="sync", device="cuda", fast_mem_bytes=plan.header.budget_bytes,
+                        solver="highs", arena=True)
+    result = optimize(graph, config, costs=costs, baselines=False)
+    machine = machine_for(graph, config, costs)
+    assert result.scratch_bytes >= machine.scratch_reserve > 0
+    assert result.reserve_bytes + result.scratch_bytes + result.plannable_bytes == \
+        result.budget_bytes  # no headroom asked for
+    line = budget_parts(result.budget_bytes, result.reserve_bytes, result.plannable_bytes,
+                        result.scratch_bytes)
+    assert "0 B headroom" in line and "arena scratch" in line

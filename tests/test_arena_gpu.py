@@ -1,0 +1,159 @@
+"""The arena executor and CUDA-graph replay on a GPU (marked `gpu`: run on the device machine
+with `bash experiments/gpu/test_gpu.sh`, i.e. `python -m pytest -m gpu`).
+
+In an arena every plan computes bitwise what it computes on torch's caching allocator (the
+kernels written in place are aten's `out=` twins of the usual ones); a replayed CUDA graph
+computes bitwise what eager replay of the same plan computes; runs at planned addresses make
+the allocator retry nothing and stay within the cap; a kernel that cannot be captured leaves a
+note that names it and the run goes on eagerly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotm_py.config import PlanConfig
+from autotm_py.kernels import INTO, KERNELS, run_kernel, run_kernel_into
+from autotm_py.memory.tiers import preset
+from autotm_py.pipeline import machine_for, optimize, with_arena
+from autotm_py.runtime.executor import Executor, execute, run_steps
+from autotm_py.runtime.reference import init_values
+from tests.graphs import costs_for
+from tests.test_executor import _arena_plans, _graph
+
+pytestmark = pytest.mark.gpu
+STEPS = 3
+
+
+@pytest.fixture(scope="module", params=["cnn", "decoder", "cnn-fused", "decoder-fused"])
+def arena_plans(request):
+    graph = _graph(request.param)
+    return graph, _arena_plans(graph)
+
+
+def _equal(a, b, where: str, graph) -> None:
+    for step, (x, y) in enumerate(zip(a, b, strict=True)):
+        for tid in graph.outputs:
+            assert torch.equal(x[tid], y[tid]), f"{where}, step {step}: {graph.name_of(tid)}"
+
+
+def test_arena_runs_are_bitwise_the_caching_allocator_runs(arena_plans):
+    graph, plans = arena_plans
+    for name, plan in plans.items():
+        plain = run_steps(graph, plan, steps=STEPS, device="cuda", seed=1)
+        placed = run_steps(graph, plan, steps=STEPS, device="cuda", seed=1, arena=True)
+        _equal(placed, plain, f"{name} in an arena", graph)
+
+
+def test_graph_replay_is_bitwise_eager_replay(arena_plans):
+    # every kernel of the test models captures (Dropout too: its mask is copied from the
+    # host); run_steps raises an ExecutionError naming the kernel where a capture fails
+    graph, plans = arena_plans
+    for name, plan in plans.items():
+        eager = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2, arena=True)
+        replayed = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2, graph_replay=True)
+        _equal(replayed, eager, f"{name} replayed as a CUDA graph", graph)
+
+
+def test_conv_writes_into_its_slot_on_cuda():
+    graph = _graph("cnn")
+    values = {t: v.cuda() for t, v in init_values(graph, seed=4).items()}
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    for conv in (k for k in graph.kernels if k.op_type == "Conv"):
+        args = [values.get(t, torch.randn(graph.tensors[t].shape, device="cuda"))
+                for t in conv.inputs]
+        out = torch.empty(graph.tensors[conv.outputs[0]].shape, device="cuda")
+        address = out.data_ptr()
+        assert run_kernel_into(conv, args, [out]), conv.name
+        assert out.data_ptr() == address
+        assert torch.equal(out, run_kernel(conv, args)[0]), conv.name
+
+
+def test_linear_and_batch_norm_direct_paths_on_cuda():
+    """Linear and LinearGrad write into their slots what their kernels return; a batch norm
+    that runs cuDNN's pair is not written in place (the executor copies it), as the planner's
+    `writes_in_place` assumes."""
+    from autotm_py.frontend.fuse import fuse_graph
+    from autotm_py.ir.training import derive_training
+    from autotm_py.memory.scratch import writes_in_place
+    from autotm_py.runtime.reference import run_graph
+    from tests.test_training_models import small_cnn, tiny_decoder
+
+    for forward in (tiny_decoder(), small_cnn()):
+        graph = derive_training(fuse_graph(forward), optimizer="sgd")
+        start = {t: v.cuda() for t, v in init_values(graph, seed=4).items()}
+        values = {**start, **run_graph(graph, start, keep=range(len(graph.tensors)))}
+        for kernel in graph.kernels:
+            if kernel.op_type not in ("Linear", "LinearGrad", "BatchNormalization"):
+                continue
+            args = [values[t] for t in kernel.inputs]
+            outs = [torch.empty(graph.tensors[t].shape, device="cuda") for t in kernel.outputs]
+            written = run_kernel_into(kernel, args, outs)
+            assert written == writes_in_place(graph, kernel), kernel.name
+            if written:
+                for got, want in zip(outs, run_kernel(kernel, args), strict=True):
+                    assert torch.equal(got, want), kernel.name
+
+
+def test_arena_run_in_eager_mode_hides_no_synchronization(arena_plans):
+    graph, plans = arena_plans
+    masters = {t: v.cpu() for t, v in init_values(graph, seed=0).items()}
+    for name in ("async-arena", "offload", "all-slow"):
+        if name not in plans:
+            continue
+        ex = Executor(graph, plans[name], device="cuda", masters=masters, arena=True)
+        ex.prepare()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            ex.run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+
+
+@pytest.mark.runtime_reserve
+@pytest.mark.parametrize("replay", [False, True])
+def test_planned_addresses_fit_the_budget_without_retries(replay):
+    # With the preset's real runtime reserve (torch's cuBLAS workspaces), as users plan.
+    graph = _graph("cnn")
+    costs = costs_for(graph)
+    reserve = preset("h100-pcie5").runtime_reserve_bytes
+    probe = machine_for(graph, PlanConfig(fast_mem_bytes=1 << 30, device="cuda", arena=True),
+                        costs)
+    budget = reserve + probe.scratch_reserve + \
+        (graph.max_working_set[0] + graph.peak_live_bytes) // 2
+    for strategy in ("sync", "async"):
+        result = optimize(graph, PlanConfig(fast_mem_bytes=budget, device="cuda",
+                                            strategy=strategy, arena=True, graph=replay),
+                          costs=costs)
+        assert result.plan is not None and result.plan.arena is not None, result.message
+        run = execute(graph, result.plan, device="cuda", iterations=3, warmup=1, arena=True,
+                      graph_replay=replay)
+        assert run.alloc_retries == 0
+        assert run.graph is replay, run.notes
+        assert run.arena_bytes == result.plan.arena.scratch_offset
+        assert run.reserved_peak_bytes is not None and run.cap_bytes is not None
+        assert run.reserved_peak_bytes <= run.cap_bytes
+        # within the cap (budget + 64 MiB slack): the test costs know no real cuDNN workspace
+        assert run.peak_fast_bytes <= run.cap_bytes
+
+
+def test_a_kernel_that_cannot_be_captured_is_named(monkeypatch):
+    graph = _graph("decoder")
+    plan = with_arena(graph, _arena_plans(graph)["all-fast"], costs_for(graph))
+    erf = KERNELS["Erf"]
+
+    def syncing_erf(kernel, args):
+        if args[0].is_cuda:
+            args[0].sum().item()  # a host synchronization: not allowed in a capture
+        return erf(kernel, args)
+
+    assert "Erf" not in INTO  # the kernel runs through the registry
+    monkeypatch.setitem(KERNELS, "Erf", syncing_erf)
+    run = execute(graph, plan, device="cuda", iterations=2, warmup=1, graph_replay=True,
+                  enforce_budget=False)
+    assert not run.graph
+    note = next(n for n in run.notes if n.startswith("no CUDA graph"))
+    assert "Erf" in note, note
