@@ -523,13 +523,15 @@ def _timed_iterations(executor: Executor, iterations: int, warmup: int,
             continue
         if graph and i == warmup:
             failed = executor.capture()
-            graph = timed.replayed = failed is None
+            timed.replayed = failed is None
             if failed is not None:
                 timed.notes.append(f"no CUDA graph: capture failed at {failed}; ran eagerly")
         executor.prepare()  # untimed: placing the iteration's inputs, like a data loader
         executor.state.copied = 0
+        # eager until the capture (the warm-up iterations), replays after it
+        step = executor.replay if timed.replayed else executor.run
         try:
-            sample = time_region(executor.device, executor.replay if graph else executor.run)
+            sample = time_region(executor.device, step)
         except torch.OutOfMemoryError as exc:
             raise ExecutionError(_out_of_memory(executor, exc)) from None
         if i < warmup:
