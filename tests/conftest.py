@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 
 from autotm_py.memory import tiers
+from tests.fixtures.cli import net  # noqa: F401  (the CLI tests' small graph, by name)
 from tests.randomized import register_and_load
 
 _REAL_PRESETS = dict(tiers.PRESETS)

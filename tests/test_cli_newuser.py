@@ -23,7 +23,7 @@ from autotm_py.report.plots import plot_memory
 from autotm_py.report.residency import PlanView, walk
 from autotm_py.report.timeline import plan_order_timeline
 from autotm_py.units import parse_ratio
-from tests.graphs import costs_for, small_training
+from tests.graphs import costs_for
 
 
 def mlp_onnx(path: Path, *, hidden: int = 64, external: bool = True) -> str:
@@ -52,15 +52,6 @@ def mlp_onnx(path: Path, *, hidden: int = 64, external: bool = True) -> str:
 @pytest.fixture()
 def mlp(tmp_path):
     return mlp_onnx(tmp_path / "mlp.onnx")
-
-
-@pytest.fixture()
-def net(monkeypatch):
-    graph = small_training(kib=256)
-    monkeypatch.setattr(api, "load_model", lambda *a, **k: graph)
-    monkeypatch.setattr(api, "load_costs",
-                        lambda g, device="cuda", profiles_dir=None: costs_for(g, device))
-    return graph
 
 
 def _err(capsys) -> str:

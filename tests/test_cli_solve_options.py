@@ -9,29 +9,26 @@ import time
 
 import pytest
 
-from autotm_py import api
 from autotm_py.cli import main, status
 from autotm_py.cli import optimize as optimize_cli
 from autotm_py.planning.control import SolveControl
-from tests.graphs import costs_for, small_training
-
-
-@pytest.fixture()
-def net(monkeypatch):
-    graph = small_training(kib=256)
-    monkeypatch.setattr(api, "load_model", lambda *a, **k: graph)
-    monkeypatch.setattr(api, "load_costs",
-                        lambda g, device="cuda", profiles_dir=None: costs_for(g, device))
-    return graph
 
 
 @pytest.mark.parametrize(("given", "limit"), [(None, 300.0), ("none", None), ("0", None),
                                               ("12.5", 12.5)])
 def test_time_limit_defaults_to_300_s_and_none_or_0_lift_it(net, capsys, given, limit):
-    args = ["optimize", "net", "--fast-mem", "900KiB", "--no-baselines", "--json"]
+    args = ["optimize", "net", "--fast-mem", "900KiB", "--no-baselines", "--json",
+            "--recompute", "off"]
     assert main(args + (["--time-limit", given] if given else [])) == 0
     solver = json.loads(capsys.readouterr().out)["solver"]
     assert solver["solver"] == "highs" and solver["time_limit_s"] == limit
+
+
+def test_a_recomputing_search_keeps_its_own_limit_when_none_is_given(net, capsys):
+    """The joint model may never prove its optimum: without a limit it keeps 180 s."""
+    assert main(["optimize", "net", "--fast-mem", "900KiB", "--no-baselines", "--json",
+                 "--time-limit", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["solver"]["time_limit_s"] == 180.0
 
 
 @pytest.mark.parametrize("bad", ["-1", "soon"])

@@ -9,15 +9,6 @@ from autotm_py.cli import main
 from tests.graphs import costs_for, small_training
 
 
-@pytest.fixture()
-def net(monkeypatch):
-    graph = small_training(kib=256)
-    monkeypatch.setattr(api, "load_model", lambda *a, **k: graph)
-    monkeypatch.setattr(api, "load_costs",
-                        lambda g, device="cuda", profiles_dir=None: costs_for(g, device))
-    return graph
-
-
 def test_help_explains_the_ratio(capsys):
     assert main(["optimize", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())

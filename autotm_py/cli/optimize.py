@@ -84,7 +84,8 @@ RATIO_HELP = (
 @click.option("--time-limit", default=f"{DEFAULT_TIME_LIMIT_S:g}", show_default=True,
               metavar="SECONDS|none", callback=lambda _c, _p, v: parse_time_limit(v),
               help="Wall seconds for the whole search; then the best plan found is returned, "
-                   "marked as such. 0 or none: no limit. Ctrl-C also stops the search and "
+                   "marked as such. 0 or none: no limit (a search that may recompute keeps "
+                   "180 s). Ctrl-C also stops the search and "
                    "keeps the best plan found so far.")
 @click.option("--async-window", type=click.IntRange(min=0), default=DEFAULT_ASYNC_WINDOW,
               show_default=True, help="Kernels around each use where async copies may run.")
