@@ -73,7 +73,9 @@ def test_large_plans_verify_and_simulate_to_the_objective(kind, strategy, data):
     again = data.draw(st.floats(0.0, 1.0), label="budget between smallest and peak")
     graph, costs = problem(kind, seed, size, device)
     if kind != "zoo":
-        assert lo * 0.85 <= len(graph.kernels) <= hi * 1.15, len(graph.kernels)
+        # the generators aim at the drawn size; a CNN's training graph comes out up to a fifth
+        # smaller since one ConvGrad kernel computes both of a convolution's gradients
+        assert lo * 0.75 <= len(graph.kernels) <= hi * 1.15, len(graph.kernels)
     res, budget = _solve(graph, costs, strategy, device, pin, frac, again)
     assert res.status in ("optimal", "time_limit") and res.plan is not None, res.message
     sim = api.simulate(graph, res.plan, costs=costs, strict=True)  # the verifier
