@@ -229,6 +229,69 @@ def test_sync_solution_is_a_feasible_start_of_the_async_model(device):
     assert res.objective_s <= first.objective / formulation.MS * (1 + 1e-9)
 
 
+def test_highs_warm_start_returns_the_solution_it_reports():
+    """HiGHS 1.16, started from this sync+recompute plan, reports the async+recompute optimum
+    but hands back the start's values (CI's slow profile drew the case: the joint plan came out
+    0.19% worse than the move-only plan it contains). `run_solver` then solves again without
+    the start, so the values returned are the optimum's."""
+    import pulp
+
+    from autotm_py.planning import solve as solve_module
+    from autotm_py.planning import warmstart
+    from autotm_py.planning.solvers import run_solver
+    from tests.graphs import random_training
+
+    g = random_training(4, n_forward=4)
+    costs = costs_for(g, "cpu", seed=len(g.kernels), scale_s=2e-6)
+    cfg = PlanConfig.for_plan_name("async+recompute", device="cpu", memory="optane",
+                                   fast_mem_bytes=16128, solver="highs", gap=0.0,
+                                   async_window=4)
+    machine = MachineModel(g, preset("optane").with_budget(16128), costs)
+    small, spec = solve_module._small_and_recompute(machine, cfg)
+    sync = formulation.build(machine, "sync", 4, None, small, recompute=spec)
+    run_solver(sync.prob, "highs", gap=0.0, time_limit=60)
+
+    def asyn():
+        return formulation.build(machine, "async", 4, cfg.async_candidates, small,
+                                 recompute=spec)
+    cold = run_solver(asyn().prob, "highs", gap=0.0, time_limit=60)
+    warm_model = asyn()
+    assert warmstart.apply(warm_model, warmstart.events_of(sync))
+    warm = run_solver(warm_model.prob, "highs", gap=0.0, time_limit=60, warm_start=True)
+    assert warm.status == "optimal"
+    assert warm.objective == pytest.approx(cold.objective, rel=1e-9)
+    assert pulp.value(warm_model.prob.objective) == pytest.approx(cold.objective, rel=1e-9)
+    moves = optimize(g, replace(cfg, recompute="off"), costs=costs)
+    joint = optimize(g, cfg, costs=costs)
+    assert joint.objective_s <= moves.objective_s * (1 + 1e-9)
+
+
+def test_highs_keeps_the_start_when_the_repeat_finds_nothing(monkeypatch):
+    """The repeated solve (without the start) finds nothing in the time left: the values are
+    the start's, a feasible plan, marked as not proven optimal."""
+    import pulp
+
+    from autotm_py.planning import solvers
+    from autotm_py.planning.solvers import SolveControl
+
+    prob = pulp.LpProblem("p", pulp.LpMinimize)
+    x = prob.add_variable("x", 0, 1, cat="Integer")
+    prob += x
+    prob += x >= 0
+    calls = []
+
+    def once(prob, gap, time_limit, threads, warm_start, control):
+        calls.append(warm_start)
+        x.varValue = 1.0 if warm_start else None  # the start came back; the repeat: nothing
+        return solvers._Ended("optimal") if warm_start else solvers._Ended("no_solution")
+
+    monkeypatch.setattr(solvers, "_solve_highs_once", once)
+    monkeypatch.setattr(solvers, "_returned_another_solution", lambda prob: True)
+    ended = solvers._solve_highs(prob, 0.0, 10.0, None, True, SolveControl())
+    assert calls == [True, False]
+    assert ended.status == "time_limit" and ended.has_values and x.varValue == 1.0
+
+
 def test_host_chain_is_monotone_and_falls_back(monkeypatch):
     """static -> sync -> async warm starts: each plan is at least as good as the one before;
     when the last search finds nothing in time, the best earlier plan is returned, marked."""
