@@ -430,6 +430,10 @@ class Executor(PlanInterpreter):
 
     def value(self, tid: int) -> torch.Tensor:
         """The final value of a tensor still held after `run()` (fast copy first)."""
+        if self.cuda:
+            # A slow copy is pinned host memory that a copy stream (or a replayed CUDA graph,
+            # which returns at once) may still be writing: read it only once the GPU is done.
+            torch.cuda.synchronize(self.device)
         for store in (self.state.fast, self.state.slow):
             if tid in store:
                 return store[tid]

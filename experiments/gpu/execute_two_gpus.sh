@@ -6,6 +6,8 @@
 # times and the measured times of the two runs compared row by row (same_rows.py --measured).
 # Usage: bash experiments/gpu/execute_two_gpus.sh OUTDIR [MODEL]   (default resnet200)
 #   ENGINE_ARGS="--engine ray" runs the two-GPU pass on a Ray instance instead (ray wheel needed).
+#   PLANS=DIR reads (and writes) the plans there; FIT="" HEADROOM=0.2 runs the plans of that one
+#   headroom instead of the --fit loop (solved beforehand: bench ... --headroom 0.2 --plans DIR).
 set -u
 . experiments/gpu/setup.sh
 . experiments/gpu/configs.sh
@@ -22,7 +24,8 @@ for mode in one two; do
   # shellcheck disable=SC2086
   CUDA_VISIBLE_DEVICES=$gpus python3 -m autotm_py bench --models "$model" --batch "$batch" "$@" \
       --training --device cuda --ratios "$(ratios_of "$model")" --strategies sync,async \
-      --solvers highs --time-limit 150 --plans experiments/plans/gpu --execute --fit \
+      --solvers highs --time-limit 150 --plans "${PLANS:-experiments/plans/gpu}" --execute \
+      ${FIT---fit} --headroom "${HEADROOM:-0}" \
       --iterations 4 --warmup 1 --no-progress $args -o "$out/$mode.csv" >"$out/$mode.log" 2>&1
   rc=$?
   end=$(date +%s.%N)

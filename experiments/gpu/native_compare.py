@@ -6,8 +6,9 @@ For each model (same shapes, fp32, SGD, one training iteration):
 - native activation checkpointing under a cap of budget + 64 MiB (expandable segments), at the
   fewest segments that fit: `checkpoint_sequential` over the CNN's blocks, HF
   `gradient_checkpointing_enable()` for the transformers;
-- ours: the all-fast plan through the executor (the graph as imported, fused by default), our
-  kernels under torch autograd, and our graph with checkpointed segments under the same cap
+- ours: the all-fast plan through the executor (the graph as imported, fused by default), the
+  same plan at planned addresses replayed as a CUDA graph (`--graph`), our kernels under torch
+  autograd, and our graph with checkpointed segments under the same cap
   (`runtime.eager.fit_checkpointing`);
 - with `--compile F1,F2`: torch.compile of the native model with
   `torch._functorch.config.activation_memory_budget` at the first of these fractions that fits
@@ -235,9 +236,15 @@ def measure_ours(graph, iterations, budgets):
     run = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
                       enforce_budget=False)
     auto = eager.measure_autograd(graph, device=DEV, iterations=iterations, warmup=2)
+    # the same plan at planned addresses, its iteration replayed as one CUDA graph (issue 14)
+    replay = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
+                         graph_replay=True, enforce_budget=False)
     out = {"executor_all_fast_s": run.median_s, "executor_peak_bytes": run.peak_fast_bytes,
            "executor_host_s": run.host_median_s, "autograd_s": auto.median_s,
-           "autograd_peak_bytes": auto.peak_fast_bytes, "checkpoint": {}}
+           "autograd_peak_bytes": auto.peak_fast_bytes,
+           "graph_s": replay.median_s if replay.graph else None,
+           "graph_peak_bytes": replay.peak_fast_bytes, "graph_notes": list(replay.notes),
+           "checkpoint": {}}
     for share, budget in budgets.items():
         fit = eager.fit_checkpointing(graph, budget, device=DEV, iterations=iterations)
         out["checkpoint"][share] = None if fit is None else {

@@ -22,16 +22,23 @@ def mib(value: int | None) -> str:
 
 def iteration_table(rows: list[dict]) -> list[str]:
     out = ["| model | native eager ms (MiB) | ours all-fast ms (MiB) | ours host ms | "
-           "ours/native | our kernels under autograd ms (MiB) |", "|---|---|---|---|---|---|"]
+           "ours/native | ours, CUDA graph ms (MiB) | graph/native | "
+           "our kernels under autograd ms (MiB) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         n, o = r["native_eager"], r["ours"]
-        ratio = o["executor_all_fast_s"] / n["median_s"] if n.get("median_s") else None
         out.append(f"| {r['model']} b{r['batch']}{_dims(r)} | {ms(n.get('median_s'))} "
                    f"({mib(n.get('peak_bytes'))}) | {ms(o['executor_all_fast_s'])} "
                    f"({mib(o['executor_peak_bytes'])}) | {ms(o['executor_host_s'])} | "
-                   f"{'-' if ratio is None else f'{ratio:.2f}x'} | {ms(o['autograd_s'])} "
+                   f"{_ratio(o['executor_all_fast_s'], n.get('median_s'))} | "
+                   f"{ms(o.get('graph_s'))} ({mib(o.get('graph_peak_bytes'))}) | "
+                   f"{_ratio(o.get('graph_s'), n.get('median_s'))} | {ms(o['autograd_s'])} "
                    f"({mib(o['autograd_peak_bytes'])}) |")
     return out
+
+
+def _ratio(ours: float | None, native: float | None) -> str:
+    """`-` where either run is missing (results from before the graph column: no graph run)."""
+    return "-" if not ours or not native else f"{ours / native:.2f}x"
 
 
 def checkpoint_table(rows: list[dict]) -> list[str]:
@@ -76,7 +83,8 @@ def main() -> int:
     print("\n".join(iteration_table(rows)), "\n")
     print("\n".join(checkpoint_table(rows)), "\n")
     for r in rows:
-        print("\n".join(op_table(r, args.top)), "\n")
+        if r.get("ops"):  # runs with --no-ops have none
+            print("\n".join(op_table(r, args.top)), "\n")
     return 0
 
 
