@@ -168,6 +168,22 @@ def fit_runs(replay: bool) -> list[dict]:
     return runs
 
 
+def test_executors_leave_no_memory_behind_for_the_next_run():
+    """Runs one after another in one process (a sweep) start from the same allocated bytes:
+    every executor captures on the same stream, so cuBLAS's per-stream workspace is made once
+    (a new stream per executor left one more workspace after every graph run)."""
+    graph = _graph("decoder")  # matmuls: cuBLAS runs on the capture stream
+    plan = with_arena(graph, _arena_plans(graph)["all-fast"], costs_for(graph))
+    after = []
+    for _ in range(3):
+        execute(graph, plan, device="cuda", iterations=2, warmup=1, graph_replay=True,
+                enforce_budget=False)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        after.append(torch.cuda.memory_allocated())
+    assert after[1] == after[2] == after[0], after
+
+
 def test_a_kernel_that_cannot_be_captured_is_named(monkeypatch):
     graph = _graph("decoder")
     plan = with_arena(graph, _arena_plans(graph)["all-fast"], costs_for(graph))

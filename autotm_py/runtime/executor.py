@@ -113,6 +113,24 @@ class _Streams:
     d2h: Any
 
 
+# The copy streams and the capture stream of every executor on a device: one set per process.
+# cuBLAS gives each stream it runs on a workspace that lives as long as the process, so new
+# streams per executor made every capped run of a sweep (`bench --execute`, arena_check.py,
+# the GPU tests) start with the workspaces of the runs before it allocated under its cap
+# (tests/test_arena_gpu.py counts them).
+_SIDE_STREAMS: dict[torch.device, tuple[Any, Any, Any]] = {}
+
+
+def _side_streams(device: torch.device) -> tuple[Any, Any, Any]:
+    """(host-to-device, device-to-host, capture) streams of `device`, made once."""
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device),
+                                 torch.cuda.Stream(device))
+    return _SIDE_STREAMS[device]
+
+
 @dataclass
 class _State:
     fast: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -138,8 +156,7 @@ class Executor(PlanInterpreter):
         self.kernel_ranges = kernel_ranges
         self.state = _State()
         self.carry: dict[int, tuple[str, torch.Tensor]] = {}
-        self.streams = _Streams(torch.cuda.Stream(self.device), torch.cuda.Stream(self.device)) \
-            if self.cuda else None
+        self.streams = _Streams(*_side_streams(self.device)[:2]) if self.cuda else None
         offsets, nbytes = slow_tier_layout(graph, plan)
         self.pool = PinnedPool(offsets, nbytes, pin=self.cuda)
         self._kernel_events: list[Any] = []
@@ -149,7 +166,7 @@ class Executor(PlanInterpreter):
         self.arena = DeviceArena(plan.arena, self.device) if arena and plan.arena else None
         # the captured iteration (`capture`), and the stream it is captured on
         self._graph: GraphReplay | None = None
-        self.capture_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.capture_stream = _side_streams(self.device)[2] if self.cuda else None
         self._end: tuple[_State, dict[int, tuple[str, torch.Tensor]]] | None = None
 
     # ---- iteration boundaries ------------------------------------------------------------
