@@ -166,6 +166,26 @@ def test_an_interrupted_driver_leaves_whole_rows_and_stops_its_workers(files, tm
     assert len({tuple(r[k] for k in ("ratio", "strategy")) for r in resumed.rows}) == 4
 
 
+def report_placement(spec, task, inputs, plans):
+    """A task function that says where its worker runs: GPU, CPUs and torch's thread count."""
+    return (os.environ.get("CUDA_VISIBLE_DEVICES"), sorted(os.sched_getaffinity(0)),
+            os.environ.get("OMP_NUM_THREADS"))
+
+
+def test_gpu_workers_get_cpus_of_their_own(files, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cpus = sorted(os.sched_getaffinity(0))
+    spec = sweep(files, ratios=("1:1", "2:1"))
+    engine = LocalEngine(2, gpus=["0", "1"], task_fn=report_placement)
+    try:
+        got = {gpu: (mine, threads) for _, (gpu, mine, threads) in
+               engine.run(spec, split(spec, spec.cells())[:2], lambda task: None)}
+    finally:
+        engine.close()
+    half = len(cpus) // 2
+    assert got == {"0": (cpus[:half], str(half)), "1": (cpus[half:2 * half], str(half))}
+
+
 def test_workers_never_share_a_gpu(files, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     spec = sweep(files, execute=True)

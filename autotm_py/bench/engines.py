@@ -8,8 +8,9 @@ dies during a task (killed, out of memory) has the task run again, on a fresh wo
 next sweep retries.
 
 GPU cells (``execute`` on cuda) take one GPU each: the local engine starts one worker per
-visible GPU with ``CUDA_VISIBLE_DEVICES`` set to it, so no two cells share a GPU. ILP cells take
-`BenchSpec.threads` CPUs each (1 by default).
+visible GPU with ``CUDA_VISIBLE_DEVICES`` set to it, so no two cells share a GPU, and with a
+share of this machine's CPUs of its own (`cpu_shares`), so that no worker's threads slow the
+host dispatch of another's run. ILP cells take `BenchSpec.threads` CPUs each (1 by default).
 """
 
 from __future__ import annotations
@@ -70,6 +71,19 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+def cpu_shares(workers: int) -> list[list[int]] | None:
+    """Disjoint sets of this process's CPUs, one per GPU worker (None if there are fewer CPUs
+    than workers). Two executed cells at once on a 2-GPU, 32-CPU host, unpinned, slowed each
+    other's host-bound runs: ResNet-200's all-fast iteration 1.62x (docs/bench.md); each
+    worker's torch threads (32 by default, spinning after every parallel region) took the cores
+    the other's dispatch thread needed."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    per = len(cpus) // max(workers, 1)
+    if per == 0:
+        return None
+    return [cpus[i * per:(i + 1) * per] for i in range(workers)]
+
+
 class SerialEngine:
     """Tasks one after another in this process: today's sweep (`--workers 1`)."""
 
@@ -85,10 +99,16 @@ class SerialEngine:
         forget()
 
 
+CPUS_VARIABLE = "AUTOTM_WORKER_CPUS"  # a GPU worker's CPUs, comma-separated
+
+
 def _worker_main(conn: Connection, environ: dict[str, str], task_fn: TaskFn,
                  inputs: Inputs) -> None:
     """A local worker: tasks in, outcomes out, until the driver sends None or goes away."""
     os.environ.update(environ)  # before anything imports torch: the GPU this worker owns
+    cpus = environ.get(CPUS_VARIABLE)
+    if cpus:  # and its CPUs
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it stops us
     while True:
         try:
@@ -131,9 +151,14 @@ class LocalEngine:
         self.inputs = inputs or Inputs.local()
         self._ctx = mp.get_context("spawn")
         self._all: list[_Worker] = []
+        self._cpus = cpu_shares(len(self.gpus)) if self.gpus else None
 
     def _start(self, slot: int) -> _Worker:
         environ = {"CUDA_VISIBLE_DEVICES": self.gpus[slot]} if self.gpus else {}
+        if self._cpus is not None:
+            environ[CPUS_VARIABLE] = ",".join(map(str, self._cpus[slot]))
+            if "OMP_NUM_THREADS" not in os.environ:  # torch's threads: as many as its CPUs
+                environ["OMP_NUM_THREADS"] = str(len(self._cpus[slot]))
         ours, theirs = self._ctx.Pipe()
         process = self._ctx.Process(target=_worker_main,
                                     args=(theirs, environ, self.task_fn, self.inputs),
