@@ -74,9 +74,9 @@ def visible_gpus() -> list[str]:
 def cpu_shares(workers: int) -> list[list[int]] | None:
     """Disjoint sets of this process's CPUs, one per GPU worker (None if there are fewer CPUs
     than workers). Two executed cells at once on a 2-GPU, 32-CPU host, unpinned, slowed each
-    other's host-bound runs: ResNet-200's all-fast iteration 1.62x (docs/bench.md); each
-    worker's torch threads (32 by default, spinning after every parallel region) took the cores
-    the other's dispatch thread needed."""
+    other's host-bound runs: ResNet-200's all-fast iteration 1.62x (docs/bench.md), most likely
+    each worker's torch threads (32 by default, spinning after every parallel region) taking
+    the cores the other's dispatch thread needed."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     per = len(cpus) // max(workers, 1)
     if per == 0:
