@@ -184,6 +184,34 @@ def test_executors_leave_no_memory_behind_for_the_next_run():
     assert after[1] == after[2] == after[0], after
 
 
+def test_a_cap_starts_without_the_garbage_of_an_earlier_run():
+    """A block kept only by a reference cycle (as an earlier run's graph or arena can be) is
+    collected when the next run applies its cap, instead of counting against it."""
+    import gc
+
+    from autotm_py.runtime.device import apply_cap, release_cap
+
+    class Holder:
+        pass
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    gc.disable()  # no automatic collection: only apply_cap's
+    try:
+        first, second = Holder(), Holder()
+        first.other, second.other = second, first
+        first.block = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        del first, second
+        apply_cap(before + (128 << 20), "cuda:0", True, 0)
+        try:
+            torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # fits without the garbage
+        finally:
+            release_cap("cuda:0")
+    finally:
+        gc.enable()
+
+
 def test_a_kernel_that_cannot_be_captured_is_named(monkeypatch):
     graph = _graph("decoder")
     plan = with_arena(graph, _arena_plans(graph)["all-fast"], costs_for(graph))

@@ -5,6 +5,7 @@ timing one region of work. torch is imported by this module.
 
 from __future__ import annotations
 
+import gc
 import platform
 import time
 from collections.abc import Callable
@@ -71,6 +72,9 @@ def apply_cap(budget: int | None, device: str, enforce: bool, slack: int) -> int
     index = cuda_index(device)
     # Blocks cached by an earlier run in this process would serve allocations without ever
     # meeting the cap (it bounds new segments), hiding this plan's fragmentation: start empty.
+    # An earlier run's arena or CUDA graph (its private pool) left in a reference cycle would
+    # hold its memory until the collector ran, and count against this run's cap: collect first.
+    gc.collect()
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(index).total_memory
