@@ -255,6 +255,33 @@ def test_plans_folder_reuses_plain_json_plans(onnx_path, tmp_path, monkeypatch):
     assert row["status"] == "optimal" and row["predicted_s"] > 0
 
 
+def test_a_plan_solved_for_another_graph_is_solved_again(onnx_path, tmp_path, monkeypatch):
+    """A kept plan whose model hash is not the graph's (the model re-imported with other
+    kernels or fusions) is not reused: its predictions would be reported as this graph's."""
+    import dataclasses
+
+    from autotm_py.plan import Plan
+
+    plans = tmp_path / "plans"
+    first = spec(onnx_path, ratios=("1:1",), plans_dir=str(plans))
+    run_bench(first, tmp_path / "a.csv")
+    (packed,) = plans.glob("*.json.gz")
+    kept = Plan.from_json(gzip.decompress(packed.read_bytes()).decode())
+    stale = dataclasses.replace(kept, header=dataclasses.replace(
+        kept.header, model_hash="0" * 16, predicted_time_s=123.0))
+    packed.write_bytes(gzip.compress(stale.to_json().encode()))
+    solved = []
+    real = api.optimize
+
+    def counting(*args, **kwargs):
+        solved.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "optimize", counting)
+    row = run_bench(first, tmp_path / "b.csv").rows[0]
+    assert solved and row["predicted_s"] != 123.0 and row["status"] == "optimal"
+
+
 def test_dims_are_part_of_the_row_key_and_the_plan_file():
     """Two sequence lengths of one model are two rows and two plans; a sweep without dims
     keeps the keys and plan names of files written before dims were in the key."""

@@ -200,6 +200,12 @@ class ModelRunner:
         """Solve, or read the plan a previous run solved for this cell (`plans_dir`, by its
         file `name`; the driver put the ones it found into `self.plans`)."""
         plan = self.plans.get(name) if name is not None else None
+        if plan is not None and plan.header.model_hash != self.graph.model_hash:
+            # solved for another graph of the model (an older importer, other kernels or
+            # fusions): its times would be reported as this graph's, so it is solved again
+            log.info("bench: %s was solved for another graph of %s: solving again", name,
+                     self.model)
+            plan = None
         if plan is not None:
             h = plan.header
             return PlanResult(status=h.solver.status, plan=plan, message=f"plan from {name}",
