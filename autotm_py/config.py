@@ -74,10 +74,6 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         self._coerce()
-        if self.arena and self.recompute in ("on", "only"):
-            raise ConfigError(f"--recompute {self.recompute} with --arena: arena plans do not "
-                              "place regenerated tensors yet; use --recompute off (the default "
-                              "with --arena) or drop --arena")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"--strategy {self.strategy!r}: choose one of "
                               f"{', '.join(STRATEGIES)}")
@@ -118,7 +114,9 @@ class PlanConfig:
         strategy is static, else off)."""
         if self.recompute != "auto":
             return self.recompute
-        # arena plans do not place regenerated tensors yet (docs/gpu.md): auto is off there
+        # with --arena each solve may be repeated to fit the packing (`pipeline.fit_arena`, up
+        # to 4 solves) and a joint search takes minutes: auto is off there; --recompute on
+        # asks for it (docs/gpu.md)
         return "on" if self.device == "cuda" and self.strategy != "static" and not self.arena \
             else "off"
 

@@ -272,16 +272,21 @@ class Executor(PlanInterpreter):
         the kernel wrote it there (after the join: an output that takes its input's slot in
         place may be written only once the copies reading that input have finished)."""
         for tid, tier, value, slot in zip(kernel.outputs, tiers, outputs, slots, strict=True):
-            if slot is not None and value is not slot:
-                slot.copy_(value)
-                value = slot
-                self.state.copied += 1
-            elif slot is None and self.arena is not None:
+            if slot is not None:
+                value = self._in_slot(value, slot)
+            elif self.arena is not None:
                 value = value.contiguous()
             if tier == SLOW and self.cuda:
                 raise ExecutionError(f"kernel {kernel.name!r} writes {self.graph.name_of(tid)!r} "
                                      "to the slow tier; on a GPU every output is in fast memory")
             self._store(tier)[tid] = value
+
+    def _in_slot(self, value: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """An output in its arena slot: copied there unless the kernel wrote it in place."""
+        if value is not slot:
+            slot.copy_(value)
+            self.state.copied += 1
+        return slot
 
     def recompute(self, record: Recompute) -> None:
         """Re-run a forward kernel on the compute stream, before the next kernel, and keep the
@@ -290,14 +295,18 @@ class Executor(PlanInterpreter):
         with deterministic algorithms)."""
         kernel = self.graph.kernels[record.kernel]
         args = [self._read(tid, FAST) for tid in kernel.inputs]
-        outputs = run_kernel(kernel, args)
-        for tid, value in zip(kernel.outputs, outputs, strict=True):
+        # with an arena, the kept outputs go to the slots this record gives them; the dropped
+        # ones are the re-run's scratch, as the packing counts them
+        slots = [self._fast_slot(tid) if tid in record.outputs else None
+                 for tid in kernel.outputs]
+        outputs = self._run(kernel, args, slots)
+        for tid, value, slot in zip(kernel.outputs, outputs, slots, strict=True):
             if tid not in record.outputs:
                 continue
             if tid in self.state.fast:
                 raise ExecutionError(f"recompute of {self.graph.name_of(tid)!r}: it is already "
                                      "in the fast tier")
-            self.state.fast[tid] = value
+            self.state.fast[tid] = value if slot is None else self._in_slot(value, slot)
 
     def _run(self, kernel: Any, args: list[torch.Tensor],
              slots: list[torch.Tensor | None]) -> list[torch.Tensor]:
