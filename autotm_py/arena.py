@@ -22,7 +22,12 @@ Lifetimes, in half-steps (record i spans [2i, 2i + 2)):
   takes the slot of W's initial copy, so the next iteration (and a CUDA graph replaying it)
   finds it there. Where W' is made by the kernel that last reads W (the optimizer update), W'
   takes W's slot *in place*: the executor writes it through scratch and copies it into the slot
-  after the kernel and its overlapped copies have finished (`in_place_outputs`).
+  after the kernel and its overlapped copies have finished (`in_place_outputs`). Where W is
+  still read after W' is made (a batch norm's running statistics, when a plan re-runs the batch
+  norm in the backward pass, or a weight freed a kernel after its update), the two live at
+  once and cannot share a slot: W's slot is then held to the end of the iteration, W' keeps a
+  slot of its own, and the executor copies W' into W's slot when the iteration ends (inside the
+  timed and captured iteration, `Executor.finish`; `Lifetimes.boundary`);
 
 Packing: items (a buffer, or the two pieces of a steady pair) are placed largest first, each at
 the lowest offset where it overlaps no placed item live at the same time (greedy by size, as
@@ -32,7 +37,7 @@ offline tensor allocators do). Offsets are multiples of `ALIGN_BYTES`, as sizes 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -154,6 +159,9 @@ class Lifetimes:
     groups: tuple[tuple[int, ...], ...]  # indices into spans that share one offset
     in_place: frozenset[tuple[int, int]]  # (compute record, output tensor)
     end: int  # 2 x the number of records
+    # steady pairs (first, last) live at once: last is copied into first's slot between
+    # iterations (module docstring)
+    boundary: frozenset[tuple[int, int]] = frozenset()
 
     def live_peak(self) -> int:
         """The largest sum of tensor buffers live at once (what the ILP's rows bound), which
@@ -181,8 +189,8 @@ class Lifetimes:
 
 
 def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
-    """Every fast buffer of `plan` with its lifetime (module docstring). Raises `ArenaError`
-    when a steady pair's two copies live at once without being an in-place update."""
+    """Every fast buffer of `plan` with its lifetime (module docstring). A steady pair whose
+    two copies live at once without being an in-place update is copied at the boundary."""
     walk = _Lifetimes(machine, plan)
     walk.run()
     spans = walk.spans
@@ -191,6 +199,7 @@ def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
     final = {s.tensor: i for i, s in enumerate(spans) if s.end == end}
     groups: list[tuple[int, ...]] = []
     in_place: set[tuple[int, int]] = set()
+    boundary: set[tuple[int, int]] = set()
     for first, last in machine.steady_pairs:
         a, z = index.get((INITIAL, first)), final.get(last)
         if a is None or z is None or a == z:
@@ -201,13 +210,14 @@ def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
                              f"{machine.graph.name_of(last)!r} differ in size")
         if head.end > tail.start:
             if not _updates_in_place(plan, machine, tail, first):
-                raise ArenaError(
-                    f"{machine.graph.name_of(last)!r} must end the iteration in the slot of "
-                    f"{machine.graph.name_of(first)!r}, but both are live at record "
-                    f"#{tail.start // 2}")
+                # both live at once: two slots, W's held to the end for the copy into it
+                boundary.add((first, last))
+                spans[a] = replace(head, end=end)
+                continue
             in_place.add((tail.record, last))
         groups.append((a, z))
-    return Lifetimes(tuple(spans), dict(walk.scratch), tuple(groups), frozenset(in_place), end)
+    return Lifetimes(tuple(spans), dict(walk.scratch), tuple(groups), frozenset(in_place), end,
+                     frozenset(boundary))
 
 
 def _updates_in_place(plan: Plan, machine: MachineModel, tail: Span, first: int) -> bool:

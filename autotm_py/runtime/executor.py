@@ -230,7 +230,19 @@ class Executor(PlanInterpreter):
                 current.wait_stream(getattr(self.streams, name))
         self.carry = {}
         for first, last in self.graph.carried:
-            self.carry[first] = self._final_copy(first, last)
+            self.carry[first] = self._steady(first, *self._final_copy(first, last))
+
+    def _steady(self, first: int, tier: str, value: torch.Tensor) -> tuple[str, torch.Tensor]:
+        """Arena: a carried value that ends outside the slot where the next iteration starts
+        it (both copies were live at once, `arena.Lifetimes.boundary`) is copied there now, in
+        the iteration (timed, and captured in a CUDA graph); the packing kept that slot free."""
+        slot = self.arena.view(INITIAL, self.graph.tensors[first]) \
+            if tier == FAST and self.arena is not None else None
+        if slot is None or slot.data_ptr() == value.data_ptr():
+            return tier, value
+        slot.copy_(value)
+        self.state.copied += 1
+        return tier, slot
 
     def _final_copy(self, first: int, last: int) -> tuple[str, torch.Tensor]:
         """The copy of `last` in the tier where `first` starts the next iteration (a plan
