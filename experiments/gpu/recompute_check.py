@@ -14,7 +14,8 @@ order of importance (every model's first steps before any model's later ones):
 2. per model and budget (the plans' `budget_bytes`: 50% and 25% of the peak), the joint plans
    in increasing headroom under the cap (budget + 64 MiB, as `autotm run`): the first that runs
    without allocator retries is the result (out of memory or retries: the next headroom; every
-   attempt is kept);
+   attempt is kept). A plan made with `--arena` runs at its planned addresses, and one made
+   with `--arena --graph` is replayed as a CUDA graph (headroom 0: tried first);
 3. per model and budget, activation checkpointing of the native model (torchvision / Hugging
    Face, `native_compare.measure_native`: the fewest segments that fit the same cap) when those
    packages import;
@@ -113,8 +114,13 @@ def predict(graph, plan: Plan, costs: KernelCosts) -> float | None:
 
 
 def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
+    # a plan made with --arena runs at its planned addresses, and one priced for replay
+    # (--graph) is replayed as a CUDA graph, as `autotm run --arena [--graph]` would
+    arena = plan.arena is not None
+    replay = arena and bool(plan.header.config.get("graph"))
     try:
-        r = execute(graph, plan, device=DEV, iterations=iterations, warmup=warmup)
+        r = execute(graph, plan, device=DEV, iterations=iterations, warmup=warmup, arena=arena,
+                    graph_replay=replay)
     except Exception as exc:  # (out of memory under the cap, or a bug: recorded)
         torch.cuda.empty_cache()
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
@@ -122,7 +128,8 @@ def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
     return {"median_s": r.median_s, "iteration_times_s": list(r.iteration_times_s),
             "peak_bytes": r.peak_fast_bytes, "cap_bytes": r.cap_bytes,
             "alloc_retries": r.alloc_retries, "host_median_s": r.host_median_s,
-            "slow_pool_bytes": r.slow_pool_bytes}
+            "slow_pool_bytes": r.slow_pool_bytes, "arena": arena, "graph": r.graph,
+            "notes": list(r.notes)}
 
 
 def plan_info(path: Path, plan: Plan, graph, ctx: KernelCosts | None) -> dict[str, Any]:
