@@ -21,10 +21,11 @@ from autotm_py.config import PlanConfig
 from autotm_py.kernels import INTO, KERNELS, run_kernel, run_kernel_into
 from autotm_py.memory.tiers import preset
 from autotm_py.pipeline import machine_for, optimize, with_arena
-from autotm_py.runtime.executor import Executor, execute, run_steps
+from autotm_py.runtime.executor import execute, run_steps
 from autotm_py.runtime.reference import init_values
 from tests.graphs import costs_for
 from tests.test_executor import _arena_plans, _graph
+from tests.test_executor_gpu import run_without_synchronizing
 
 pytestmark = pytest.mark.gpu
 STEPS = 3
@@ -104,19 +105,7 @@ def test_linear_and_batch_norm_direct_paths_on_cuda():
 
 def test_arena_run_in_eager_mode_hides_no_synchronization(arena_plans):
     graph, plans = arena_plans
-    masters = {t: v.cpu() for t, v in init_values(graph, seed=0).items()}
-    for name in ("async-arena", "offload", "all-slow"):
-        if name not in plans:
-            continue
-        ex = Executor(graph, plans[name], device="cuda", masters=masters, arena=True)
-        ex.prepare()
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            ex.run()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        torch.cuda.synchronize()
+    run_without_synchronizing(graph, plans, ("async-arena", "offload", "all-slow"), arena=True)
 
 
 @pytest.mark.parametrize("replay", [False, True])

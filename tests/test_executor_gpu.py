@@ -32,13 +32,14 @@ def test_plans_are_bitwise_equal_on_cuda(cnn):
                 assert torch.equal(a[tid], b[tid]), f"{name} step {step} {graph.name_of(tid)}"
 
 
-def test_no_hidden_synchronization(cnn):
-    graph, plans = cnn
+def run_without_synchronizing(graph, plans, names, *, arena: bool = False) -> None:
+    """Run one iteration of each named plan (those present) with torch's sync debug mode set
+    to raise: any host synchronization inside the timed iteration fails the test."""
     masters = {t: v.cpu() for t, v in init_values(graph, seed=0).items()}
-    for name in ("async", "offload", "all-slow"):
+    for name in names:
         if name not in plans:
             continue
-        ex = Executor(graph, plans[name], device="cuda", masters=masters)
+        ex = Executor(graph, plans[name], device="cuda", masters=masters, arena=arena)
         ex.prepare()  # untimed placement may copy from pageable memory
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
@@ -47,6 +48,11 @@ def test_no_hidden_synchronization(cnn):
         finally:
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
+
+
+def test_no_hidden_synchronization(cnn):
+    graph, plans = cnn
+    run_without_synchronizing(graph, plans, ("async", "offload", "all-slow"))
 
 
 @pytest.mark.runtime_reserve
