@@ -258,24 +258,8 @@ def native(check: Check, model: str, batch: int, dims: dict, base: dict) -> dict
         net, make, loss = nc.native_model(model, batch, dims)
         net = net.to(nc.DEV).train()
         step = nc.native_step(model, net, make, loss, None)
-        for _ in range(check.args.warmup):
-            step()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
-        times = []
-        for _ in range(check.args.iterations):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        row.update(median_s=statistics.median(times), times_s=times,
-                   peak_bytes=int(torch.cuda.max_memory_allocated()),
-                   reserved_peak_bytes=int(torch.cuda.max_memory_reserved()),
-                   alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0)
-                   - retries, device_name=torch.cuda.get_device_name())
+        row.update(nc.measure_step(step, check.args.iterations, check.args.warmup),
+                   device_name=torch.cuda.get_device_name())
         del net, step
     except Exception as exc:
         row.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=6))

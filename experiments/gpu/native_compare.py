@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -109,12 +110,14 @@ def cnn_sequential(net) -> torch.nn.Sequential:
                                torch.nn.Flatten(), net.classifier)
 
 
-def timed(step: Callable[[], None], iterations: int, warmup: int = 2) -> tuple[float, int]:
-    """Median seconds of `step` (CUDA events) and the peak allocated bytes over the runs."""
+def measure_step(step: Callable[[], None], iterations: int, warmup: int = 2) -> dict[str, Any]:
+    """`step` run `iterations` times after `warmup`: the median and each run's seconds (CUDA
+    events), the allocated and reserved peaks, and the allocator's retries during the runs."""
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     times = []
     for _ in range(iterations):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -123,7 +126,16 @@ def timed(step: Callable[[], None], iterations: int, warmup: int = 2) -> tuple[f
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times), int(torch.cuda.max_memory_allocated())
+    return {"median_s": statistics.median(times), "times_s": times,
+            "peak_bytes": int(torch.cuda.max_memory_allocated()),
+            "reserved_peak_bytes": int(torch.cuda.max_memory_reserved()),
+            "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries}
+
+
+def timed(step: Callable[[], None], iterations: int, warmup: int = 2) -> tuple[float, int]:
+    """Median seconds of `step` (CUDA events) and the peak allocated bytes over the runs."""
+    measured = measure_step(step, iterations, warmup)
+    return measured["median_s"], measured["peak_bytes"]
 
 
 def native_step(name, net, make, loss, segments: int | None):
