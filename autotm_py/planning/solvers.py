@@ -443,7 +443,7 @@ def _solve_highs(prob: pulp.LpProblem, gap: float, time_limit: float | None,
     # nothing in the time left, the start (a feasible plan) stays, not proven optimal.
     start = [v.varValue for v in prob.variables()]
     log.info("HiGHS returned its MIP start instead of the better solution it reported: "
-                "solving again without the start")
+             "solving again without the start")
     left = None if time_limit is None else \
         max(time_limit - (time.perf_counter() - started), 1.0)
     again = _solve_highs_once(prob, gap, left, threads, False, control)

@@ -240,9 +240,7 @@ class Executor(PlanInterpreter):
             if tier == FAST and self.arena is not None else None
         if slot is None or slot.data_ptr() == value.data_ptr():
             return tier, value
-        slot.copy_(value)
-        self.state.copied += 1
-        return tier, slot
+        return tier, self._in_slot(value, slot)
 
     def _final_copy(self, first: int, last: int) -> tuple[str, torch.Tensor]:
         """The copy of `last` in the tier where `first` starts the next iteration (a plan
