@@ -100,7 +100,8 @@ RATIO_HELP = (
                    "kernel before a backward use. on: keep, move or recompute, one ILP (plan "
                    "'<strategy>+recompute'); off: keep or move (AutoTM's plans, 'move-only'); "
                    "only: keep or recompute, nothing is copied ('recompute-only'); auto: on "
-                   "with --device cuda, off with --device cpu.")
+                   "with --device cuda, off with --device cpu, --strategy static or --arena "
+                   "(give on with --arena to fit a joint plan in an arena).")
 @click.option("--recompute-depth", type=click.IntRange(min=1), default=DEFAULT_RECOMPUTE_DEPTH,
               show_default=True,
               help="Longest chain of regenerations for one use (2: a regenerated tensor's input "
