@@ -69,7 +69,7 @@ class GraphReplay:
 
     def __init__(self, body: Callable[[], None], where: Callable[[], str],
                  stream: torch.cuda.Stream) -> None:
-        self.graph = torch.cuda.CUDAGraph()
+        self.graph: torch.cuda.CUDAGraph | None = torch.cuda.CUDAGraph()
         self.failed: str | None = None
         first: list[str] = []
 
@@ -80,16 +80,59 @@ class GraphReplay:
                 first.append(f"{where()}: {_first_line(exc)}")  # before capture_end's error
                 raise
 
+        rng = _default_generator(stream.device)
+        rng_before = rng.get_state()
+        # The blocks the eager warm-up left cached serve no allocation of the capture (it
+        # allocates from the graph's private pool) but count against the cap: hand them back.
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        pool = torch.cuda.graph_pool_handle()
         try:
-            with torch.cuda.graph(self.graph, stream=stream):
+            with torch.cuda.graph(self.graph, pool=pool, stream=stream):
                 guarded()
         except Exception as exc:  # any failure means: run eagerly, and say why
             self.failed = first[0] if first else f"capture: {_first_line(exc)}"
             log.info("CUDA graph capture failed at %s", self.failed)
             torch.cuda.synchronize()
+            _restore_generator(rng, rng_before)
+            self.graph = None
+            _release_pool(stream.device, pool)
 
     def replay(self) -> None:
+        assert self.graph is not None, "replay() of a capture that failed"
         self.graph.replay()
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    return torch.cuda.default_generators[_index(device)]
+
+
+def _release_pool(device: torch.device, pool: tuple[int, int]) -> None:
+    """Give the private pool of a failed capture back to the allocator. torch releases a
+    graph's pool only once its capture ended, so the blocks a failed capture allocated stayed
+    cached for the rest of the process (counted against every later run's cap: a sweep's next
+    rows ran out of memory). `_cuda_releasePool` is torch's own call for that (its CUDA-graph
+    trees use it); without it (another torch) the blocks stay, as before."""
+    release = getattr(torch._C, "_cuda_releasePool", None)
+    if release is not None:
+        release(_index(device), pool)
+    torch.cuda.empty_cache()
+
+
+def _restore_generator(rng: torch.Generator, state: torch.Tensor) -> None:
+    """Give the device's default generator a fresh state equal to `state` (its seed and offset
+    before the capture). A capture that fails inside `capture_end` never runs the generator's
+    capture epilogue, so the generator stays marked as capturing and every later random op of
+    the process (dropout, torch.rand) fails with "Offset increment outside graph capture";
+    swapping in a fresh state object clears that, and random ops go on as if the capture had
+    not been tried."""
+    fresh = torch.Generator(device=rng.device)
+    fresh.set_state(state)
+    rng.graphsafe_set_state(fresh)
 
 
 def _first_line(exc: BaseException) -> str:

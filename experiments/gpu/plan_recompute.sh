@@ -7,6 +7,10 @@
 # move-only async plan beside them for the first models. Plans already there are kept.
 #   bash experiments/gpu/plan_recompute.sh                 (every model, in order)
 #   ONLY="resnet200 bert_base" TIME_LIMIT=150 bash experiments/gpu/plan_recompute.sh
+#   ARENA=1 ONLY=gpt2_small RATIOS="1:1 1:2" bash experiments/gpu/plan_recompute.sh
+# ARENA=1: the joint plans at planned addresses, priced for CUDA-graph replay (`--arena
+# --graph`, headroom 0: the planner packs the arena into the budget itself), named
+# MODEL_RATIO_async+recompute_arena_graph.json.gz; no move-only plans.
 set -eu
 PLANS=${PLANS:-experiments/plans/recompute}
 AUTOTM=${AUTOTM:-python3 -m autotm_py}
@@ -27,20 +31,27 @@ declare -A HEADROOMS=(
 declare -A RATIOS_OF=([bert_base]="1:1 1:2")
 MOVE_ONLY=${MOVE_ONLY:-"resnet200 bert_base"}
 mkdir -p "$PLANS"
-solve() {  # model ratio headroom recompute name
+solve() {  # model ratio headroom recompute name [optimize options]
   local model=$1 ratio=$2 headroom=$3 recompute=$4 name=$5
   local out="$PLANS/${model}_${ratio/:/-}_${name}_h${headroom}.json.gz"
+  [ -n "${ARENA:-}" ] && out="$PLANS/${model}_${ratio/:/-}_${name}.json.gz"
   [ -e "$out" ] && return 0
+  shift 5
+  local extra=("$@")
   set -- ${CFG[$model]}
   # shellcheck disable=SC2086  # AUTOTM is a word list
   $AUTOTM optimize "$model" --training --batch "$1" "${@:2}" --device cuda --ratio "$ratio" \
       --strategy async --recompute "$recompute" --solver highs --time-limit "$TIME_LIMIT" \
-      --headroom "$headroom" --no-baselines -o "$out" 2>&1 \
-      | grep -E "^(model|budget|predicted|moved|recomputed|fast peak|solver|note|result)" \
+      --headroom "$headroom" "${extra[@]}" --no-baselines -o "$out" 2>&1 \
+      | grep -E "^(model|budget|predicted|moved|recomputed|fast peak|arena|solver|note|result)" \
       | sed "s|^|$model $ratio h$headroom $name: |"
 }
 for model in ${ONLY:-resnet200 bert_base inception_v4 densenet264 gpt2_small}; do
   for ratio in ${RATIOS:-${RATIOS_OF[$model]:-1:1 1:3}}; do
+    if [ -n "${ARENA:-}" ]; then
+      solve "$model" "$ratio" 0 on async+recompute_arena_graph --arena --graph
+      continue
+    fi
     for headroom in ${HEADROOMS[$model]}; do
       solve "$model" "$ratio" "$headroom" on async+recompute
     done
