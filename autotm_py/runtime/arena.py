@@ -87,16 +87,25 @@ class GraphReplay:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         pool = torch.cuda.graph_pool_handle()
+        begun = ended = False
         try:
-            with torch.cuda.graph(self.graph, pool=pool, stream=stream):
-                guarded()
+            with torch.cuda.stream(stream):
+                self.graph.capture_begin(pool=pool)
+                begun = True
+                try:
+                    guarded()
+                finally:
+                    self.graph.capture_end()
+                    ended = True
         except Exception as exc:  # any failure means: run eagerly, and say why
             self.failed = first[0] if first else f"capture: {_first_line(exc)}"
             log.info("CUDA graph capture failed at %s", self.failed)
             torch.cuda.synchronize()
             _restore_generator(rng, rng_before)
-            self.graph = None
-            _release_pool(stream.device, pool)
+            self.graph = None  # torch releases its pool if the capture ended
+            if begun and not ended:
+                _release_pool(stream.device, pool)
+            torch.cuda.empty_cache()
 
     def replay(self) -> None:
         assert self.graph is not None, "replay() of a capture that failed"
@@ -112,15 +121,14 @@ def _default_generator(device: torch.device) -> torch.Generator:
 
 
 def _release_pool(device: torch.device, pool: tuple[int, int]) -> None:
-    """Give the private pool of a failed capture back to the allocator. torch releases a
-    graph's pool only once its capture ended, so the blocks a failed capture allocated stayed
-    cached for the rest of the process (counted against every later run's cap: a sweep's next
-    rows ran out of memory). `_cuda_releasePool` is torch's own call for that (its CUDA-graph
-    trees use it); without it (another torch) the blocks stay, as before."""
+    """Give the private pool of a capture that never ended back to the allocator. torch
+    releases a graph's pool when the graph goes only if `capture_end` succeeded; where it
+    raised (an invalidated capture), the blocks the capture allocated stayed cached for the
+    rest of the process, counted against every later run's cap. `_cuda_releasePool` is torch's
+    own call for that (its CUDA-graph trees use it); without it (another torch) they stay."""
     release = getattr(torch._C, "_cuda_releasePool", None)
     if release is not None:
         release(_index(device), pool)
-    torch.cuda.empty_cache()
 
 
 def _restore_generator(rng: torch.Generator, state: torch.Tensor) -> None:

@@ -30,7 +30,9 @@ stays within the device time it was given; what was skipped is listed. Writes
 OUT_DIR/recompute_check.json after every measurement and prints a table at the end.
 
     python3 experiments/gpu/recompute_check.py OUT_DIR [--models resnet200,bert_base,...]
-        [--plans experiments/plans/recompute] [--iterations 5] [--budget-s 420] [--no-native]
+        [--merge: only merge OUT_DIR/*/recompute_check.json]
+        [--plans experiments/plans/recompute] [--match '*arena_graph'] [--iterations 5]
+        [--budget-s 420] [--no-native] [--no-ours]
 """
 
 from __future__ import annotations
@@ -87,9 +89,9 @@ class Clock:
         return False
 
 
-def load_plans(folder: Path, model: str) -> list[tuple[Path, Plan]]:
+def load_plans(folder: Path, model: str, match: str = "*") -> list[tuple[Path, Plan]]:
     out = []
-    for path in sorted(folder.glob(f"{model}_*.json*")):
+    for path in sorted(folder.glob(f"{model}_{match}.json*")):
         plan = Plan.load(path)
         if plan.header.model_name.split("/")[0] == model:
             out.append((path, plan))
@@ -134,6 +136,13 @@ def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
             "alloc_retries": r.alloc_retries, "host_median_s": r.host_median_s,
             "slow_pool_bytes": r.slow_pool_bytes, "arena": arena, "graph": r.graph,
             "notes": list(r.notes)}
+
+
+def all_fast_plan(graph) -> tuple[MachineModel, Plan]:
+    """The all-fast plan of `graph` and the machine it was made on (no costs needed)."""
+    machine = MachineModel(graph, preset("h100-pcie5"), KernelCosts.from_times(
+        "cuda", [0.0] * len(graph.kernels)))
+    return machine, all_fast(machine)
 
 
 def plan_info(path: Path, plan: Plan, graph, ctx: KernelCosts | None) -> dict[str, Any]:
@@ -243,9 +252,7 @@ class Model:
 
     def all_fast(self, args) -> None:
         graph = self.graph
-        machine = MachineModel(graph, preset("h100-pcie5"), KernelCosts.from_times(
-            "cuda", [0.0] * len(graph.kernels)))
-        reference = all_fast(machine)
+        _, reference = all_fast_plan(graph)
         row: dict[str, Any] = {}
         try:
             plain = execute(graph, reference, device=DEV, iterations=args.iterations,
@@ -257,9 +264,20 @@ class Model:
                 self.ctx = KernelCosts.from_times("cuda", timed.kernel_times_s)
                 row |= {"with_kernel_events_s": timed.median_s,
                         "kernel_times_sum_s": sum(timed.kernel_times_s)}
-            # the same plan at planned addresses, replayed as a CUDA graph: the reference of
-            # the graph-priced plans (no host dispatch in either)
-            if DEV.startswith("cuda"):
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        torch.cuda.empty_cache()
+        self.row["all_fast"] = row
+        print(f"  {self.name} all-fast: {_brief(row)}", flush=True)
+
+    def references(self, args) -> None:
+        """After the capped runs (an uncapped run's memory must not be what a capped one
+        meets): all-fast at planned addresses replayed as a CUDA graph, the reference of the
+        graph-priced plans (no host dispatch in either), and the native model eager."""
+        graph, row = self.graph, self.row.setdefault("all_fast", {})
+        machine, reference = all_fast_plan(graph)
+        if DEV.startswith("cuda"):
+            try:
                 packed = reference.with_arena(arena.pack(replace(machine, arena=True),
                                                          reference))
                 replayed = execute(graph, packed, device=DEV, iterations=args.iterations,
@@ -267,19 +285,18 @@ class Model:
                                    graph_replay=True)
                 row |= {"graph_s": replayed.median_s, "graph_replayed": replayed.graph,
                         "graph_peak_bytes": replayed.peak_fast_bytes}
-        except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        torch.cuda.empty_cache()
+            except Exception as exc:
+                row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            torch.cuda.empty_cache()
+            print(f"  {self.name} all-fast replayed: {_ms(row.get('graph_s'))}", flush=True)
         if not args.no_native and self.name in NATIVE:  # what a PyTorch user runs, uncapped
             row["native"] = native_checkpointing(self.name, self.options, None, args)
-        self.row["all_fast"] = row
-        print(f"  {self.name} all-fast: {_brief(row)}; replayed "
-              f"{_ms(row.get('graph_s'))}", flush=True)
 
 
 def tasks(models: list[Model], args) -> list[tuple[str, Model, int | None, str]]:
     """(what, model, budget, family) in the order of importance: every model's all-fast and
-    joint plans first, then native checkpointing, then move-only plans and our checkpointing."""
+    joint plans first, then native checkpointing, then move-only plans and our checkpointing,
+    then the uncapped references (after every capped run)."""
     out: list[tuple[str, Model, int | None, str]] = []
     for m in models:
         out.append(("all-fast", m, None, ""))
@@ -292,11 +309,13 @@ def tasks(models: list[Model], args) -> list[tuple[str, Model, int | None, str]]
         for budget in sorted(m.plans, reverse=True):
             out += [("plan", m, budget, f) for f in sorted(m.plans[budget])
                     if "recompute" not in f]
-            out.append(("ours", m, budget, ""))
+            if not args.no_ours:
+                out.append(("ours", m, budget, ""))
+    out += [("references", m, None, "") for m in models]
     return out
 
 
-NEED_S = {"all-fast": 45.0, "plan": 15.0, "native": 45.0, "ours": 45.0}
+NEED_S = {"all-fast": 20.0, "plan": 15.0, "native": 45.0, "ours": 45.0, "references": 30.0}
 
 
 def run_task(task: tuple[str, Model, int | None, str], args, clock: Clock) -> None:
@@ -306,6 +325,9 @@ def run_task(task: tuple[str, Model, int | None, str], args, clock: Clock) -> No
         return
     if what == "all-fast":
         m.all_fast(args)
+        return
+    if what == "references":
+        m.references(args)
         return
     assert budget is not None
     cell = m.cell(budget)
@@ -349,20 +371,47 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def merge(folder: Path) -> int:
+    """One results file and table from the per-model runs in folder/MODEL/ (the shell script
+    runs every model in a process of its own: a failed capture or a leaked pool in one model's
+    runs cannot reach the next model's)."""
+    docs = [json.loads(p.read_text()) for p in sorted(folder.glob("*/recompute_check.json"))]
+    if not docs:
+        print(f"error: no {folder}/*/recompute_check.json to merge", file=sys.stderr)
+        return 2
+    rows = [row for doc in docs for row in doc["rows"]]
+    doc = {"format": "autotm-recompute-check", "version": 1, "meta": docs[0]["meta"],
+           "rows": rows, "skipped": [s for d in docs for s in d.get("skipped", [])],
+           "wall_s": sum(d.get("wall_s", 0.0) for d in docs)}
+    (folder / "recompute_check.json").write_text(json.dumps(doc, indent=1))
+    lines = table(rows)
+    print("\n".join(lines))
+    (folder / "recompute_check.txt").write_text("\n".join(lines) + "\n")
+    return 0
+
+
 def main() -> int:
     global DEV
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--plans", type=Path, default=ROOT / "experiments/plans/recompute")
+    parser.add_argument("--match", default="*",
+                        help="only plan files MODEL_<match>.json*, e.g. '*arena_graph'")
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="start no new measurement after this many seconds")
     parser.add_argument("--no-native", action="store_true",
                         help="skip torchvision / Hugging Face checkpointing")
+    parser.add_argument("--no-ours", action="store_true",
+                        help="skip our graph's forward in checkpointed segments")
     parser.add_argument("--device", default="cuda:0", help="cpu: a smoke test of the script")
+    parser.add_argument("--merge", action="store_true",
+                        help="only merge OUT/*/recompute_check.json into OUT (no runs)")
     args = parser.parse_args()
+    if args.merge:
+        return merge(args.out)
     DEV = args.device
     if DEV.startswith("cuda") and not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
@@ -382,7 +431,7 @@ def main() -> int:
     doc = {"format": "autotm-recompute-check", "version": 1, "meta": meta, "rows": rows}
     models: list[Model] = []
     for name in args.models.split(","):
-        plans = load_plans(args.plans, name)
+        plans = load_plans(args.plans, name, args.match)
         if not plans:
             print(f"{name}: no plans in {args.plans}", flush=True)
             continue
