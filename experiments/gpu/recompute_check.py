@@ -67,6 +67,7 @@ from autotm_py.runtime.executor import execute  # noqa: E402
 from autotm_py.runtime.simulate import Simulator  # noqa: E402
 
 DEV = "cuda:0"  # --device cpu: a smoke test of the script itself (its times mean nothing)
+SLACK_MIB = 64  # the cap is budget + this, as `autotm run` (--slack-mib)
 MODELS = ("resnet200", "bert_base", "inception_v4", "densenet264", "gpt2_small")
 NATIVE = ("resnet200", "densenet264", "bert_base", "gpt2_small")  # native_compare's models
 
@@ -126,7 +127,7 @@ def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
     replay = arena and bool(plan.header.config.get("graph")) and DEV.startswith("cuda")
     try:
         r = execute(graph, plan, device=DEV, iterations=iterations, warmup=warmup, arena=arena,
-                    graph_replay=replay)
+                    graph_replay=replay, cap_slack_bytes=SLACK_MIB << 20)
     except Exception as exc:  # (out of memory under the cap, or a bug: recorded)
         torch.cuda.empty_cache()
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
@@ -134,6 +135,7 @@ def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
     return {"median_s": r.median_s, "iteration_times_s": list(r.iteration_times_s),
             "peak_bytes": r.peak_fast_bytes, "cap_bytes": r.cap_bytes,
             "alloc_retries": r.alloc_retries, "host_median_s": r.host_median_s,
+            "reserved_peak_bytes": r.reserved_peak_bytes,
             "slow_pool_bytes": r.slow_pool_bytes, "arena": arena, "graph": r.graph,
             "notes": list(r.notes)}
 
@@ -391,7 +393,7 @@ def merge(folder: Path) -> int:
 
 
 def main() -> int:
-    global DEV
+    global DEV, SLACK_MIB
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--models", default=",".join(MODELS))
@@ -407,12 +409,14 @@ def main() -> int:
     parser.add_argument("--no-ours", action="store_true",
                         help="skip our graph's forward in checkpointed segments")
     parser.add_argument("--device", default="cuda:0", help="cpu: a smoke test of the script")
+    parser.add_argument("--slack-mib", type=int, default=64,
+                        help="cap plans at budget + this (autotm run: 64)")
     parser.add_argument("--merge", action="store_true",
                         help="only merge OUT/*/recompute_check.json into OUT (no runs)")
     args = parser.parse_args()
     if args.merge:
         return merge(args.out)
-    DEV = args.device
+    DEV, SLACK_MIB = args.device, args.slack_mib
     if DEV.startswith("cuda") and not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 2
@@ -426,7 +430,7 @@ def main() -> int:
             "torch": torch.__version__,
             "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "iterations": args.iterations, "warmup": args.warmup,
-            "cap": "budget + 64 MiB (expandable segments), as autotm run"}
+            "cap": f"budget + {SLACK_MIB} MiB (expandable segments); autotm run: + 64 MiB"}
     rows: list[dict[str, Any]] = []
     doc = {"format": "autotm-recompute-check", "version": 1, "meta": meta, "rows": rows}
     models: list[Model] = []
