@@ -69,7 +69,6 @@ def apply_cap(budget: int | None, device: str, enforce: bool, slack: int) -> int
     returns the cap (None: no cap). Undo it with `release_cap`."""
     if not enforce or budget is None or not device.startswith("cuda"):
         return None
-    index = cuda_index(device)
     # Blocks cached by an earlier run in this process would serve allocations without ever
     # meeting the cap (it bounds new segments), hiding this plan's fragmentation: start empty.
     # An earlier run's arena or CUDA graph (its private pool) left in a reference cycle would
@@ -77,8 +76,15 @@ def apply_cap(budget: int | None, device: str, enforce: bool, slack: int) -> int
     gc.collect()
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
+    return set_cap(device, budget + slack)
+
+
+def set_cap(device: str | torch.device, nbytes: int) -> int:
+    """Cap the caching allocator of `device` at `nbytes` (at most the device's memory); returns
+    the cap."""
+    index = cuda_index(str(device))
     total = torch.cuda.get_device_properties(index).total_memory
-    cap = min(budget + slack, total)
+    cap = min(nbytes, total)
     torch.cuda.set_per_process_memory_fraction(cap / total, index)
     return cap
 

@@ -136,6 +136,7 @@ def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
             "peak_bytes": r.peak_fast_bytes, "cap_bytes": r.cap_bytes,
             "alloc_retries": r.alloc_retries, "host_median_s": r.host_median_s,
             "reserved_peak_bytes": r.reserved_peak_bytes,
+            "capture_reserved_bytes": r.capture_reserved_bytes,
             "slow_pool_bytes": r.slow_pool_bytes, "arena": arena, "graph": r.graph,
             "notes": list(r.notes)}
 
