@@ -12,8 +12,9 @@ profile, which `autotm profile --in-context` now does by itself).
 
 Usage (on the GPU machine):
   python3 experiments/gpu/gpu_busy.py densenet264:32:1-1:all-fast densenet264:32:1-1:sync:0.15
-Cells are MODEL:BATCH:RATIO:STRATEGY[:HEADROOM] (STRATEGY all-fast: every tensor on the GPU,
-uncapped); results go to $OUT/gpu_busy.json.
+Cells are MODEL:BATCH:RATIO:STRATEGY[:HEADROOM][:DIM=VALUE...] (STRATEGY all-fast: every
+tensor on the GPU, uncapped; e.g. bert_base:16:1-1:all-fast:seq=512); results go to
+$OUT/gpu_busy.json.
 """
 
 from __future__ import annotations
@@ -43,8 +44,17 @@ def busy(cell: str, out: Path) -> dict:
     from autotm_py.runtime.executor import KERNEL_RANGE, new_executor
 
     model, batch, ratio, strategy, *rest = cell.split(":")
-    graph, plan = load_plan(model, int(batch), {}, ratio.replace("-", ":"), strategy,
-                            float(rest[0]) if rest else 0.0)
+    dims = dict((k, int(v)) for k, v in (r.split("=") for r in rest if "=" in r))
+    headroom = next((float(r) for r in rest if r and "=" not in r), 0.0)
+    if strategy == "all-fast":  # the graph as imported today (fused), as profiles key it
+        from autotm_py import api
+        from autotm_py.pipeline import all_fast_plan
+
+        graph = api.load_model(model, batch=int(batch), dims=dims or None, training=True)
+        plan = all_fast_plan(graph)
+    else:  # the kept plans of plan_all.sh (unfused graphs, diagnose.load_plan)
+        graph, plan = load_plan(model, int(batch), dims, ratio.replace("-", ":"), strategy,
+                                headroom)
     dev, executor = new_executor(graph, plan, "cuda:0", seed=0, deterministic=False)
     cap = apply_cap(plan.header.budget_bytes, dev, enforce=strategy != "all-fast", slack=64 << 20)
     try:

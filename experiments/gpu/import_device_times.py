@@ -7,8 +7,8 @@ device_times_*_b32.json, per kernel id of the all-fast iteration). This writes e
 median over its instances into the model's in-context entries, as in_context.py would.
 
 Usage (CPU):
-  python experiments/gpu/import_device_times.py densenet264 32 \
-      experiments/results/validation/device_times_densenet264_b32.json
+  python experiments/gpu/import_device_times.py MODEL BATCH TIMES.json [DIM=VALUE...] [--no-fuse]
+  python experiments/gpu/import_device_times.py bert_base 16 device_times.json seq=512
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ def main() -> None:
     from autotm_py.profiling.sources import in_context_placement
 
     model, batch, times_file = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
-    # the committed device times were measured on the unfused graphs (before issue 15)
-    graph = api.load_model(model, batch=batch, training=True, fuse=False)
+    dims = dict((k, int(v)) for k, v in (a.split("=") for a in sys.argv[4:] if "=" in a))
+    # device times measured before issue 15 are of the unfused graphs: --no-fuse
+    graph = api.load_model(model, batch=batch, dims=dims, training=True,
+                           fuse="--no-fuse" not in sys.argv[4:])
     per_kernel = json.loads(times_file.read_text())
     if len(per_kernel) != len(graph.kernels):
         raise SystemExit(f"{times_file}: {len(per_kernel)} kernels, {graph.name} has "
