@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from autotm_py.plan import INITIAL
+from autotm_py.runtime.device import cuda_index
 from autotm_py.runtime.pinned import TORCH_DTYPES
 
 if TYPE_CHECKING:
@@ -112,12 +113,8 @@ class GraphReplay:
         self.graph.replay()
 
 
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 def _default_generator(device: torch.device) -> torch.Generator:
-    return torch.cuda.default_generators[_index(device)]
+    return torch.cuda.default_generators[cuda_index(device)]
 
 
 def _release_pool(device: torch.device, pool: tuple[int, int]) -> None:
@@ -128,7 +125,7 @@ def _release_pool(device: torch.device, pool: tuple[int, int]) -> None:
     own call for that (its CUDA-graph trees use it); without it (another torch) they stay."""
     release = getattr(torch._C, "_cuda_releasePool", None)
     if release is not None:
-        release(_index(device), pool)
+        release(cuda_index(device), pool)
 
 
 def _restore_generator(rng: torch.Generator, state: torch.Tensor) -> None:

@@ -39,7 +39,7 @@ def device_name(device: str) -> str:
     return platform.processor() or platform.machine()
 
 
-def cuda_index(device: str) -> int:
+def cuda_index(device: str | torch.device) -> int:
     dev = torch.device(device)
     return dev.index if dev.index is not None else torch.cuda.current_device()
 
@@ -82,7 +82,7 @@ def apply_cap(budget: int | None, device: str, enforce: bool, slack: int) -> int
 def set_cap(device: str | torch.device, nbytes: int) -> int:
     """Cap the caching allocator of `device` at `nbytes` (at most the device's memory); returns
     the cap."""
-    index = cuda_index(str(device))
+    index = cuda_index(device)
     total = torch.cuda.get_device_properties(index).total_memory
     cap = min(nbytes, total)
     torch.cuda.set_per_process_memory_fraction(cap / total, index)

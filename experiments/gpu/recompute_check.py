@@ -10,9 +10,7 @@ order of importance (every model's first steps before any model's later ones):
 1. per model, all-fast through our executor, uncapped: the reference time; then again with a
    CUDA event after every kernel, for the kernels' in-context times, on which every plan is
    simulated once more ("predicted here"; the plan's own prediction used the shipped profiles,
-   where kernels no profile had are roofline estimates); then at planned addresses replayed as
-   a CUDA graph (the reference of graph-priced plans: no host dispatch in either), and the
-   native model eager (torchvision / Hugging Face, uncapped: what a PyTorch user runs);
+   where kernels no profile had are roofline estimates);
 2. per model and budget (the plans' `budget_bytes`: 50% and 25% of the peak), the joint plans
    in increasing headroom under the cap (budget + 64 MiB, as `autotm run`): the first that runs
    without allocator retries is the result (out of memory or retries: the next headroom; every
@@ -23,7 +21,11 @@ order of importance (every model's first steps before any model's later ones):
    packages import;
 4. per model and budget, the move-only plans carried beside them (plan name `async`), the same
    way as 2, and our graph's forward in checkpointed segments under the same cap
-   (`runtime.eager.fit_checkpointing`).
+   (`runtime.eager.fit_checkpointing`; not with --no-ours);
+5. per model, after every capped run (an uncapped run's memory must not be what a capped one
+   meets): all-fast at planned addresses replayed as a CUDA graph (the reference of
+   graph-priced plans: no host dispatch in either), and the native model eager (torchvision /
+   Hugging Face, uncapped: what a PyTorch user runs).
 
 Stops starting new measurements after `--budget-s` seconds (default 420) so that the whole run
 stays within the device time it was given; what was skipped is listed. Writes
@@ -387,10 +389,15 @@ def merge(folder: Path) -> int:
            "rows": rows, "skipped": [s for d in docs for s in d.get("skipped", [])],
            "wall_s": sum(d.get("wall_s", 0.0) for d in docs)}
     (folder / "recompute_check.json").write_text(json.dumps(doc, indent=1))
+    write_table(folder, rows)
+    return 0
+
+
+def write_table(folder: Path, rows: list[dict[str, Any]]) -> None:
+    """Print the table of `rows` and write it to folder/recompute_check.txt."""
     lines = table(rows)
     print("\n".join(lines))
     (folder / "recompute_check.txt").write_text("\n".join(lines) + "\n")
-    return 0
 
 
 def main() -> int:
@@ -452,9 +459,7 @@ def main() -> int:
         doc["skipped"] = clock.skipped
         doc["wall_s"] = time.perf_counter() - clock.start
         (args.out / "recompute_check.json").write_text(json.dumps(doc, indent=1))
-    lines = table(rows)
-    print("\n".join(lines))
-    (args.out / "recompute_check.txt").write_text("\n".join(lines) + "\n")
+    write_table(args.out, rows)
     medians = [c for r in rows for c in r["budgets"].values()]
     print(f"{len(rows)} models, {len(medians)} budgets in {doc.get('wall_s', 0):.0f} s; "
           f"skipped: {clock.skipped or 'nothing'}", flush=True)
