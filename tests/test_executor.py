@@ -254,3 +254,13 @@ def test_steady_pairs_live_at_once_are_copied_at_the_boundary():
     for step, (got, want) in enumerate(zip(steps, reference, strict=True)):
         for tid in graph.outputs:
             assert torch.equal(got[tid], want[tid].cpu()), f"step {step}: {graph.name_of(tid)}"
+
+
+def test_run_help_gives_the_capture_allowance():
+    """`autotm run --help` states the executor's allowance (the CLI does not import torch to
+    print it, so the number is written there too)."""
+    from autotm_py.cli.run import run_cmd
+    from autotm_py.runtime.executor import CAPTURE_ALLOWANCE
+
+    (graph,) = [p for p in run_cmd.params if p.name == "graph_replay"]
+    assert f"up to {CAPTURE_ALLOWANCE >> 20} MiB" in graph.help

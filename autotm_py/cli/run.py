@@ -41,7 +41,8 @@ from autotm_py.units import format_bytes
 @click.option("--graph", "graph_replay", is_flag=True,
               help="CUDA: capture the steady-state iteration once as a CUDA graph and replay "
                    "it (implies --arena); a kernel that cannot be captured makes the run eager, "
-                   "with a note naming it.")
+                   "with a note naming it. Under the cap the capture may hold up to 256 MiB "
+                   "more, once (reported); the replays run under the cap.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random values.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the measurements here (JSON; `autotm report --measured` reads it).")
