@@ -48,8 +48,10 @@ from autotm_py.units import parse_ratio  # noqa: E402
 MODELS = ("inception_v4", "resnet200", "vgg19", "densenet264")
 PAPER = {"sync": 0.277, "first-touch": 0.719}
 PAPER_RATIO = PAPER["sync"] / PAPER["first-touch"]
-NUMA_NOTE = ("slow tier modelled: no machine with Optane or a second NUMA node was available, "
-             "so no measured slow tier (numactl/mbind on a remote node) is reported")
+NUMA_NOTE = ("slow tier modelled: no machine with Optane or a second NUMA node was available "
+             "(this 2-CPU machine and the lent GPU machines of 16, 32 and 64 CPUs each have one "
+             "node: experiments/results/validation/numa_2026-11-26/), so no measured slow tier "
+             "(numactl/mbind on a remote node) is reported")
 
 
 def faster(costs: KernelCosts, factor: float) -> KernelCosts:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from autotm_py import api
@@ -41,3 +42,44 @@ def test_recompute_check_runs_joint_plans_and_merges_their_rows(tmp_path):
     assert result["file"] == "transformer_1-1_smoke.json.gz"
     assert result["median_s"] > 0 and result["arena"] and result["strategy"] == "async+recompute"
     assert "transformer" in (out / "recompute_check.txt").read_text()
+
+
+def _script(name: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / "gpu" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_numa_probe_reads_nodes_and_their_cpus(tmp_path):
+    probe = _script("numa_probe")
+    assert probe.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    for node, cpus in ((0, "0-1"), (1, "2-3"), (2, "")):  # node 2: memory only
+        (tmp_path / f"node{node}").mkdir()
+        (tmp_path / f"node{node}" / "cpulist").write_text(cpus + "\n")
+    assert probe.numa_nodes(tmp_path) == {0: [0, 1], 1: [2, 3], 2: []}
+    out = subprocess.run([sys.executable, "experiments/gpu/numa_probe.py"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "NUMA node" in out.stdout
+
+
+def _bench_doc(times: dict[str, float]) -> dict:
+    row = {"model": "m", "batch": 1, "dims": "", "training": True, "device": "cuda",
+           "memory": "h100", "ratio": "1:1", "strategy": "sync", "solver": "highs"}
+    return {"rows": [row | {f"measured_{k}_s": v for k, v in times.items()}]}
+
+
+def test_pass_spread_sets_the_two_gpu_effect_beside_the_noise(tmp_path):
+    passes = {"one_1": {"": 1.00, "lru": 1.0}, "one_2": {"": 1.01, "lru": 1.3},
+              "two_1": {"": 1.20, "lru": 1.1}, "two_2": {"": 1.21, "lru": 1.2}}
+    for name, times in passes.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(_bench_doc(times)))
+    out = subprocess.run([sys.executable, "experiments/gpu/pass_spread.py", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = {line.split()[2]: line for line in out.stdout.splitlines()[1:-1]}
+    assert lines["plan"].endswith("outside")  # 20% slower on two GPUs, the one-GPU spread is 1%
+    assert not lines["lru"].endswith("outside")  # within the one-GPU passes' 1.0-1.3
+    assert "Outside the one-GPU range by over 2%: 1 (1:1 sync plan)" in out.stdout
