@@ -130,16 +130,21 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
             costs: KernelCosts | None = None, **options: Any) -> RunResult:
     """Run a plan for real with torch and measure it. `arena`: every fast copy at its planned
     offset (a plan without an arena is packed first, `with_arena`); `graph_replay` (CUDA): the
-    timed iterations replay one CUDA graph (implies `arena`). Where no arena can serve the plan
+    timed iterations replay one CUDA graph, under the budget's cap with the arena (implied:
+    it is what keeps the capture within the budget), uncapped (`enforce_budget=False`, or a
+    plan without a budget) with static inputs only, so no kernel output is copied into a slot
+    (`runtime.arena.StaticInputs`). Where no arena can serve the plan
     (`pipeline.arena_for_run`: packed now, it would exceed the capped budget), the run falls
     back to torch's caching allocator, eagerly, and its notes say why."""
     from dataclasses import replace
 
     from autotm_py.runtime.executor import execute as _execute
 
+    capped = device.startswith("cuda") and options.get("enforce_budget", True) and \
+        plan.header.budget_bytes is not None
+    arena = arena or (graph_replay and capped)
     fallback = None
-    if arena or graph_replay:
-        capped = device.startswith("cuda") and options.get("enforce_budget", True)
+    if arena:
         placed, fallback = pipeline.arena_for_run(graph, plan, costs, capped=capped)
         if placed is None:
             arena = graph_replay = False

@@ -52,8 +52,27 @@ def test_graph_replay_is_bitwise_eager_replay(arena_plans):
     graph, plans = arena_plans
     for name, plan in plans.items():
         eager = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2, arena=True)
-        replayed = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2, graph_replay=True)
+        replayed = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2, arena=True,
+                             graph_replay=True)
         _equal(replayed, eager, f"{name} replayed as a CUDA graph", graph)
+        # captured without the arena: outputs from the graph's pool, static inputs only
+        pooled = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2, graph_replay=True)
+        _equal(pooled, eager, f"{name} replayed as a CUDA graph with static inputs", graph)
+
+
+def test_uncapped_graph_replay_copies_no_output_into_a_slot():
+    """`execute(graph_replay=True, enforce_budget=False)` captures with static inputs: the only
+    copies per iteration are the carried values (weights) written back into their buffers."""
+    from autotm_py import api
+    graph = _graph("cnn")
+    plan = _arena_plans(graph)["async-arena"]
+    pooled = api.execute(graph, plan, device="cuda", iterations=2, warmup=1, graph_replay=True,
+                         enforce_budget=False)
+    placed = api.execute(graph, plan, device="cuda", iterations=2, warmup=1, graph_replay=True,
+                         arena=True, enforce_budget=False)
+    assert pooled.graph and placed.graph, (pooled.notes, placed.notes)
+    assert pooled.arena_bytes is None and placed.arena_bytes is not None
+    assert pooled.copied_outputs <= len(graph.carried) < placed.copied_outputs
 
 
 def test_conv_writes_into_its_slot_on_cuda():

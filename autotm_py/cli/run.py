@@ -40,9 +40,11 @@ from autotm_py.units import format_bytes
                    "need more than its budget).")
 @click.option("--graph", "graph_replay", is_flag=True,
               help="CUDA: capture the steady-state iteration once as a CUDA graph and replay "
-                   "it (implies --arena); a kernel that cannot be captured makes the run eager, "
-                   "with a note naming it. Under the cap the capture may hold up to 256 MiB "
-                   "more, once (reported); the replays run under the cap.")
+                   "it; a kernel that cannot be captured makes the run eager, with a note "
+                   "naming it. Under the cap it implies --arena, and the capture may hold up to "
+                   "256 MiB more, once (reported); the replays run under the cap. With --no-cap "
+                   "and no --arena, only the iteration's inputs get fixed buffers and kernels "
+                   "write their outputs where torch puts them: nothing is copied into slots.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random values.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the measurements here (JSON; `autotm report --measured` reads it).")
@@ -117,6 +119,10 @@ def _print_summary(result, notes) -> None:
         click.echo(f"arena: {size(result.arena_bytes)} of tensors at planned offsets; "
                    f"{result.copied_outputs} outputs per iteration copied into their slots"
                    + ("; CUDA graph replayed" if result.graph else ""))
+    elif result.graph:
+        click.echo("CUDA graph replayed with static inputs (no arena): outputs where torch put "
+                   f"them; {result.copied_outputs} carried values per iteration copied back "
+                   "into the inputs' buffers")
     for note in result.notes:
         if note.startswith(("no CUDA graph", "no arena")):
             click.echo(f"note: {note}")

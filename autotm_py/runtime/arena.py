@@ -5,10 +5,16 @@ bytes), allocated once per run; every fast copy is a typed view at its planned o
 scratch region above it is left to torch's caching allocator (kernel workspaces and outputs not
 written in place), which the cap bounds: the arena plus the scratch fit the budget.
 
-`GraphReplay`: one steady-state iteration captured as a CUDA graph and replayed. The arena
-gives every tensor a fixed address, the pinned pool every slow copy, and what kernels allocate
-during the capture comes from the graph's private pool, so a replay reads and writes exactly
-what an eager iteration of the same plan would. The copy streams fork from the capturing
+`StaticInputs`: for a CUDA graph captured without an arena (an uncapped run, such as the
+all-fast reference), fixed buffers only for the tensors an iteration starts with; everything
+the iteration makes comes from the graph's private pool, where kernels allocate their outputs
+themselves, so no output is copied into a slot.
+
+`GraphReplay`: one steady-state iteration captured as a CUDA graph and replayed. The arena (or
+the static inputs) gives every tensor the iteration starts with a fixed address, the pinned
+pool every slow copy, and what kernels allocate during the capture comes from the graph's
+private pool, so a replay reads and writes exactly what an eager iteration of the same plan
+would. The copy streams fork from the capturing
 stream and join it (the executor's events), as CUDA requires.
 """
 
@@ -52,6 +58,27 @@ class DeviceArena:
                 self.buffer[offset:offset + tensor.nbytes].view(
                     TORCH_DTYPES[tensor.dtype]).view(tensor.shape)
         return self._views[key]
+
+
+class StaticInputs:
+    """Fixed buffers for the fast copies an iteration starts with (weights, data, carried
+    state), made once: the slots of a CUDA graph captured without an arena. The executor copies
+    each carried value into its buffer as the iteration ends (`Executor._steady`), inside the
+    captured iteration, so every replay starts from the last one's results. Any other fast
+    copy has no slot (None): torch allocates it, from the graph's private pool while capturing.
+    Unbounded: for runs without a cap (an arena is what keeps a capped capture in its budget)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._views: dict[int, torch.Tensor | None] = {}
+
+    def view(self, record: int, tensor: Tensor) -> torch.Tensor | None:
+        if record > INITIAL:
+            return None
+        if tensor.id not in self._views:
+            self._views[tensor.id] = None if tensor.nbytes == 0 else torch.empty(
+                tensor.shape, dtype=TORCH_DTYPES[tensor.dtype], device=self.device)
+        return self._views[tensor.id]
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -44,7 +44,7 @@ from autotm_py.kernels import run_kernel, run_kernel_into, run_kernel_raw
 from autotm_py.memory.scratch import IN_PLACE_OPS
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import INITIAL, Compute, Free, Move, Plan, Recompute
-from autotm_py.runtime.arena import DeviceArena, GraphReplay, overlaps
+from autotm_py.runtime.arena import DeviceArena, GraphReplay, StaticInputs, overlaps
 from autotm_py.runtime.device import (
     DEFAULT_ALLOCATOR_SETTINGS,
     apply_cap,
@@ -149,7 +149,8 @@ class Executor(PlanInterpreter):
 
     def __init__(self, graph: TensorGraph, plan: Plan, *, device: str,
                  masters: Mapping[int, torch.Tensor], kernel_times: bool = False,
-                 kernel_ranges: bool = False, arena: bool = False) -> None:
+                 kernel_ranges: bool = False, arena: bool = False,
+                 static_inputs: bool = False) -> None:
         super().__init__(graph, plan)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
@@ -167,6 +168,10 @@ class Executor(PlanInterpreter):
             raise ConfigError("the plan has no arena: plan with `autotm optimize --arena`, or "
                               "pack it first (`api.with_arena`)")
         self.arena = DeviceArena(plan.arena, self.device) if arena and plan.arena else None
+        # where fast copies live at fixed addresses: every one (the arena), or only those the
+        # iteration starts with (`static_inputs`, for a CUDA graph without an arena), or none
+        self.slots: DeviceArena | StaticInputs | None = self.arena or (
+            StaticInputs(self.device) if static_inputs else None)
         # the captured iteration (`capture`), and the stream it is captured on
         self._graph: GraphReplay | None = None
         self.capture_stream = _side_streams(self.device)[2] if self.cuda else None
@@ -211,10 +216,11 @@ class Executor(PlanInterpreter):
         return slot is None or slot.data_ptr() == value.data_ptr()
 
     def _fast_slot(self, tid: int) -> torch.Tensor | None:
-        """Arena: the slot of the fast copy of `tid` that the current record makes."""
-        if self.arena is None:
+        """The slot of the fast copy of `tid` that the current record makes (arena, or static
+        inputs at the start of the iteration), None where torch allocates it."""
+        if self.slots is None:
             return None
-        return self.arena.view(self.index, self.graph.tensors[tid])
+        return self.slots.view(self.index, self.graph.tensors[tid])
 
     def _materialize(self, tid: int, source: torch.Tensor, tier: str) -> torch.Tensor:
         dst = self.pool.view(tid, self.graph.tensors[tid]) if tier == SLOW else \
@@ -236,11 +242,12 @@ class Executor(PlanInterpreter):
             self.carry[first] = self._steady(first, *self._final_copy(first, last))
 
     def _steady(self, first: int, tier: str, value: torch.Tensor) -> tuple[str, torch.Tensor]:
-        """Arena: a carried value that ends outside the slot where the next iteration starts
-        it (both copies were live at once, `arena.Lifetimes.boundary`) is copied there now, in
-        the iteration (timed, and captured in a CUDA graph); the packing kept that slot free."""
-        slot = self.arena.view(INITIAL, self.graph.tensors[first]) \
-            if tier == FAST and self.arena is not None else None
+        """A carried value that ends outside the slot where the next iteration starts it is
+        copied there now, in the iteration (timed, and captured in a CUDA graph). Arena: both
+        copies were live at once (`arena.Lifetimes.boundary`), and the packing kept that slot
+        free; static inputs: the value was allocated during the iteration."""
+        slot = self.slots.view(INITIAL, self.graph.tensors[first]) \
+            if tier == FAST and self.slots is not None else None
         if slot is None or slot.data_ptr() == value.data_ptr():
             return tier, value
         return tier, self._in_slot(value, slot)
@@ -438,7 +445,8 @@ class Executor(PlanInterpreter):
         current.wait_stream(self.capture_stream)
 
     def capture(self) -> str | None:
-        """Capture one iteration as a CUDA graph (after `warm_up`, with an arena); later
+        """Capture one iteration as a CUDA graph (after `warm_up`, with an arena or static
+        inputs); later
         `replay()`s run it. Returns why it failed (the kernel and the error), None if not."""
         assert self.capture_stream is not None, "CUDA graphs need a CUDA device"
         self.prepare()
@@ -487,8 +495,10 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
             graph_replay: bool = False) -> RunResult:
     """Run `warmup` + `iterations` iterations of a plan and measure the timed ones.
     `allocator_settings`: the CUDA caching allocator's settings (None: the environment's).
-    `arena`: fast copies at the plan's planned offsets (`Plan.arena`); `graph_replay` (CUDA,
-    implies `arena`): the timed iterations replay one captured after the warm-up."""
+    `arena`: fast copies at the plan's planned offsets (`Plan.arena`); `graph_replay` (CUDA):
+    the timed iterations replay one captured after the warm-up, with the arena where `arena`,
+    else with static inputs (`runtime.arena.StaticInputs`: kernels' outputs come from the
+    graph's private pool, none copied into a slot; nothing bounds that pool but the cap)."""
     plan.validate(graph)
     if iterations < 1 or warmup < 0:
         raise ConfigError("--iterations must be >= 1 and --warmup >= 0")
@@ -496,8 +506,8 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
         raise ConfigError("--graph replays a CUDA graph: it needs --device cuda, and it does "
                           "not time single kernels (no --kernel-times)")
     dev, executor = new_executor(graph, plan, device, seed, deterministic, kernel_times,
-                                 allocator_settings=allocator_settings,
-                                 arena=arena or graph_replay)
+                                 allocator_settings=allocator_settings, arena=arena,
+                                 static_inputs=graph_replay and not arena)
     cap = apply_cap(plan.header.budget_bytes, dev, enforce_budget, cap_slack_bytes)
     try:
         timed = _timed_iterations(executor, iterations, warmup, graph_replay, cap)
@@ -534,7 +544,7 @@ def new_executor(graph: TensorGraph, plan: Plan, device: str, seed: int = 0,
                  deterministic: bool = False, kernel_times: bool = False,
                  kernel_ranges: bool = False, *,
                  allocator_settings: str | None = DEFAULT_ALLOCATOR_SETTINGS,
-                 arena: bool = False) -> tuple[str, Executor]:
+                 arena: bool = False, static_inputs: bool = False) -> tuple[str, Executor]:
     """The checked device and an executor on it, with the initial values drawn from `seed`
     (untimed; `execute` and `run_steps` drive it, experiments may too)."""
     from autotm_py.runtime.reference import init_values
@@ -544,7 +554,7 @@ def new_executor(graph: TensorGraph, plan: Plan, device: str, seed: int = 0,
         configure_cuda(deterministic, allocator_settings)
     masters = {tid: v.cpu() for tid, v in init_values(graph, seed=seed, device="cpu").items()}
     return dev, Executor(graph, plan, device=dev, masters=masters, kernel_times=kernel_times,
-                         kernel_ranges=kernel_ranges, arena=arena)
+                         kernel_ranges=kernel_ranges, arena=arena, static_inputs=static_inputs)
 
 
 @dataclass
@@ -647,8 +657,8 @@ def run_steps(graph: TensorGraph, plan: Plan, *, steps: int = 3, device: str = "
     planned offsets; `graph_replay` (CUDA): the first step eager, the others replays of a CUDA
     graph captured after it (an `ExecutionError` if the capture fails)."""
     plan.validate(graph)
-    _, executor = new_executor(graph, plan, device, seed, deterministic,
-                               arena=arena or graph_replay)
+    _, executor = new_executor(graph, plan, device, seed, deterministic, arena=arena,
+                               static_inputs=graph_replay and not arena)
     results = []
     for step in range(steps):
         if graph_replay and step == 1:

@@ -167,13 +167,15 @@ def check_model(check: Check, model: str, plans: Path) -> None:
         check.add(native(check, model, batch, dims, base))
     if not args.no_profile and args.device.startswith("cuda") and not check.late():
         costs["gpu"] = gpu_costs(check, graph, reference, model, info)
-    for run, extra in (("arena", {"arena": True}), ("arena graph", {"graph_replay": True})):
+    for run, extra in (("arena", {"arena": True}),
+                       ("arena graph", {"arena": True, "graph_replay": True}),
+                       ("graph", {"graph_replay": True})):  # static inputs, no slots
         check.add(measure(check, graph, costs, reference, {**base, "run": run},
                           enforce_budget=False, **extra))
     for ratio, graph_priced, plan, name in loaded:
         row = {"model": model, "ratio": ratio, "plan": name,
                "priced": "graph" if graph_priced else "eager"}
-        runs = [("arena", {"arena": True}), ("arena graph", {"graph_replay": True})]
+        runs = [("arena", {"arena": True}), ("arena graph", {"arena": True, "graph_replay": True})]
         if graph_priced:
             runs.reverse()  # what it was priced for first
         else:

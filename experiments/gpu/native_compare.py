@@ -7,7 +7,8 @@ For each model (same shapes, fp32, SGD, one training iteration):
   fewest segments that fit: `checkpoint_sequential` over the CNN's blocks, HF
   `gradient_checkpointing_enable()` for the transformers;
 - ours: the all-fast plan through the executor (the graph as imported, fused by default), the
-  same plan at planned addresses replayed as a CUDA graph (`--graph`), our kernels under torch
+  same plan replayed as a CUDA graph (`--graph --no-cap`: static inputs, kernels' outputs from
+  the graph's pool) and at planned addresses replayed (`--graph --arena`), our kernels under torch
   autograd, and our graph with checkpointed segments under the same cap
   (`runtime.eager.fit_checkpointing`);
 - with `--compile F1,F2`: torch.compile of the native model with
@@ -248,14 +249,20 @@ def measure_ours(graph, iterations, budgets):
     run = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
                       enforce_budget=False)
     auto = eager.measure_autograd(graph, device=DEV, iterations=iterations, warmup=2)
-    # the same plan at planned addresses, its iteration replayed as one CUDA graph (issue 14)
+    # its iteration replayed as one CUDA graph (issue 14): uncapped, with static inputs (no
+    # output copied into a slot), and at planned addresses in an arena (outputs of kernels
+    # that cannot write in place copied into their slots) to show what those copies cost
     replay = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
                          graph_replay=True, enforce_budget=False)
+    placed = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
+                         graph_replay=True, arena=True, enforce_budget=False)
     out = {"executor_all_fast_s": run.median_s, "executor_peak_bytes": run.peak_fast_bytes,
            "executor_host_s": run.host_median_s, "autograd_s": auto.median_s,
            "autograd_peak_bytes": auto.peak_fast_bytes,
            "graph_s": replay.median_s if replay.graph else None,
            "graph_peak_bytes": replay.peak_fast_bytes, "graph_notes": list(replay.notes),
+           "graph_arena_s": placed.median_s if placed.graph else None,
+           "graph_arena_copied": placed.copied_outputs,
            "checkpoint": {}}
     for share, budget in budgets.items():
         fit = eager.fit_checkpointing(graph, budget, device=DEV, iterations=iterations)
@@ -334,7 +341,7 @@ def main() -> int:
         graph = api.load_model(name, batch=batch, dims=dims, training=True,
                                fuse=not args.no_fuse)
         budgets = {}
-        for share in args.shares.split(","):
+        for share in filter(None, args.shares.split(",")):  # --shares "": no budgets
             frac = float(share)
             ratio = parse_ratio(f"{frac}:{1 - frac}")
             budgets[share] = pipeline.machine_for(

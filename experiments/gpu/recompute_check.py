@@ -290,6 +290,11 @@ class Model:
                                    graph_replay=True)
                 row |= {"graph_s": replayed.median_s, "graph_replayed": replayed.graph,
                         "graph_peak_bytes": replayed.peak_fast_bytes}
+                # replayed with static inputs: no kernel output copied into a slot
+                pooled = execute(graph, reference, device=DEV, iterations=args.iterations,
+                                 warmup=args.warmup, enforce_budget=False, graph_replay=True)
+                row |= {"graph_pool_s": pooled.median_s if pooled.graph else None,
+                        "graph_pool_peak_bytes": pooled.peak_fast_bytes}
             except Exception as exc:
                 row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             torch.cuda.empty_cache()
