@@ -18,11 +18,17 @@ from typing import Any
 DIGEST_CHARS = 16
 
 
-# What a replayed CUDA graph adds per kernel node beyond the kernels' device time: (replayed
-# all-fast iteration - sum of device times) / kernels, measured on an H100 80GB HBM3 on
-# 2026-11-26 (experiments/results/validation/device_times_2026-11-26, docs/gpu.md): ResNet-200
-# 5.3 us, DenseNet-264 5.2, BERT-base 5.6, GPT-2 small 5.3 (Inception-v4 9.9).
-REPLAY_GAP_S = 5.3e-6
+# What a replayed CUDA graph adds per kernel node beyond the kernels' device time, where no
+# output is copied into a slot: (all-fast iteration replayed with static inputs - sum of device
+# times) / kernels, H100 80GB HBM3, 2026-11-26 (experiments/results/native/, docs/gpu.md):
+# ResNet-200 (57.8 - 56.1 ms) / 1965 = 0.9 us, DenseNet-264 (64.3 - 61.5) / 2792 = 1.0,
+# BERT-base 1.1-2.6 (two device-time sums); GPT-2 small replayed at its sum.
+REPLAY_GAP_S = 1.0e-6
+# In an arena, each output a kernel cannot write in place (`memory.scratch.allocated_outputs`)
+# is copied into its slot: read and written once, at this rate. Fitted as (replayed in an
+# arena - replayed with static inputs) / (2 x the bytes copied), same runs: ResNet-200 3.0 TB/s
+# (12.7 GB in 8.4 ms), DenseNet-264 3.5, GPT-2 small 2.6, BERT-base 1.8.
+SLOT_COPY_BYTES_PER_S = 3.0e12
 
 
 @dataclass(frozen=True)
@@ -57,15 +63,17 @@ class KernelCosts:
         est = tuple(estimated) if estimated is not None else (False,) * len(t)
         return cls(device, t, t, t, est)
 
-    def replayed(self) -> KernelCosts:
+    def replayed(self, copied_bytes: Sequence[int] | None = None) -> KernelCosts:
         """The costs of an iteration replayed as a CUDA graph: the host enqueues the whole
         iteration at once, so each kernel costs its device time plus the graph's gap between
         two kernel nodes (`REPLAY_GAP_S`) where a profile measured one (its time, launch gaps
-        included, elsewhere)."""
+        included, elsewhere), plus copying `copied_bytes[k]` of its outputs into their arena
+        slots (`SLOT_COPY_BYTES_PER_S`; None: a replay without an arena copies none)."""
         if not self.device_s:
             return self
-        times = tuple(d + REPLAY_GAP_S if d > 0 else t
-                      for d, t in zip(self.device_s, self.times_s, strict=True))
+        copies = copied_bytes or (0,) * len(self.times_s)
+        times = tuple((d + REPLAY_GAP_S if d > 0 else t) + 2 * c / SLOT_COPY_BYTES_PER_S
+                      for d, t, c in zip(self.device_s, self.times_s, copies, strict=True))
         return replace(self, times_s=times)
 
     @property

@@ -81,12 +81,22 @@ class MachineModel:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_profile_costs", self.costs)
         if self.graph_replay and self.gpu:
-            object.__setattr__(self, "costs", self.costs.replayed())
+            object.__setattr__(self, "costs", self.costs.replayed(self._slot_copy_bytes()))
         n = len(self.graph.kernels)
         if len(self.costs.times_s) != n:
             raise ConfigError(f"kernel costs cover {len(self.costs.times_s)} kernels but graph "
                               f"{self.graph.name!r} has {n}; profile this graph (same --batch, "
                               "--dim and --training)")
+
+    def _slot_copy_bytes(self) -> list[int] | None:
+        """Per kernel, the bytes a replay copies into arena slots: a run under a budget is
+        capped and replays in an arena (`api.execute`), where outputs that torch allocates are
+        copied into their slots; an uncapped replay (no budget) uses static inputs, no slots."""
+        if not self.arena and self.memory.budget_bytes is None:
+            return None
+        tensors = self.graph.tensors
+        return [sum(tensors[t].nbytes for t in allocated_outputs(self.graph, k))
+                for k in self.graph.kernels]
 
     @property
     def profile_costs(self) -> KernelCosts:

@@ -535,7 +535,7 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
         host_median_s=statistics.median(timed.host_times),
         alloc_retries=timed.alloc_retries, reserved_peak_bytes=timed.reserved,
         arena_bytes=None if executor.arena is None else executor.arena.nbytes,
-        copied_outputs=None if executor.arena is None else timed.copied,
+        copied_outputs=None if executor.slots is None else timed.copied,
         graph=timed.replayed, capture_reserved_bytes=timed.capture_reserved,
     )
 

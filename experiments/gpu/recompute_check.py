@@ -294,11 +294,12 @@ class Model:
                 pooled = execute(graph, reference, device=DEV, iterations=args.iterations,
                                  warmup=args.warmup, enforce_budget=False, graph_replay=True)
                 row |= {"graph_pool_s": pooled.median_s if pooled.graph else None,
-                        "graph_pool_peak_bytes": pooled.peak_fast_bytes}
+                        "graph_pool_reserved_bytes": pooled.capture_reserved_bytes}
             except Exception as exc:
                 row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             torch.cuda.empty_cache()
-            print(f"  {self.name} all-fast replayed: {_ms(row.get('graph_s'))}", flush=True)
+            print(f"  {self.name} all-fast replayed: {_ms(row.get('graph_s'))} in an arena, "
+                  f"{_ms(row.get('graph_pool_s'))} with static inputs", flush=True)
         if not args.no_native and self.name in NATIVE:  # what a PyTorch user runs, uncapped
             row["native"] = native_checkpointing(self.name, self.options, None, args)
 
