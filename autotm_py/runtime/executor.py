@@ -585,6 +585,12 @@ def _capture(executor: Executor, cap: int | None) -> tuple[str | None, int | Non
     the allocator reserved meanwhile."""
     if not executor.cuda:
         return executor.capture(), None
+    # Count the capture alone: the eager iterations before it left blocks cached on two
+    # streams (the timed loop's and the capture's), which the capture returns anyway; the
+    # last one's outputs go now (its carried values stay for the capture's `prepare`).
+    executor.state = _State()
+    torch.cuda.synchronize(executor.device)
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(executor.device)
     if cap is not None:
         set_cap(executor.device, cap + CAPTURE_ALLOWANCE)

@@ -266,7 +266,9 @@ def measure_ours(graph, iterations, budgets):
            "autograd_peak_bytes": auto.peak_fast_bytes,
            "graph_s": replay.median_s if replay.graph else None,
            "graph_peak_bytes": replay.peak_fast_bytes, "graph_notes": list(replay.notes),
-           # a replay allocates nothing: the graph's memory is what its capture reserved
+           # a replay allocates nothing: the graph's memory is what the allocator holds
+           # while it replays (its private pool, the static inputs), and held while capturing
+           "graph_reserved_bytes": replay.reserved_peak_bytes,
            "graph_capture_reserved_bytes": replay.capture_reserved_bytes,
            "graph_arena_s": placed.median_s if placed.graph else None,
            "graph_arena_copied": placed.copied_outputs,

@@ -38,9 +38,9 @@ def iteration_table(rows: list[dict]) -> list[str]:
 
 
 def _graph_memory(ours: dict) -> str:
-    """A replay allocates nothing, so its allocated peak says little: the capture's reserved
-    memory where it was recorded (results from before: the allocated peak, marked so)."""
-    reserved = ours.get("graph_capture_reserved_bytes")
+    """A replay allocates nothing, so its allocated peak says little: the memory reserved
+    while it replays where it was recorded (results from before: the allocated peak)."""
+    reserved = ours.get("graph_reserved_bytes")
     return f"{mib(reserved)} reserved" if reserved else f"{mib(ours.get('graph_peak_bytes'))} alloc"
 
 
