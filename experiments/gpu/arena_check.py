@@ -197,6 +197,8 @@ def measure(check: Check, graph, costs: dict, plan, row: dict, **options) -> dic
     if check.late():
         return {**row, "skipped": f"deadline ({args.deadline:.0f} s) passed"}
     replayed = bool(options.get("graph_replay"))
+    if options.get("arena") and plan.arena is None:  # packed as `api.execute` will pack it,
+        plan = api.with_arena(graph, plan, costs["shipped"])  # so copies into slots are priced
     priced = plan.with_header(graph=replayed)  # a replayed plan is predicted as replayed
     predictions = {"predicted_at_solve_s": plan.header.predicted_time_s,
                    "budget_bytes": plan.header.budget_bytes,
