@@ -196,24 +196,9 @@ def measure(check: Check, graph, costs: dict, plan, row: dict, **options) -> dic
     args = check.args
     if check.late():
         return {**row, "skipped": f"deadline ({args.deadline:.0f} s) passed"}
-    replayed = bool(options.get("graph_replay"))
     if options.get("arena") and plan.arena is None:  # packed as `api.execute` will pack it,
         plan = api.with_arena(graph, plan, costs["shipped"])  # so copies into slots are priced
-    priced = plan.with_header(graph=replayed)  # a replayed plan is predicted as replayed
-    predictions = {"predicted_at_solve_s": plan.header.predicted_time_s,
-                   "budget_bytes": plan.header.budget_bytes,
-                   "arena_bytes": plan.arena.nbytes if plan.arena else None}
-    for key, kernel_costs in (("shipped", costs["shipped"]), ("gpu", costs["gpu"])):
-        if kernel_costs is None:
-            continue
-        try:
-            sim = api.simulate(graph, priced, costs=kernel_costs, strict=False)
-            predictions[f"predicted_{key}_s"] = sim.total_s
-            if sim.violations:  # e.g. a kernel's measured scratch beyond the region
-                predictions[f"violations_{key}"] = list(sim.violations[:3])
-        except Exception as exc:
-            predictions[f"predicted_{key}_error"] = f"{type(exc).__name__}: {exc}"
-    row = {**row, **predictions}
+    row = {**row, **predictions(graph, costs, plan, bool(options.get("graph_replay")))}
     gc.collect()  # the previous run's arena, graph pool and pinned pool
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -242,6 +227,28 @@ def measure(check: Check, graph, costs: dict, plan, row: dict, **options) -> dic
         if row.get(f"predicted_{key}_s"):
             row[f"error_{key}_pct"] = 100 * (row[f"predicted_{key}_s"] / run.median_s - 1)
     return row
+
+
+def predictions(graph, costs: dict, plan, replayed: bool) -> dict:
+    """The plan's prediction when solved and on each of `costs` (a replayed run predicted as
+    replayed), with the first violations where the simulator found any."""
+    from autotm_py import api
+
+    priced = plan.with_header(graph=replayed)
+    out = {"predicted_at_solve_s": plan.header.predicted_time_s,
+           "budget_bytes": plan.header.budget_bytes,
+           "arena_bytes": plan.arena.nbytes if plan.arena else None}
+    for key, kernel_costs in (("shipped", costs["shipped"]), ("gpu", costs["gpu"])):
+        if kernel_costs is None:
+            continue
+        try:
+            sim = api.simulate(graph, priced, costs=kernel_costs, strict=False)
+            out[f"predicted_{key}_s"] = sim.total_s
+            if sim.violations:  # e.g. a kernel's measured scratch beyond the region
+                out[f"violations_{key}"] = list(sim.violations[:3])
+        except Exception as exc:
+            out[f"predicted_{key}_error"] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 def native(check: Check, model: str, batch: int, dims: dict, base: dict) -> dict:
