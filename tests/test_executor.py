@@ -286,3 +286,18 @@ def test_run_help_gives_the_capture_allowance():
 
     (graph,) = [p for p in run_cmd.params if p.name == "graph_replay"]
     assert f"up to {CAPTURE_ALLOWANCE >> 20} MiB" in graph.help
+
+
+def test_out_of_memory_names_the_request_and_the_record():
+    """An out-of-memory under the cap says how much was asked for and at which record: what a
+    re-plan has to leave room for (torch's own first sentence says neither)."""
+    from autotm_py.plan import Compute
+    from autotm_py.runtime.executor import _out_of_memory, new_executor
+    graph = _graph("cnn")
+    plan = _plans(graph)["sync"]
+    _, executor = new_executor(graph, plan, "cpu")
+    executor.index = next(i for i, r in enumerate(plan.records) if isinstance(r, Compute))
+    exc = RuntimeError("CUDA out of memory. Tried to allocate 76.00 MiB. GPU 0 has a total "
+                       "capacity of 79.19 GiB of which 1.00 GiB is free.")
+    message = _out_of_memory(executor, exc)
+    assert "tried to allocate 76.00 MiB at compute" in message and "\n" not in message

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import statistics
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -640,15 +641,23 @@ def _timed_iterations(executor: Executor, iterations: int, warmup: int,
 
 
 def _out_of_memory(executor: Executor, exc: BaseException) -> str:
+    where = f"{_oom_request(exc)} at {executor._where()}"
     if executor.arena is not None:
-        return (f"the plan ran out of fast memory under its cap ({_first_sentence(exc)}): a "
-                "kernel's scratch (its workspace, or outputs that torch allocates) did not fit "
-                "beside the arena; plan with `autotm optimize --arena` (which leaves the "
-                "scratch region), or run with --no-cap to measure it")
-    return (f"the plan ran out of fast memory under its cap ({_first_sentence(exc)}): the "
-            "allocator's fragmentation needs room the plan does not leave; plan with "
-            "`autotm optimize --arena` and run with --arena, or re-plan with --headroom 0.1 "
-            "(or `autotm bench --execute --fit`)")
+        return (f"the plan ran out of fast memory under its cap ({where}): a kernel's scratch "
+                "(its workspace, or outputs that torch allocates) did not fit beside the "
+                "arena; plan with `autotm optimize --arena` (which leaves the scratch region), "
+                "or run with --no-cap to measure it")
+    return (f"the plan ran out of fast memory under its cap ({where}): the allocator's "
+            "fragmentation needs room the plan does not leave; plan with `autotm optimize "
+            "--arena` and run with --arena, or re-plan with --headroom 0.1 (or `autotm bench "
+            "--execute --fit`)")
+
+
+def _oom_request(exc: BaseException) -> str:
+    """'tried to allocate 76.00 MiB' from torch's out-of-memory message (else its first
+    sentence): with the record it happened at, what a re-plan needs to leave room for."""
+    found = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(exc))
+    return f"tried to allocate {found.group(1)}" if found else _first_sentence(exc)
 
 
 def _first_sentence(exc: BaseException) -> str:
