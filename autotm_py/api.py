@@ -140,8 +140,7 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
 
     from autotm_py.runtime.executor import execute as _execute
 
-    capped = device.startswith("cuda") and options.get("enforce_budget", True) and \
-        plan.header.budget_bytes is not None
+    capped = runs_capped(plan, device, options.get("enforce_budget", True))
     arena = arena or (graph_replay and capped)
     fallback = None
     if arena:
@@ -153,6 +152,12 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     result = _execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
                       arena=arena, graph_replay=graph_replay, **options)
     return replace(result, notes=(*result.notes, fallback)) if fallback else result
+
+
+def runs_capped(plan: Plan, device: str, enforce_budget: bool = True) -> bool:
+    """Whether `execute` holds this run to the plan's budget (a cap on the GPU's allocator):
+    then a CUDA-graph replay runs in the arena, which keeps the capture within the budget."""
+    return device.startswith("cuda") and enforce_budget and plan.header.budget_bytes is not None
 
 
 def with_arena(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None, *,

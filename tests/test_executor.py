@@ -301,3 +301,17 @@ def test_out_of_memory_names_the_request_and_the_record():
                        "capacity of 79.19 GiB of which 1.00 GiB is free.")
     message = _out_of_memory(executor, exc)
     assert "tried to allocate 76.00 MiB at compute" in message and "\n" not in message
+
+
+def test_graph_replay_runs_in_the_arena_only_under_the_cap():
+    """`api.execute(graph_replay=True)` replays in the arena where the run is capped (the arena
+    keeps the capture in the budget), with static inputs where it is not (no slot copies)."""
+    from autotm_py.api import runs_capped
+    graph = _graph("cnn")
+    plans = _plans(graph)
+    budgeted, unlimited = plans["sync"], plans["all-fast"]
+    assert budgeted.header.budget_bytes is not None and unlimited.header.budget_bytes is None
+    assert runs_capped(budgeted, "cuda")
+    assert not runs_capped(budgeted, "cuda", enforce_budget=False)  # --no-cap
+    assert not runs_capped(budgeted, "cpu")
+    assert not runs_capped(unlimited, "cuda")
