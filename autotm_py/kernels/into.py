@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from autotm_py.ir.graph import Kernel
-from autotm_py.ir.rules.geometry import window
+from autotm_py.ir.rules.geometry import torch_avg_pool_ok, window
 from autotm_py.kernels.batch_norm import cudnn_batch_norm
 from autotm_py.kernels.util import attrs
 
@@ -118,6 +118,32 @@ def gelu_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
 @into("SGDUpdate")
 def sgd_update(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     torch.add(args[0], args[1], alpha=-float(k.attr("lr")), out=outs[0])
+    return True
+
+
+# ---- concatenation and pooling ------------------------------------------------------------
+@into("Concat")
+def concat(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    if any(a.dtype != outs[0].dtype for a in args):
+        return False
+    torch.cat(list(args), int(k.attr("axis")), out=outs[0])
+    return True
+
+
+AVG_POOL_OUT = {2: A.avg_pool2d.out, 3: A.avg_pool3d.out}
+
+
+@into("AveragePool")
+def average_pool(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """The path of `kernels.nn.average_pool` that torch's pools take (symmetric pads, no
+    dilation), through aten's `out=` twins of `F.avg_pool2d` / `avg_pool3d`."""
+    x = args[0]
+    geo = window(attrs(k), x.shape[2:])
+    if geo.nd not in AVG_POOL_OUT or not torch_avg_pool_ok(geo):
+        return False
+    AVG_POOL_OUT[geo.nd](x, list(geo.kernel), list(geo.strides), list(geo.begins),
+                         bool(k.attr("ceil_mode", 0)), bool(k.attr("count_include_pad", 0)),
+                         None, out=outs[0])
     return True
 
 

@@ -10,7 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
-from autotm_py.ir.rules.geometry import conv_transpose_window, pool_output_size, window
+from autotm_py.ir.rules.geometry import (
+    conv_transpose_window,
+    pool_output_size,
+    torch_avg_pool_ok,
+    torch_pool_ok,
+    window,
+)
 from autotm_py.kernels.batch_norm import batch_norm_training
 from autotm_py.kernels.util import (
     attrs,
@@ -146,14 +152,6 @@ MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
-def torch_pool_ok(kernel: Sequence[int], pads: Sequence[int], dilations: Sequence[int] = ()
-                  ) -> bool:
-    """torch pools need symmetric pads of at most half the window."""
-    n = len(kernel)
-    return (list(pads[:n]) == list(pads[n:]) and
-            all(2 * p <= kk for p, kk in zip(pads[:n], kernel, strict=True)))
-
-
 @register("MaxPool")
 def max_pool(k: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
     x = args[0]
@@ -227,7 +225,7 @@ def average_pool(k: Kernel, args: Tensors) -> torch.Tensor:
     x = args[0]
     geo = window(attrs(k), x.shape[2:])
     ceil, include = bool(k.attr("ceil_mode", 0)), bool(k.attr("count_include_pad", 0))
-    if torch_pool_ok(geo.kernel, geo.pads) and set(geo.dilations) <= {1}:
+    if torch_avg_pool_ok(geo):
         return AVG_POOL[geo.nd](x, geo.kernel, geo.strides, list(geo.begins), ceil, include)
     return avg_pool_general(x, geo.kernel, geo.strides, geo.pads, geo.dilations, ceil, include)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotm_py.ir.rules.geometry import window
+from autotm_py.ir.rules.geometry import torch_avg_pool_ok, window
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import Kernel, TensorGraph
@@ -31,6 +31,7 @@ DIRECT_OPS = frozenset({
     "Add", "Sub", "Mul", "Max", "Min", "Div", "Sum", "GradAccumulate", "Relu", "ReluGrad",
     "Gelu", "GeluGrad", "MatMul", "MatMulGradA", "MatMulGradB", "BatchNormalization", "Conv",
     "SGDUpdate", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad", "Linear", "LinearGrad",
+    "Concat", "AveragePool",
 })
 # cuDNN's smallest batch-norm epsilon (CUDNN_BN_MIN_EPSILON): below it torch runs its own kernel.
 CUDNN_BN_MIN_EPSILON = 1e-5
@@ -57,6 +58,12 @@ def writes_in_place(graph: TensorGraph, kernel: Kernel) -> bool:
         x, w = (graph.tensors[t].shape for t in kernel.inputs[:2])
         geo = window(dict(kernel.attrs), x[2:], w[2:])
         return geo.begins == geo.ends
+    if kernel.op_type == "AveragePool":  # aten's 2-d and 3-d pools, symmetric pads
+        x = graph.tensors[kernel.inputs[0]].shape
+        geo = window(dict(kernel.attrs), x[2:])
+        return geo.nd in (2, 3) and torch_avg_pool_ok(geo)
+    if kernel.op_type == "Concat":  # one dtype in and out
+        return len({graph.tensors[t].dtype for t in (*kernel.inputs, *kernel.outputs)}) == 1
     if kernel.op_type in ("SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad"):
         return _plain_cross_entropy(graph, kernel)
     if kernel.op_type in ("MatMulGradA", "MatMulGradB"):

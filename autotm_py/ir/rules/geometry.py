@@ -196,3 +196,17 @@ def resize_plan(x_shape: Sequence[int], attrs: dict[str, Any]) -> tuple[tuple[in
         scales[a] = (float(given_scales[i]) if given_scales is not None
                      else out[a] / x_shape[a])
     return tuple(out), tuple(scales)
+
+
+def torch_pool_ok(kernel: Sequence[int], pads: Sequence[int], dilations: Sequence[int] = ()
+                  ) -> bool:
+    """torch pools need symmetric pads of at most half the window (without torch: the
+    planner asks it too, `memory.scratch.writes_in_place`)."""
+    n = len(kernel)
+    return (list(pads[:n]) == list(pads[n:]) and
+            all(2 * p <= kk for p, kk in zip(pads[:n], kernel, strict=True)))
+
+
+def torch_avg_pool_ok(geo: Window) -> bool:
+    """Whether torch's own average pool computes this window (else a general path does)."""
+    return torch_pool_ok(geo.kernel, geo.pads) and set(geo.dilations) <= {1}
