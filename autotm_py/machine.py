@@ -94,9 +94,13 @@ class MachineModel:
         copied into their slots; an uncapped replay (no budget) uses static inputs, no slots."""
         if not self.arena and self.memory.budget_bytes is None:
             return None
-        tensors = self.graph.tensors
-        return [sum(tensors[t].nbytes for t in allocated_outputs(self.graph, k))
-                for k in self.graph.kernels]
+        return self._allocated_bytes([t.nbytes for t in self.graph.tensors]).tolist()
+
+    def _allocated_bytes(self, sizes: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Per kernel: the `sizes` of its outputs that torch allocates in an arena run
+        (`memory.scratch.allocated_outputs`)."""
+        return np.array([sum(int(sizes[t]) for t in allocated_outputs(self.graph, k))
+                         for k in self.graph.kernels], dtype=np.int64)
 
     @property
     def profile_costs(self) -> KernelCosts:
@@ -186,9 +190,7 @@ class MachineModel:
     def scratch(self) -> np.ndarray:
         """Per kernel: its scratch in an arena run, workspace plus the fast outputs that
         torch allocates (`memory.scratch`; pinned outputs are outside the budget)."""
-        return np.array([int(self.kernel_workspace[k.id]) + sum(
-            int(self.sizes[t]) for t in allocated_outputs(self.graph, k))
-            for k in self.graph.kernels], dtype=np.int64)
+        return self.kernel_workspace + self._allocated_bytes(self.sizes)
 
     @cached_property
     def scratch_reserve(self) -> int:

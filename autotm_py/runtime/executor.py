@@ -447,8 +447,8 @@ class Executor(PlanInterpreter):
 
     def capture(self) -> str | None:
         """Capture one iteration as a CUDA graph (after `warm_up`, with an arena or static
-        inputs); later
-        `replay()`s run it. Returns why it failed (the kernel and the error), None if not."""
+        inputs); later `replay()`s run it. Returns why it failed (the kernel and the error),
+        None if not."""
         assert self.capture_stream is not None, "CUDA graphs need a CUDA device"
         self.prepare()
         graph = GraphReplay(self.run, self._where, self.capture_stream)
