@@ -75,6 +75,24 @@ def test_uncapped_graph_replay_copies_no_output_into_a_slot():
     assert pooled.copied_outputs <= len(graph.carried) < placed.copied_outputs
 
 
+def test_blas_workspaces_of_other_streams_are_released():
+    """A stream that ran a matmul keeps its cuBLAS workspace until `release_blas_workspaces`
+    (an earlier run's, or the eager warm-up's once a graph is captured on another stream, would
+    count against the cap); `prime_blas_workspaces` leaves only the current stream's."""
+    from autotm_py.runtime.device import prime_blas_workspaces, release_blas_workspaces
+    a = torch.ones(64, 64, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.mm(a, a)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    prime_blas_workspaces("cuda")
+    primed = torch.cuda.memory_allocated()
+    release_blas_workspaces("cuda")
+    released = torch.cuda.memory_allocated()
+    assert released < primed < held + (1 << 20), (held, primed, released)
+
+
 def test_conv_writes_into_its_slot_on_cuda():
     graph = _graph("cnn")
     values = {t: v.cuda() for t, v in init_values(graph, seed=4).items()}

@@ -83,3 +83,26 @@ def test_pass_spread_sets_the_two_gpu_effect_beside_the_noise(tmp_path):
     assert lines["plan"].endswith("outside")  # 20% slower on two GPUs, the one-GPU spread is 1%
     assert not lines["lru"].endswith("outside")  # within the one-GPU passes' 1.0-1.3
     assert "Outside the one-GPU range by over 2%: 1 (1:1 sync plan)" in out.stdout
+
+
+def test_oom_summary_sums_pools_stranded_free_bytes_and_who_allocated():
+    summary = _script("capture_memory")
+    frame = {"filename": "/x/autotm_py/kernels/attention.py", "line": 12, "name": "sdpa_bwd"}
+    torch_frame = {"filename": "/site/torch/functional.py", "line": 3, "name": "f"}
+    snapshot = {"segments": [
+        {"total_size": 100, "allocated_size": 60, "segment_pool_id": (0, 0), "stream": 0,
+         "blocks": [{"size": 60, "requested_size": 50, "state": "active_allocated",
+                     "frames": [torch_frame, frame]},
+                    {"size": 40, "state": "inactive"}]},
+        {"total_size": 30, "allocated_size": 20, "segment_pool_id": (1, 2), "stream": 7,
+         "blocks": [{"size": 20, "state": "active_allocated"},
+                    {"size": 10, "state": "inactive"}]}]}
+    out = summary.summarize(snapshot, requested=64)
+    assert (out["reserved"], out["allocated"], out["requested"]) == (130, 80, 64)
+    assert out["pools"]["default"] == {"reserved": 100, "allocated": 60, "segments": 1,
+                                       "largest_segment": 100}
+    assert out["pools"]["private 1,2"]["segments"] == 1
+    assert out["free_in_segments"] == {"bytes": 50, "largest": 40, "blocks": 2}
+    assert out["largest_live"][0]["where"] == "kernels/attention.py:12 sdpa_bwd"
+    assert out["largest_live"][0]["requested"] == 50
+    assert out["live_by_where"] == {"kernels/attention.py:12 sdpa_bwd": 60, "unknown": 20}

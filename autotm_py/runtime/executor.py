@@ -52,6 +52,8 @@ from autotm_py.runtime.device import (
     check_device,
     configure_cuda,
     device_name,
+    prime_blas_workspaces,
+    release_blas_workspaces,
     release_cap,
     set_cap,
     time_region,
@@ -168,6 +170,8 @@ class Executor(PlanInterpreter):
         if arena and plan.arena is None:
             raise ConfigError("the plan has no arena: plan with `autotm optimize --arena`, or "
                               "pack it first (`api.with_arena`)")
+        if self.cuda and arena:
+            prime_blas_workspaces(self.device)
         self.arena = DeviceArena(plan.arena, self.device) if arena and plan.arena else None
         # where fast copies live at fixed addresses: every one (the arena), or only those the
         # iteration starts with (`static_inputs`, for a CUDA graph without an arena), or none
@@ -603,14 +607,23 @@ def _capture(executor: Executor, cap: int | None) -> tuple[str | None, int | Non
     return failed, torch.cuda.max_memory_reserved(executor.device)
 
 
+def _warm_up_to_capture(executor: Executor) -> None:
+    """`Executor.warm_up` (an eager iteration on the capture's stream), after freeing the
+    cuBLAS workspaces of the streams that ran before: from now on only the capture's stream
+    runs kernels (the replays run what it captured), and theirs would sit in the cap unused."""
+    if executor.cuda:
+        release_blas_workspaces(executor.device)
+    executor.warm_up()
+
+
 def _timed_iterations(executor: Executor, iterations: int, warmup: int,
                       graph: bool = False, cap: int | None = None) -> _Timed:
     timed = _Timed(alloc_retries=0 if executor.cuda else None)
     if graph and not warmup:  # kernels set themselves up (cuBLAS, cuDNN) outside a capture
-        executor.warm_up()
+        _warm_up_to_capture(executor)
     for i in range(warmup + iterations):
         if graph and i == warmup - 1:
-            executor.warm_up()  # untimed, on the capture's stream
+            _warm_up_to_capture(executor)  # untimed
             continue
         if graph and i == warmup:
             failed, timed.capture_reserved = _capture(executor, cap)

@@ -25,7 +25,7 @@ Usage (GPU machine, repository root; PuLP is not needed):
   bash experiments/gpu/arena_check.sh OUT_DIR        # this script with the defaults below
   python3 experiments/gpu/arena_check.py OUT_DIR [--models resnet200,bert_base,densenet264]
       [--plans experiments/plans/arena] [--iterations 5] [--warmup 2] [--deadline 420]
-      [--no-native] [--no-profile] [--device cuda]
+      [--no-native] [--no-profile] [--device cuda] [--oom-snapshot]
 Writes OUT_DIR/arena_check.json after every row (rows, and per model this GPU's kernel-time
 sums), OUT_DIR/profiles/ (the in-context profile, for `autotm profile` caches or to ship) and
 OUT_DIR/device_times.json (seconds by kernel id of the all-fast iteration, per model;
@@ -84,6 +84,8 @@ class Check:
 
     def add(self, row: dict) -> None:
         row["elapsed_s"] = round(self.elapsed, 1)
+        if self.args.oom_snapshot:
+            row["stacks_recorded"] = True  # its host times include recording them
         self.rows.append(row)
         print(line(row), flush=True)
         self.save()
@@ -108,9 +110,16 @@ def main() -> None:
     parser.add_argument("--no-profile", action="store_true",
                         help="no in-context profile: predict on the shipped profiles only")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the script")
+    parser.add_argument("--oom-snapshot", action="store_true",
+                        help="record allocation stacks and summarize the allocator's state at "
+                             "every out-of-memory in OUT/oom/ (experiments/gpu/capture_memory.py; "
+                             "slows the host: rows say so)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.oom_snapshot and args.device.startswith("cuda"):
+        import capture_memory
+        capture_memory.attach(out / "oom")
     check = Check(out, args)
     plans = Path(args.plans)
     for model in [m for m in args.models.split(",") if m]:

@@ -1,8 +1,8 @@
 """What a PyTorch user runs today, beside our executor, on the same GPU in the same process.
 
 For each model (same shapes, fp32, SGD, one training iteration):
-- native eager: torchvision ResNet-200 / DenseNet-264, HF BertForMaskedLM / GPT2LMHeadModel
-  (SDPA attention), built from config with random weights;
+- native eager: torchvision ResNet-200 / DenseNet-264 / VGG19, HF BertForMaskedLM /
+  GPT2LMHeadModel (SDPA attention), built from config with random weights;
 - native activation checkpointing under a cap of budget + 64 MiB (expandable segments), at the
   fewest segments that fit: `checkpoint_sequential` over the CNN's blocks, HF
   `gradient_checkpointing_enable()` for the transformers;
@@ -48,10 +48,12 @@ from autotm_py.runtime.device import apply_cap, configure_cuda, release_cap  # n
 
 # model -> (batch, dims) as in experiments/gpu/configs.sh; --small shrinks them
 SHAPES = {"resnet200": (32, {}), "densenet264": (32, {}), "inception_v4": (64, {}),
+          "vgg19": (64, {}),
           "bert_base": (16, {"seq": 512}), "gpt2_small": (8, {"seq": 1024})}
-SMALL = {"resnet200": (2, {}), "densenet264": (2, {}), "inception_v4": (2, {}),
+SMALL = {"resnet200": (2, {}), "densenet264": (2, {}), "inception_v4": (2, {}), "vgg19": (2, {}),
          "bert_base": (2, {"seq": 64}), "gpt2_small": (2, {"seq": 64})}
 SEGMENTS = (2, 3, 4, 6, 8, 12, 16, 24, 33, 48)
+CNNS = ("resnet200", "densenet264", "vgg19")  # torchvision models, checkpoint_sequential
 SLACK = 64 << 20
 DEV = "cuda:0"
 
@@ -59,12 +61,14 @@ DEV = "cuda:0"
 # ---- native models -------------------------------------------------------------------------
 def native_model(name: str, batch: int, dims: dict[str, int]):
     """(module, make_batch, loss_of(module, batch)) for a native PyTorch user's model."""
-    if name in ("resnet200", "densenet264"):
+    if name in CNNS:
         import torchvision
 
         if name == "resnet200":
             from torchvision.models.resnet import Bottleneck
             net = torchvision.models.ResNet(Bottleneck, [3, 24, 36, 3])
+        elif name == "vgg19":
+            net = torchvision.models.vgg19()
         else:
             net = torchvision.models.DenseNet(growth_rate=32, block_config=(6, 12, 64, 48),
                                               num_init_features=64)
@@ -103,10 +107,9 @@ def cnn_sequential(net) -> torch.nn.Sequential:
         for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
             blocks += list(layer)
         return torch.nn.Sequential(*blocks, net.avgpool, torch.nn.Flatten(), net.fc)
-    feats = list(net.features)
-    blocks = []
-    for f in feats:  # each dense block's layers become their own checkpointable pieces
-        blocks.append(f)
+    blocks = list(net.features)  # VGG's layers, DenseNet's blocks: checkpointable pieces
+    if isinstance(net.classifier, torch.nn.Sequential):  # VGG
+        return torch.nn.Sequential(*blocks, net.avgpool, torch.nn.Flatten(), *net.classifier)
     return torch.nn.Sequential(*blocks, torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
                                torch.nn.Flatten(), net.classifier)
 
@@ -142,7 +145,7 @@ def timed(step: Callable[[], None], iterations: int, warmup: int = 2) -> tuple[f
 def native_step(name, net, make, loss, segments: int | None):
     opt = torch.optim.SGD(net.parameters(), lr=0.01, foreach=True)
     batch = make()
-    seq = cnn_sequential(net) if segments and name in ("resnet200", "densenet264") else None
+    seq = cnn_sequential(net) if segments and name in CNNS else None
     if segments and seq is None:
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
@@ -164,7 +167,7 @@ def segment_counts(name: str, budget: int | None) -> tuple[int | None, ...]:
     has one checkpointed form (HF checkpoints every layer)."""
     if budget is None:
         return (None,)
-    if name in ("resnet200", "densenet264"):
+    if name in CNNS:
         blocks = len(cnn_sequential(native_model(name, 1, {})[0]))
         return tuple(s for s in SEGMENTS if s <= blocks)
     return (1,)
@@ -185,8 +188,10 @@ def measure_native(name, batch, dims, iterations, budget=None):
         torch.cuda.empty_cache()
         cap = apply_cap(budget, DEV, budget is not None, SLACK)
         try:
-            t, peak = timed(native_step(name, net, make, loss, segments), iterations)
-            row = {"median_s": t, "peak_bytes": peak, "segments": segments, "cap": cap}
+            measured = measure_step(native_step(name, net, make, loss, segments), iterations)
+            row = {"median_s": measured["median_s"], "peak_bytes": measured["peak_bytes"],
+                   "reserved_peak_bytes": measured["reserved_peak_bytes"],
+                   "segments": segments, "cap": cap}
             if missed:
                 row["out_of_memory_at"] = missed
             return row

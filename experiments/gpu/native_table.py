@@ -27,7 +27,7 @@ def iteration_table(rows: list[dict]) -> list[str]:
     for r in rows:
         n, o = r["native_eager"], r["ours"]
         out.append(f"| {r['model']} b{r['batch']}{_dims(r)} | {ms(n.get('median_s'))} "
-                   f"({mib(n.get('peak_bytes'))}) | {ms(o['executor_all_fast_s'])} "
+                   f"({_native_memory(n)}) | {ms(o['executor_all_fast_s'])} "
                    f"({mib(o['executor_peak_bytes'])}) | {ms(o['executor_host_s'])} | "
                    f"{_ratio(o['executor_all_fast_s'], n.get('median_s'))} | "
                    f"{ms(o.get('graph_s'))} ({_graph_memory(o)}) | "
@@ -42,6 +42,14 @@ def _graph_memory(ours: dict) -> str:
     while it replays where it was recorded (results from before: the allocated peak)."""
     reserved = ours.get("graph_reserved_bytes")
     return f"{mib(reserved)} reserved" if reserved else f"{mib(ours.get('graph_peak_bytes'))} alloc"
+
+
+def _native_memory(native: dict) -> str:
+    """Allocated peak, and reserved where recorded (results from before: allocated only), to
+    set beside the replay's reserved memory."""
+    reserved = native.get("reserved_peak_bytes")
+    allocated = mib(native.get("peak_bytes"))
+    return f"{allocated}, {mib(reserved)} reserved" if reserved else allocated
 
 
 def _ratio(ours: float | None, native: float | None) -> str:
