@@ -22,7 +22,8 @@ object, so that a plan's predicted time is the same number whoever computes it:
 `graph_replay` (GPU mode): the iteration is replayed as a CUDA graph (`autotm run --graph`),
 so the host enqueues it at once and no kernel waits for its dispatch: every kernel costs its
 device time (`KernelCosts.replayed`), for the ILP's objective and both clocks of the simulator
-alike.
+alike, and every copy costs `costs.REPLAY_COPY_SLOWDOWN` times its eager time (`copying`: copies
+in a replayed graph measured slower on the H100).
 
 `arena` (GPU mode): the plan runs in an arena (`autotm_py.arena`): its tensors at planned
 offsets, and what kernels allocate themselves (workspace, outputs they cannot write in place:
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autotm_py.costs import REPLAY_COPY_SLOWDOWN
 from autotm_py.errors import ConfigError
 from autotm_py.memory import accounting
 from autotm_py.memory.scratch import allocated_outputs
@@ -275,15 +277,24 @@ class MachineModel:
     def fast_time(self, kid: int) -> float:
         return self.costs.times_s[kid]
 
+    @cached_property
+    def copying(self) -> MemorySystem:
+        """The memory system that prices copies: `memory`, with every copy
+        `costs.REPLAY_COPY_SLOWDOWN` times longer where the plan is priced for CUDA-graph
+        replay (`memory` itself, with the link as measured, is what the plan records)."""
+        if self.graph_replay and self.gpu:
+            return self.memory.with_copies_slower(REPLAY_COPY_SLOWDOWN)
+        return self.memory
+
     def copy_time(self, tid: int, to_tier: str, mode: str) -> float:
-        return self.memory.copy_time(int(self.graph.tensor_bytes[tid]), to_tier, mode)
+        return self.copying.copy_time(int(self.graph.tensor_bytes[tid]), to_tier, mode)
 
     def step_time(self, kernel_s: float, copies: Iterable[tuple[int, str]]) -> float:
         """Length of a step: a kernel of `kernel_s` with overlapped copies (tensor, to_tier)."""
         sums: dict[str, float] = {}
         for tid, to_tier in copies:
-            for term, value in self.memory.async_terms(int(self.graph.tensor_bytes[tid]),
-                                                       to_tier):
+            for term, value in self.copying.async_terms(int(self.graph.tensor_bytes[tid]),
+                                                        to_tier):
                 sums[term] = sums.get(term, 0.0) + value
         return max([kernel_s, *sums.values()])
 

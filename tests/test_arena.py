@@ -17,9 +17,9 @@ from autotm_py.costs import REPLAY_GAP_S, SLOT_COPY_BYTES_PER_S, KernelCosts
 from autotm_py.errors import PlanError
 from autotm_py.machine import MachineModel
 from autotm_py.memory.scratch import allocated_outputs
-from autotm_py.memory.tiers import preset
+from autotm_py.memory.tiers import FAST, SLOW, preset
 from autotm_py.pipeline import machine_for, optimize, run_baselines, simulate, with_arena
-from autotm_py.plan import INITIAL, SCRATCH, ArenaBuffer, Compute, Plan
+from autotm_py.plan import INITIAL, SCRATCH, ArenaBuffer, Compute, Move, Plan
 from autotm_py.planning.solve import min_feasible_budget
 from autotm_py.runtime.simulate import Simulator
 from tests.graphs import costs_for, random_training, small_training
@@ -226,6 +226,35 @@ def test_graph_replay_prices_device_times():
     assert sim.total_s == pytest.approx(in_arena)
     assert simulate(graph, result.plan.with_header(graph=False), costs=costs).total_s == \
         pytest.approx(2e-3 * n)
+
+
+def test_graph_replay_prices_copies_slower_and_records_the_measured_link(monkeypatch):
+    """A plan priced for replay charges each copy REPLAY_COPY_SLOWDOWN times its eager time
+    (in the ILP's objective and the simulator alike), while its header keeps the link as
+    measured, so a re-simulation applies the factor once."""
+    from autotm_py.costs import REPLAY_COPY_SLOWDOWN
+    graph = small_training()
+    n = len(graph.kernels)
+    costs = replace(KernelCosts.from_times("cuda", [1e-6] * n), device_s=(1e-6,) * n)
+    budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
+    memory = preset("h100-pcie5").with_budget(budget)
+    eager = MachineModel(graph, memory, costs)
+    replayed = MachineModel(graph, memory, costs, graph_replay=True)
+    tid = max(range(len(graph.tensors)), key=lambda t: graph.tensors[t].nbytes)
+    for mode in ("sync", "async"):
+        moved = replayed.copy_time(tid, FAST, mode) - memory.link.latency_s
+        assert moved == pytest.approx(REPLAY_COPY_SLOWDOWN
+                                      * (eager.copy_time(tid, FAST, mode) - memory.link.latency_s))
+    assert replayed.step_time(0.0, [(tid, SLOW)]) > eager.step_time(0.0, [(tid, SLOW)])
+    config = PlanConfig(device="cuda", graph=True, fast_mem_bytes=budget, reserve_bytes=0,
+                        strategy="sync")
+    result = optimize(graph, config, costs=costs)
+    plan = result.plan
+    assert plan.header.memory_system["link"] == memory.to_dict()["link"]
+    assert plan.records and any(isinstance(r, Move) for r in plan.records), "no copies to price"
+    replay = simulate(graph, plan, costs=costs).total_s
+    monkeypatch.setattr("autotm_py.machine.REPLAY_COPY_SLOWDOWN", 1.0)
+    assert simulate(graph, plan, costs=costs).total_s < replay  # copy-bound: 1 us kernels
 
 
 def test_scratch_buffers_belong_to_computes():

@@ -106,3 +106,21 @@ def test_oom_summary_sums_pools_stranded_free_bytes_and_who_allocated():
     assert out["largest_live"][0]["where"] == "kernels/attention.py:12 sdpa_bwd"
     assert out["largest_live"][0]["requested"] == 50
     assert out["live_by_where"] == {"kernels/attention.py:12 sdpa_bwd": 60, "unknown": 20}
+
+
+def test_replay_profile_sums_streams_idle_time_and_copies():
+    profile = _script("replay_profile")
+    assert profile.union([(0, 10), (5, 15), (20, 25)]) == 20
+    events = [{"name": "gemm", "start": 0, "dur": 10_000, "stream": 7},
+              {"name": "gemm", "start": 20_000, "dur": 10_000, "stream": 7},
+              {"name": "Memcpy HtoD (Pinned -> Device)", "start": 5_000, "dur": 20_000,
+               "stream": 9}]
+    out = profile.summarize(events)
+    assert out["compute_stream"] == 7 and out["span_ms"] == 0.03
+    assert out["compute_idle_ms"] == 0.01 and out["busy_ms"]["9"] == 0.02
+    assert out["by_kind"]["h2d"]["count"] == 1 and out["by_kind"]["kernel"]["total_ms"] == 0.02
+    assert out["copies_ms"] == {"h2d": 0.02, "d2h": 0.0, "both_directions": 0.0,
+                                "any_direction": 0.02, "copies_beside_kernels": 0.01}
+    slower = {"by_name_ms": {"gemm": 0.03, "Memcpy HtoD (Pinned -> Device)": 0.02}}
+    assert profile.differences(out, slower, 1) == [
+        {"name": "gemm", "eager_ms": 0.02, "replay_ms": 0.03}]

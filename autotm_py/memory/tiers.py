@@ -73,6 +73,15 @@ class MemorySystem:
     # get budget - reserve and the process as a whole stays within the budget.
     runtime_reserve_bytes: int = 0
 
+    def with_copies_slower(self, factor: float) -> MemorySystem:
+        """The same system with every copy bandwidth of its link divided by `factor`."""
+        link = self.link
+        both = None if link.both_directions_bw is None else link.both_directions_bw / factor
+        return replace(self, link=replace(
+            link, read_bw=link.read_bw / factor, write_bw=link.write_bw / factor,
+            async_read_bw=link.async_read_bw / factor, async_write_bw=link.async_write_bw / factor,
+            both_directions_bw=both))
+
     def with_budget(self, budget_bytes: int | None) -> MemorySystem:
         return replace(self, budget_bytes=None if budget_bytes is None else int(budget_bytes))
 

@@ -35,7 +35,7 @@ def transfer_bound(machine: MachineModel) -> float:
     # so only transient bytes beyond what fits beside k's workspace are certain to move.
     transient = _transient_bytes(machine)
     excess = np.maximum(transient + machine.workspace - budget, 0).astype(np.float64)
-    link = machine.memory.link
+    link = machine.copying.link
     write_bw = max(link.write_bw, link.async_write_bw)
     read_bw = max(link.read_bw, link.async_read_bw)
     before = np.cumsum(times)

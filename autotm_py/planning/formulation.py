@@ -333,11 +333,11 @@ def add_moves(f: Formulation) -> None:
             mode = SYNC if e.kind == SYNC_READ else \
                 (p.gadgets.read if e.kind == READ else p.gadgets.write)[e.layer]
             if mode == SYNC:
-                _add(f.objective, v, machine.memory.copy_time(nbytes, to, "sync") * MS)
+                _add(f.objective, v, machine.copying.copy_time(nbytes, to, "sync") * MS)
             elif mode == ASYNC:
                 kid = p.gadgets.kernels[e.layer]
                 terms = f.async_terms.setdefault(kid, {})
-                for name, seconds in machine.memory.async_terms(nbytes, to):
+                for name, seconds in machine.copying.async_terms(nbytes, to):
                     _add(terms.setdefault(name, {}), v, seconds)
 
 

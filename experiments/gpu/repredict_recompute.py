@@ -1,9 +1,12 @@
-"""Predict the measured rows of a recompute_check document again, on today's profiles and
-pricing, and print each beside its measurement with the median |predicted - measured| /
-measured. Runs on the CPU from committed files (plans in experiments/plans/recompute):
+"""Predict the measured rows of a recompute_check or arena_check document again, on today's
+profiles and pricing, and print each beside its measurement with the median |predicted -
+measured| / measured. Runs on the CPU from committed files (plans in experiments/plans/recompute,
+or experiments/plans/arena for an arena_check document; a replayed run is predicted replayed):
 
     python experiments/gpu/repredict_recompute.py \
         experiments/results/recompute/recompute_check_h100_2026-11-26_arena_graph.json
+    python experiments/gpu/repredict_recompute.py \
+        experiments/results/arena/arena_check_h100_2026-11-27_resnet_gpt2.json
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from autotm_py import api  # noqa: E402
 from autotm_py.plan import Plan  # noqa: E402
 
 PLANS = ROOT / "experiments" / "plans" / "recompute"
+ARENA_PLANS = ROOT / "experiments" / "plans" / "arena"
 
 
 def measured_runs(doc: dict):
@@ -33,12 +37,50 @@ def measured_runs(doc: dict):
                     yield row, share, strategy, result
 
 
+def arena_runs(doc: dict, plans: Path):
+    """(label, plan, replayed, measured seconds, predicted then) of every measured run of a
+    committed plan in an arena_check document."""
+    for row in doc["rows"]:
+        path = plans / str(row.get("plan"))
+        if row.get("median_s") and path.is_file():
+            label = f"{row['model']} {row['ratio']} {row['priced']}-priced, {row['run']}"
+            yield label, Plan.load(path), bool(row.get("replayed")), row["median_s"], \
+                row.get("predicted_shipped_s")
+
+
+def repredict_arena(doc: dict, plans: Path) -> None:
+    graphs: dict[str, tuple] = {}
+    errors: dict[bool, list[float]] = {False: [], True: []}
+    print(f"{'run':<52}{'measured':>9}{'then':>9}{'now':>9}{'now/meas':>9}")
+    for label, plan, replayed, measured, then in arena_runs(doc, plans):
+        options = plan.header.model
+        name = plan.header.model_name.split("/")[0]
+        if name not in graphs:
+            graph = api.load_model(name, batch=options.batch, dims=dict(options.dims) or None,
+                                   training=options.training, fuse=options.fuse)
+            graphs[name] = graph, api.load_costs(graph, device="cuda")
+        graph, costs = graphs[name]
+        now = api.simulate(graph, plan.with_header(graph=replayed), costs=costs,
+                           strict=False).total_s
+        errors[replayed].append(abs(now - measured) / measured)
+        print(f"{label:<52}{1e3 * measured:9.1f}{1e3 * (then or 0):9.1f}{1e3 * now:9.1f}"
+              f"{now / measured:9.3f}")
+    for replayed, errs in errors.items():
+        if errs:
+            print(f"{'replayed' if replayed else 'eager'}: median |now - measured| / measured "
+                  f"over {len(errs)} runs: {100 * statistics.median(errs):.1f}%")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("document", type=Path)
-    parser.add_argument("--plans", type=Path, default=PLANS)
+    parser.add_argument("--plans", type=Path, default=None)
     args = parser.parse_args()
     doc = json.loads(args.document.read_text())
+    if doc.get("rows") and "run" in doc["rows"][0]:  # an arena_check document
+        repredict_arena(doc, args.plans or ARENA_PLANS)
+        return
+    args.plans = args.plans or PLANS
     graphs: dict[str, tuple] = {}
     errors = []
     print(f"{'model':<14}{'share':>6} {'strategy':<18}{'measured':>9}{'at solve':>9}{'now':>9}"
