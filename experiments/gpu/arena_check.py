@@ -61,7 +61,7 @@ NAME = re.compile(r"^(?P<model>.+)_(?P<ratio>\d+-\d+)_arena(?P<graph>_graph)?\.j
 # model -> (batch, dims) of experiments/gpu/configs.sh, for models without plans
 SHAPES = {"resnet200": (32, {}), "densenet264": (32, {}), "bert_base": (16, {"seq": 512}),
           "gpt2_small": (8, {"seq": 1024}), "resnet50": (32, {})}
-NATIVE = ("resnet200", "densenet264", "bert_base", "gpt2_small")  # native_compare.py's models
+NATIVE = ("resnet200", "densenet264", "bert_base", "gpt2_small", "resnet50")  # native_compare's
 DEFAULT_MODELS = "resnet200,bert_base,densenet264"
 
 

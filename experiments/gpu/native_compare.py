@@ -1,7 +1,7 @@
 """What a PyTorch user runs today, beside our executor, on the same GPU in the same process.
 
 For each model (same shapes, fp32, SGD, one training iteration):
-- native eager: torchvision ResNet-200 / DenseNet-264 / VGG19, HF BertForMaskedLM /
+- native eager: torchvision ResNet-200 / DenseNet-264 / VGG19 / ResNet-50, HF BertForMaskedLM /
   GPT2LMHeadModel (SDPA attention), built from config with random weights;
 - native activation checkpointing under a cap of budget + 64 MiB (expandable segments), at the
   fewest segments that fit: `checkpoint_sequential` over the CNN's blocks, HF
@@ -48,12 +48,14 @@ from autotm_py.runtime.device import apply_cap, configure_cuda, release_cap  # n
 
 # model -> (batch, dims) as in experiments/gpu/configs.sh; --small shrinks them
 SHAPES = {"resnet200": (32, {}), "densenet264": (32, {}), "inception_v4": (64, {}),
-          "vgg19": (64, {}),
+          "vgg19": (64, {}), "resnet50": (32, {}),
           "bert_base": (16, {"seq": 512}), "gpt2_small": (8, {"seq": 1024})}
 SMALL = {"resnet200": (2, {}), "densenet264": (2, {}), "inception_v4": (2, {}), "vgg19": (2, {}),
+         "resnet50": (2, {}),
          "bert_base": (2, {"seq": 64}), "gpt2_small": (2, {"seq": 64})}
 SEGMENTS = (2, 3, 4, 6, 8, 12, 16, 24, 33, 48)
-CNNS = ("resnet200", "densenet264", "vgg19")  # torchvision models, checkpoint_sequential
+# torchvision models: native checkpointing with checkpoint_sequential
+CNNS = ("resnet200", "densenet264", "vgg19", "resnet50")
 SLACK = 64 << 20
 DEV = "cuda:0"
 
@@ -69,6 +71,8 @@ def native_model(name: str, batch: int, dims: dict[str, int]):
             net = torchvision.models.ResNet(Bottleneck, [3, 24, 36, 3])
         elif name == "vgg19":
             net = torchvision.models.vgg19()
+        elif name == "resnet50":
+            net = torchvision.models.resnet50()
         else:
             net = torchvision.models.DenseNet(growth_rate=32, block_config=(6, 12, 64, 48),
                                               num_init_features=64)
