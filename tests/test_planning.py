@@ -350,3 +350,29 @@ def test_version_1_plans_are_read_with_typed_fields_from_their_config():
     assert header.device == doc["header"]["config"]["device"]
     assert header.headroom == (doc["header"]["config"].get("headroom") or 0.0)
     assert header.pin_weights == doc["header"]["config"].get("pin_weights", False)
+
+
+def test_a_re_run_decision_needs_a_regeneration():
+    """z_{p,u} <= sum of the regenerations it stands for (family 8): a multi-output producer's
+    re-run decision at 1 with none of its outputs regenerated was feasible, and a solve stopped
+    within its MIP gap returned one (CI's slow profile: a recompute-only CNN plan whose
+    objective charged a re-run of 0.117 ms that the decoded plan does not contain)."""
+    from autotm_py.pipeline import machine_for
+    from autotm_py.planning import solve as solve_module
+    from tests.large_graphs import problem
+
+    graph, costs = problem("cnn", 10729, 306, "cuda")
+    cfg = PlanConfig.for_plan_name("recompute-only", device="cuda", memory="h100-pcie5",
+                                   fast_mem_bytes=158748, solver="highs", gap=0.01,
+                                   async_window=8, pin_weights=True)
+    machine = machine_for(graph, cfg, costs)
+    small, spec = solve_module._small_and_recompute(machine, cfg)
+    f = formulation.build(machine, "sync", 8, None, small, recompute=spec, moves=False)
+    shared = [(z, kept) for z, kept in f.regen.values() if z is not None]
+    assert shared, "no multi-output re-run decision to check"
+    rows = [dict(c.items()) for c in f.prob.constraints() if c.sense == -1]
+    for z, kept in shared:
+        assert {z: 1.0, **{v: -1.0 for v in kept.values()}} in rows, z.name
+    result = optimize(graph, cfg, costs=costs)
+    sim = simulate(graph, result.plan, costs=costs)
+    assert sim.total_s == pytest.approx(result.objective_s, rel=1e-6)

@@ -365,10 +365,11 @@ def add_epigraph(f: Formulation) -> None:
 def add_regeneration(f: Formulation) -> None:
     """Per (producer p, kernel u) where some output of p may be regenerated: z_{p,u} in {0,1}
     (p re-run before u; the REGEN edge itself when one output may be kept there), with
-    x(REGEN of o at u) <= z for each such output o; D(i, u) >= z for every input i of p (held
-    in fast memory for the re-run: kept, read back or regenerated first); t_p z in the
-    objective; and the re-run's memory (3b): U_u + ws_p z + sum_o size_o (z - x(REGEN of o at
-    u)) <= budget over all outputs o of p (those not kept are made and dropped at once)."""
+    x(REGEN of o at u) <= z for each such output o and z <= their sum; D(i, u) >= z for every
+    input i of p (held in fast memory for the re-run: kept, read back or regenerated first);
+    t_p z in the objective; and the re-run's memory (3b): U_u + ws_p z + sum_o size_o (z -
+    x(REGEN of o at u)) <= budget over all outputs o of p (those not kept are made and dropped
+    at once)."""
     if f.recompute is None:
         return
     machine = f.machine
@@ -386,6 +387,11 @@ def add_regeneration(f: Formulation) -> None:
         zexpr: Expr = {z: 1.0} if z is not None else {next(iter(kept.values())): 1.0}
         for v in kept.values() if z is not None else ():
             f.row({v: 1.0, z: -1.0}, pulp.LpConstraintLE, 0)
+        if z is not None:
+            # and z <= sum of them: no re-run that regenerates nothing. Without it a solve
+            # stopped within its MIP gap could keep a z at 1 for nothing; the plan (decoded from
+            # the regenerations) would then not contain the re-run that the objective charges.
+            f.row({z: 1.0, **{v: -1.0 for v in kept.values()}}, pulp.LpConstraintLE, 0)
         f.regen[(pid, u)] = (z, kept)
         _regeneration_inputs(f, pid, u, zexpr)
         _regeneration_memory(f, pid, u, zexpr, kept)
