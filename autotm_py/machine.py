@@ -82,13 +82,18 @@ class MachineModel:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_profile_costs", self.costs)
-        if self.graph_replay and self.gpu:
+        if self.replays:
             object.__setattr__(self, "costs", self.costs.replayed(self._slot_copy_bytes()))
         n = len(self.graph.kernels)
         if len(self.costs.times_s) != n:
             raise ConfigError(f"kernel costs cover {len(self.costs.times_s)} kernels but graph "
                               f"{self.graph.name!r} has {n}; profile this graph (same --batch, "
                               "--dim and --training)")
+
+    @property
+    def replays(self) -> bool:
+        """Priced for CUDA-graph replay: `graph_replay` in GPU mode (the host has no graphs)."""
+        return self.graph_replay and self.gpu
 
     def _slot_copy_bytes(self) -> list[int] | None:
         """Per kernel, the bytes a replay copies into arena slots: a run under a budget is
@@ -282,7 +287,7 @@ class MachineModel:
         """The memory system that prices copies: `memory`, with every copy
         `costs.REPLAY_COPY_SLOWDOWN` times longer where the plan is priced for CUDA-graph
         replay (`memory` itself, with the link as measured, is what the plan records)."""
-        if self.graph_replay and self.gpu:
+        if self.replays:
             return self.memory.with_copies_slower(REPLAY_COPY_SLOWDOWN)
         return self.memory
 

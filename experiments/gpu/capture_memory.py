@@ -36,8 +36,6 @@ sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
 
 MIB = 2**20
 OURS = "autotm_py"
-SHAPES = {"resnet200": (32, {}), "densenet264": (32, {}), "inception_v4": (64, {}),
-          "bert_base": (16, {"seq": 512}), "gpt2_small": (8, {"seq": 1024})}
 
 
 def summarize(snapshot: dict[str, Any], requested: int | None = None,
@@ -90,21 +88,21 @@ def _pool_name(segment: dict[str, Any]) -> str:
     return "default" if pool == (0, 0) else f"private {pool[0]},{pool[1]}"
 
 
-_SEEN: list[dict] = []  # every summary written so far (one observer per process)
+_SEEN: list[dict] | None = None  # the summaries written so far, once an observer is attached
 
 
 def attach(out_dir: Path, top: int = 20) -> list[dict]:
     """Record allocation stacks and write a summary at every out-of-memory (GPU only); the
     summaries are also appended to the list returned. Attaching again only turns the stacks
-    back on."""
+    back on (one observer per process)."""
     import torch
 
+    global _SEEN
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
-    seen = _SEEN
-    if getattr(attach, "attached", False):
-        return seen
-    attach.attached = True  # type: ignore[attr-defined]
+    if _SEEN is not None:
+        return _SEEN
+    seen = _SEEN = []
 
     def observer(device: int, requested: int, device_allocated: int, device_free: int) -> None:
         summary = summarize(torch.cuda.memory._snapshot(), requested, top)
@@ -173,6 +171,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     if args.model:
+        from native_compare import SHAPES  # the benchmark's shapes
+
         from autotm_py import api
         from autotm_py.pipeline import all_fast_plan
         batch, dims = SHAPES[args.model]

@@ -52,14 +52,13 @@ def repredict_arena(doc: dict, plans: Path) -> None:
     graphs: dict[str, tuple] = {}
     errors: dict[bool, list[float]] = {False: [], True: []}
     print(f"{'run':<52}{'measured':>9}{'then':>9}{'now':>9}{'now/meas':>9}")
+    from recompute_check import graph_of  # the plan's graph, from its header
+
     for label, plan, replayed, measured, then in arena_runs(doc, plans):
-        options = plan.header.model
-        name = plan.header.model_name.split("/")[0]
-        if name not in graphs:
-            graph = api.load_model(name, batch=options.batch, dims=dict(options.dims) or None,
-                                   training=options.training, fuse=options.fuse)
-            graphs[name] = graph, api.load_costs(graph, device="cuda")
-        graph, costs = graphs[name]
+        if plan.header.model_name not in graphs:
+            graph = graph_of(plan)
+            graphs[plan.header.model_name] = graph, api.load_costs(graph, device="cuda")
+        graph, costs = graphs[plan.header.model_name]
         now = api.simulate(graph, plan.with_header(graph=replayed), costs=costs,
                            strict=False).total_s
         errors[replayed].append(abs(now - measured) / measured)
