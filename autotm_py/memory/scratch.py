@@ -35,8 +35,17 @@ DIRECT_OPS = frozenset({
 })
 # cuDNN's smallest batch-norm epsilon (CUDNN_BN_MIN_EPSILON): below it torch runs its own kernel.
 CUDNN_BN_MIN_EPSILON = 1e-5
-# Elementwise ops whose torch kernels may write their output over an input (each element read
-# before it is written): an output taking its input's slot in place is written directly.
+# Elementwise ops whose torch kernels (`kernels.into`) may write their output over the inputs
+# at these positions, each element read before it is written (Sum: the first two only, which
+# its first add reads). Without an arena the executor writes an output over an input that dies
+# at its kernel (`runtime.reuse`).
+OVERWRITES: dict[str, tuple[int, ...]] = {
+    "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1), "Max": (0, 1), "Min": (0, 1),
+    "Sum": (0, 1), "GradAccumulate": (0, 1), "Relu": (0,), "ReluGrad": (0, 1), "Gelu": (0,),
+    "GeluGrad": (0, 1), "SGDUpdate": (0, 1),
+}
+# Of those, the ones whose output the arena packing lets take its input's slot (the update of a
+# carried weight, W -> W'): written directly there.
 IN_PLACE_OPS = frozenset({"SGDUpdate"})
 # Ops whose torch kernels return a view of an input: the executor copies the view into the
 # output's slot and nothing is allocated.

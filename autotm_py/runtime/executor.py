@@ -42,7 +42,7 @@ from autotm_py.errors import ConfigError, ExecutionError
 from autotm_py.interpreter import PlanInterpreter
 from autotm_py.ir.graph import Role
 from autotm_py.kernels import run_kernel, run_kernel_into, run_kernel_raw
-from autotm_py.memory.scratch import IN_PLACE_OPS
+from autotm_py.memory.scratch import OVERWRITES
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import INITIAL, Compute, Free, Move, Plan, Recompute
 from autotm_py.runtime.arena import DeviceArena, GraphReplay, StaticInputs, overlaps
@@ -59,6 +59,7 @@ from autotm_py.runtime.device import (
     time_region,
 )
 from autotm_py.runtime.pinned import PinnedPool, slow_tier_layout
+from autotm_py.runtime.reuse import overwritable_inputs
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -145,6 +146,9 @@ class _State:
     attached: dict[int, list[Any]] = field(default_factory=dict)  # kernel -> its async copies
     streams: set[str] = field(default_factory=set)  # copy streams this iteration used
     copied: int = 0  # outputs copied into their arena slots
+    # fast tensors whose storage another tensor shares (views, Identity): never written over
+    shared: set[int] = field(default_factory=set)
+    overwritten: int = 0  # outputs written over an input that died at their kernel
 
 
 class Executor(PlanInterpreter):
@@ -173,6 +177,8 @@ class Executor(PlanInterpreter):
         if self.cuda and arena:
             prime_blas_workspaces(self.device)
         self.arena = DeviceArena(plan.arena, self.device) if arena and plan.arena else None
+        # without an arena, outputs written over inputs that die at their kernel (`reuse`)
+        self._overwritable = {} if self.arena is not None else overwritable_inputs(graph, plan)
         # where fast copies live at fixed addresses: every one (the arena), or only those the
         # iteration starts with (`static_inputs`, for a CUDA graph without an arena), or none
         self.slots: DeviceArena | StaticInputs | None = self.arena or (
@@ -275,14 +281,16 @@ class Executor(PlanInterpreter):
                  for j, tid in enumerate(kernel.outputs)]
         if self.kernel_ranges:
             with torch.profiler.record_function(f"{KERNEL_RANGE}{record.kernel}"):
-                outputs = self._run(kernel, args, slots)
+                outputs = self._launch(kernel, args, slots)
         else:
-            outputs = self._run(kernel, args, slots)
+            outputs = self._launch(kernel, args, slots)
         for event in self.state.attached.pop(record.kernel, ()):
             # AutoTM's join: the copies overlapped with this kernel finish with it, as the
             # planner and the simulator assume (a step lasts max(kernel, its copies)).
             torch.cuda.current_stream(self.device).wait_event(event)
         self._store_outputs(kernel, record.placement[n_in:], outputs, slots)
+        if self._overwritable:
+            self._note_shared(kernel, args, outputs)
         if self.kernel_times and self.cuda:
             # One event after each kernel: a kernel's time is the interval since the previous
             # event, i.e. what it adds to the iteration (dispatch gaps included), so the
@@ -306,6 +314,42 @@ class Executor(PlanInterpreter):
                                      "to the slow tier; on a GPU every output is in fast memory")
             self._store(tier)[tid] = value
 
+    def _launch(self, kernel: Any, args: list[torch.Tensor],
+                slots: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        position = self._overwritable.get(self.index)
+        if position is None:
+            return self._run(kernel, args, slots)
+        return self._run_over_input(kernel, args, position)
+
+    def _run_over_input(self, kernel: Any, args: list[torch.Tensor],
+                        position: int) -> list[torch.Tensor]:
+        """Run a kernel writing its output over its input at `position`, which dies here
+        (`runtime.reuse`), if that input owns its storage (no view or alias of it is live);
+        else as usual, into a tensor torch allocates."""
+        arg, tid = args[position], kernel.inputs[position]
+        # every alias of a fast tensor comes from a kernel returning a view of (or the same
+        # tensor as) its input, which `_note_shared` records: the other inputs are apart
+        if tid in self.state.shared or arg._base is not None or not arg.is_contiguous():
+            return run_kernel(kernel, args)
+        self._wait_for_copy_out(tid)
+        if not run_kernel_into(kernel, args, [arg]):
+            return run_kernel(kernel, args)
+        self.state.overwritten += 1
+        return [arg]
+
+    def _note_shared(self, kernel: Any, args: list[torch.Tensor],
+                     outputs: list[torch.Tensor]) -> None:
+        """Remember the tensors whose storage an output shares (a view of an input, or the
+        input itself): none of them is ever written over."""
+        for out in outputs:
+            shared = out._base is not None
+            for arg in args:
+                shared = shared or out is arg
+            if shared:
+                self.state.shared.update(kernel.inputs)
+                self.state.shared.update(kernel.outputs)
+                return
+
     def _in_slot(self, value: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """An output in its arena slot: copied there unless the kernel wrote it in place."""
         if value is not slot:
@@ -325,6 +369,8 @@ class Executor(PlanInterpreter):
         slots = [self._fast_slot(tid) if tid in record.outputs else None
                  for tid in kernel.outputs]
         outputs = self._run(kernel, args, slots)
+        if self._overwritable:  # a regenerated view shares its input's storage too
+            self._note_shared(kernel, args, outputs)
         for tid, value, slot in zip(kernel.outputs, outputs, slots, strict=True):
             if tid not in record.outputs:
                 continue
@@ -340,7 +386,8 @@ class Executor(PlanInterpreter):
         outputs, which `compute` copies into their slots."""
         if not any(s is not None for s in slots):
             return run_kernel(kernel, args)
-        direct = all(s is not None and all(self._may_write(kernel, s, a) for a in args)
+        direct = all(s is not None and all(self._may_write(kernel, s, i, a)
+                                           for i, a in enumerate(args))
                      for s in slots)
         if direct:
             where = [(s.data_ptr(), s.shape) for s in slots if s is not None]
@@ -351,20 +398,26 @@ class Executor(PlanInterpreter):
                                      "resized an output in its slot; its direct path is wrong")
         return run_kernel_raw(kernel, args)
 
-    def _may_write(self, kernel: Any, slot: torch.Tensor, arg: torch.Tensor) -> bool:
-        """Whether a kernel may write into `slot` while it reads `arg`: they do not meet, or
-        `arg` is exactly the slot (an output taking its input's slot in place) and the kernel
-        is elementwise (`IN_PLACE_OPS`); a copy still reading `arg` then finishes first."""
+    def _may_write(self, kernel: Any, slot: torch.Tensor, position: int,
+                   arg: torch.Tensor) -> bool:
+        """Whether a kernel may write into `slot` while it reads `arg`, its input at `position`:
+        they do not meet, or `arg` is exactly the slot (an output taking its input's slot in
+        place) and the kernel may overwrite that input (`OVERWRITES`); a copy still reading
+        `arg` then finishes first."""
         if not overlaps(slot, arg):
             return True
-        if kernel.op_type not in IN_PLACE_OPS or slot.data_ptr() != arg.data_ptr() or \
+        if position not in OVERWRITES.get(kernel.op_type, ()) or \
+                slot.data_ptr() != arg.data_ptr() or \
                 slot.numel() * slot.element_size() != arg.numel() * arg.element_size():
             return False
-        tid = next(t for t in kernel.inputs if self.state.fast.get(t) is arg)
-        event = self.state.pending.get((tid, SLOW))  # a copy to the slow tier reading it
+        self._wait_for_copy_out(kernel.inputs[position])
+        return True
+
+    def _wait_for_copy_out(self, tid: int) -> None:
+        """Before `tid`'s fast copy is written over: the copy to the slow tier reading it ends."""
+        event = self.state.pending.get((tid, SLOW))
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
-        return True
 
     def _read(self, tid: int, tier: str) -> torch.Tensor:
         store = self._store(tier)

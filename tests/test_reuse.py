@@ -1,0 +1,94 @@
+"""Outputs written over inputs that die at their kernel (`runtime.reuse`), as autograd's
+in-place accumulation does: only where no later record uses the input and no view shares its
+storage, and bit for bit what the reference runner computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotm_py.config import PlanConfig
+from autotm_py.ir import Role
+from autotm_py.ir.training import derive_training
+from autotm_py.memory.scratch import OVERWRITES
+from autotm_py.pipeline import machine_for, run_baselines
+from autotm_py.plan import Compute, Move, Recompute
+from autotm_py.runtime.executor import new_executor, run_steps
+from autotm_py.runtime.reference import train_steps
+from autotm_py.runtime.reuse import overwritable_inputs
+from tests.graphs import costs_for
+from tests.test_executor import STEPS, _graph, _plans
+from tests.test_training_models import Net
+
+
+def _uses_after(graph, plan, index: int) -> set[int]:
+    used: set[int] = set()
+    for record in plan.records[index + 1:]:
+        if isinstance(record, Compute | Recompute):
+            used.update(graph.kernels[record.kernel].inputs)
+        elif isinstance(record, Move):
+            used.add(record.tensor)
+    return used
+
+
+@pytest.mark.parametrize("name", ["cnn", "decoder-fused"])
+def test_only_inputs_that_die_at_their_kernel_are_chosen(name):
+    graph = _graph(name)
+    for plan_name, plan in _plans(graph).items():
+        chosen = overwritable_inputs(graph, plan)
+        if plan_name == "all-fast":
+            assert chosen, "an all-fast plan of a training graph has inputs that die"
+        for index, position in chosen.items():
+            record = plan.records[index]
+            kernel = graph.kernels[record.kernel]
+            tid = kernel.inputs[position]
+            assert position in OVERWRITES[kernel.op_type]
+            assert tid not in _uses_after(graph, plan, index), (plan_name, kernel.name)
+            assert not graph.survives_iteration(tid)
+            assert graph.tensors[tid].shape == graph.tensors[kernel.outputs[0]].shape
+
+
+@pytest.mark.parametrize("name", ["cnn", "decoder-fused"])
+def test_outputs_written_over_dying_inputs_match_the_reference(name):
+    graph = _graph(name)
+    reference = train_steps(graph, steps=STEPS, seed=7)
+    for plan_name, plan in _plans(graph).items():
+        _, executor = new_executor(graph, plan, "cpu", seed=7, deterministic=True)
+        for step in range(STEPS):
+            executor.prepare()
+            executor.run()
+            for tid in graph.outputs:
+                assert torch.equal(executor.value(tid), reference[step][tid].cpu()), (
+                    plan_name, step, graph.name_of(tid))
+        if plan_name == "all-fast":
+            assert executor.state.overwritten > 0
+
+
+def _view_then_last_read():
+    """t is read by Flatten (a view of it) and last by Relu, which may overwrite its input;
+    the view is read after the Relu. Written over, t would change what the view reads."""
+    net = Net("view_then_last_read")
+    x = net.tensor((2, 2, 2, 2), Role.INPUT, name="x")
+    t = net.op("Mul", [x, net.weight(2, 2, 2, 2)], (2, 2, 2, 2))
+    f = net.op("Flatten", [t], (2, 8), axis=1)
+    u = net.op("Relu", [t], (2, 2, 2, 2))
+    s = net.op("Add", [f, net.op("Flatten", [u], (2, 8), axis=1)], (2, 8))
+    return derive_training(net.build(s), optimizer="sgd")
+
+
+def _all_fast(graph):
+    config = PlanConfig(fast_mem_bytes=graph.peak_live_bytes, device="cuda")
+    return run_baselines(machine_for(graph, config, costs_for(graph)), ("all-fast",))[
+        "all-fast"].plan
+
+
+def test_a_tensor_seen_through_a_view_is_never_written_over():
+    graph = _view_then_last_read()
+    plan = _all_fast(graph)
+    relu = next(i for i, r in enumerate(plan.records)
+                if isinstance(r, Compute) and graph.kernels[r.kernel].op_type == "Relu")
+    assert relu in overwritable_inputs(graph, plan)  # by the plan alone it could be
+    reference = train_steps(graph, steps=STEPS, seed=2)
+    for step, got in enumerate(run_steps(graph, plan, steps=STEPS, seed=2)):
+        for tid in graph.outputs:
+            assert torch.equal(got[tid], reference[step][tid].cpu()), (step, graph.name_of(tid))
