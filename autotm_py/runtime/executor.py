@@ -340,7 +340,8 @@ class Executor(PlanInterpreter):
     def _note_shared(self, kernel: Any, args: list[torch.Tensor],
                      outputs: list[torch.Tensor]) -> None:
         """Remember the tensors whose storage an output shares (a view of an input, or the
-        input itself): none of them is ever written over."""
+        input itself): none of them is ever written over. (A recompute re-runs a kernel that
+        already ran this iteration, whose aliases are therefore recorded.)"""
         for out in outputs:
             shared = out._base is not None
             for arg in args:
@@ -369,8 +370,6 @@ class Executor(PlanInterpreter):
         slots = [self._fast_slot(tid) if tid in record.outputs else None
                  for tid in kernel.outputs]
         outputs = self._run(kernel, args, slots)
-        if self._overwritable:  # a regenerated view shares its input's storage too
-            self._note_shared(kernel, args, outputs)
         for tid, value, slot in zip(kernel.outputs, outputs, slots, strict=True):
             if tid not in record.outputs:
                 continue
