@@ -92,3 +92,22 @@ def test_a_tensor_seen_through_a_view_is_never_written_over():
     for step, got in enumerate(run_steps(graph, plan, steps=STEPS, seed=2)):
         for tid in graph.outputs:
             assert torch.equal(got[tid], reference[step][tid].cpu()), (step, graph.name_of(tid))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph_replay", [False, True])
+def test_writing_over_dying_inputs_on_cuda_changes_no_bit(monkeypatch, graph_replay):
+    """On the GPU (deterministic algorithms), eager and replayed with static inputs: the
+    all-fast plan with outputs written over dying inputs equals the same plan without."""
+    from autotm_py.runtime import executor as executor_module
+
+    graph = _graph("cnn")
+    plan = _all_fast(graph)
+    written_over = run_steps(graph, plan, steps=STEPS, device="cuda", seed=4,
+                             graph_replay=graph_replay)
+    monkeypatch.setattr(executor_module, "overwritable_inputs", lambda g, p: {})
+    out_of_place = run_steps(graph, plan, steps=STEPS, device="cuda", seed=4,
+                             graph_replay=graph_replay)
+    for step, (a, b) in enumerate(zip(written_over, out_of_place, strict=True)):
+        for tid in graph.outputs:
+            assert torch.equal(a[tid], b[tid]), (step, graph.name_of(tid))
