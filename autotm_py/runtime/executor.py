@@ -6,9 +6,11 @@ compute and with each other. The slow tier is one pinned host pool, allocated on
 across iterations (a `cudaHostAlloc` per tensor would cost milliseconds each). Every tensor is
 allocated and freed on the compute stream, and freed only after the compute stream has waited for
 any copy that touches it, so the caching allocator reuses memory in stream order and its peak is
-the plan's (`record_stream` would hold blocks until the host sees the copy end). The budget is
-enforced with `torch.cuda.set_per_process_memory_fraction`, and the measured peak
-(`max_memory_allocated`) is reported beside the modelled one.
+at most the plan's (`record_stream` would hold blocks until the host sees the copy end). An
+elementwise kernel writes its output over an input that dies at it (`runtime.reuse`), as
+autograd's in-place accumulation does. The budget is enforced with
+`torch.cuda.set_per_process_memory_fraction`, and the measured peak (`max_memory_allocated`) is
+reported beside the modelled one.
 
 CPU (``device="cpu"``): the same records with real copies between two host dictionaries; this
 checks a plan's correctness (results are bitwise equal between plans, since moves are copies).
