@@ -64,8 +64,14 @@ class PinnedPool:
         self.offsets = offsets
         self.nbytes = nbytes
         self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin and nbytes > 0)
+        # made once per tensor: three torch calls per copy to the slow tier were host time an
+        # eager asynchronous plan spends per move (docs/gpu.md)
+        self._views: dict[int, torch.Tensor] = {}
 
     def view(self, tid: int, tensor: Tensor) -> torch.Tensor:
-        start = self.offsets[tid]
-        region = self.buffer[start:start + tensor.nbytes]
-        return region.view(TORCH_DTYPES[tensor.dtype]).view(tensor.shape)
+        view = self._views.get(tid)
+        if view is None:
+            start = self.offsets[tid]
+            region = self.buffer[start:start + tensor.nbytes]
+            view = self._views[tid] = region.view(TORCH_DTYPES[tensor.dtype]).view(tensor.shape)
+        return view
