@@ -42,7 +42,6 @@ import torch
 
 from autotm_py.errors import ConfigError, ExecutionError
 from autotm_py.interpreter import PlanInterpreter
-from autotm_py.ir.graph import Role
 from autotm_py.kernels import run_kernel, run_kernel_into, run_kernel_raw
 from autotm_py.memory.scratch import OVERWRITES
 from autotm_py.memory.tiers import FAST, SLOW
@@ -68,9 +67,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Roles re-materialized (untimed) at the start of every iteration from host master copies: the
-# data batch and constants. Weights and optimizer state carry over from the previous iteration.
-_REFRESHED_ROLES = (Role.INPUT, Role.LABEL, Role.CONSTANT)
 KERNEL_RANGE = "autotm-kernel-"  # profiler range around kernel k: KERNEL_RANGE + str(k)
 
 

@@ -11,7 +11,7 @@ while the old one was freed a kernel later, and that churn fragmented the cachin
 segment: 9532 MiB reserved for 8538 MiB allocated (docs/gpu.md).
 
 This module decides from the plan alone (no torch); the executor checks at run time that the
-tensor owns its storage, shared with no view (`Executor._overwrite_slot`).
+tensor owns its storage, shared with no view (`Executor._run_over_input`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from autotm_py.plan import Compute, Move, Plan, Recompute
 if TYPE_CHECKING:
     from autotm_py.ir.graph import Kernel, TensorGraph
 
-# Given afresh at the start of every iteration (the data batch, constants): a CUDA graph
-# replays with the same ones, so no kernel may write over them.
+# Roles given afresh at the start of every iteration (the data batch, constants; weights and
+# optimizer state carry over): a CUDA graph replays with the same ones, so no kernel may write
+# over them.
 _GIVEN_ROLES = (Role.INPUT, Role.LABEL, Role.CONSTANT)
 
 

@@ -33,10 +33,15 @@ from autotm_py.runtime.reuse import overwritable_inputs
 DEV = "cuda:0"
 
 
-def run_ours(graph, plan, reuse: bool, replay: bool, iterations: int) -> dict:
-    # the executor looks the choice up when it is made: off, no input is written over
+def set_reuse(reuse: bool) -> None:
+    """For the executors made from now on (each looks the choice up when it is made): off, no
+    input is written over."""
     executor_module.overwritable_inputs = overwritable_inputs if reuse else (lambda g, p: {})
     torch.cuda.empty_cache()
+
+
+def run_ours(graph, plan, reuse: bool, replay: bool, iterations: int) -> dict:
+    set_reuse(reuse)
     run = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
                       graph_replay=replay, enforce_budget=False)
     return {"reuse": reuse, "graph": run.graph, "median_s": run.median_s,
@@ -50,8 +55,7 @@ def profile_table(graph, plan, reuse: bool) -> str:
 
     from autotm_py.runtime.executor import new_executor
 
-    executor_module.overwritable_inputs = overwritable_inputs if reuse else (lambda g, p: {})
-    torch.cuda.empty_cache()
+    set_reuse(reuse)
     _, executor = new_executor(graph, plan, DEV, 1, False)
 
     def iteration() -> None:
