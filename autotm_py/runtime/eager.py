@@ -74,14 +74,15 @@ def measure_autograd(graph: TensorGraph, *, device: str = "cuda", iterations: in
     parts = forward_segments(graph, n_forward, segments or 1, keep=(loss_id,))
     cap = apply_cap(cap_budget_bytes, dev, cap_budget_bytes is not None, cap_slack_bytes)
     times: list[float] = []
+    host_times: list[float] = []
     peak = 0
     try:
         for i in range(warmup + iterations):
-            seconds, iteration_peak = _iteration(graph, parts, values, params, opt, loss_id,
-                                                 dev, save_on_cpu)
+            sample = _iteration(graph, parts, values, params, opt, loss_id, dev, save_on_cpu)
             if i >= warmup:
-                times.append(seconds)
-                peak = max(peak, iteration_peak or 0)
+                times.append(sample.seconds)
+                host_times.append(sample.host_seconds)
+                peak = max(peak, sample.peak or 0)
     except torch.OutOfMemoryError as exc:
         raise ExecutionError(f"torch autograd with {len(parts)} checkpointed segments ran out "
                              f"of memory under the cap of {cap} bytes") from exc
@@ -94,7 +95,7 @@ def measure_autograd(graph: TensorGraph, *, device: str = "cuda", iterations: in
         peak_fast_bytes=peak if cuda else None, modelled_peak_fast_bytes=None,
         budget_bytes=cap_budget_bytes, cap_bytes=cap, predicted_time_s=None, slow_pool_bytes=0,
         strategy=_strategy(save_on_cpu, len(parts) if segments else None),
-        model_name=graph.name)
+        model_name=graph.name, host_median_s=statistics.median(host_times))
 
 
 def _strategy(save_on_cpu: bool, segments: int | None) -> str:
@@ -157,5 +158,4 @@ def _iteration(graph, parts, values, params, opt, loss_id, dev, save_on_cpu):
         loss.backward()
         opt.step()
 
-    sample = time_region(torch.device(dev), step)
-    return sample.seconds, sample.peak
+    return time_region(torch.device(dev), step)

@@ -60,7 +60,7 @@ from autotm_py.runtime.device import (
     time_region,
 )
 from autotm_py.runtime.pinned import PinnedPool, slow_tier_layout
-from autotm_py.runtime.reuse import overwritable_inputs
+from autotm_py.runtime.reuse import overwritable_inputs, update_runs
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -147,6 +147,8 @@ class _State:
     # fast tensors whose storage another tensor shares (views, Identity): never written over
     shared: set[int] = field(default_factory=set)
     overwritten: int = 0  # outputs written over an input that died at their kernel
+    updated: set[int] = field(default_factory=set)  # SGD updates run ahead, in a foreach
+    joined: set[Any] = field(default_factory=set)  # copy events the compute stream waited for
 
 
 class Executor(PlanInterpreter):
@@ -177,6 +179,9 @@ class Executor(PlanInterpreter):
         self.arena = DeviceArena(plan.arena, self.device) if arena and plan.arena else None
         # without an arena, outputs written over inputs that die at their kernel (`reuse`)
         self._overwritable = {} if self.arena is not None else overwritable_inputs(graph, plan)
+        # runs of SGD updates done as one foreach (not while kernels are timed one by one)
+        self._updates = {} if kernel_times or kernel_ranges else \
+            update_runs(graph, plan, self._overwritable)
         # where fast copies live at fixed addresses: every one (the arena), or only those the
         # iteration starts with (`static_inputs`, for a CUDA graph without an arena), or none
         self.slots: DeviceArena | StaticInputs | None = self.arena or (
@@ -184,6 +189,7 @@ class Executor(PlanInterpreter):
         # the captured iteration (`capture`), and the stream it is captured on
         self._graph: GraphReplay | None = None
         self.capture_stream = _side_streams(self.device)[2] if self.cuda else None
+        self._compute: Any = None  # the iteration's compute stream (CUDA; `start`)
         self._end: tuple[_State, dict[int, tuple[str, torch.Tensor]]] | None = None
 
     # ---- iteration boundaries ------------------------------------------------------------
@@ -203,6 +209,10 @@ class Executor(PlanInterpreter):
         if not getattr(self, "_prepared", False):
             self.prepare()
         self._prepared = False
+        # The compute stream of this iteration (the capture's, while capturing), looked up
+        # once: `torch.cuda.current_stream` costs several microseconds of host time, and an
+        # eager plan with moves needs it at every copy, join and wait (thousands per iteration).
+        self._compute = torch.cuda.current_stream(self.device) if self.cuda else None
         if self.kernel_times and self.cuda:
             first = torch.cuda.Event(enable_timing=True)
             first.record()
@@ -243,9 +253,8 @@ class Executor(PlanInterpreter):
         """Join the copy streams this iteration used (a CUDA graph must not wait for a stream
         outside its capture), then hand each carried value to the next iteration."""
         if self.streams is not None:
-            current = torch.cuda.current_stream(self.device)
             for name in sorted(self.state.streams):
-                current.wait_stream(getattr(self.streams, name))
+                self._compute.wait_stream(getattr(self.streams, name))
         self.carry = {}
         for first, last in self.graph.carried:
             self.carry[first] = self._steady(first, *self._final_copy(first, last))
@@ -274,21 +283,25 @@ class Executor(PlanInterpreter):
     def compute(self, record: Compute) -> None:
         kernel = self.graph.kernels[record.kernel]
         n_in = len(kernel.inputs)
-        args = [self._read(tid, record.placement[i]) for i, tid in enumerate(kernel.inputs)]
-        slots = [self._fast_slot(tid) if record.placement[n_in + j] == FAST else None
-                 for j, tid in enumerate(kernel.outputs)]
+        args = self._args(kernel, record.placement)
+        out_tiers = record.placement[n_in:]
+        slots = None if self.slots is None else [
+            self._fast_slot(tid) if tier == FAST else None
+            for tid, tier in zip(kernel.outputs, out_tiers, strict=True)]
         if self.kernel_ranges:
             with torch.profiler.record_function(f"{KERNEL_RANGE}{record.kernel}"):
                 outputs = self._launch(kernel, args, slots)
         else:
             outputs = self._launch(kernel, args, slots)
-        for event in self.state.attached.pop(record.kernel, ()):
-            # AutoTM's join: the copies overlapped with this kernel finish with it, as the
-            # planner and the simulator assume (a step lasts max(kernel, its copies)).
-            torch.cuda.current_stream(self.device).wait_event(event)
-        self._store_outputs(kernel, record.placement[n_in:], outputs, slots)
-        if self._overwritable:
-            self._note_shared(kernel, args, outputs)
+        if self.state.attached:
+            for event in self.state.attached.pop(record.kernel, ()):
+                # AutoTM's join: the copies overlapped with this kernel finish with it, as the
+                # planner and the simulator assume (a step lasts max(kernel, its copies)).
+                self._join(event)
+        if slots is None and self.arena is None and SLOW not in out_tiers:
+            self.state.fast.update(zip(kernel.outputs, outputs, strict=True))
+        else:
+            self._store_outputs(kernel, out_tiers, outputs, slots)
         if self.kernel_times and self.cuda:
             # One event after each kernel: a kernel's time is the interval since the previous
             # event, i.e. what it adds to the iteration (dispatch gaps included), so the
@@ -297,12 +310,26 @@ class Executor(PlanInterpreter):
             end.record()
             self._kernel_events.append(end)
 
+    def _args(self, kernel: Any, placement: tuple[str, ...]) -> list[torch.Tensor]:
+        """The kernel's inputs from the tiers the record names (after their copies land).
+        Kept to one lookup per input where no copy is in flight and every input is fast: this
+        runs for every kernel of an eager iteration, whose host time it is."""
+        if self.state.pending or SLOW in placement[:len(kernel.inputs)]:
+            return [self._read(tid, placement[i]) for i, tid in enumerate(kernel.inputs)]
+        fast = self.state.fast
+        try:
+            return [fast[tid] for tid in kernel.inputs]
+        except KeyError as exc:
+            raise ExecutionError(f"tensor {self.graph.name_of(exc.args[0])!r} is not in the "
+                                 f"{FAST} tier") from None
+
     def _store_outputs(self, kernel: Any, tiers: tuple[str, ...], outputs: list[torch.Tensor],
-                       slots: list[torch.Tensor | None]) -> None:
+                       slots: list[torch.Tensor | None] | None) -> None:
         """Keep each output where the plan puts it; with an arena, copied into its slot unless
         the kernel wrote it there (after the join: an output that takes its input's slot in
         place may be written only once the copies reading that input have finished)."""
-        for tid, tier, value, slot in zip(kernel.outputs, tiers, outputs, slots, strict=True):
+        for j, (tid, tier, value) in enumerate(zip(kernel.outputs, tiers, outputs, strict=True)):
+            slot = None if slots is None else slots[j]
             if slot is not None:
                 value = self._in_slot(value, slot)
             elif self.arena is not None:
@@ -313,27 +340,55 @@ class Executor(PlanInterpreter):
             self._store(tier)[tid] = value
 
     def _launch(self, kernel: Any, args: list[torch.Tensor],
-                slots: list[torch.Tensor | None]) -> list[torch.Tensor]:
+                slots: list[torch.Tensor | None] | None) -> list[torch.Tensor]:
         position = self._overwritable.get(self.index)
-        if position is None:
-            return self._run(kernel, args, slots)
-        return self._run_over_input(kernel, args, position)
+        if position is not None:
+            if self.index in self._updates:
+                self._run_updates(self._updates[self.index])
+            if self.index in self.state.updated:
+                return [args[position]]
+            if self._may_overwrite(kernel.inputs[position], args[position]) and \
+                    run_kernel_into(kernel, args, [args[position]]):
+                self.state.overwritten += 1
+                # the output owns the dead input's storage: no alias of it is live
+                return [args[position]]
+        outputs = self._run(kernel, args, slots)
+        if self._overwritable:
+            self._note_shared(kernel, args, outputs)
+        return outputs
 
-    def _run_over_input(self, kernel: Any, args: list[torch.Tensor],
-                        position: int) -> list[torch.Tensor]:
-        """Run a kernel writing its output over its input at `position`, which dies here
-        (`runtime.reuse`), if that input owns its storage (no view or alias of it is live);
-        else as usual, into a tensor torch allocates."""
-        arg, tid = args[position], kernel.inputs[position]
+    def _may_overwrite(self, tid: int, arg: torch.Tensor) -> bool:
+        """Whether a kernel may write its output over `arg`, its input `tid` that dies at it
+        (`runtime.reuse`): only if `arg` owns its storage (no view or alias of it is live);
+        a copy to the slow tier still reading it finishes first."""
         # every alias of a fast tensor comes from a kernel returning a view of (or the same
         # tensor as) its input, which `_note_shared` records: the other inputs are apart
         if tid in self.state.shared or arg._base is not None or not arg.is_contiguous():
-            return run_kernel(kernel, args)
+            return False
         self._wait_for_copy_out(tid)
-        if not run_kernel_into(kernel, args, [arg]):
-            return run_kernel(kernel, args)
-        self.state.overwritten += 1
-        return [arg]
+        return True
+
+    def _run_updates(self, records: tuple[int, ...]) -> None:
+        """Run a run of SGD updates (`reuse.update_runs`) as one foreach update over the
+        weights it may write over, as torch.optim.SGD(foreach=True) does: the same
+        `w + (-lr) * g` per element in one launch instead of one per weight (hundreds per
+        iteration, each a few microseconds of host time). The others run at their records."""
+        weights: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        lr = 0.0
+        for index in records:
+            record = self.plan.records[index]
+            kernel = self.graph.kernels[record.kernel]  # type: ignore[union-attr]
+            w_id, g_id = kernel.inputs
+            weight, grad = self._read(w_id, FAST), self._read(g_id, FAST)
+            if self._may_overwrite(w_id, weight):
+                weights.append(weight)
+                grads.append(grad)
+                lr = float(kernel.attr("lr"))
+                self.state.updated.add(index)
+        if weights:
+            torch._foreach_add_(weights, grads, alpha=-lr)
+            self.state.overwritten += len(weights)
 
     def _note_shared(self, kernel: Any, args: list[torch.Tensor],
                      outputs: list[torch.Tensor]) -> None:
@@ -377,11 +432,11 @@ class Executor(PlanInterpreter):
             self.state.fast[tid] = value if slot is None else self._in_slot(value, slot)
 
     def _run(self, kernel: Any, args: list[torch.Tensor],
-             slots: list[torch.Tensor | None]) -> list[torch.Tensor]:
+             slots: list[torch.Tensor | None] | None) -> list[torch.Tensor]:
         """Run a kernel. With slots (arena): written in place where it can be (each slot
         still at its planned address afterwards, and none shared with an input), else the raw
         outputs, which `compute` copies into their slots."""
-        if not any(s is not None for s in slots):
+        if slots is None or not any(s is not None for s in slots):
             return run_kernel(kernel, args)
         direct = all(s is not None and all(self._may_write(kernel, s, i, a)
                                            for i, a in enumerate(args))
@@ -414,7 +469,15 @@ class Executor(PlanInterpreter):
         """Before `tid`'s fast copy is written over: the copy to the slow tier reading it ends."""
         event = self.state.pending.get((tid, SLOW))
         if event is not None:
-            torch.cuda.current_stream(self.device).wait_event(event)
+            self._join(event)
+
+    def _join(self, event: Any) -> None:
+        """The compute stream waits for a copy's event, once: a later wait for the same event
+        (a free after the join of the kernel the copy overlapped) orders nothing more, and each
+        costs host time."""
+        if event not in self.state.joined:
+            self._compute.wait_event(event)
+            self.state.joined.add(event)
 
     def _read(self, tid: int, tier: str) -> torch.Tensor:
         store = self._store(tier)
@@ -422,7 +485,7 @@ class Executor(PlanInterpreter):
             raise ExecutionError(f"tensor {self.graph.name_of(tid)!r} is not in the {tier} tier")
         event = self.state.pending.pop((tid, tier), None)
         if event is not None:
-            torch.cuda.current_stream(self.device).wait_event(event)
+            self._join(event)
         return store[tid]
 
     def move(self, record: Move) -> None:
@@ -442,7 +505,7 @@ class Executor(PlanInterpreter):
 
     def _copy_cuda(self, tid: int, src: torch.Tensor, to: str, asynchronous: bool) -> torch.Tensor:
         assert self.streams is not None
-        current = torch.cuda.current_stream(self.device)
+        current = self._compute
         dst = self.pool.view(tid, self.graph.tensors[tid]) if to == SLOW else \
             self._fast_slot(tid)
         if dst is None:
@@ -457,32 +520,43 @@ class Executor(PlanInterpreter):
             stream.wait_stream(current)
         if source_event is not None:
             stream.wait_event(source_event)
-        with torch.cuda.stream(stream):
+        if stream is current:
             dst.copy_(src, non_blocking=True)
-        if stream is not current:
-            event = torch.cuda.Event()
-            event.record(stream)
-            self.state.pending[(tid, to)] = event
+            return dst
+        # enqueued on the copy stream (set directly: the `torch.cuda.stream` context costs
+        # more host time than the copy's own launch)
+        torch.cuda.set_stream(stream)
+        try:
+            dst.copy_(src, non_blocking=True)
+        finally:
+            torch.cuda.set_stream(current)
+        event = torch.cuda.Event()
+        event.record(stream)
+        self.state.pending[(tid, to)] = event
         return dst
 
     def free(self, record: Free) -> None:
         tid, tier = record.tensor, record.tier
-        store = self._store(tier)
-        if tid not in store:
+        store = self.state.fast if tier == FAST else self.state.slow
+        pending = self.state.pending
+        if pending:
+            if self.cuda and tier == FAST:
+                # A copy still reading (to slow) or writing (to fast) this memory must be done
+                # before the compute stream frees it: the caching allocator may hand the block
+                # to the next allocation on this stream at once. Usually the join after the
+                # overlapped kernel has already ordered it, and the wait is free. Without
+                # `record_stream`, the memory is released in stream order, so the allocator's
+                # peak is the plan's.
+                for key in ((tid, SLOW), (tid, FAST)):
+                    event = pending.get(key)
+                    if event is not None:
+                        self._join(event)
+            pending.pop((tid, tier), None)
+        try:
+            del store[tid]
+        except KeyError:
             raise ExecutionError(f"free of {self.graph.name_of(tid)!r}: not in the {tier} "
-                                 "tier")
-        if self.cuda and tier == FAST:
-            # A copy still reading (to slow) or writing (to fast) this memory must be done
-            # before the compute stream frees it: the caching allocator may hand the block to
-            # the next allocation on this stream at once. Usually the join after the overlapped
-            # kernel has already ordered it, and the wait is free. Without `record_stream`, the
-            # memory is released in stream order, so the allocator's peak is the plan's.
-            for key in ((tid, SLOW), (tid, FAST)):
-                event = self.state.pending.get(key)
-                if event is not None:
-                    torch.cuda.current_stream(self.device).wait_event(event)
-        del store[tid]
-        self.state.pending.pop((tid, tier), None)
+                                 "tier") from None
 
     def _store(self, tier: str) -> dict[int, torch.Tensor]:
         return self.state.fast if tier == FAST else self.state.slow
