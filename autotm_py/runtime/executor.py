@@ -149,6 +149,10 @@ class _State:
     overwritten: int = 0  # outputs written over an input that died at their kernel
     updated: set[int] = field(default_factory=set)  # SGD updates run ahead, in a foreach
     joined: set[Any] = field(default_factory=set)  # copy events the compute stream waited for
+    # work put on the compute stream so far (kernels, copies, waits), and its count when each
+    # copy stream last waited for the compute stream
+    enqueued: int = 0
+    forked: dict[str, int] = field(default_factory=dict)
 
 
 class Executor(PlanInterpreter):
@@ -281,6 +285,7 @@ class Executor(PlanInterpreter):
 
     # ---- records ---------------------------------------------------------------------------
     def compute(self, record: Compute) -> None:
+        self.state.enqueued += 1
         kernel = self.graph.kernels[record.kernel]
         n_in = len(kernel.inputs)
         args = self._args(kernel, record.placement)
@@ -416,6 +421,7 @@ class Executor(PlanInterpreter):
         outputs the record names in fast memory (the others are dropped at once). The kernels
         are deterministic, so the regenerated values equal the first ones bit for bit (on CUDA
         with deterministic algorithms)."""
+        self.state.enqueued += 1
         kernel = self.graph.kernels[record.kernel]
         args = [self._read(tid, FAST) for tid in kernel.inputs]
         # with an arena, the kept outputs go to the slots this record gives them; the dropped
@@ -478,6 +484,7 @@ class Executor(PlanInterpreter):
         if event not in self.state.joined:
             self._compute.wait_event(event)
             self.state.joined.add(event)
+            self.state.enqueued += 1
 
     def _read(self, tid: int, tier: str) -> torch.Tensor:
         store = self._store(tier)
@@ -516,12 +523,18 @@ class Executor(PlanInterpreter):
         if stream is not current:
             self.state.streams.add(name)
             # Start when the kernel it overlaps starts: after everything enqueued so far, which
-            # also protects freshly allocated memory that earlier kernels may still be using.
-            stream.wait_stream(current)
+            # also protects freshly allocated memory that earlier kernels (or copies the compute
+            # stream joined) may still be using. Once per copy stream and kernel: if the compute
+            # stream got no work since this stream last waited for it (several copies overlap
+            # one kernel), that wait already orders this copy, and each costs an event.
+            if self.state.forked.get(name) != self.state.enqueued:
+                stream.wait_stream(current)
+                self.state.forked[name] = self.state.enqueued
         if source_event is not None:
             stream.wait_event(source_event)
         if stream is current:
             dst.copy_(src, non_blocking=True)
+            self.state.enqueued += 1
             return dst
         # enqueued on the copy stream (set directly: the `torch.cuda.stream` context costs
         # more host time than the copy's own launch)
