@@ -83,6 +83,7 @@ def test_update_runs_are_sgd_updates_with_only_frees_between(name):
             assert {k.op_type for k in kernels} == {"SGDUpdate"}
             assert len({k.attr("lr") for k in kernels}) == 1
             assert all(overwritable[i] == 0 for i in members)
+            assert all(set(plan.records[i].placement) == {"fast"} for i in members)
             between = set(range(first, members[-1] + 1)) - set(members)
             assert all(isinstance(plan.records[i], Free) for i in between), plan_name
 

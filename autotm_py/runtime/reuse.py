@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from autotm_py.ir.graph import Role
 from autotm_py.memory.scratch import OVERWRITES
-from autotm_py.memory.tiers import FAST
+from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import Compute, Free, Move, Plan, Recompute
 
 if TYPE_CHECKING:
@@ -72,11 +72,11 @@ def _dying_input(graph: TensorGraph, kernel: Kernel, record: Compute,
 def update_runs(graph: TensorGraph, plan: Plan, overwritable: dict[int, int]
                 ) -> dict[int, tuple[int, ...]]:
     """Record index of the first SGD update of a run -> the record indices of the run's
-    updates: two or more SGD updates that write over their weights (`overwritable`), with one
-    learning rate, with nothing but frees between them (the optimizer step at the end of an
-    iteration). Running them together at the first one changes no value (each reads only its
-    own weight and gradient, which are ready there) and no peak (they allocate nothing; the
-    frees between them only come later)."""
+    updates: two or more SGD updates that write over their weights (`overwritable`), reading
+    both operands from fast memory, with one learning rate and nothing but frees between them
+    (the optimizer step at the end of an iteration). Running them together at the first one
+    changes no value (each reads only its own weight and gradient, which are ready there) and
+    no peak (they allocate nothing; the frees between them only come later)."""
     runs: dict[int, tuple[int, ...]] = {}
     current: list[int] = []
     lr = None
@@ -90,7 +90,8 @@ def update_runs(graph: TensorGraph, plan: Plan, overwritable: dict[int, int]
         if isinstance(record, Free):
             continue
         kernel = graph.kernels[record.kernel] if isinstance(record, Compute) else None
-        if kernel is None or kernel.op_type != "SGDUpdate" or overwritable.get(index) != 0:
+        if kernel is None or kernel.op_type != "SGDUpdate" or overwritable.get(index) != 0 \
+                or SLOW in record.placement:  # type: ignore[union-attr]
             close()
             continue
         if current and kernel.attr("lr") != lr:
