@@ -11,7 +11,7 @@ while the old one was freed a kernel later, and that churn fragmented the cachin
 segment: 9532 MiB reserved for 8538 MiB allocated (docs/gpu.md).
 
 This module decides from the plan alone (no torch); the executor checks at run time that the
-tensor owns its storage, shared with no view (`Executor._run_over_input`).
+tensor owns its storage, shared with no view (`Executor._may_overwrite`).
 """
 
 from __future__ import annotations
