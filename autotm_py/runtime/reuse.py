@@ -11,7 +11,9 @@ while the old one was freed a kernel later, and that churn fragmented the cachin
 segment: 9532 MiB reserved for 8538 MiB allocated (docs/gpu.md).
 
 This module decides from the plan alone (no torch); the executor checks at run time that the
-tensor owns its storage, shared with no view (`Executor._may_overwrite`).
+tensor owns its storage, shared with no view (`Executor._may_overwrite`). `update_runs` finds
+the runs of SGD updates written over their weights that the executor issues as one foreach
+update, as torch's optimizer does.
 """
 
 from __future__ import annotations
