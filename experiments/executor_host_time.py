@@ -10,8 +10,10 @@ checks): the floor of an eager iteration's host time, which a CUDA-graph replay 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -20,18 +22,29 @@ from autotm_py.runtime import executor as executor_module
 from autotm_py.runtime.executor import new_executor
 
 
-def stub_kernels() -> None:
+@contextlib.contextmanager
+def stubbed_kernels(device: str = "cpu") -> Iterator[None]:
+    """Within it, every kernel (and the optimizer step's foreach update) returns cached
+    one-element tensors on `device` instead of computing: what the executor then spends is its
+    own host time. The GPU probe `gpu/host_overhead.py` uses it too."""
     cache: dict[str, list[torch.Tensor]] = {}
 
     def stub(kernel, args):
         if kernel.name not in cache:
-            cache[kernel.name] = [torch.empty(1) for _ in kernel.outputs]
+            cache[kernel.name] = [torch.empty(1, device=device) for _ in kernel.outputs]
         return list(cache[kernel.name])
 
+    saved = (executor_module.run_kernel, executor_module.run_kernel_raw,
+             executor_module.run_kernel_into, torch._foreach_add_)
     executor_module.run_kernel = stub
     executor_module.run_kernel_raw = stub
     executor_module.run_kernel_into = lambda kernel, args, outs: False
-    torch._foreach_add_ = lambda *args, **kwargs: None  # the optimizer step's foreach update
+    torch._foreach_add_ = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        (executor_module.run_kernel, executor_module.run_kernel_raw,
+         executor_module.run_kernel_into, torch._foreach_add_) = saved
 
 
 def main() -> int:
@@ -42,15 +55,15 @@ def main() -> int:
     args = parser.parse_args()
     graph = api.load_model(args.model, batch=args.batch, training=True)
     plan = pipeline.all_fast_plan(graph)
-    stub_kernels()
-    _, executor = new_executor(graph, plan, "cpu", 1, True)
     times = []
-    for i in range(args.repeats + 3):
-        executor.prepare()
-        start = time.perf_counter()
-        executor.run()
-        if i >= 3:
-            times.append(time.perf_counter() - start)
+    with stubbed_kernels():
+        _, executor = new_executor(graph, plan, "cpu", 1, True)
+        for i in range(args.repeats + 3):
+            executor.prepare()
+            start = time.perf_counter()
+            executor.run()
+            if i >= 3:
+                times.append(time.perf_counter() - start)
     median = statistics.median(times)
     print(f"{args.model}: {len(plan.records)} records, {len(graph.kernels)} kernels: "
           f"{median * 1e3:.1f} ms per iteration, {median / len(plan.records) * 1e6:.2f} us per "

@@ -303,7 +303,7 @@ class Executor(PlanInterpreter):
                 # AutoTM's join: the copies overlapped with this kernel finish with it, as the
                 # planner and the simulator assume (a step lasts max(kernel, its copies)).
                 self._join(event)
-        if slots is None and self.arena is None and SLOW not in out_tiers:
+        if slots is None and SLOW not in out_tiers:  # (an arena gives slots)
             self.state.fast.update(zip(kernel.outputs, outputs, strict=True))
         else:
             self._store_outputs(kernel, out_tiers, outputs, slots)
@@ -319,14 +319,13 @@ class Executor(PlanInterpreter):
         """The kernel's inputs from the tiers the record names (after their copies land).
         Kept to one lookup per input where no copy is in flight and every input is fast: this
         runs for every kernel of an eager iteration, whose host time it is."""
-        if self.state.pending or SLOW in placement[:len(kernel.inputs)]:
-            return [self._read(tid, placement[i]) for i, tid in enumerate(kernel.inputs)]
-        fast = self.state.fast
-        try:
-            return [fast[tid] for tid in kernel.inputs]
-        except KeyError as exc:
-            raise ExecutionError(f"tensor {self.graph.name_of(exc.args[0])!r} is not in the "
-                                 f"{FAST} tier") from None
+        if not self.state.pending and SLOW not in placement[:len(kernel.inputs)]:
+            fast = self.state.fast
+            try:
+                return [fast[tid] for tid in kernel.inputs]
+            except KeyError:
+                pass  # `_read` raises the error that names the missing tensor
+        return [self._read(tid, placement[i]) for i, tid in enumerate(kernel.inputs)]
 
     def _store_outputs(self, kernel: Any, tiers: tuple[str, ...], outputs: list[torch.Tensor],
                        slots: list[torch.Tensor | None] | None) -> None:
@@ -550,7 +549,7 @@ class Executor(PlanInterpreter):
 
     def free(self, record: Free) -> None:
         tid, tier = record.tensor, record.tier
-        store = self.state.fast if tier == FAST else self.state.slow
+        store = self._store(tier)
         pending = self.state.pending
         if pending:
             if self.cuda and tier == FAST:

@@ -22,7 +22,8 @@ The executor's host time minus ``loop`` is the interpreter's share; ``loop`` min
 what calling backward kernels from Python costs beside torch's C++ engine. ``--plan FILE``
 (repeatable) adds a saved plan's eager iteration under its cap (uncapped if it runs out of
 memory there, and said) with its profile. The script runs any checkout of the code given on
-PYTHONPATH, so an older version can be measured beside the new one in the same call.
+PYTHONPATH (`PYTHONPATH=old-checkout:$PYTHONPATH`, ahead of this one), so an older version
+can be measured beside the new one in the same call.
 """
 
 from __future__ import annotations
@@ -34,15 +35,18 @@ import os
 import pstats
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/
+from executor_host_time import stubbed_kernels
+
 from autotm_py import api, pipeline
 from autotm_py.errors import ExecutionError
 from autotm_py.runtime import eager
-from autotm_py.runtime import executor as executor_module
 from autotm_py.runtime.device import device_name, time_region
 from autotm_py.runtime.executor import new_executor
 from autotm_py.runtime.reference import init_values, run_graph
@@ -109,25 +113,9 @@ def profile_top(step, rows: int = 14) -> dict:
 
 def measure_interpreter(graph, plan, iterations: int) -> dict:
     """The executor with kernels replaced by cached one-element outputs (no GPU work)."""
-    cache: dict[str, list[torch.Tensor]] = {}
-
-    def stub(kernel, args):
-        if kernel.name not in cache:
-            cache[kernel.name] = [torch.empty(1, device=DEV) for _ in kernel.outputs]
-        return list(cache[kernel.name])
-
-    saved = (executor_module.run_kernel, executor_module.run_kernel_raw,
-             executor_module.run_kernel_into, torch._foreach_add_)
-    executor_module.run_kernel = stub
-    executor_module.run_kernel_raw = stub
-    executor_module.run_kernel_into = lambda kernel, args, outs: False
-    torch._foreach_add_ = lambda *args, **kwargs: None  # the optimizer step's foreach update
-    try:
+    with stubbed_kernels(DEV):
         _, ex = new_executor(graph, plan, DEV, 0)
         times = measure(ex.prepare, ex.run, iterations)
-    finally:
-        (executor_module.run_kernel, executor_module.run_kernel_raw,
-         executor_module.run_kernel_into, torch._foreach_add_) = saved
     return {**times, "per_record_us": times["host_cpu_median_s"] / len(plan.records) * 1e6}
 
 
