@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # native_compare, with --native
 from executor_host_time import stubbed_kernels
 
 from autotm_py import api, pipeline
@@ -150,7 +151,22 @@ def autograd_step(graph):
     return step
 
 
-def measure_model(name: str, batch: int, iterations: int, rounds: int) -> dict:
+def native_reference(name: str, batch: int, dims: dict, iterations: int,
+                     budget: int | None = None) -> dict:
+    """What a PyTorch user runs for the same model (`native_compare`, torchvision / HF built
+    from config): eager, and with a budget also checkpointing at the fewest segments that fit
+    under the same cap."""
+    import native_compare
+
+    out = {"eager": native_compare.measure_native(name, batch, dims, iterations)}
+    if budget is not None:
+        out["checkpointing"] = native_compare.measure_native(name, batch, dims, iterations,
+                                                             budget)
+    return out
+
+
+def measure_model(name: str, batch: int, iterations: int, rounds: int,
+                  native: bool = False) -> dict:
     graph = api.load_model(name, batch=batch, training=True)
     plan = pipeline.all_fast_plan(graph)
     ways = runners(graph, plan)
@@ -173,10 +189,14 @@ def measure_model(name: str, batch: int, iterations: int, rounds: int) -> dict:
     out["profile_executor"] = profile_top(executor_step(graph, plan))
     out["profile_autograd"] = profile_top(autograd_step(graph))
     torch.cuda.empty_cache()
+    if native:
+        import native_compare
+
+        out["native"] = native_reference(name, batch, native_compare.SHAPES[name][1], iterations)
     return out
 
 
-def measure_plan(path: Path, iterations: int) -> dict:
+def measure_plan(path: Path, iterations: int, native: bool = False) -> dict:
     """A saved plan's eager iteration under its cap, and where its host time goes."""
     from collections import Counter
 
@@ -203,6 +223,10 @@ def measure_plan(path: Path, iterations: int) -> dict:
            "uncapped": uncapped,
            "profile_executor": profile_top(executor_step(graph, plan), rows=24)}
     torch.cuda.empty_cache()
+    if native:
+        out["native"] = native_reference(plan.header.model_name.split("/")[0], model.batch,
+                                         {k: v for k, v in model.dims.items() if k != "batch"},
+                                         iterations, plan.header.budget_bytes)
     return out
 
 
@@ -217,6 +241,9 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cpu: a check of the script only")
     parser.add_argument("--plan", type=Path, action="append", default=[],
                         help="also a saved plan's eager iteration and its profile")
+    parser.add_argument("--native", action="store_true",
+                        help="also native PyTorch per model (eager) and per plan (eager, and "
+                             "checkpointing under the plan's cap)")
     parser.add_argument("--batch", type=int, help="instead of each model's GPU batch")
     args = parser.parse_args()
     global DEV
@@ -227,7 +254,7 @@ def main() -> int:
                      "models": {}}
     for name in filter(None, args.models.split(",")):
         results["models"][name] = measure_model(name, args.batch or BATCH[name],
-                                                args.iterations, args.rounds)
+                                                args.iterations, args.rounds, args.native)
         print(f"{name}: " + "; ".join(
             f"{what} {_ms(r.get('median_s'))} (host {_ms(r.get('host_median_s'))})"
             for what, r in results["models"][name].items() if isinstance(r, dict)
@@ -235,15 +262,26 @@ def main() -> int:
             f"{_ratio(results['models'][name]['executor_over_autograd_median_s'])}, host CPU "
             f"{_ratio(results['models'][name]['executor_over_autograd_host_cpu_median_s'])} "
             "(medians of the rounds' ratios)", flush=True)
+        _print_native(results["models"][name])
         _write(args.out, results)
     for path in args.plan:
-        row = results.setdefault("plans", {})[path.name] = measure_plan(path, args.iterations)
+        row = results.setdefault("plans", {})[path.name] = measure_plan(path, args.iterations,
+                                                                         args.native)
         print(f"{path.name}: {_ms(row['median_s'])} (host {_ms(row['host_median_s'])}; "
               f"uncapped {_ms(row['uncapped']['median_s'])}, host CPU "
               f"{_ms(row['uncapped']['host_cpu_median_s'])}), "
               f"predicted {_ms(row['predicted_s'])}, records {row['records']}", flush=True)
+        _print_native(row)
         _write(args.out, results)
     return 0
+
+
+def _print_native(row: dict) -> None:
+    for what, native in row.get("native", {}).items():
+        extra = f", {native['segments']} segments" if native.get("segments") else ""
+        oom = f", out of memory at {native['out_of_memory_at']}" \
+            if native.get("out_of_memory_at") else ""
+        print(f"  native {what}: {_ms(native.get('median_s'))}{extra}{oom}", flush=True)
 
 
 def _write(path: Path, results: dict) -> None:
