@@ -130,18 +130,20 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
             costs: KernelCosts | None = None, **options: Any) -> RunResult:
     """Run a plan for real with torch and measure it. `arena`: every fast copy at its planned
     offset (a plan without an arena is packed first, `with_arena`); `graph_replay` (CUDA): the
-    timed iterations replay one CUDA graph, under the budget's cap with the arena (implied:
-    it is what keeps the capture within the budget), uncapped (`enforce_budget=False`, or a
-    plan without a budget) with static inputs only, so no kernel output is copied into a slot
-    (`runtime.arena.StaticInputs`). Where no arena can serve the plan
-    (`pipeline.arena_for_run`: packed now, it would exceed the capped budget), the run falls
-    back to torch's caching allocator, eagerly, and its notes say why."""
+    timed iterations replay one CUDA graph: in the arena where `arena` is given or a capped
+    run's plan has one (`optimize --arena`), else with static inputs only (`runtime.arena.StaticInputs`),
+    so no kernel output is copied into a slot and the graph's private pool on torch's caching
+    allocator holds the iteration, under the cap when the run is capped (a plan for that
+    leaves headroom for the allocator, as eager plans do: docs/gpu.md, "Capped replay with
+    static inputs"). Where no arena can serve the plan (`pipeline.arena_for_run`: packed now,
+    it would exceed the capped budget), the run falls back to torch's caching allocator,
+    eagerly, and its notes say why."""
     from dataclasses import replace
 
     from autotm_py.runtime.executor import execute as _execute
 
     capped = runs_capped(plan, device, options.get("enforce_budget", True))
-    arena = arena or (graph_replay and capped)
+    arena = arena or (graph_replay and capped and plan.arena is not None)
     fallback = None
     if arena:
         placed, fallback = pipeline.arena_for_run(graph, plan, costs, capped=capped)
@@ -155,8 +157,8 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
 
 
 def runs_capped(plan: Plan, device: str, enforce_budget: bool = True) -> bool:
-    """Whether `execute` holds this run to the plan's budget (a cap on the GPU's allocator):
-    then a CUDA-graph replay runs in the arena, which keeps the capture within the budget."""
+    """Whether `execute` holds this run to the plan's budget (a cap on the GPU's allocator),
+    a CUDA-graph replay and its capture included."""
     return device.startswith("cuda") and enforce_budget and plan.header.budget_bytes is not None
 
 

@@ -23,7 +23,10 @@ object, so that a plan's predicted time is the same number whoever computes it:
 so the host enqueues it at once and no kernel waits for its dispatch: every kernel costs its
 device time (`KernelCosts.replayed`), for the ILP's objective and both clocks of the simulator
 alike, and every copy costs `costs.REPLAY_COPY_SLOWDOWN` times its eager time (`copying`: copies
-in a replayed graph measured slower on the H100).
+in a replayed graph measured slower on the H100). With `arena` the replay also copies the
+outputs torch allocates into their slots; without, it replays with static inputs on torch's
+caching allocator (under the cap when the budget is set) and copies nothing, and like an eager
+plan on that allocator it needs `headroom` for fragmentation.
 
 `arena` (GPU mode): the plan runs in an arena (`autotm_py.arena`): its tensors at planned
 offsets, and what kernels allocate themselves (workspace, outputs they cannot write in place:
@@ -96,10 +99,10 @@ class MachineModel:
         return self.graph_replay and self.gpu
 
     def _slot_copy_bytes(self) -> list[int] | None:
-        """Per kernel, the bytes a replay copies into arena slots: a run under a budget is
-        capped and replays in an arena (`api.execute`), where outputs that torch allocates are
-        copied into their slots; an uncapped replay (no budget) uses static inputs, no slots."""
-        if not self.arena and self.memory.budget_bytes is None:
+        """Per kernel, the bytes a replay copies into arena slots: a plan with an arena replays
+        in it (`api.execute`), where outputs that torch allocates are copied into their slots;
+        any other replay, capped or not, uses static inputs (no slots, nothing copied)."""
+        if not self.arena:
             return None
         return self._allocated_bytes([t.nbytes for t in self.graph.tensors]).tolist()
 

@@ -208,24 +208,29 @@ def test_graph_replay_prices_device_times():
     assert eager.all_fast_time == pytest.approx(2e-3 * n)
     step = 1e-3 + REPLAY_GAP_S  # device time and the graph's gap between kernel nodes
     assert replayed.all_fast_time == pytest.approx(step * n)
-    # under a budget the run is capped and replays in an arena: each output that torch
-    # allocates is copied into its slot, at SLOT_COPY_BYTES_PER_S (read and written once)
+    # a replay in an arena copies each output that torch allocates into its slot, at
+    # SLOT_COPY_BYTES_PER_S (read and written once); one with static inputs, capped under a
+    # budget or not, copies nothing
     copied = [sum(graph.tensors[t].nbytes for t in allocated_outputs(graph, k))
               for k in graph.kernels]
     assert sum(copied) > 0
     in_arena = step * n + 2 * sum(copied) / SLOT_COPY_BYTES_PER_S
     budgeted = memory.with_budget(1 << 30)
+    assert MachineModel(graph, budgeted, costs, graph_replay=True, arena=True).all_fast_time \
+        == pytest.approx(in_arena)
     assert MachineModel(graph, budgeted, costs, graph_replay=True).all_fast_time == \
-        pytest.approx(in_arena)
-    config = PlanConfig(device="cuda", ratio=None, graph=True, fast_mem_bytes=1 << 30)
-    result = optimize(graph, config, costs=costs)
-    assert result.plan.header.graph is True
-    assert result.plan.header.costs.digest == costs.digest  # the costs as loaded, not replayed
-    assert Plan.from_json(result.plan.to_json()).header.graph is True
-    sim = simulate(graph, result.plan, costs=costs)
-    assert sim.total_s == pytest.approx(in_arena)
-    assert simulate(graph, result.plan.with_header(graph=False), costs=costs).total_s == \
-        pytest.approx(2e-3 * n)
+        pytest.approx(step * n)
+    for placed, want in ((False, step * n), (True, in_arena)):
+        config = PlanConfig(device="cuda", ratio=None, graph=True, arena=placed,
+                            fast_mem_bytes=1 << 30)
+        result = optimize(graph, config, costs=costs)
+        assert result.plan.header.graph is True
+        assert (result.plan.arena is not None) == placed
+        assert result.plan.header.costs.digest == costs.digest  # as loaded, not replayed
+        assert Plan.from_json(result.plan.to_json()).header.graph is True
+        assert simulate(graph, result.plan, costs=costs).total_s == pytest.approx(want)
+        assert simulate(graph, result.plan.with_header(graph=False), costs=costs).total_s \
+            == pytest.approx(2e-3 * n)
 
 
 def test_graph_replay_prices_copies_slower_and_records_the_measured_link(monkeypatch):

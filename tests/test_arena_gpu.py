@@ -109,11 +109,12 @@ def test_conv_writes_into_its_slot_on_cuda():
 
 
 def test_linear_and_batch_norm_direct_paths_on_cuda():
-    """Linear and LinearGrad write into their slots what their kernels return; a batch norm
-    that runs cuDNN's pair is not written in place (the executor copies it), as the planner's
-    `writes_in_place` assumes."""
+    """Linear, LinearGrad and the training batch norm (cuDNN's pair here) write into their
+    slots what their kernels return, allocating nothing, as the planner's `writes_in_place`
+    assumes."""
     from autotm_py.frontend.fuse import fuse_graph
     from autotm_py.ir.training import derive_training
+    from autotm_py.kernels import batch_norm
     from autotm_py.memory.scratch import writes_in_place
     from autotm_py.runtime.reference import run_graph
     from tests.test_training_models import small_cnn, tiny_decoder
@@ -127,8 +128,15 @@ def test_linear_and_batch_norm_direct_paths_on_cuda():
                 continue
             args = [values[t] for t in kernel.inputs]
             outs = [torch.empty(graph.tensors[t].shape, device="cuda") for t in kernel.outputs]
+            torch.cuda.synchronize()
+            held = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
             written = run_kernel_into(kernel, args, outs)
             assert written == writes_in_place(graph, kernel), kernel.name
+            if kernel.op_type == "BatchNormalization":
+                eps = float(kernel.attr("epsilon", 1e-5))
+                assert written and batch_norm.cudnn_batch_norm(args[0], args[1], eps)
+                assert torch.cuda.max_memory_allocated() - held < 4096, kernel.name
             if written:
                 for got, want in zip(outs, run_kernel(kernel, args), strict=True):
                     assert torch.equal(got, want), kernel.name
@@ -183,6 +191,43 @@ def fit_runs(replay: bool) -> list[dict]:
                      **{k: getattr(run, k) for k in (
                          "alloc_retries", "graph", "arena_bytes", "reserved_peak_bytes",
                          "cap_bytes", "peak_fast_bytes", "capture_reserved_bytes", "notes")}})
+    return runs
+
+
+def test_capped_replay_with_static_inputs_stays_under_the_cap():
+    """A plan without an arena replays under its cap with static inputs (the graph's private
+    pool on torch's allocator holds the iteration): captured within the cap itself (no
+    allowance), reserved peak within the cap, no allocator retries, nothing copied into slots
+    but the carried values."""
+    for run in in_own_process("tests.test_arena_gpu", "static_runs"):
+        assert run["graph"] and run["arena_bytes"] is None, run
+        assert run["alloc_retries"] == 0, run
+        assert run["reserved_peak_bytes"] <= run["cap_bytes"], run
+        assert run["capture_reserved_bytes"] <= run["cap_bytes"], run
+        assert run["copied_outputs"] <= run["carried"], run
+
+
+def static_runs() -> list[dict]:
+    """The test CNN planned for replay without an arena between its working set and its peak
+    (headroom 0: the cap's 64 MiB of slack dwarfs its KiB-sized tensors), run capped and
+    replayed through `api.execute`: what the run reports."""
+    from autotm_py import api
+    graph = _graph("cnn")
+    costs = costs_for(graph)
+    reserve = preset("h100-pcie5").runtime_reserve_bytes
+    budget = reserve + (graph.max_working_set[0] + graph.peak_live_bytes) // 2
+    runs = []
+    for strategy in ("sync", "async"):
+        result = optimize(graph, PlanConfig(fast_mem_bytes=budget, device="cuda",
+                                            strategy=strategy, graph=True),
+                          costs=costs)
+        assert result.plan is not None and result.plan.arena is None, result.message
+        run = api.execute(graph, result.plan, device="cuda", iterations=3, warmup=1,
+                          graph_replay=True)
+        runs.append({"strategy": strategy, "carried": len(graph.carried),
+                     **{k: getattr(run, k) for k in (
+                         "alloc_retries", "graph", "arena_bytes", "reserved_peak_bytes",
+                         "cap_bytes", "capture_reserved_bytes", "copied_outputs", "notes")}})
     return runs
 
 

@@ -97,15 +97,19 @@ def test_linear_forms_are_bitwise_the_kernels(bias, weight):
 
 def test_new_native_kernels_are_copied_and_their_scratch_counted():
     """Kernels with no direct form (ConvGrad: aten's out= variant allocates; the batch-norm
-    gradient; a batch norm that runs cuDNN's pair on the GPU) run as usual and are copied
-    into their slots, so the planner counts their outputs as scratch."""
+    gradient, on either pair) run as usual and are copied into their slots, so the planner
+    counts their outputs as scratch; a training batch norm is written in place on either
+    pair (cuDNN's `cudnn_batch_norm.out` is a real out= kernel) and counts none."""
     from autotm_py.memory.scratch import allocated_outputs
 
     graph = derive_training(fuse_graph(small_cnn()), optimizer="sgd")
-    for op in ("ConvGrad", "BatchNormGrad", "BatchNormalization"):
+    for op in ("ConvGrad", "BatchNormGrad"):
         kernel = next(k for k in graph.kernels if k.op_type == op)
         assert not writes_in_place(graph, kernel), op
         assert set(allocated_outputs(graph, kernel)) == set(kernel.outputs), op
+    batch_norm = next(k for k in graph.kernels if k.op_type == "BatchNormalization")
+    assert writes_in_place(graph, batch_norm)  # the running statistics (carried) go through
+    assert batch_norm.outputs[0] not in allocated_outputs(graph, batch_norm)  # scratch
     assert "ConvGrad" not in INTO
 
 

@@ -89,7 +89,8 @@ arena_option = click.option(
 graph_option = click.option(
     "--graph", "graph_replay", is_flag=True,
     help="GPU mode: price the iteration as replayed from a CUDA graph (kernels at their device "
-         "times, no host dispatch), as `autotm run --graph` runs it.")
+         "times, no host dispatch), as `autotm run --graph` runs it: with --arena at planned "
+         "addresses, else with static inputs on torch's allocator (give --headroom).")
 reserve_option = click.option(
     "--reserve", default=None, metavar="BYTES",
     help="Fast memory the runtime keeps for itself whatever the plan, taken out of the budget "

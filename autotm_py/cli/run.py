@@ -41,10 +41,12 @@ from autotm_py.units import format_bytes
 @click.option("--graph", "graph_replay", is_flag=True,
               help="CUDA: capture the steady-state iteration once as a CUDA graph and replay "
                    "it; a kernel that cannot be captured makes the run eager, with a note "
-                   "naming it. Under the cap it implies --arena, and the capture may hold up to "
-                   "256 MiB more, once (reported); the replays run under the cap. With --no-cap "
-                   "and no --arena, only the iteration's inputs get fixed buffers and kernels "
-                   "write their outputs where torch puts them: nothing is copied into slots.")
+                   "naming it. Under the cap a plan with an arena (or --arena) replays in it, and "
+                   "its capture may hold up to 256 MiB more, once (reported). Any other "
+                   "run replays with static inputs: only the iteration's inputs get fixed "
+                   "buffers, kernels write their outputs where torch puts them (the graph's "
+                   "pool, under the cap unless --no-cap), nothing is copied into slots; such a "
+                   "plan needs --headroom, as an eager one does.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random values.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the measurements here (JSON; `autotm report --measured` reads it).")

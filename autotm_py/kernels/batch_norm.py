@@ -18,6 +18,12 @@ empty reserve, which is exactly what the forward produced. Where cuDNN asks for 
 (channels-last inputs take its persistent mode; another cuDNN version might), both kernels take
 the native path instead, so a reserve is never dropped. The two paths compute the same saved
 statistics (mean and 1 / sqrt(biased variance + eps)), so either backward reads either forward's.
+
+`batch_norm_training_into` writes the forward into given buffers (an arena run's slots) on
+either path: cuDNN's through `cudnn_batch_norm.out`, a real out= kernel (on the H100 it wrote
+into its buffers with no allocation, bitwise what the functional pair returns:
+`experiments/gpu/out_variant_probe.py`), the native one through `_native_batch_norm_legit.out`.
+The backward has no such kernel on either path (aten's out= variants of both allocate and copy).
 """
 
 from __future__ import annotations
@@ -72,6 +78,32 @@ def batch_norm_training(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor
         torch.ops.aten._native_batch_norm_legit_functional(x, scale, bias, mean, var, True,
                                                            momentum, eps))
     return y, new_mean, new_var, save_mean, save_invstd
+
+
+def batch_norm_training_into(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+                             mean: torch.Tensor, var: torch.Tensor, momentum: float, eps: float,
+                             outs: tuple[torch.Tensor, ...]) -> None:
+    """`batch_norm_training` written into `outs` = (Y, running mean', running var', saved mean,
+    saved invstd): the running statistics are copied into their new buffers and updated there,
+    as the functional kernels compute them on copies."""
+    y, new_mean, new_var, save_mean, save_invstd = outs
+    new_mean.copy_(mean)
+    new_var.copy_(var)
+    if not cudnn_batch_norm(x, scale, eps):
+        torch.ops.aten._native_batch_norm_legit.out(
+            x, scale, bias, new_mean, new_var, True, momentum, eps, out=y,
+            save_mean=save_mean, save_invstd=save_invstd)
+        return
+    # through the Python binding, not torch.ops: the kernel rebinds its reserve output to a
+    # new tensor, which on torch 2.11 corrupted the heap when called through torch.ops
+    # (experiments/gpu/out_variant_probe.py --stress)
+    _, _, _, reserve = torch.cudnn_batch_norm(
+        x, scale, bias, new_mean, new_var, True, momentum, eps,
+        out=(y, save_mean, save_invstd, torch.empty(0, dtype=torch.uint8, device=x.device)))
+    if reserve.numel():
+        raise ExecutionError(
+            f"cuDNN batch norm of a {tuple(x.shape)} input wrote a {reserve.numel()}-byte "
+            "reserve after reporting none; the backward would run without it")
 
 
 def batch_norm_backward(dy: torch.Tensor, x: torch.Tensor, scale: torch.Tensor,

@@ -7,10 +7,12 @@ the outputs there through aten `out=` variants, computing exactly what `run_kern
 runs as usual and the executor copies its outputs into their slots.
 
 An implementation returns False, having written nothing, when it cannot write in place (a
-dtype it does not handle, Conv off CUDA, a batch norm that runs cuDNN's pair); the caller then
+dtype it does not handle, Conv off CUDA, a batch norm in inference mode); the caller then
 runs the kernel and copies. Ops with no entry here run and are copied too: among them ConvGrad
 (aten's `convolution_backward.out` is a generated wrapper that allocates and copies, as the
-executor's copy does), the batch-norm gradient, attention and layer norm.
+executor's copy does), the batch-norm gradient (so are `cudnn_batch_norm_backward.out` and
+`native_batch_norm_backward.out`: `experiments/gpu/out_variant_probe.py`), attention and layer
+norm.
 `memory.scratch.writes_in_place` says, without torch, which kernels are written in place on
 CUDA, so that the planner leaves scratch for the others.
 """
@@ -23,7 +25,7 @@ import torch
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import torch_avg_pool_ok, window
-from autotm_py.kernels.batch_norm import cudnn_batch_norm
+from autotm_py.kernels.batch_norm import batch_norm_training_into
 from autotm_py.kernels.util import attrs
 
 Tensors = Sequence[torch.Tensor]
@@ -256,22 +258,16 @@ def conv(k: Kernel, args: Tensors, outs: Tensors) -> bool:
 
 @into("BatchNormalization")
 def batch_norm(k: Kernel, args: Tensors, outs: Tensors) -> bool:
-    """Training mode on the native kernel (the CPU; CUDA where torch would not pick cuDNN,
-    `kernels.batch_norm`): the running statistics are copied into their new slots and updated
-    there, as the functional kernel computes them; missing outputs go to small temporaries.
-    Where the kernel runs cuDNN's pair, the caller copies."""
+    """Training mode, on whichever pair torch runs (`kernels.batch_norm`: cuDNN's or the
+    native one); missing outputs go to small temporaries."""
     x, scale, bias, mean, var = args
+    if not k.attr("training_mode", 0):
+        return False
     eps, momentum = float(k.attr("epsilon", 1e-5)), float(k.attr("momentum", 0.9))
-    if not k.attr("training_mode", 0) or cudnn_batch_norm(x, scale, eps):
-        return False  # cuDNN's has no out= kernel (its out= variant allocates and copies)
     slots = list(outs) + [None] * (5 - len(outs))
-    y, new_mean, new_var, save_mean, save_invstd = (
-        s if s is not None else torch.empty_like(ref)
-        for s, ref in zip(slots, (x, mean, var, mean, mean), strict=True))
-    new_mean.copy_(mean)
-    new_var.copy_(var)
-    A._native_batch_norm_legit.out(x, scale, bias, new_mean, new_var, True, 1.0 - momentum, eps,
-                                   out=y, save_mean=save_mean, save_invstd=save_invstd)
+    buffers = tuple(s if s is not None else torch.empty_like(ref)
+                    for s, ref in zip(slots, (x, mean, var, mean, mean), strict=True))
+    batch_norm_training_into(x, scale, bias, mean, var, 1.0 - momentum, eps, buffers)
     return True
 
 

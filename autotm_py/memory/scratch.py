@@ -33,8 +33,6 @@ DIRECT_OPS = frozenset({
     "SGDUpdate", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad", "Linear", "LinearGrad",
     "Concat", "AveragePool",
 })
-# cuDNN's smallest batch-norm epsilon (CUDNN_BN_MIN_EPSILON): below it torch runs its own kernel.
-CUDNN_BN_MIN_EPSILON = 1e-5
 # Elementwise ops whose torch kernels (`kernels.into`) may write their output over the inputs
 # at these positions, each element read before it is written (Sum: the first two only, which
 # its first add reads). Without an arena the executor writes an output over an input that dies
@@ -61,8 +59,8 @@ def writes_in_place(graph: TensorGraph, kernel: Kernel) -> bool:
     `kernels/into.py` handles."""
     if kernel.op_type not in DIRECT_OPS:
         return False
-    if kernel.op_type == "BatchNormalization":  # cuDNN's pair has no out= kernel
-        return bool(kernel.attr("training_mode", 0)) and not _cudnn_batch_norm(graph, kernel)
+    if kernel.op_type == "BatchNormalization":  # training, on cuDNN's pair or the native one
+        return bool(kernel.attr("training_mode", 0))
     if kernel.op_type == "Conv":  # cuDNN pads symmetrically; explicit padding would copy
         x, w = (graph.tensors[t].shape for t in kernel.inputs[:2])
         geo = window(dict(kernel.attrs), x[2:], w[2:])
@@ -78,17 +76,6 @@ def writes_in_place(graph: TensorGraph, kernel: Kernel) -> bool:
     if kernel.op_type in ("MatMulGradA", "MatMulGradB"):
         return _plain_matmul_grad(graph, kernel)
     return True
-
-
-def _cudnn_batch_norm(graph: TensorGraph, kernel: Kernel) -> bool:
-    """Whether torch runs a training batch norm through cuDNN on a GPU (`kernels.batch_norm`
-    asks torch; this is its rule without torch): an input of rank 3 or more, float32 or
-    float64 (float16 with float parameters), epsilon at least cuDNN's smallest."""
-    x, scale = (graph.tensors[t] for t in kernel.inputs[:2])
-    floats = x.dtype in ("float32", "float64") or (x.dtype == "float16" and
-                                                   scale.dtype == "float32")
-    return len(x.shape) >= 3 and floats and \
-        float(kernel.attr("epsilon", 1e-5)) >= CUDNN_BN_MIN_EPSILON
 
 
 def _plain_matmul_grad(graph: TensorGraph, kernel: Kernel) -> bool:

@@ -712,18 +712,21 @@ class _Timed:
     notes: list[str] = field(default_factory=list)
 
 
-# How much more than the cap a capture may hold, once, under a capped run. Capturing allocates
-# kernels' scratch from the graph's private pool, which cannot reuse the blocks the eager
-# warm-up left in the default pool (nor they its), so for the capture's duration both pools hold
-# memory; measured on the H100 (docs/gpu.md), joint plans that replay within budget + 64 MiB
-# failed their capture under that cap. The replays allocate nothing: they run under the cap.
+# How much more than the cap a capture in an arena may hold, once, under a capped run.
+# Capturing allocates kernels' scratch from the graph's private pool, which cannot reuse the
+# blocks the eager warm-up left in the default pool (nor they its), so for the capture's
+# duration both pools hold memory; measured on the H100 (docs/gpu.md), joint plans that replay
+# within budget + 64 MiB failed their capture under that cap. The replays allocate nothing:
+# they run under the cap. A capture with static inputs gets no allowance: its private pool
+# holds the whole iteration and stays reserved while the graph replays, so the capture itself
+# must fit the cap.
 CAPTURE_ALLOWANCE = 256 << 20
 
 
 def _capture(executor: Executor, cap: int | None) -> tuple[str | None, int | None]:
-    """Capture the iteration (`Executor.capture`); under a cap, with `CAPTURE_ALLOWANCE` more
-    for the capture's duration. Returns why it failed (None if not) and, on a GPU, the most
-    the allocator reserved meanwhile."""
+    """Capture the iteration (`Executor.capture`); under a cap in an arena, with
+    `CAPTURE_ALLOWANCE` more for the capture's duration. Returns why it failed (None if not)
+    and, on a GPU, the most the allocator reserved meanwhile."""
     if not executor.cuda:
         return executor.capture(), None
     # Count the capture alone: the eager iterations before it left blocks cached on two
@@ -733,12 +736,13 @@ def _capture(executor: Executor, cap: int | None) -> tuple[str | None, int | Non
     torch.cuda.synchronize(executor.device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(executor.device)
-    if cap is not None:
+    allowance = cap is not None and executor.arena is not None
+    if allowance:
         set_cap(executor.device, cap + CAPTURE_ALLOWANCE)
     try:
         failed = executor.capture()
     finally:
-        if cap is not None:
+        if allowance:
             set_cap(executor.device, cap)
     return failed, torch.cuda.max_memory_reserved(executor.device)
 

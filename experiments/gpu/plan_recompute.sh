@@ -11,6 +11,11 @@
 # ARENA=1: the joint plans at planned addresses, priced for CUDA-graph replay (`--arena
 # --graph`, headroom 0: the planner packs the arena into the budget itself), named
 # MODEL_RATIO_async+recompute_arena_graph.json.gz; no move-only plans.
+# GRAPH=1: the joint plans priced for CUDA-graph replay with static inputs under the cap
+# (`--graph`, no arena: torch's caching allocator, so headroom as eager plans), at the headrooms
+# in GRAPH_HEADROOMS (default "0.05 0.1"), named MODEL_RATIO_async+recompute_graph_hH.json.gz;
+# no move-only plans.
+#   GRAPH=1 RATIOS="1:1 1:2 1:3" ONLY=resnet200 bash experiments/gpu/plan_recompute.sh
 set -eu
 PLANS=${PLANS:-experiments/plans/recompute}
 AUTOTM=${AUTOTM:-python3 -m autotm_py}
@@ -50,6 +55,12 @@ for model in ${ONLY:-resnet200 bert_base inception_v4 densenet264 gpt2_small}; d
   for ratio in ${RATIOS:-${RATIOS_OF[$model]:-1:1 1:3}}; do
     if [ -n "${ARENA:-}" ]; then
       solve "$model" "$ratio" 0 on async+recompute_arena_graph --arena --graph
+      continue
+    fi
+    if [ -n "${GRAPH:-}" ]; then
+      for headroom in ${GRAPH_HEADROOMS:-0.05 0.1}; do
+        solve "$model" "$ratio" "$headroom" on async+recompute_graph --graph
+      done
       continue
     fi
     for headroom in ${HEADROOMS[$model]}; do

@@ -34,7 +34,7 @@ OUT_DIR/recompute_check.json after every measurement and prints a table at the e
     python3 experiments/gpu/recompute_check.py OUT_DIR [--models resnet200,bert_base,...]
         [--merge: only merge OUT_DIR/*/recompute_check.json]
         [--plans experiments/plans/recompute] [--match '*arena_graph'] [--iterations 5]
-        [--budget-s 420] [--no-native] [--no-ours]
+        [--budget-s 420] [--no-native] [--no-ours] [--static-replay]
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from autotm_py.runtime.executor import execute  # noqa: E402
 from autotm_py.runtime.simulate import Simulator  # noqa: E402
 
 DEV = "cuda:0"  # --device cpu: a smoke test of the script itself (its times mean nothing)
+STATIC_REPLAY = False  # --static-replay: plans without an arena replayed under the cap too
 SLACK_MIB = 64  # the cap is budget + this, as `autotm run` (--slack-mib)
 MODELS = ("resnet200", "bert_base", "inception_v4", "densenet264", "gpt2_small")
 NATIVE = ("resnet200", "densenet264", "bert_base", "gpt2_small")  # native_compare's models
@@ -124,9 +125,12 @@ def predict(graph, plan: Plan, costs: KernelCosts) -> float | None:
 
 def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
     # a plan made with --arena runs at its planned addresses, and one priced for replay
-    # (--graph) is replayed as a CUDA graph, as `autotm run --arena [--graph]` would
+    # (--graph) is replayed as a CUDA graph, as `autotm run --arena [--graph]` would; with
+    # --static-replay a plan without an arena is replayed under the cap with static inputs
+    # (the graph's private pool on torch's caching allocator: no slot copies, no scratch region)
     arena = plan.arena is not None
-    replay = arena and bool(plan.header.config.get("graph")) and DEV.startswith("cuda")
+    replay = DEV.startswith("cuda") and (
+        (arena and bool(plan.header.config.get("graph"))) or (STATIC_REPLAY and not arena))
     try:
         r = execute(graph, plan, device=DEV, iterations=iterations, warmup=warmup, arena=arena,
                     graph_replay=replay, cap_slack_bytes=SLACK_MIB << 20)
@@ -407,7 +411,7 @@ def write_table(folder: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> int:
-    global DEV, SLACK_MIB
+    global DEV, SLACK_MIB, STATIC_REPLAY
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--models", default=",".join(MODELS))
@@ -425,12 +429,15 @@ def main() -> int:
     parser.add_argument("--device", default="cuda:0", help="cpu: a smoke test of the script")
     parser.add_argument("--slack-mib", type=int, default=64,
                         help="cap plans at budget + this (autotm run: 64)")
+    parser.add_argument("--static-replay", action="store_true",
+                        help="replay plans without an arena as CUDA graphs under the cap, with "
+                             "static inputs on the caching allocator (default: eagerly)")
     parser.add_argument("--merge", action="store_true",
                         help="only merge OUT/*/recompute_check.json into OUT (no runs)")
     args = parser.parse_args()
     if args.merge:
         return merge(args.out)
-    DEV, SLACK_MIB = args.device, args.slack_mib
+    DEV, SLACK_MIB, STATIC_REPLAY = args.device, args.slack_mib, args.static_replay
     if DEV.startswith("cuda") and not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 2
