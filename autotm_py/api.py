@@ -131,13 +131,13 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     """Run a plan for real with torch and measure it. `arena`: every fast copy at its planned
     offset (a plan without an arena is packed first, `with_arena`); `graph_replay` (CUDA): the
     timed iterations replay one CUDA graph: in the arena where `arena` is given or a capped
-    run's plan has one (`optimize --arena`), else with static inputs only (`runtime.arena.StaticInputs`),
-    so no kernel output is copied into a slot and the graph's private pool on torch's caching
-    allocator holds the iteration, under the cap when the run is capped (a plan for that
-    leaves headroom for the allocator, as eager plans do: docs/gpu.md, "Capped replay with
-    static inputs"). Where no arena can serve the plan (`pipeline.arena_for_run`: packed now,
-    it would exceed the capped budget), the run falls back to torch's caching allocator,
-    eagerly, and its notes say why."""
+    run's plan has one (`optimize --arena`), else with static inputs only
+    (`runtime.arena.StaticInputs`), so no kernel output is copied into a slot and the graph's
+    private pool on torch's caching allocator holds the iteration, under the cap when the run
+    is capped (a plan for that leaves headroom for the allocator, more than an eager plan:
+    docs/gpu.md, "Capped replay with static inputs"). Where no arena can serve the plan
+    (`pipeline.arena_for_run`: packed now, it would exceed the capped budget), the run falls
+    back to torch's caching allocator, eagerly, and its notes say why."""
     from dataclasses import replace
 
     from autotm_py.runtime.executor import execute as _execute

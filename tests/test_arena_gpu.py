@@ -275,6 +275,32 @@ def test_a_cap_starts_without_the_garbage_of_an_earlier_run():
         gc.enable()
 
 
+def test_a_failed_capture_leaves_nothing_allocated(monkeypatch):
+    """The partial iteration of a capture that failed (here at a kernel that synchronizes,
+    after every tensor before it was allocated in the graph's pool) is let go at once: the
+    eager iterations that follow start from the bytes allocated before the capture."""
+    from autotm_py.runtime.executor import new_executor
+
+    graph = _graph("decoder")
+    plan = _arena_plans(graph)["all-fast"]
+    erf = KERNELS["Erf"]
+
+    def syncing_erf(kernel, args):
+        if args[0].is_cuda:
+            args[0].sum().item()
+        return erf(kernel, args)
+
+    monkeypatch.setitem(KERNELS, "Erf", syncing_erf)
+    _, executor = new_executor(graph, plan, "cuda", static_inputs=True)
+    executor.warm_up()
+    executor.prepare()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    assert "Erf" in (executor.capture() or "")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= before
+
+
 def test_a_kernel_that_cannot_be_captured_is_named(monkeypatch):
     graph = _graph("decoder")
     plan = with_arena(graph, _arena_plans(graph)["all-fast"], costs_for(graph))

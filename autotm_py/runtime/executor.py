@@ -593,10 +593,22 @@ class Executor(PlanInterpreter):
         self.prepare()
         graph = GraphReplay(self.run, self._where, self.capture_stream)
         if graph.failed is not None:
+            self._drop_failed_capture()
             self.prepare()
             return graph.failed
         self._graph, self._end = graph, (self.state, self.carry)
         return None
+
+    def _drop_failed_capture(self) -> None:
+        """Let go of what a failed capture left: the tensors of its partial iteration live in
+        the graph's private pool, and until they go (and the cache is emptied) that pool's
+        blocks count against the cap of the eager iterations that follow (on the H100 a
+        capture that ran out of memory under the cap left the plan's whole iteration reserved,
+        and every later run of the process ran out of memory)."""
+        self.state = _State()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
     def replay(self) -> None:
         """Run the captured iteration (after `prepare()` placed its inputs); afterwards the

@@ -144,6 +144,7 @@ def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
             "reserved_peak_bytes": r.reserved_peak_bytes,
             "capture_reserved_bytes": r.capture_reserved_bytes,
             "slow_pool_bytes": r.slow_pool_bytes, "arena": arena, "graph": r.graph,
+            "replay_wanted": replay,
             "notes": list(r.notes)}
 
 
@@ -179,12 +180,19 @@ def first_fit(graph, plans: list[tuple[Path, Plan]], ctx, args, clock: Clock,
         print(f"  {label} h{plan.header.headroom:.2f}: " + (
             row.get("error") or f"{_brief(row)}, retries {row['alloc_retries']}, predicted "
             f"{_ms(row['predicted_s'])} (here {_ms(row['predicted_here_s'])})"), flush=True)
-        if "error" not in row and not row["alloc_retries"]:
+        if _clean(row):
             break
     ran = [a for a in attempts if "error" not in a]
-    clean = [a for a in ran if not a["alloc_retries"]]
+    clean = [a for a in ran if _clean(a)]
     best = clean[0] if clean else min(ran, key=lambda a: a["median_s"], default=None)
     return {"result": best, "attempts": attempts}
+
+
+def _clean(row: dict[str, Any]) -> bool:
+    """Ran without allocator retries, and replayed where a replay was asked for (a capture
+    that fails under the cap falls back to eager iterations: not the run that was asked for)."""
+    return "error" not in row and not row["alloc_retries"] and \
+        (row["graph"] or not row["replay_wanted"])
 
 
 def native_checkpointing(name: str, options, budget: int | None, args) -> dict[str, Any]:
