@@ -62,6 +62,9 @@ class PlanConfig:
     recompute: str = "auto"  # auto | off | on | only (RECOMPUTE_MODES)
     recompute_depth: int = DEFAULT_RECOMPUTE_DEPTH
     recompute_ratio: float = DEFAULT_RECOMPUTE_RATIO
+    # Regeneration also at this many backward kernels before a tensor's first backward use
+    # (`recompute.recompute_spec`): chains regenerated link by link, as checkpointing does.
+    recompute_early: int = 0
     # GPU mode: give every fast-memory buffer a planned offset in one arena (`autotm_py.arena`)
     # and fit the packed arena in the budget, so that the plan runs without headroom.
     arena: bool = False

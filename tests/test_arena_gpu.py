@@ -301,6 +301,62 @@ def test_a_failed_capture_leaves_nothing_allocated(monkeypatch):
     assert torch.cuda.memory_allocated() <= before
 
 
+def test_a_failed_run_gives_its_memory_back(monkeypatch):
+    """A run that fails (here a kernel runs out of memory in the second iteration) drops what
+    it held before the error leaves `execute`: the caller's traceback keeps the executor alive,
+    and its tensors counted against the next run's cap."""
+    from autotm_py.errors import ExecutionError
+
+    graph = _graph("decoder")
+    plan = _arena_plans(graph)["all-fast"]
+    erf, calls = KERNELS["Erf"], []
+
+    def failing_erf(kernel, args):
+        calls.append(1)
+        if len(calls) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 MiB")
+        return erf(kernel, args)
+
+    # a run that succeeds first: the library workspaces it makes (cuBLAS's, per stream) stay
+    execute(graph, plan, device="cuda", iterations=1, warmup=1, enforce_budget=False)
+    monkeypatch.setitem(KERNELS, "Erf", failing_erf)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with pytest.raises(ExecutionError, match="out of fast memory") as failed:
+        execute(graph, plan, device="cuda", iterations=2, warmup=1, enforce_budget=False)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= before, failed.value
+
+
+def test_a_capture_that_runs_out_of_memory_gives_its_pool_back(monkeypatch):
+    """A capture that runs out of memory (a capped replay with static inputs whose plan left
+    too little headroom) falls back to eager iterations, and its private pool's bytes go back:
+    on the H100 they had stayed reserved, and every later capped run of the process ran out
+    of memory."""
+    graph = _graph("decoder")
+    plan = _arena_plans(graph)["all-fast"]
+    execute(graph, plan, device="cuda", iterations=1, warmup=1, graph_replay=True,
+            enforce_budget=False)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved()
+    erf = KERNELS["Erf"]
+
+    def greedy_erf(kernel, args):
+        if torch.cuda.is_current_stream_capturing():
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # more than any GPU has
+        return erf(kernel, args)
+
+    monkeypatch.setitem(KERNELS, "Erf", greedy_erf)
+    for _ in range(2):
+        run = execute(graph, plan, device="cuda", iterations=1, warmup=1, graph_replay=True,
+                      enforce_budget=False)
+        assert not run.graph and any("out of memory" in n.lower() for n in run.notes), run.notes
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_reserved() <= reserved
+
+
 def test_a_kernel_that_cannot_be_captured_is_named(monkeypatch):
     graph = _graph("decoder")
     plan = with_arena(graph, _arena_plans(graph)["all-fast"], costs_for(graph))

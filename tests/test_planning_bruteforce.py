@@ -158,6 +158,22 @@ def test_ilp_with_recompute_equals_exhaustive_search(graph, memory, strategy, fr
     check(machine, strategy, recompute=spec)
 
 
+@pytest.mark.parametrize("graph", ["chain_training", "training"])
+@pytest.mark.parametrize("strategy", ["sync", "async"])
+@pytest.mark.parametrize("frac", [0.3, 0.7])
+def test_ilp_with_early_regeneration_equals_exhaustive_search(graph, strategy, frac):
+    """Regeneration points before a tensor's first backward use (`--recompute-early`): gadgets
+    with no move, where the tensor may be re-made and then kept; the ILP's optimum is the
+    exhaustive search's over the same points."""
+    g = RECOMPUTE_GRAPHS[graph]()
+    machine = recompute_machine(g, preset("h100-pcie5"), strategy, frac)
+    spec = recompute_spec(machine, depth=2, ratio=None, early=2)
+    plain = recompute_spec(machine, depth=2, ratio=None)
+    if graph == "chain_training":  # ("training" has no backward kernel before its first)
+        assert sum(map(len, spec.regen.values())) > sum(map(len, plain.regen.values()))
+    check(machine, strategy, recompute=spec)
+
+
 @pytest.mark.parametrize("seed", [0, 2])
 @pytest.mark.parametrize("memory", ["h100-pcie5", "optane"])
 def test_random_training_graphs_with_recompute(seed, memory):

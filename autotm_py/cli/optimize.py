@@ -111,6 +111,11 @@ RATIO_HELP = (
               help="A forward kernel may be re-run when its time is at most this times the "
                    "time to copy its outputs out and back (smaller: fewer candidates, a "
                    "smaller ILP; recompute-only plans take every reproducible forward kernel).")
+@click.option("--recompute-early", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also let a tensor be regenerated at this many backward kernels before its "
+                   "first backward use, so that a chain is re-run link by link and each link "
+                   "kept until its use, as checkpointing re-runs a segment (0: only right "
+                   "before its uses). Larger: a larger ILP.")
 @click.option("--pin-weights", is_flag=True,
               help="The paper's rule: inputs, weights and optimizer state stay in fast "
                    "memory, outside the budget.")
@@ -130,7 +135,7 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
                  device: str, memory: str | None, solver: str, gap: float,
                  time_limit: float | None, async_window: int,
                  async_candidates: int | None, recompute: str, recompute_depth: int,
-                 recompute_ratio: float, pin_weights: bool,
+                 recompute_ratio: float, recompute_early: int, pin_weights: bool,
                  threads: int | None, headroom: float, reserve: str | None, arena: bool,
                  graph_replay: bool,
                  profiles_dir: str | None, no_baselines: bool,
@@ -152,6 +157,7 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         async_window=async_window, async_candidates=async_candidates,
         pin_weights=pin_weights, threads=threads, headroom=headroom, recompute=recompute,
         recompute_depth=recompute_depth, recompute_ratio=recompute_ratio,
+        recompute_early=recompute_early,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
         arena=arena, graph=graph_replay)
     control = SolveControl(time_limit_s=time_limit)

@@ -161,6 +161,9 @@ def _one(machine: MachineModel, tid: int, strategy: str, window: int,
             if read.get(u, NONE) == NONE:
                 read[u] = SYNC
             write.setdefault(u, NONE)
+        for u in regen - uses:  # early regeneration points: a gadget with no move
+            read.setdefault(u, NONE)
+            write.setdefault(u, NONE)
         both = {u for u in cond if read[u] == ASYNC}  # keeps the async read of move-only plans
     kernels = tuple(sorted(read.keys() | write.keys()))
     # GPU static has no moves at all and kernels need fast IO: everything stays fast.

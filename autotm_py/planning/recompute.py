@@ -105,17 +105,24 @@ def _cheap(machine: MachineModel, kid: int, outputs: list[int], ratio: float) ->
 
 
 def recompute_spec(machine: MachineModel, *, depth: int, ratio: float | None,
-                   exclude: Collection[int] = ()) -> RecomputeSpec:
-    """Regeneration points, conditional uses and extended ranges (module docstring)."""
+                   exclude: Collection[int] = (), early: int = 0) -> RecomputeSpec:
+    """Regeneration points, conditional uses and extended ranges (module docstring). `early`:
+    also the `early` backward kernels right before each candidate's first backward use, so
+    that a chain may be regenerated link by link over several kernels, each link kept until
+    its use (as checkpointing re-runs a segment), where one point would need a deep chain."""
     graph = machine.graph
     cands = candidates(machine, ratio=ratio, exclude=exclude)
     regen: dict[int, dict[int, int]] = defaultdict(dict)  # tensor -> kernel -> level
     frontier: list[tuple[int, int, int]] = []
+    backward = [k.id for k in graph.kernels if not is_forward(k)]
     for t in sorted(cands):
-        for u in graph.tensors[t].users:
-            if not is_forward(graph.kernels[u]):
-                regen[t][u] = 0
-                frontier.append((t, u, 0))
+        points = [u for u in graph.tensors[t].users if not is_forward(graph.kernels[u])]
+        if points and early:
+            first = backward.index(min(points))
+            points += backward[max(first - early, 0):first]
+        for u in points:
+            regen[t][u] = 0
+            frontier.append((t, u, 0))
     needs: dict[int, set[int]] = defaultdict(set)
     while frontier:
         t, u, level = frontier.pop()

@@ -175,7 +175,8 @@ def _spec(machine: MachineModel, config: PlanConfig,
     if mode == "off":
         return None
     ratio = None if mode == "only" else config.recompute_ratio  # recompute-only: every op
-    return recompute_spec(machine, depth=config.recompute_depth, ratio=ratio, exclude=exclude)
+    return recompute_spec(machine, depth=config.recompute_depth, ratio=ratio, exclude=exclude,
+                          early=config.recompute_early)
 
 
 def _small_and_recompute(machine: MachineModel, config: PlanConfig
@@ -209,6 +210,7 @@ class Stage:
     depth: int = 0
     fixed: bool = False
     share: float = 1.0
+    early: int = 0  # regeneration points before first backward uses (`recompute_early`)
 
 
 def _chain(machine: MachineModel, config: PlanConfig) -> list[Stage]:
@@ -233,8 +235,12 @@ def _chain(machine: MachineModel, config: PlanConfig) -> list[Stage]:
     # 60 s for it here, and stopped at 20% of 180 s it kept the move-only start (2.7x vs 1.25x)
     out += [Stage("sync", "on", d, share=s) for d, s in zip([min(depth, 2), *deeper],
                                                             (0.45, 0.3), strict=False)]
+    early = config.recompute_early
+    if early:  # the larger model with early points, from the plan without them
+        out.append(Stage("sync", "on", depth, share=0.35, early=early))
     if config.strategy == "async":
-        out += [Stage("async", "on", depth, fixed=True, share=0.8), Stage("async", "on", depth)]
+        out += [Stage("async", "on", depth, fixed=True, share=0.8, early=early),
+                Stage("async", "on", depth, early=early)]
     return out
 
 
@@ -260,7 +266,7 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
     limit = config.time_limit_s
     if limit is None and config.recompute_mode != "off":
         limit = RECOMPUTE_TIME_LIMIT_S
-    specs = {spec.depth: spec} if spec is not None else {}
+    specs = {(spec.depth, config.recompute_early): spec} if spec is not None else {}
     stages = _chain(machine, config)
     for i, stage in enumerate(stages):
         if control.stop_requested:
@@ -270,13 +276,14 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
         if last and stage.fixed is False and i and stages[i - 1].fixed and limit is not None \
                 and limit - elapsed < 0.15 * limit and best is not None:
             break  # too little time left to search the whole async model
-        if stage.mode != "off" and stage.depth not in specs:
-            specs[stage.depth] = _spec(machine, replace(config, recompute_depth=stage.depth),
-                                       small)
+        key = (stage.depth, stage.early)
+        if stage.mode != "off" and key not in specs:
+            specs[key] = _spec(machine, replace(config, recompute_depth=stage.depth,
+                                                recompute_early=stage.early), small)
         candidates = config.async_candidates if stage.strategy == "async" else None
         control.report(stage="building", strategy=_stage_name(stage), solver=config.solver)
         f = formulation.build(machine, stage.strategy, config.async_window, candidates, small,
-                              recompute=specs.get(stage.depth) if stage.mode != "off" else None,
+                              recompute=specs.get(key) if stage.mode != "off" else None,
                               moves=stage.mode != "only")
         log.info("built the %s ILP (depth %d%s): %d variables, %d constraints in %.2f s",
                  f.name, stage.depth, ", regenerations fixed" if stage.fixed else "",

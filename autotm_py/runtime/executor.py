@@ -30,10 +30,12 @@ max(kernel, its copies of each direction); a sync move is ordered on the compute
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import re
 import statistics
+import traceback
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -599,6 +601,17 @@ class Executor(PlanInterpreter):
         self._graph, self._end = graph, (self.state, self.carry)
         return None
 
+    def release(self) -> None:
+        """Drop every device tensor the executor holds, after a run that failed: the
+        exception's traceback keeps the executor alive until Python's cycle collector runs,
+        and with it the iteration's memory (its arena, or a capture's pool), which counted
+        against the next run's cap (on the H100, every later run of a sweep ran out of
+        memory after one plan did)."""
+        self.state, self.carry = _State(), {}
+        self._graph = self._end = None
+        self.arena = self.slots = None
+        _give_back(self.device if self.cuda else None)
+
     def _drop_failed_capture(self) -> None:
         """Let go of what a failed capture left: the tensors of its partial iteration live in
         the graph's private pool, and until they go (and the cache is emptied) that pool's
@@ -606,9 +619,7 @@ class Executor(PlanInterpreter):
         capture that ran out of memory under the cap left the plan's whole iteration reserved,
         and every later run of the process ran out of memory)."""
         self.state = _State()
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
+        _give_back(self.device if self.cuda else None)
 
     def replay(self) -> None:
         """Run the captured iteration (after `prepare()` placed its inputs); afterwards the
@@ -664,6 +675,10 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     cap = apply_cap(plan.header.budget_bytes, dev, enforce_budget, cap_slack_bytes)
     try:
         timed = _timed_iterations(executor, iterations, warmup, graph_replay, cap)
+    except BaseException as exc:
+        _forget_frames(exc)
+        executor.release()
+        raise
     finally:
         if cap is not None:
             release_cap(dev)
@@ -691,6 +706,29 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
         copied_outputs=None if executor.slots is None else timed.copied,
         graph=timed.replayed, capture_reserved_bytes=timed.capture_reserved,
     )
+
+
+def _give_back(device: torch.device | None) -> None:
+    """Return what a failed run or capture no longer references to the driver: the collector
+    first (an error's traceback may hold the last references to its tensors in a cycle), then
+    the allocator's cache, so that it does not count against the next run's cap."""
+    gc.collect()
+    if device is not None:
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _forget_frames(exc: BaseException) -> None:
+    """Clear the local variables of the finished frames in `exc`'s traceback and in those of
+    the errors it arose from (the out-of-memory under an `ExecutionError`): the executor's
+    loops hold the iteration's state and the kernels their tensors in locals, which the
+    caller's traceback would otherwise keep allocated."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__context__
 
 
 def new_executor(graph: TensorGraph, plan: Plan, device: str, seed: int = 0,

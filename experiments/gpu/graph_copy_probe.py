@@ -23,6 +23,21 @@ from pathlib import Path
 import torch
 
 
+def median_event_ms(fn, repeats: int, stream: torch.cuda.Stream | None = None,
+                    warmup: int = 2) -> float:
+    """Median milliseconds of `fn` between CUDA events on `stream` (the current one if None),
+    after `warmup` untimed calls."""
+    times = []
+    for _ in range(repeats + warmup):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record(stream)
+        fn()
+        end.record(stream)
+        torch.cuda.synchronize()
+        times.append(begin.elapsed_time(end))
+    return statistics.median(times[warmup:])
+
+
 class Probe:
     """Buffers and streams of the miniature iteration."""
 
@@ -68,15 +83,7 @@ class Probe:
 
     def timed(self, fn) -> float:
         """Median ms of `fn`, between events on the compute stream."""
-        times = []
-        for _ in range(self.args.repeats + 2):
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record(self.compute)
-            fn()
-            end.record(self.compute)
-            torch.cuda.synchronize()
-            times.append(begin.elapsed_time(end))
-        return statistics.median(times[2:])
+        return median_event_ms(fn, self.args.repeats, self.compute)
 
     def captured(self, flags: tuple[bool, bool, bool]) -> float:
         graph = torch.cuda.CUDAGraph()

@@ -22,29 +22,15 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from graph_copy_probe import median_event_ms
 
 A = torch.ops.aten
-
-
-def timed(fn: Callable[[], object], repeats: int) -> float:
-    """Median milliseconds of `fn` on the current stream."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def extra_bytes(fn: Callable[[], object]) -> int:
@@ -67,8 +53,8 @@ def probe(name: str, functional: Callable[[], tuple[torch.Tensor, ...]],
         want = functional()
         row["bitwise_equal"] = all(torch.equal(o, w) for o, w in zip(outs, want, strict=False))
         row["extra_bytes_functional"] = extra_bytes(functional)
-        row["ms_out"] = timed(into, repeats)
-        row["ms_functional"] = timed(functional, repeats)
+        row["ms_out"] = median_event_ms(into, repeats)
+        row["ms_functional"] = median_event_ms(functional, repeats)
     except Exception as exc:  # a probe reports what failed and goes on
         row["error"] = f"{type(exc).__name__}: {exc}"[:300]
     print(json.dumps(row), flush=True)

@@ -40,6 +40,7 @@ OUT_DIR/recompute_check.json after every measurement and prints a table at the e
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import sys
@@ -135,8 +136,11 @@ def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
         r = execute(graph, plan, device=DEV, iterations=iterations, warmup=warmup, arena=arena,
                     graph_replay=replay, cap_slack_bytes=SLACK_MIB << 20)
     except Exception as exc:  # (out of memory under the cap, or a bug: recorded)
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        del exc
+        gc.collect()  # what a traceback's cycles hold would count against the next cap
         torch.cuda.empty_cache()
-        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+        return {"error": error}
     torch.cuda.empty_cache()
     return {"median_s": r.median_s, "iteration_times_s": list(r.iteration_times_s),
             "peak_bytes": r.peak_fast_bytes, "cap_bytes": r.cap_bytes,
