@@ -110,6 +110,8 @@ class PlanConfig:
             raise ConfigError(f"--recompute-depth {self.recompute_depth}: must be >= 1")
         if not self.recompute_ratio > 0:
             raise ConfigError(f"--recompute-ratio {self.recompute_ratio}: must be positive")
+        if self.recompute_early < 0:
+            raise ConfigError(f"--recompute-early {self.recompute_early}: must be >= 0")
 
     @property
     def recompute_mode(self) -> str:

@@ -174,6 +174,24 @@ def test_ilp_with_early_regeneration_equals_exhaustive_search(graph, strategy, f
     check(machine, strategy, recompute=spec)
 
 
+def test_early_points_are_the_backward_kernels_before_the_first_backward_use():
+    from autotm_py.config import PlanConfig
+    from autotm_py.errors import ConfigError
+    from autotm_py.planning.recompute import is_forward
+
+    g = RECOMPUTE_GRAPHS["chain_training"]()
+    machine = recompute_machine(g, preset("h100-pcie5"), "sync", 0.3)
+    plain = recompute_spec(machine, depth=1, ratio=None)
+    early = recompute_spec(machine, depth=1, ratio=None, early=2)
+    backward = [k.id for k in g.kernels if not is_forward(k)]
+    assert plain.regen and set(early.regen) == set(plain.regen)
+    for t, points in plain.regen.items():  # depth 1: the points are t's backward uses
+        first = backward.index(min(points))
+        assert early.regen[t] == points | set(backward[max(first - 2, 0):first]), t
+    with pytest.raises(ConfigError, match="--recompute-early"):
+        PlanConfig(recompute_early=-1)
+
+
 @pytest.mark.parametrize("seed", [0, 2])
 @pytest.mark.parametrize("memory", ["h100-pcie5", "optane"])
 def test_random_training_graphs_with_recompute(seed, memory):
