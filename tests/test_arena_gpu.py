@@ -330,31 +330,44 @@ def test_a_failed_run_gives_its_memory_back(monkeypatch):
 
 def test_a_capture_that_runs_out_of_memory_gives_its_pool_back(monkeypatch):
     """A capture that runs out of memory (a capped replay with static inputs whose plan left
-    too little headroom) falls back to eager iterations, and its private pool's bytes go back:
-    on the H100 they had stayed reserved, and every later capped run of the process ran out
-    of memory."""
+    too little headroom) falls back to eager iterations, and its private pool goes back to the
+    driver: on the H100 the allocator had been left believing a capture was under way, so that
+    neither `empty_cache` nor its own retries gave anything back and every later capped run of
+    the process ran out of memory. (The eager iterations may leave a library workspace of
+    their own in the default pool.) This passes with and without `_cuda_endAllocateToPool` in
+    `arena._release_pool` on the H100: the one-process sweep of recompute_check.py, not this
+    test, showed that fault (docs/gpu.md)."""
     graph = _graph("decoder")
     plan = _arena_plans(graph)["all-fast"]
-    execute(graph, plan, device="cuda", iterations=1, warmup=1, graph_replay=True,
-            enforce_budget=False)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    reserved = torch.cuda.memory_reserved()
     erf = KERNELS["Erf"]
 
     def greedy_erf(kernel, args):
-        if torch.cuda.is_current_stream_capturing():
-            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # more than any GPU has
+        if torch.cuda.is_current_stream_capturing():  # over the cap set below: out of memory
+            torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
         return erf(kernel, args)
 
     monkeypatch.setitem(KERNELS, "Erf", greedy_erf)
-    for _ in range(2):
-        run = execute(graph, plan, device="cuda", iterations=1, warmup=1, graph_replay=True,
-                      enforce_budget=False)
-        assert not run.graph and any("out of memory" in n.lower() for n in run.notes), run.notes
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        assert torch.cuda.memory_reserved() <= reserved
+    total = torch.cuda.get_device_properties(0).total_memory
+    reserved = []
+    try:
+        for _ in range(3):
+            # the allocator meets a cap (as under a budget) and tries to free and retry inside
+            # the capture, which ends the capture with an error
+            torch.cuda.set_per_process_memory_fraction(
+                (torch.cuda.memory_reserved() + (512 << 20)) / total)
+            run = execute(graph, plan, device="cuda", iterations=1, warmup=1,
+                          graph_replay=True, enforce_budget=False)
+            assert not run.graph and any("out of memory" in n.lower() for n in run.notes), \
+                run.notes
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            reserved.append(torch.cuda.memory_reserved())
+            pools = {tuple(seg["segment_pool_id"])
+                     for seg in torch.cuda.memory._snapshot()["segments"]}
+            assert pools <= {(0, 0)}, pools  # no private pool left
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert reserved[2] <= reserved[1], reserved  # nothing grows from one failure to the next
 
 
 def test_a_kernel_that_cannot_be_captured_is_named(monkeypatch):

@@ -20,6 +20,7 @@ stream and join it (the executor's events), as CUDA requires.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 from collections.abc import Callable
@@ -150,11 +151,21 @@ def _release_pool(device: torch.device, pool: tuple[int, int]) -> None:
     """Give the private pool of a capture that never ended back to the allocator. torch
     releases a graph's pool when the graph goes only if `capture_end` succeeded; where it
     raised (an invalidated capture), the blocks the capture allocated stayed cached for the
-    rest of the process, counted against every later run's cap. `_cuda_releasePool` is torch's
-    own call for that (its CUDA-graph trees use it); without it (another torch) they stay."""
+    rest of the process, counted against every later run's cap. `_cuda_endAllocateToPool` and
+    `_cuda_releasePool` are torch's own calls for that (`torch.cuda.use_mem_pool` ends with
+    them); without them (another torch) the blocks stay."""
+    index = cuda_index(device)
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end is not None:
+        # capture_end raised before it told the allocator the capture was over: until it is
+        # told, the allocator believes a capture is under way and neither empty_cache nor its
+        # own retry after an out-of-memory gives anything back (on the H100 every later capped
+        # run of the process then ran out of memory)
+        with contextlib.suppress(RuntimeError):  # (raised where it was told)
+            end(index, pool)
     release = getattr(torch._C, "_cuda_releasePool", None)
     if release is not None:
-        release(cuda_index(device), pool)
+        release(index, pool)
 
 
 def _restore_generator(rng: torch.Generator, state: torch.Tensor) -> None:

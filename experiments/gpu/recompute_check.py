@@ -140,7 +140,7 @@ def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
         del exc
         gc.collect()  # what a traceback's cycles hold would count against the next cap
         torch.cuda.empty_cache()
-        return {"error": error}
+        return {"error": error, **_left_behind()}
     torch.cuda.empty_cache()
     return {"median_s": r.median_s, "iteration_times_s": list(r.iteration_times_s),
             "peak_bytes": r.peak_fast_bytes, "cap_bytes": r.cap_bytes,
@@ -182,7 +182,11 @@ def first_fit(graph, plans: list[tuple[Path, Plan]], ctx, args, clock: Clock,
                                                           args.warmup)
         attempts.append(row)
         print(f"  {label} h{plan.header.headroom:.2f}: " + (
-            row.get("error") or f"{_brief(row)}, retries {row['alloc_retries']}, predicted "
+            (row["error"][:120] + f" [left allocated {row.get('left_allocated_bytes', 0) >> 20}"
+             f" MiB, reserved {row.get('left_reserved_bytes', 0) >> 20} MiB, by pool "
+             f"{row.get('left_segments_by_pool_and_stream')}]"
+             if "error" in row else None)
+            or f"{_brief(row)}, retries {row['alloc_retries']}, predicted "
             f"{_ms(row['predicted_s'])} (here {_ms(row['predicted_here_s'])})"), flush=True)
         if _clean(row):
             break
@@ -190,6 +194,20 @@ def first_fit(graph, plans: list[tuple[Path, Plan]], ctx, args, clock: Clock,
     clean = [a for a in ran if _clean(a)]
     best = clean[0] if clean else min(ran, key=lambda a: a["median_s"], default=None)
     return {"result": best, "attempts": attempts}
+
+
+def _left_behind() -> dict[str, int | None]:
+    """Bytes still allocated and reserved on the device after a failed run and a cache flush:
+    what the next run's cap would meet."""
+    if not DEV.startswith("cuda"):
+        return {}
+    pools: dict[str, int] = {}
+    for seg in torch.cuda.memory._snapshot().get("segments", []):
+        key = f"{tuple(seg.get('segment_pool_id', ()))} {seg.get('stream')}"
+        pools[key] = pools.get(key, 0) + int(seg.get("total_size", 0))
+    return {"left_allocated_bytes": torch.cuda.memory_allocated(DEV),
+            "left_reserved_bytes": torch.cuda.memory_reserved(DEV),
+            "left_segments_by_pool_and_stream": pools}
 
 
 def _clean(row: dict[str, Any]) -> bool:
