@@ -275,6 +275,16 @@ def test_a_cap_starts_without_the_garbage_of_an_earlier_run():
         gc.enable()
 
 
+def _synchronizing(kernel_fn):
+    """`kernel_fn` (a registry kernel) preceded, on CUDA, by a host synchronization, which a
+    CUDA-graph capture does not allow: a capture fails at it."""
+    def synchronizing(kernel, args):
+        if args[0].is_cuda:
+            args[0].sum().item()
+        return kernel_fn(kernel, args)
+    return synchronizing
+
+
 def test_a_failed_capture_leaves_nothing_allocated(monkeypatch):
     """The partial iteration of a capture that failed (here at a kernel that synchronizes,
     after every tensor before it was allocated in the graph's pool) is let go at once: the
@@ -283,14 +293,7 @@ def test_a_failed_capture_leaves_nothing_allocated(monkeypatch):
 
     graph = _graph("decoder")
     plan = _arena_plans(graph)["all-fast"]
-    erf = KERNELS["Erf"]
-
-    def syncing_erf(kernel, args):
-        if args[0].is_cuda:
-            args[0].sum().item()
-        return erf(kernel, args)
-
-    monkeypatch.setitem(KERNELS, "Erf", syncing_erf)
+    monkeypatch.setitem(KERNELS, "Erf", _synchronizing(KERNELS["Erf"]))
     _, executor = new_executor(graph, plan, "cuda", static_inputs=True)
     executor.warm_up()
     executor.prepare()
@@ -373,15 +376,8 @@ def test_a_capture_that_runs_out_of_memory_gives_its_pool_back(monkeypatch):
 def test_a_kernel_that_cannot_be_captured_is_named(monkeypatch):
     graph = _graph("decoder")
     plan = with_arena(graph, _arena_plans(graph)["all-fast"], costs_for(graph))
-    erf = KERNELS["Erf"]
-
-    def syncing_erf(kernel, args):
-        if args[0].is_cuda:
-            args[0].sum().item()  # a host synchronization: not allowed in a capture
-        return erf(kernel, args)
-
     assert "Erf" not in INTO  # the kernel runs through the registry
-    monkeypatch.setitem(KERNELS, "Erf", syncing_erf)
+    monkeypatch.setitem(KERNELS, "Erf", _synchronizing(KERNELS["Erf"]))
     reserved = []
     for _ in range(2):
         run = execute(graph, plan, device="cuda", iterations=2, warmup=1, graph_replay=True,

@@ -21,7 +21,6 @@ stream and join it (the executor's events), as CUDA requires.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -135,7 +134,6 @@ class GraphReplay:
             self.graph = None  # torch releases its pool if the capture ended
             if begun and not ended:
                 _release_pool(stream.device, pool)
-            gc.collect()  # the error's frames may hold the pool's tensors in a cycle
             torch.cuda.empty_cache()
 
     def replay(self) -> None:
