@@ -81,6 +81,41 @@ def chain_training(n: int = 3, kib: int = 64) -> TensorGraph:
     return b.build()
 
 
+def layers_training(n: int, kib: int = 64) -> TensorGraph:
+    """n layers of three forward kernels (convolution, normalization, ReLU, as in a ResNet) and
+    a backward pass that reads each layer's first and last output, never the middle one: a
+    chain that depth-2 regeneration at one point cannot re-make (the convolution's output
+    needs the previous layer's three), while checkpointing's segments can."""
+    b = GraphBuilder(f"layers{n}")
+    x, w = _act(b, "x", kib, Role.INPUT), _act(b, "w", kib // 4, Role.WEIGHT)
+    b.inputs.append(x)
+    saved, prev = [], x
+    for i in range(n):
+        c, m, r = (_act(b, f"{s}{i}", kib) for s in "cmr")
+        b.add_kernel("Conv", [prev, w] if i == 0 else [prev], [c], name=f"conv{i}")
+        b.add_kernel("Norm", [c], [m], name=f"norm{i}")
+        b.add_kernel("Relu", [m], [r], name=f"relu{i}")
+        saved.append((c, r))
+        prev = r
+    grad = _act(b, "g_top", kib, Role.GRADIENT)
+    b.add_kernel("Loss", [prev], [grad], name="loss", domain="autotm")
+    for i in range(n - 1, -1, -1):
+        c, r = saved[i]
+        g1 = _act(b, f"gr{i}", kib, Role.GRADIENT)
+        b.add_kernel("ReluNormGrad", [grad, r, c], [g1], name=f"bn{i}", domain="autotm")
+        g2 = _act(b, f"gc{i}", kib, Role.GRADIENT)
+        below = saved[i - 1][1] if i else x
+        b.add_kernel("ConvGrad", [g1, below], [g2], name=f"bc{i}", domain="autotm")
+        grad = g2
+    dw = _act(b, "dw", kib // 4, Role.WEIGHT_GRADIENT)
+    b.add_kernel("WGrad", [grad, x], [dw], name="bw", domain="autotm")
+    w_next = _act(b, "w::next", kib // 4, Role.WEIGHT)
+    b.add_kernel("SGDUpdate", [w, dw], [w_next], name="sgd", domain="autotm")
+    b.carried.append((w, w_next))
+    b.outputs.append(w_next)
+    return b.build()
+
+
 def random_training(seed: int, n_forward: int = 4, max_inputs: int = 2) -> TensorGraph:
     """A random forward DAG with weights, a backward pass that reads forward activations in
     reverse order, and SGD updates of carried weights: a small training-like graph."""

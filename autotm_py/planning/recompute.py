@@ -104,22 +104,55 @@ def _cheap(machine: MachineModel, kid: int, outputs: list[int], ratio: float) ->
     return machine.fast_time(kid) <= ratio * move
 
 
+# Early points per tensor at most: beyond it they lie on a grid (`early_points`).
+EARLY_POINTS = 8
+
+
+def early_points(backward: list[int], first: int, early: int) -> list[int]:
+    """The early regeneration points of a tensor whose first backward use is `backward[first]`:
+    the backward kernels among the `early` before it, every one when `early` <= EARLY_POINTS,
+    else those on a grid of every ceil(early / EARLY_POINTS)-th backward kernel. The grid is
+    the same for every tensor, so the regenerations of a long segment can share its points
+    (checkpointing's pattern) while each tensor gets at most EARLY_POINTS of them."""
+    stride = -(-early // EARLY_POINTS)
+    return [backward[i] for i in range(max(first - early, 0), first) if i % stride == 0]
+
+
+def _first_backward_need(machine: MachineModel, cands: frozenset[int]) -> dict[int, int]:
+    """Per candidate, its first backward use, or for one with none the earliest such need of
+    the candidates made from it (a chain regenerating them starts from it there)."""
+    graph = machine.graph
+    out: dict[int, int] = {}
+    for t in sorted(cands, key=lambda t: graph.tensors[t].producer, reverse=True):  # type: ignore
+        own = [u for u in graph.tensors[t].users if not is_forward(graph.kernels[u])]
+        made = [out[o] for u in graph.tensors[t].users if is_forward(graph.kernels[u])
+                for o in graph.kernels[u].outputs if o in out]
+        if own or made:
+            out[t] = min(own) if own else min(made)
+    return out
+
+
 def recompute_spec(machine: MachineModel, *, depth: int, ratio: float | None,
                    exclude: Collection[int] = (), early: int = 0) -> RecomputeSpec:
     """Regeneration points, conditional uses and extended ranges (module docstring). `early`:
-    also the `early` backward kernels right before each candidate's first backward use, so
-    that a chain may be regenerated link by link over several kernels, each link kept until
-    its use (as checkpointing re-runs a segment), where one point would need a deep chain."""
+    also backward kernels among the `early` right before each candidate's first backward use
+    (`early_points`), so that a chain may be regenerated link by link over several kernels,
+    each link kept until its use (as checkpointing re-runs a segment), where one point would
+    need a deep chain."""
     graph = machine.graph
     cands = candidates(machine, ratio=ratio, exclude=exclude)
     regen: dict[int, dict[int, int]] = defaultdict(dict)  # tensor -> kernel -> level
     frontier: list[tuple[int, int, int]] = []
     backward = [k.id for k in graph.kernels if not is_forward(k)]
+    needed = _first_backward_need(machine, cands) if early else {}
     for t in sorted(cands):
         points = [u for u in graph.tensors[t].users if not is_forward(graph.kernels[u])]
-        if points and early:
-            first = backward.index(min(points))
-            points += backward[max(first - early, 0):first]
+        if early and t in needed:
+            # a tensor read only in the forward pass (the sum before a ResNet block's ReLU)
+            # may also be regenerated where its first descendant with a backward use is,
+            # which a chain would reach only past its depth
+            first = backward.index(needed[t])
+            points += early_points(backward, first, early) + ([] if points else [needed[t]])
         for u in points:
             regen[t][u] = 0
             frontier.append((t, u, 0))

@@ -236,8 +236,9 @@ def _chain(machine: MachineModel, config: PlanConfig) -> list[Stage]:
     out += [Stage("sync", "on", d, share=s) for d, s in zip([min(depth, 2), *deeper],
                                                             (0.45, 0.3), strict=False)]
     early = config.recompute_early
-    if early:  # the larger model with early points, from the plan without them
-        out.append(Stage("sync", "on", depth, share=0.35, early=early))
+    if early:  # the larger model with early points, started from a segment plan (`segments`):
+        # HiGHS hardly improves on that start, the async stages place its copies
+        out.append(Stage("sync", "on", depth, share=0.1, early=early))
     if config.strategy == "async":
         out += [Stage("async", "on", depth, fixed=True, share=0.8, early=early),
                 Stage("async", "on", depth, early=early)]
@@ -289,6 +290,8 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
                  f.name, stage.depth, ", regenerations fixed" if stage.fixed else "",
                  f.n_vars, f.n_rows, f.build_s)
         warm = best is not None and warmstart.apply(f, warmstart.events_of(best[0]))
+        if warm and stage.early and not stage.fixed:
+            _segment_start(f, best, stage.early, notes)
         if warm and stage.fixed:
             warmstart.fix_regenerations(f)
         left = None if limit is None else max(limit - (time.perf_counter() - started), 1.0)
@@ -310,6 +313,24 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
     f, outcome = best
     outcome = _settled(f, outcome, config, notes, fixed=fixed, stopped=control.stop_requested)
     return f, outcome, _stats(config, f, outcome, spent, limit), notes
+
+
+def _segment_start(f: formulation.Formulation, best: tuple[formulation.Formulation, Any],
+                   early: int, notes: list[str]) -> None:
+    """Start the model with early points from a checkpoint-style plan (`segments`) when one
+    fits and is better than the plan without them (whose values `f` holds on entry)."""
+    import autotm_py.planning.segments as segments
+    import autotm_py.planning.warmstart as warmstart
+
+    base = warmstart.events_of(best[0])
+    spans = tuple(sorted({early, max(3 * early // 4, 1), max(early // 2, 1)}, reverse=True))
+    found = segments.segment_start(f, base, spans)
+    if found is not None and found[0] < best[1].objective - 1e-9:
+        warmstart.apply(f, found[2])
+        notes.append(f"{f.name} with early points started from a checkpoint-style plan "
+                     f"(span {found[1]}: {found[0]:.3f} ms; {best[1].objective:.3f} ms without)")
+    else:
+        warmstart.apply(f, base)
 
 
 def _settled(f: formulation.Formulation, outcome: SolveOutcome, config: PlanConfig,

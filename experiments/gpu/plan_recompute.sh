@@ -16,6 +16,8 @@
 # in GRAPH_HEADROOMS (default "0.05 0.1"), named MODEL_RATIO_async+recompute_graph_hH.json.gz;
 # no move-only plans.
 #   GRAPH=1 RATIOS="1:1 1:2 1:3" ONLY=resnet200 bash experiments/gpu/plan_recompute.sh
+# EARLY=W (with ARENA=1 or GRAPH=1): `--recompute-early W` (checkpoint-style plans, started
+# from a segment plan: docs/planning.md "Early points"), names ending in _eW.
 set -eu
 PLANS=${PLANS:-experiments/plans/recompute}
 AUTOTM=${AUTOTM:-python3 -m autotm_py}
@@ -53,13 +55,15 @@ solve() {  # model ratio headroom recompute name [optimize options]
 }
 for model in ${ONLY:-resnet200 bert_base inception_v4 densenet264 gpt2_small}; do
   for ratio in ${RATIOS:-${RATIOS_OF[$model]:-1:1 1:3}}; do
+    early=() suffix=""
+    [ -n "${EARLY:-}" ] && early=(--recompute-early "$EARLY") suffix="_e$EARLY"
     if [ -n "${ARENA:-}" ]; then
-      solve "$model" "$ratio" 0 on async+recompute_arena_graph --arena --graph
+      solve "$model" "$ratio" 0 on "async+recompute_arena_graph$suffix" --arena --graph "${early[@]}"
       continue
     fi
     if [ -n "${GRAPH:-}" ]; then
       for headroom in ${GRAPH_HEADROOMS:-0.05 0.1}; do
-        solve "$model" "$ratio" "$headroom" on async+recompute_graph --graph
+        solve "$model" "$ratio" "$headroom" on "async+recompute_graph$suffix" --graph "${early[@]}"
       done
       continue
     fi
