@@ -54,6 +54,19 @@ def small_training(kib: int = 64, workspace_kib: int = 0) -> TensorGraph:
     return b.build()
 
 
+def _update_weight(b: GraphBuilder, op: str, grad: int, x: int, w: int, kib: int, *,
+                   name: str) -> TensorGraph:
+    """The weight's gradient (kernel `op` from the last gradient and the input), its SGD
+    update carried to the next iteration, and the graph."""
+    dw = _act(b, "dw", kib // 4, Role.WEIGHT_GRADIENT)
+    b.add_kernel(op, [grad, x], [dw], name=name, domain="autotm")
+    w_next = _act(b, "w::next", kib // 4, Role.WEIGHT)
+    b.add_kernel("SGDUpdate", [w, dw], [w_next], name="sgd", domain="autotm")
+    b.carried.append((w, w_next))
+    b.outputs.append(w_next)
+    return b.build()
+
+
 def chain_training(n: int = 3, kib: int = 64) -> TensorGraph:
     """A chain of n forward kernels (the first with a weight), a loss, and a backward pass in
     which each backward kernel reads the forward activation below it (as ReluGrad or
@@ -72,13 +85,7 @@ def chain_training(n: int = 3, kib: int = 64) -> TensorGraph:
         g = _act(b, f"g{i}", kib, Role.GRADIENT)
         b.add_kernel("Bwd", [grad, acts[i]], [g], name=f"b{i}", domain="autotm")
         grad = g
-    dw = _act(b, "dw", kib // 4, Role.WEIGHT_GRADIENT)
-    b.add_kernel("Bwd", [grad, x], [dw], name="b0", domain="autotm")
-    w_next = _act(b, "w::next", kib // 4, Role.WEIGHT)
-    b.add_kernel("SGDUpdate", [w, dw], [w_next], name="sgd", domain="autotm")
-    b.carried.append((w, w_next))
-    b.outputs.append(w_next)
-    return b.build()
+    return _update_weight(b, "Bwd", grad, x, w, kib, name="b0")
 
 
 def layers_training(n: int, kib: int = 64) -> TensorGraph:
@@ -107,13 +114,7 @@ def layers_training(n: int, kib: int = 64) -> TensorGraph:
         below = saved[i - 1][1] if i else x
         b.add_kernel("ConvGrad", [g1, below], [g2], name=f"bc{i}", domain="autotm")
         grad = g2
-    dw = _act(b, "dw", kib // 4, Role.WEIGHT_GRADIENT)
-    b.add_kernel("WGrad", [grad, x], [dw], name="bw", domain="autotm")
-    w_next = _act(b, "w::next", kib // 4, Role.WEIGHT)
-    b.add_kernel("SGDUpdate", [w, dw], [w_next], name="sgd", domain="autotm")
-    b.carried.append((w, w_next))
-    b.outputs.append(w_next)
-    return b.build()
+    return _update_weight(b, "WGrad", grad, x, w, kib, name="bw")
 
 
 def random_training(seed: int, n_forward: int = 4, max_inputs: int = 2) -> TensorGraph:
