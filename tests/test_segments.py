@@ -25,12 +25,13 @@ def test_early_points_lie_on_one_grid():
     assert early_points(backward, 3, 32) == [100]  # not before the first backward kernel
 
 
-def machine_and_base(n=8, frac=0.35, early=8):
+def machine_and_base(n=8, frac=0.35, early=8, depth=2):
     """`layers_training(n)` at a budget where the plan without early points must copy, its
     sync+recompute plan as events, and the sync model with early points."""
     graph = layers_training(n)
     machine = recompute_machine(graph, preset("h100-pcie5"), "sync", frac)
-    config = PlanConfig(strategy="sync", device="cuda", recompute="on", time_limit_s=60)
+    config = PlanConfig(strategy="sync", device="cuda", recompute="on", time_limit_s=60,
+                        recompute_depth=depth)
     small, spec = solve._small_and_recompute(machine, config)
     best, outcome, _, _ = solve._search(machine, config, small, spec, SolveControl())
     assert best is not None and outcome.has_solution
@@ -130,3 +131,19 @@ def test_at_a_looser_budget_the_start_keeps_what_fits_instead_of_regenerating_it
         assert len(plan.at) < before
         regenerated[frac] = len(plan.at)
     assert regenerated[0.8] < regenerated[0.35]
+
+
+def test_a_chain_is_regenerated_at_grid_points_before_the_kernels_that_need_it():
+    """With W > 8 the early points lie on a grid; a tensor needed at a kernel off the grid is
+    regenerated at the latest of its points before it, so chains still form (depth 1: no
+    chain points at the kernels where a consumer is re-made, only the grid)."""
+    _, base, _, f = machine_and_base(n=24, frac=0.35, early=24, depth=1)
+    graph = f.machine.graph
+    plan = segments._Segments(f, base, 24)
+    assert f.recompute is not None
+    for t, u in plan.at.items():
+        assert u in f.recompute.regen[t]
+    convs = [t for t in plan.at if graph.tensors[t].name.startswith("c")]
+    # all 24 convolution outputs but the one that starts the only segment boundary's chain
+    # (a point on the grid only, three boundaries: what the walk made of it before)
+    assert len(convs) >= 23 and len(plan.boundaries) <= 1, (len(convs), plan.boundaries)

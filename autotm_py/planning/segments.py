@@ -12,10 +12,10 @@ The construction, per `span` (how many backward kernels a stretch of regeneratio
 back before a tensor's own first backward use, at most W):
 
 1. Walk the candidates from the last produced to the first. A tensor t is regenerated at
-   u(t) = the earliest kernel where a regeneration already chosen needs it, or its first
-   backward use if earlier, when u(t) is one of t's regeneration points and lies at most
-   `span` backward kernels before its first backward use; else t is a boundary (not
-   regenerated). A regenerated t is dropped after its last forward use and kept from u(t) to
+   u(t) = the latest of its regeneration points no later than the earliest kernel where a
+   regeneration already chosen needs it (or its first backward use, if earlier), when u(t)
+   lies at most `span` backward kernels before its first backward use; else t is a boundary
+   (not regenerated). A regenerated t is dropped after its last forward use and kept from u(t) to
    its last use, so every regeneration finds its regenerated inputs in place (their u is no
    later, by the walk's order).
 2. Boundaries are kept in fast memory; every other tensor follows the plan without early points
@@ -128,9 +128,10 @@ class _Segments:
             points = [*self.need[t], *([first] if first is not None else [])]
             if not points or t in self.forced:
                 continue
-            u = min(points)
-            if u in spec.regen[t] and (first is None or
-                                       self.pos[first] - self.pos[u] <= self.span):
+            # the latest of its points at which every reader is served: the earliest need,
+            # or a grid point before it (a chain's links share the grid, not every kernel)
+            u = max((p for p in spec.regen[t] if p <= min(points)), default=None)
+            if u is not None and (first is None or self.pos[first] - self.pos[u] <= self.span):
                 self.at[t] = u
                 for i in set(graph.kernels[graph.tensors[t].producer].inputs):  # type: ignore
                     self.need[i].add(u)
