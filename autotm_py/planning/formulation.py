@@ -83,6 +83,8 @@ class Formulation:
     # (producer, kernel) -> (z: its variable, or None when it is the one output's REGEN edge,
     # {output: REGEN edge variable})
     regen: dict[tuple[int, int], tuple[Any, dict[int, Any]]] = field(default_factory=dict)
+    # (kernel u, row 3b): the memory of each re-run before u (`segments` checks starts on it)
+    regen_memory: list[tuple[int, Any]] = field(default_factory=list)
     epigraph: dict[int, Any] = field(default_factory=dict)  # y_k (ms)
     configs: dict[int, tuple[list[int], list[tuple[bool, ...]], list[Any]]] = \
         field(default_factory=dict)  # kernel -> (tensors, configurations, c variables)
@@ -106,11 +108,12 @@ class Formulation:
         return self.prob.add_variable(name, low, up, pulp.LpBinary if binary else
                                       pulp.LpContinuous)
 
-    def row(self, expr: Expr, sense: int, rhs: float) -> None:
+    def row(self, expr: Expr, sense: int, rhs: float) -> pulp.LpConstraint:
         terms = [(v, c) for v, c in expr.items() if c != 0.0]
         self.n_rows += 1
-        self.prob.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), sense,
-                                                  f"r{self.n_rows}", rhs))
+        row = pulp.LpConstraint(pulp.LpAffineExpression(terms), sense, f"r{self.n_rows}", rhs)
+        self.prob.addConstraint(row)
+        return row
 
     def flows(self, tid: int, edge_ids: tuple[int, ...]) -> Expr:
         """The sum of the given edges' flows of tensor `tid` as an expression."""
@@ -437,7 +440,7 @@ def _regeneration_memory(f: Formulation, pid: int, u: int, z: Expr,
     for v, c in z.items():
         _add(row, v, float(machine.workspace[pid]) * MIB * c)
     budget = machine.budget // ALIGN_BYTES * ALIGN_BYTES
-    f.row(row, pulp.LpConstraintLE, budget * MIB)
+    f.regen_memory.append((u, f.row(row, pulp.LpConstraintLE, budget * MIB)))
 
 
 # ---- (7) objective -----------------------------------------------------------------------

@@ -34,13 +34,23 @@ from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import NON_REPRODUCIBLE_OPS
 
 if TYPE_CHECKING:
-    from autotm_py.ir.graph import Kernel
+    from autotm_py.ir.graph import Kernel, TensorGraph
     from autotm_py.machine import MachineModel
 
 
 def is_forward(kernel: Kernel) -> bool:
     """A forward kernel: an ONNX op (domain "") or a fused forward op of ours."""
     return kernel.domain == "" or kernel.op_type in FUSED_OPS
+
+
+def backward_kernels(graph: TensorGraph) -> list[int]:
+    """The kernels that are not forward kernels (backward, loss, optimizer), in order."""
+    return [k.id for k in graph.kernels if not is_forward(k)]
+
+
+def backward_users(graph: TensorGraph, tid: int) -> list[int]:
+    """The kernels that read tensor `tid` and are not forward kernels."""
+    return [u for u in graph.tensors[tid].users if not is_forward(graph.kernels[u])]
 
 
 def reproducible(kernel: Kernel) -> bool:
@@ -124,7 +134,7 @@ def _first_backward_need(machine: MachineModel, cands: frozenset[int]) -> dict[i
     graph = machine.graph
     out: dict[int, int] = {}
     for t in sorted(cands, key=lambda t: graph.tensors[t].producer, reverse=True):  # type: ignore
-        own = [u for u in graph.tensors[t].users if not is_forward(graph.kernels[u])]
+        own = backward_users(graph, t)
         made = [out[o] for u in graph.tensors[t].users if is_forward(graph.kernels[u])
                 for o in graph.kernels[u].outputs if o in out]
         if own or made:
@@ -143,10 +153,10 @@ def recompute_spec(machine: MachineModel, *, depth: int, ratio: float | None,
     cands = candidates(machine, ratio=ratio, exclude=exclude)
     regen: dict[int, dict[int, int]] = defaultdict(dict)  # tensor -> kernel -> level
     frontier: list[tuple[int, int, int]] = []
-    backward = [k.id for k in graph.kernels if not is_forward(k)]
+    backward = backward_kernels(graph)
     needed = _first_backward_need(machine, cands) if early else {}
     for t in sorted(cands):
-        points = [u for u in graph.tensors[t].users if not is_forward(graph.kernels[u])]
+        points = backward_users(graph, t)
         if early and t in needed:
             # a tensor read only in the forward pass (the sum before a ResNet block's ReLU)
             # may also be regenerated where its first descendant with a backward use is,

@@ -42,11 +42,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autotm_py.memory.accounting import ALIGN_BYTES
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.planning.formulation import MIB
 from autotm_py.planning.paths import DISCARD, DROP, F0, F1, REGEN, WRITE, S, X
-from autotm_py.planning.recompute import is_forward
+from autotm_py.planning.recompute import backward_kernels, backward_users, is_forward
 from autotm_py.planning.warmstart import END, READ_ASYNC, READ_SYNC, Events, apply
 
 if TYPE_CHECKING:
@@ -105,14 +104,12 @@ class _Segments:
     def __init__(self, f: Formulation, base: Events, span: int) -> None:
         self.f, self.base, self.span = f, base, span
         graph = f.machine.graph
-        backward = [k.id for k in graph.kernels if not is_forward(k)]
-        self.pos = {k: i for i, k in enumerate(backward)}
+        self.pos = {k: i for i, k in enumerate(backward_kernels(graph))}
         assert f.recompute is not None
         self.cands = [t for t in f.recompute.regen if f.paths[t] is not None]
         # first backward use; a tensor read only in the forward pass (a ReLU's input) has none
         # and is regenerated, if at all, where a regeneration of its consumer needs it
-        self.first_bw = {t: min((u for u in graph.tensors[t].users if u in self.pos),
-                                default=None) for t in self.cands}
+        self.first_bw = {t: min(backward_users(graph, t), default=None) for t in self.cands}
         self.forced: set[int] = set()  # boundaries that split a segment too large (step 3)
         self.written: set[int] = set()
         self._choose()
@@ -291,18 +288,8 @@ def _overfull(f: Formulation) -> dict[int, float]:
         excess = (u.varValue or 0.0) - u.upBound
         if excess > EPS_MIB:
             over[k] = excess
-    machine = f.machine
-    if machine.budget is None:
-        return over
-    budget = machine.budget // ALIGN_BYTES * ALIGN_BYTES * MIB
-    for (pid, u), (z, kept) in f.regen.items():
-        on = (z.varValue if z is not None else next(iter(kept.values())).varValue) or 0.0
-        if on < 0.5:
-            continue
-        made = [o for o in machine.graph.kernels[pid].outputs  # made and dropped at once
-                if o not in kept or (kept[o].varValue or 0.0) < 0.5]
-        extra = float(machine.workspace[pid]) + sum(float(machine.sizes[o]) for o in made)
-        excess = (f.capacity[u].varValue or 0.0) + extra * MIB - budget
+    for u, row in f.regen_memory:  # value: left side less right side (<= 0 when met)
+        excess = float(row.value() or 0.0)
         if excess > EPS_MIB:
             over[u] = max(over.get(u, 0.0), excess)
     return over

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from autotm_py.machine import MachineModel
     from autotm_py.planning import formulation
     from autotm_py.planning.solvers import SolveOutcome
+    from autotm_py.planning.warmstart import Events
 
 log = logging.getLogger(__name__)
 
@@ -218,8 +219,9 @@ def _chain(machine: MachineModel, config: PlanConfig) -> list[Stage]:
     every sync plan an async one, every move-only plan a joint one and every joint plan of
     depth 2 one of a larger depth (regenerations and chains only add choices). With
     recomputation: move-only sync, joint sync at depth 2, then at the configured depth, then
-    (async) the async model with those regenerations fixed (a smaller search: where to copy
-    around them), then the whole async model from there while time is left."""
+    with early points (`recompute_early`; started from a checkpoint-style plan), then (async)
+    the async model with those regenerations fixed (a smaller search: where to copy around
+    them), then the whole async model from there while time is left."""
     depth = config.recompute_depth
     deeper = [depth] if depth > 2 else []
     if config.recompute_mode == "only":
@@ -289,9 +291,10 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
         log.info("built the %s ILP (depth %d%s): %d variables, %d constraints in %.2f s",
                  f.name, stage.depth, ", regenerations fixed" if stage.fixed else "",
                  f.n_vars, f.n_rows, f.build_s)
-        warm = best is not None and warmstart.apply(f, warmstart.events_of(best[0]))
+        base = warmstart.events_of(best[0]) if best is not None else None
+        warm = base is not None and warmstart.apply(f, base)
         if warm and stage.early and not stage.fixed:
-            _segment_start(f, best, stage.early, notes)
+            _segment_start(f, base, best[1].objective, stage.early, notes)
         if warm and stage.fixed:
             warmstart.fix_regenerations(f)
         left = None if limit is None else max(limit - (time.perf_counter() - started), 1.0)
@@ -315,20 +318,20 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
     return f, outcome, _stats(config, f, outcome, spent, limit), notes
 
 
-def _segment_start(f: formulation.Formulation, best: tuple[formulation.Formulation, Any],
+def _segment_start(f: formulation.Formulation, base: Events, base_ms: float,
                    early: int, notes: list[str]) -> None:
     """Start the model with early points from a checkpoint-style plan (`segments`) when one
-    fits and is better than the plan without them (whose values `f` holds on entry)."""
+    fits and is better than `base`, the previous stage's plan (`base_ms`), which `f` holds on
+    entry and gets back otherwise."""
     import autotm_py.planning.segments as segments
     import autotm_py.planning.warmstart as warmstart
 
-    base = warmstart.events_of(best[0])
     spans = tuple(sorted({early, max(3 * early // 4, 1), max(early // 2, 1)}, reverse=True))
     found = segments.segment_start(f, base, spans)
-    if found is not None and found[0] < best[1].objective - 1e-9:
+    if found is not None and found[0] < base_ms - 1e-9:
         warmstart.apply(f, found[2])
         notes.append(f"{f.name} with early points started from a checkpoint-style plan "
-                     f"(span {found[1]}: {found[0]:.3f} ms; {best[1].objective:.3f} ms without)")
+                     f"(span {found[1]}: {found[0]:.3f} ms; {base_ms:.3f} ms without)")
     else:
         warmstart.apply(f, base)
 
