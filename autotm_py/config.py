@@ -30,6 +30,11 @@ DEFAULT_RECOMPUTE_DEPTH = 2  # regeneration chains: a regenerated input of a reg
 # A forward kernel is a recompute candidate when its time is at most this times the time to
 # copy its outputs out and back (both directions, overlapped copies)
 DEFAULT_RECOMPUTE_RATIO = 1.0
+# Regeneration points up to this many backward kernels before a tensor's first backward use, so
+# that chains are re-made link by link as checkpointing re-runs a segment; the search keeps them
+# only where its checkpoint-style start pays (`planning.solve.EARLY_MIN_GAIN`). 32 measured
+# best on ResNet-200 and DenseNet-264 (docs/planning.md, "Early points"); 0 turns them off.
+DEFAULT_RECOMPUTE_EARLY = 32
 # The plan names of the three families, as headers, `autotm bench --strategies` and reports
 # write them: "<strategy>" (move-only), "<strategy>+recompute" (joint), "recompute-only".
 RECOMPUTE_SUFFIX = "+recompute"
@@ -64,7 +69,7 @@ class PlanConfig:
     recompute_ratio: float = DEFAULT_RECOMPUTE_RATIO
     # Regeneration also at this many backward kernels before a tensor's first backward use
     # (`recompute.recompute_spec`): chains regenerated link by link, as checkpointing does.
-    recompute_early: int = 0
+    recompute_early: int = DEFAULT_RECOMPUTE_EARLY
     # GPU mode: give every fast-memory buffer a planned offset in one arena (`autotm_py.arena`)
     # and fit the packed arena in the budget, so that the plan runs without headroom.
     arena: bool = False

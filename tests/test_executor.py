@@ -315,3 +315,39 @@ def test_graph_replay_runs_in_the_arena_only_under_the_cap():
     assert not runs_capped(budgeted, "cuda", enforce_budget=False)  # --no-cap
     assert not runs_capped(budgeted, "cpu")
     assert not runs_capped(unlimited, "cuda")
+
+
+def test_a_slot_freed_while_copied_out_is_written_only_after_the_copy():
+    """At planned addresses the free of a fast copy that an async write still reads does not
+    wait; whoever writes the slot next does (`Executor._claim`): the compute stream joins the
+    copy's event, a copy stream waits for it on its own; slots that do not meet are not held
+    back. (On the GPU, `test_arena_gpu` runs such plans bitwise against torch's allocator.)"""
+    from autotm_py.runtime.executor import Executor
+    from autotm_py.runtime.reference import init_values
+
+    graph = _graph("cnn")
+    plan = _plans(graph)["all-fast"]
+    ex = Executor(graph, plan, device="cpu", masters=init_values(graph, seed=0))
+    arena = torch.empty(1024, dtype=torch.uint8)
+    first, second = arena[0:256], arena[512:768]
+    ex.state.busy = [(first, "copy of first"), (second, "copy of second")]
+    joined: list[str] = []
+
+    def join(event):
+        joined.append(event)
+        ex.state.joined.add(event)
+
+    ex._join = join
+    waited: list[str] = []
+
+    class Stream:
+        def wait_event(self, event):
+            waited.append(event)
+
+    ex._claim(arena[128:384], Stream())  # a prefetch lands on part of the first slot
+    assert (waited, joined) == (["copy of first"], [])
+    ex._claim(arena[300:400], None)  # a kernel writes between the two: nothing to wait for
+    assert joined == []
+    ex._claim(arena[700:900], None)  # a kernel's output over the second slot
+    assert joined == ["copy of second"]
+    assert ex.state.busy == [(first, "copy of first")]  # the compute stream never joined it

@@ -97,3 +97,62 @@ def peak_runs() -> list[dict]:
         runs.append({k: getattr(result, k) for k in (
             "cap_bytes", "peak_fast_bytes", "budget_bytes", "alloc_retries", "host_median_s")})
     return runs
+
+
+def test_copies_are_joined_where_their_tensors_are_used():
+    """The compute stream waits for an async copy at a record that uses its tensor (a kernel
+    or re-run reading it, its free, a move of it, or a kernel that may write over it), not at
+    the end of the kernel it overlaps (docs/planning.md, "Copies join at their use"), and a
+    prefetch runs on beside the kernels before its use. Bitwise equality: the test above."""
+    from autotm_py.memory.tiers import FAST
+    from autotm_py.plan import Compute, Free, Move, Recompute
+
+    graph = _graph("cnn")
+    plan = _plans(graph)["async"]
+    masters = {t: v.cpu() for t, v in init_values(graph, seed=0).items()}
+    ex = Executor(graph, plan, device="cuda", masters=masters)
+    issued: dict[object, tuple[int, int, str]] = {}  # event -> (record, tensor, to)
+    joined: list[tuple[int, object]] = []
+    copy, join = ex._copy_cuda, ex._join
+
+    def logged_copy(tid, src, to, asynchronous):
+        out = copy(tid, src, to, asynchronous)
+        if asynchronous:
+            issued[ex.state.pending[(tid, to)]] = (ex.index, tid, to)
+        return out
+
+    def logged_join(event):
+        joined.append((ex.index, event))
+        join(event)
+
+    ex._copy_cuda, ex._join = logged_copy, logged_join
+    ex.prepare()
+    ex.run()
+    torch.cuda.synchronize()
+    records = plan.records
+    assert any(to == FAST for _, _, to in issued.values()), "the plan prefetches nothing"
+    def reads(index: int) -> set[int]:
+        """What the record at `index` uses: a kernel's (or re-run's) inputs, those of the SGD
+        updates run ahead with it in one foreach (`reuse.update_runs`), a move's or free's
+        tensor."""
+        out: set[int] = set()
+        for i in ex._updates.get(index, (index,)):
+            record = records[i]
+            if isinstance(record, (Compute, Recompute)):
+                out |= set(graph.kernels[record.kernel].inputs)
+            elif isinstance(record, (Free, Move)):
+                out.add(record.tensor)
+        return out
+
+    later, wrong = 0, []
+    for index, event in joined:
+        if event not in issued:
+            continue
+        at, tid, to = issued[event]
+        if tid not in reads(index):
+            wrong.append(f"copy of {graph.name_of(tid)} to {to} joined at "
+                         f"{ex.describe(records[index])}")
+        overlapped = next(i for i in range(at, len(records)) if isinstance(records[i], Compute))
+        later += to == FAST and index > overlapped
+    assert not wrong, wrong[:5]
+    assert later, "no prefetch ran on past the kernel it overlaps"

@@ -31,7 +31,7 @@ def machine_and_base(n=8, frac=0.35, early=8, depth=2):
     graph = layers_training(n)
     machine = recompute_machine(graph, preset("h100-pcie5"), "sync", frac)
     config = PlanConfig(strategy="sync", device="cuda", recompute="on", time_limit_s=60,
-                        recompute_depth=depth)
+                        recompute_depth=depth, recompute_early=0)
     small, spec = solve._small_and_recompute(machine, config)
     best, outcome, _, _ = solve._search(machine, config, small, spec, SolveControl())
     assert best is not None and outcome.has_solution
@@ -80,21 +80,40 @@ def test_the_segment_start_is_a_point_of_the_model_that_regenerates_whole_segmen
     assert objective < base_ms  # cheaper than the plan without early points, which copies
 
 
-def test_early_points_start_from_the_segment_plan_and_beat_the_plan_without():
+def plans_with_and_without_early_points(frac, early=None):
+    """`layers_training(8)` planned async+recompute with early points (the default W unless
+    `early`) and with none, each checked by the strict simulator."""
     graph = layers_training(8)
-    machine = recompute_machine(graph, preset("h100-pcie5"), "sync", 0.35)
+    machine = recompute_machine(graph, preset("h100-pcie5"), "sync", frac)
     results = {}
-    for early in (0, 8):
-        config = PlanConfig(strategy="async", device="cuda", recompute="on",
-                            recompute_early=early, time_limit_s=60)
-        results[early] = solve.plan(machine, config)
-        plan = results[early].plan
-        assert plan is not None
-        sim = Simulator(graph, plan, machine, strict=True)
-        sim.run()  # strict: every regeneration finds its inputs, memory within the budget
-    notes = results[8].plan.header.notes
+    for w in (0, early):
+        config = PlanConfig(strategy="async", device="cuda", recompute="on", time_limit_s=60)
+        result = solve.plan(machine, config if w is None else replace(config, recompute_early=w))
+        assert result.plan is not None
+        Simulator(graph, result.plan, machine, strict=True).run()  # inputs there, in budget
+        results[w] = result
+    return results[early], results[0]
+
+
+@pytest.mark.parametrize("early", [8, None])
+def test_early_points_start_from_the_segment_plan_and_beat_the_plan_without(early):
+    """Also by default: early points are on (W = 32) and kept where the start pays."""
+    assert PlanConfig().recompute_early == 32
+    with_early, without = plans_with_and_without_early_points(0.35, early)
+    notes = with_early.plan.header.notes
     assert any("checkpoint-style plan" in note for note in notes), notes
-    assert results[8].objective_s < 0.8 * results[0].objective_s
+    assert with_early.objective_s < 0.8 * without.objective_s
+
+
+def test_early_points_are_dropped_where_the_start_does_not_pay():
+    """With room for nearly everything the plan without early points copies little, no
+    checkpoint-style start is 5% faster, and the search goes on without early points: the
+    note says so and the plan is as good as the one planned without them."""
+    with_early, without = plans_with_and_without_early_points(0.8)
+    notes = with_early.plan.header.notes
+    assert any("early points not used" in note for note in notes), notes
+    assert not any("checkpoint-style plan (span" in note for note in notes), notes
+    assert with_early.objective_s <= without.objective_s * 1.01
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -102,7 +121,8 @@ def test_a_segment_start_on_random_graphs_is_none_or_a_point(seed):
     """Whatever the graph, the start handed to the solver satisfies every row."""
     graph = random_training(seed, n_forward=6)
     machine = recompute_machine(graph, preset("h100-pcie5"), "sync", 0.3)
-    config = PlanConfig(strategy="sync", device="cuda", recompute="on", time_limit_s=30)
+    config = PlanConfig(strategy="sync", device="cuda", recompute="on", time_limit_s=30,
+                        recompute_early=0)
     small, spec = solve._small_and_recompute(machine, config)
     best, _, _, _ = solve._search(machine, config, small, spec, SolveControl())
     spec_early = solve._spec(machine, replace(config, recompute_early=4), small)

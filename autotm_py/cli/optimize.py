@@ -34,6 +34,7 @@ from autotm_py.config import (
     DEFAULT_ASYNC_WINDOW,
     DEFAULT_GAP,
     DEFAULT_RECOMPUTE_DEPTH,
+    DEFAULT_RECOMPUTE_EARLY,
     DEFAULT_RECOMPUTE_RATIO,
     DEFAULT_SOLVER,
     DEFAULT_TIME_LIMIT_S,
@@ -111,13 +112,15 @@ RATIO_HELP = (
               help="A forward kernel may be re-run when its time is at most this times the "
                    "time to copy its outputs out and back (smaller: fewer candidates, a "
                    "smaller ILP; recompute-only plans take every reproducible forward kernel).")
-@click.option("--recompute-early", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--recompute-early", type=click.IntRange(min=0), default=DEFAULT_RECOMPUTE_EARLY,
+              show_default=True,
               help="Also let a tensor be regenerated within this many backward kernels "
                    "before its first backward use (at most 8 points, on a grid beyond 8), so "
                    "that a chain is re-run link by link and each link kept until its use, as "
-                   "checkpointing re-runs a segment; the search starts from a checkpoint-style "
-                   "plan (0: only right before its uses). 32 suits deep CNNs at 25-50%% of "
-                   "their peak. Larger: a larger ILP.")
+                   "checkpointing re-runs a segment. The search starts them from a "
+                   "checkpoint-style plan and keeps them only where that plan is 5%% faster "
+                   "than the one without (the plan's notes say which). 0: regenerate only "
+                   "right before a use. Larger: a larger ILP.")
 @click.option("--pin-weights", is_flag=True,
               help="The paper's rule: inputs, weights and optimizer state stay in fast "
                    "memory, outside the budget.")

@@ -23,7 +23,7 @@ from autotm_py.planning.baselines import BaselineResult, all_fast
 from autotm_py.planning.control import SolveControl
 from autotm_py.planning.decode import decode
 from autotm_py.planning.gadgets import small_tensors
-from autotm_py.planning.recompute import RecomputeSpec, recompute_spec
+from autotm_py.planning.recompute import RecomputeSpec, early_window, recompute_spec
 from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
@@ -39,6 +39,14 @@ log = logging.getLogger(__name__)
 # The time limit of a search with recomputation when none is given: its deeper models are
 # hard for the solvers, and each stage of the chain gets a share of it (`_chain`).
 RECOMPUTE_TIME_LIMIT_S = 180.0
+# The checkpoint-style start must beat the plan without early points by this share (in the sync
+# model) for the search to go on with early points: where it barely does, the larger model costs
+# the async stages more search than it gives (Inception-v4 b64 at 25%: 2% better in the sync
+# model, 6.6% worse at the end; ResNet-200 and DenseNet-264: 10-49% better, kept to the end).
+EARLY_MIN_GAIN = 0.05
+# The segment spans the start tries, in eighths of W: long segments suit deep models (ResNet-200:
+# 16-32 of W = 32), short ones small graphs, whose whole backward pass is shorter than W.
+SEGMENT_SPANS = (8, 6, 4, 2, 1)
 # Small tensors whose live sum never exceeds this share of the budget stay in fast memory
 # (`gadgets.small_tensors`): they would add most of the variables and move almost nothing.
 SMALL_SHARE = 0.01
@@ -257,7 +265,6 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
     # PuLP comes in here, not with this module: simulating and running plans import the
     # pipeline but never solve (the GPU machine has no PuLP)
     import autotm_py.planning.formulation as formulation
-    import autotm_py.planning.warmstart as warmstart
     from autotm_py.planning.solvers import SolveOutcome
 
     started = time.perf_counter()
@@ -271,9 +278,12 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
         limit = RECOMPUTE_TIME_LIMIT_S
     specs = {(spec.depth, config.recompute_early): spec} if spec is not None else {}
     stages = _chain(machine, config)
+    early_dropped = False  # the checkpoint-style start did not pay: no early points from here
     for i, stage in enumerate(stages):
         if control.stop_requested:
             break
+        if early_dropped:
+            stage = replace(stage, early=0)
         elapsed = time.perf_counter() - started
         last = i == len(stages) - 1
         if last and stage.fixed is False and i and stages[i - 1].fixed and limit is not None \
@@ -291,12 +301,10 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
         log.info("built the %s ILP (depth %d%s): %d variables, %d constraints in %.2f s",
                  f.name, stage.depth, ", regenerations fixed" if stage.fixed else "",
                  f.n_vars, f.n_rows, f.build_s)
-        base = warmstart.events_of(best[0]) if best is not None else None
-        warm = base is not None and warmstart.apply(f, base)
-        if warm and stage.early and not stage.fixed:
-            _segment_start(f, base, best[1].objective, stage.early, notes)
-        if warm and stage.fixed:
-            warmstart.fix_regenerations(f)
+        warm = _start(f, stage, best, notes)
+        if warm is None:
+            early_dropped = True
+            continue
         left = None if limit is None else max(limit - (time.perf_counter() - started), 1.0)
         if left is not None and not last:
             left = min(left, max(stage.share * limit, 1.0))
@@ -318,22 +326,53 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
     return f, outcome, _stats(config, f, outcome, spent, limit), notes
 
 
+def _start(f: formulation.Formulation, stage: Stage,
+           best: tuple[formulation.Formulation, SolveOutcome] | None,
+           notes: list[str]) -> bool | None:
+    """Warm-start `f` from the best plan so far (`warmstart`): whether it started warm, or
+    None where the stage is dropped, with every early point after it: the first stage with
+    early points, where its checkpoint-style start does not pay (`_segment_start`; HiGHS
+    hardly improves the larger model on its own)."""
+    import autotm_py.planning.warmstart as warmstart
+
+    base = warmstart.events_of(best[0]) if best is not None else None
+    warm = base is not None and warmstart.apply(f, base)
+    if stage.early and not stage.fixed:
+        segmented = warm and _segment_start(f, base, best[1].objective, stage.early, notes)
+        if stage.strategy == "sync" and not segmented:
+            if not warm:
+                notes.append(f"{f.name}: no plan to start the early points from; not used")
+            return None
+    if warm and stage.fixed:
+        warmstart.fix_regenerations(f)
+    return warm
+
+
 def _segment_start(f: formulation.Formulation, base: Events, base_ms: float,
-                   early: int, notes: list[str]) -> None:
+                   early: int, notes: list[str]) -> bool:
     """Start the model with early points from a checkpoint-style plan (`segments`) when one
-    fits and is better than `base`, the previous stage's plan (`base_ms`), which `f` holds on
-    entry and gets back otherwise."""
+    fits and is `EARLY_MIN_GAIN` faster than `base`, the previous stage's plan (`base_ms`),
+    which `f` holds on entry and gets back otherwise. Whether it did: where it did not, the
+    search goes on without early points (on its own HiGHS hardly improves on the smaller
+    model's plan in the larger model, and the async stages of the larger model get less far
+    in the same time: Inception-v4 b64 at 25%, docs/planning.md "Early points")."""
     import autotm_py.planning.segments as segments
     import autotm_py.planning.warmstart as warmstart
 
-    spans = tuple(sorted({early, max(3 * early // 4, 1), max(early // 2, 1)}, reverse=True))
+    early = early_window(f.machine.graph, early)
+    spans = tuple(sorted({max(early * k // 8, 1) for k in SEGMENT_SPANS}, reverse=True))
     found = segments.segment_start(f, base, spans)
-    if found is not None and found[0] < base_ms - 1e-9:
+    if found is not None and found[0] < base_ms * (1 - EARLY_MIN_GAIN):
         warmstart.apply(f, found[2])
         notes.append(f"{f.name} with early points started from a checkpoint-style plan "
                      f"(span {found[1]}: {found[0]:.3f} ms; {base_ms:.3f} ms without)")
-    else:
-        warmstart.apply(f, base)
+        return True
+    warmstart.apply(f, base)
+    if f.strategy == "sync":  # the async stages keep their early points, started from `base`
+        start = "none fits" if found is None else f"{found[0]:.3f} ms"
+        notes.append(f"{f.name}: early points not used (checkpoint-style start: {start}; "
+                     f"{base_ms:.3f} ms without; it must be {EARLY_MIN_GAIN:.0%} faster)")
+    return False
 
 
 def _settled(f: formulation.Formulation, outcome: SolveOutcome, config: PlanConfig,

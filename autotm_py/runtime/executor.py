@@ -22,10 +22,12 @@ copied into them after the kernel and its overlapped copies (which an output tak
 slot in place needs). `graph=True` (CUDA) captures one steady-state iteration as a CUDA graph
 after the warm-up and replays it (`runtime.arena.GraphReplay`).
 
-Semantics follow `autotm_py.plan` and the planner's model: an async move issued before
-``Compute(k)`` starts when kernel k starts (the copy stream waits for the work enqueued before
-k) and joins at k's end (the compute stream waits for it after k), so a step lasts
-max(kernel, its copies of each direction); a sync move is ordered on the compute stream.
+Semantics follow `autotm_py.plan`: an async move issued before ``Compute(k)`` starts when
+kernel k starts (the copy stream waits for the work enqueued before k), and the compute stream
+waits for it where its tensor is next used: a prefetch where the tensor is read, written out or
+freed, a write where its source is freed or written over; so a copy may run on beside the
+kernels after k (docs/planning.md, "Copies join at their use"). A sync move is ordered on the
+compute stream.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
 
 log = logging.getLogger(__name__)
+# Async copies join where their tensors are next used (a read's destination where it is read,
+# a write's source where it is freed or written over), not at the end of the kernel they
+# overlap; False restores AutoTM's step join (experiments/gpu/prefetch_join_check.py measures
+# both on one plan; the simulator predicts the default).
+JOIN_COPIES_AT_USE = True
 
 KERNEL_RANGE = "autotm-kernel-"  # profiler range around kernel k: KERNEL_RANGE + str(k)
 
@@ -151,6 +158,9 @@ class _State:
     overwritten: int = 0  # outputs written over an input that died at their kernel
     updated: set[int] = field(default_factory=set)  # SGD updates run ahead, in a foreach
     joined: set[Any] = field(default_factory=set)  # copy events the compute stream waited for
+    # arena slots freed while a copy to the slow tier still reads them: (the freed view, the
+    # copy's event); whoever writes the slot next waits for the copy (`_claim`)
+    busy: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
     # work put on the compute stream so far (kernels, copies, waits), and its count when each
     # copy stream last waited for the compute stream
     enqueued: int = 0
@@ -240,12 +250,28 @@ class Executor(PlanInterpreter):
         slot = self._fast_slot(tid) if tier == FAST else None
         return slot is None or slot.data_ptr() == value.data_ptr()
 
-    def _fast_slot(self, tid: int) -> torch.Tensor | None:
+    def _fast_slot(self, tid: int, stream: Any = None) -> torch.Tensor | None:
         """The slot of the fast copy of `tid` that the current record makes (arena, or static
-        inputs at the start of the iteration), None where torch allocates it."""
+        inputs at the start of the iteration), None where torch allocates it. Whoever writes
+        it (the compute stream, or `stream`) first waits for the copies out of earlier tenants
+        that may still read it (`free`)."""
         if self.slots is None:
             return None
-        return self.slots.view(self.index, self.graph.tensors[tid])
+        view = self.slots.view(self.index, self.graph.tensors[tid])
+        if view is not None and self.state.busy:
+            self._claim(view, stream)
+        return view
+
+    def _claim(self, view: torch.Tensor, stream: Any) -> None:
+        """Order the writer of `view` after every copy out of a freed tenant it overlaps."""
+        for old, event in self.state.busy:
+            if event in self.state.joined or not overlaps(view, old):
+                continue
+            if stream is None or stream is self._compute:
+                self._join(event)
+            else:
+                stream.wait_event(event)
+        self.state.busy = [(v, e) for v, e in self.state.busy if e not in self.state.joined]
 
     def _materialize(self, tid: int, source: torch.Tensor, tier: str) -> torch.Tensor:
         dst = self.pool.view(tid, self.graph.tensors[tid]) if tier == SLOW else \
@@ -302,8 +328,8 @@ class Executor(PlanInterpreter):
             outputs = self._launch(kernel, args, slots)
         if self.state.attached:
             for event in self.state.attached.pop(record.kernel, ()):
-                # AutoTM's join: the copies overlapped with this kernel finish with it, as the
-                # planner and the simulator assume (a step lasts max(kernel, its copies)).
+                # AutoTM's join: the writes overlapped with this kernel finish with it, as the
+                # planner and the simulator assume (a step lasts max(kernel, its writes)).
                 self._join(event)
         if slots is None and SLOW not in out_tiers:  # (an arena gives slots)
             self.state.fast.update(zip(kernel.outputs, outputs, strict=True))
@@ -507,20 +533,25 @@ class Executor(PlanInterpreter):
             self._store(to)[tid] = self._materialize(tid, src, to)
             return
         self._store(to)[tid] = self._copy_cuda(tid, src, to, record.mode == "async")
-        if record.mode == "async" and record.overlaps is not None:
+        if record.mode == "async" and record.overlaps is not None and not JOIN_COPIES_AT_USE:
+            # AutoTM's join at the end of the kernel it overlaps. Otherwise a copy is joined
+            # where its tensor is next used: a prefetch where it is read (`_read`), written out
+            # or freed, a write where its source is freed (`free`) or written over
+            # (`_wait_for_copy_out`), a later read of the slow copy on its own stream
+            # (`_copy_cuda`'s source event); so it overlaps every kernel until then.
             self.state.attached.setdefault(record.overlaps, []).append(
                 self.state.pending[(tid, to)])
 
     def _copy_cuda(self, tid: int, src: torch.Tensor, to: str, asynchronous: bool) -> torch.Tensor:
         assert self.streams is not None
         current = self._compute
+        name = "h2d" if to == FAST else "d2h"
+        stream = getattr(self.streams, name) if asynchronous else current
         dst = self.pool.view(tid, self.graph.tensors[tid]) if to == SLOW else \
-            self._fast_slot(tid)
+            self._fast_slot(tid, stream)
         if dst is None:
             dst = torch.empty_like(src, device=self.device)
         source_event = self.state.pending.get((tid, SLOW if to == FAST else FAST))
-        name = "h2d" if to == FAST else "d2h"
-        stream = getattr(self.streams, name) if asynchronous else current
         if stream is not current:
             self.state.streams.add(name)
             # Start when the kernel it overlaps starts: after everything enqueued so far, which
@@ -557,13 +588,18 @@ class Executor(PlanInterpreter):
             if self.cuda and tier == FAST:
                 # A copy still reading (to slow) or writing (to fast) this memory must be done
                 # before the compute stream frees it: the caching allocator may hand the block
-                # to the next allocation on this stream at once. Usually the join after the
-                # overlapped kernel has already ordered it, and the wait is free. Without
-                # `record_stream`, the memory is released in stream order, so the allocator's
-                # peak is the plan's.
+                # to the next allocation on this stream at once (without `record_stream` the
+                # memory is released in stream order, so the allocator's peak is the plan's).
+                # In an arena the next tenant of the slot is known: it waits instead.
                 for key in ((tid, SLOW), (tid, FAST)):
                     event = pending.get(key)
-                    if event is not None:
+                    if event is None:
+                        continue
+                    if key[1] == SLOW and self.arena is not None and JOIN_COPIES_AT_USE \
+                            and tid in store:
+                        # at planned addresses the slot's next tenant waits instead (`_claim`)
+                        self.state.busy.append((store[tid], event))
+                    else:
                         self._join(event)
             pending.pop((tid, tier), None)
         try:

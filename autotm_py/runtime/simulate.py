@@ -7,11 +7,16 @@ has one copy thread (``copy``) that both directions share, as in AutoTM's runtim
 Timing rules (the ILP's objective uses the same ones, through `MachineModel`, except the host
 clock of the last rule):
 - a sync move blocks compute: it starts when the compute stream and its copy stream are free;
-- async moves attached to kernel k (records before ``Compute(k)``) start when k starts, run in
-  record order on their stream, and join at the end of the step: the next record starts at
-  max(kernel end, copy ends). With a both-directions bandwidth (GPU), copies of the two
-  engines share it: if their bytes need longer than either engine alone, both are stretched
-  evenly so the step lasts bytes / both_directions_bw, the fluid lower bound;
+- async moves attached to kernel k (records before ``Compute(k)``) start when k starts (and
+  their stream is free), and run in record order on their stream. The compute stream waits
+  for one only where its tensor is next used (the executor's joins): a read into fast memory
+  (a prefetch) before a kernel or re-run that reads the tensor, a write or a free of it; a
+  write to the slow tier before the free of its source, a kernel that may write over it
+  (`memory.scratch.OVERWRITES`), or a read of the slow copy (which also starts no earlier).
+  With a both-directions bandwidth (GPU), copies of the two engines share it: if a step's
+  bytes need longer than either engine alone, both are stretched evenly, the fluid lower
+  bound of bytes / both_directions_bw. (AutoTM's runtime, and the ILP's objective, join a
+  step's copies at its end instead: an upper bound on this timeline.)
 - a kernel lasts `MachineModel.kernel_time` for its placement; a ``Recompute`` re-runs its
   kernel on the compute stream before the step's kernel (and before its async copies start),
   for the kernel's all-fast time;
@@ -42,6 +47,7 @@ from autotm_py.errors import PlanError
 from autotm_py.interpreter import PlanInterpreter
 from autotm_py.machine import MachineModel
 from autotm_py.memory.accounting import aligned_sizes
+from autotm_py.memory.scratch import OVERWRITES
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import (
     INITIAL,
@@ -161,10 +167,13 @@ class Simulator(PlanInterpreter):
     """Walks a plan, predicting times and bytes; `strict` raises at the first violation."""
 
     def __init__(self, graph: TensorGraph, plan: Plan, machine: MachineModel, *,
-                 strict: bool = True) -> None:
+                 strict: bool = True, join_at_use: bool = True) -> None:
         super().__init__(graph, plan)
         self.machine = machine
         self.strict = strict
+        # False: AutoTM's join of a step's copies at its end, the ILP's timeline (an upper
+        # bound of the default, which follows the executor)
+        self.join_at_use = join_at_use
         n = len(graph.tensors)
         self.state = np.zeros((n, 2), dtype=np.int8)  # [tensor, fast|slow] -> ABSENT/READY/...
         self.produced = np.zeros(n, dtype=bool)
@@ -188,6 +197,12 @@ class Simulator(PlanInterpreter):
         self.scratch = {b.record: b for b in layout.buffers if b.tensor == SCRATCH} \
             if layout is not None else {}
         self.in_place: list[int] = []  # outputs of the running kernel that took an input's slot
+        self.landing: dict[int, float] = {}  # prefetched tensor -> when its copy ends
+        self.leaving: dict[int, float] = {}  # tensor written out -> when its copy ends
+        # arena: slots freed while a copy out still reads them ([low, high), copy end); the
+        # next tenant waits (the executor's `_claim`); when a new copy may be written there
+        self.busy: list[tuple[int, int, float]] = []
+        self.slot_free: dict[int, float] = {}  # async prefetch -> when its slot is free
 
     # ---- bookkeeping ---------------------------------------------------------------------
     def violate(self, message: str) -> None:
@@ -212,6 +227,23 @@ class Simulator(PlanInterpreter):
         self.bytes[TIER_INDEX[tier]] += self.size(tid, tier)
         if tier == FAST and self.slots is not None and self.size(tid):
             self._place(tid)
+            self._wait_for_slot(tid, state)
+
+    def _wait_for_slot(self, tid: int, state: int) -> None:
+        """The writer of the new fast copy of `tid` waits for copies out of the earlier tenants
+        of its slot: the compute stream, or (a prefetch) its copy (`slot_free`)."""
+        if not self.busy:
+            return
+        low = self.offsets.get((max(self.index, INITIAL), tid))
+        if low is None:
+            return
+        high = low + self.size(tid)
+        ready = max((end for lo, hi, end in self.busy if lo < high and low < hi), default=0.0)
+        if state == ARRIVING:
+            self.slot_free[tid] = ready
+        elif ready > self.clock:
+            self.clock = ready
+        self.busy = [b for b in self.busy if b[2] > self.clock]
 
     def release(self, tid: int, tier: str) -> None:
         self.bytes[TIER_INDEX[tier]] -= self.size(tid, tier)
@@ -293,6 +325,7 @@ class Simulator(PlanInterpreter):
             self.mark(self.clock)
             return
         self.alloc(tid, to)
+        self._await(tid, self.leaving if to == FAST else self.landing)
         stream = self.machine.memory.stream_of(to)
         start = max(self.clock, self.stream_free.get(stream, 0.0))
         end = start + self.machine.copy_time(tid, to, "sync")
@@ -308,6 +341,13 @@ class Simulator(PlanInterpreter):
             self.violate(f"free of {self.name(tid)} from the {tier} tier, where it is {what}")
             return
         self.state[tid, slot] = ABSENT
+        if tier == FAST:
+            self._await(tid, self.landing)
+            low = self.slots.where.get(tid) if self.slots is not None else None
+            if low is not None and tid in self.leaving:  # the slot's next tenant waits
+                self.busy.append((low, low + self.size(tid), self.leaving.pop(tid)))
+            else:
+                self._await(tid, self.leaving)
         copying = any(m.tensor == tid and m.to != tier for _, m in self.step.moves)
         if copying:
             self.step.release.append((tid, tier))  # the async copy still reads it
@@ -333,6 +373,8 @@ class Simulator(PlanInterpreter):
                              "tier")
             else:
                 self.alloc(tid, FAST)
+        for tid in kernel.inputs:
+            self._await(tid, self.landing)
         dropped = sum(self.size(t) for t in kernel.outputs if t not in rec.outputs)
         profiled = self.machine.fast_time(kid)
         self.host += profiled
@@ -369,6 +411,11 @@ class Simulator(PlanInterpreter):
         # lasts its profiled sum, as it was measured). Without device times the two are equal
         # and this is the plain sum. Where copies hold the GPU back, the host runs ahead and
         # the launch gaps vanish (docs/gpu.md, DenseNet-264).
+        overwrites = kernel.op_type in OVERWRITES
+        for tid in kernel.inputs:
+            self._await(tid, self.landing)
+            if overwrites:  # it may write over an input still being copied out
+                self._await(tid, self.leaving)
         profiled = self.machine.kernel_time(kid, rec.placement)
         self.host += profiled
         duration = self.machine.device_time(kid) if self.machine.gpu else profiled
@@ -414,6 +461,8 @@ class Simulator(PlanInterpreter):
                              f"arena, but {self.name(first)} starts it at {begin}")
 
     def finish(self) -> None:
+        # the iteration ends when every stream has (the executor joins them all)
+        self.clock = max([self.clock, *self.stream_free.values()])
         if self.slots is not None:
             self._check_steady_slots()
         if self.step.moves:
@@ -462,31 +511,49 @@ class Simulator(PlanInterpreter):
             return
         self.alloc(tid, tier)
 
+    def _await(self, tid: int, copies: dict[int, float]) -> None:
+        """The compute stream waits for the copy of `tid` in `copies` (`landing` or `leaving`)
+        if it is still running: the executor's join where the tensor is next used."""
+        end = copies.pop(tid, None)
+        if end is not None and end > self.clock:
+            self.clock = end
+
     def _run_copies(self, start: float, duration: float) -> float:
-        """Lay the step's async copies on their streams; return the step's end (the join)."""
+        """Lay the step's async copies on their streams, each after the copies before it on
+        its stream; return the step's end: the kernel's (each copy is joined at its use,
+        `landing` and `leaving` keep when it ends), or with `join_at_use` off the last copy's
+        too (the join at the end of the step)."""
         moves = self.step.moves
         memory = self.machine.memory
         copies = [(m.tensor, m.to) for _, m in moves]
-        step_len = self.machine.step_time(duration, copies)
         lanes: dict[str, float] = {}
-        plan = []
-        for idx, m in moves:
+        for _, m in moves:
             stream = memory.stream_of(m.to)
-            seconds = self.machine.copy_time(m.tensor, m.to, "async")
-            plan.append((idx, m, stream, lanes.get(stream, 0.0), seconds))
-            lanes[stream] = lanes.get(stream, 0.0) + seconds
+            lanes[stream] = lanes.get(stream, 0.0) + self.machine.copy_time(m.tensor, m.to,
+                                                                            "async")
         stretch = 1.0
         if lanes and max(lanes.values()) > 0:  # the shared link may bind: stretch both lanes
             stretch = max(1.0, self.machine.step_time(0.0, copies) / max(lanes.values()))
-        for idx, m, stream, offset, seconds in plan:
-            begin = start + offset * stretch
-            self._record_move(idx, m, begin, begin + seconds * stretch, stream)
-            self.stream_free[stream] = begin + seconds * stretch
+        step_end = start + duration
+        for idx, m in moves:
+            stream = memory.stream_of(m.to)
+            # after the copies before it on its stream, and after the copy that makes its
+            # source (a write of a tensor still landing, a read of one still being written)
+            source = self.landing if m.to == SLOW else self.leaving
+            begin = max(start, self.stream_free.get(stream, 0.0), source.get(m.tensor, 0.0),
+                        self.slot_free.pop(m.tensor, 0.0))
+            end = begin + self.machine.copy_time(m.tensor, m.to, "async") * stretch
+            self._record_move(idx, m, begin, end, stream)
+            self.stream_free[stream] = end
             self.state[m.tensor, TIER_INDEX[m.to]] = READY
+            if self.join_at_use:
+                (self.landing if m.to == FAST else self.leaving)[m.tensor] = end
+            else:
+                step_end = max(step_end, end)
         for tid, tier in self.step.release:
             self.release(tid, tier)
         self.step = _Step()
-        return start + step_len
+        return step_end
 
     def _record_move(self, idx: int, m: Move, start: float, end: float, stream: str) -> None:
         nbytes = int(self.graph.tensor_bytes[m.tensor])
