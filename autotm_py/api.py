@@ -111,10 +111,13 @@ def baselines(graph: TensorGraph, config: PlanConfig | None = None, *,
 
 
 def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,
-             strict: bool = True, profiles_dir: PathLike | None = None) -> SimulationResult:
-    """Predicted timeline and memory curve of a plan; strict mode raises at a violation."""
+             strict: bool = True, profiles_dir: PathLike | None = None,
+             join_at_use: bool = True) -> SimulationResult:
+    """Predicted timeline and memory curve of a plan; strict mode raises at a violation.
+    `join_at_use=False`: async copies joined at the end of the kernel they overlap (AutoTM's
+    runtime, and the ILP's objective) instead of where their tensors are used (ours)."""
     return pipeline.simulate(graph, plan, costs=costs, strict=strict,
-                             profiles_dir=profiles_dir)
+                             profiles_dir=profiles_dir, join_at_use=join_at_use)
 
 
 def profile_in_context(graph: TensorGraph, *, device: str = "cuda",

@@ -247,8 +247,8 @@ def pack(machine: MachineModel, plan: Plan) -> ArenaLayout:
     """Offsets for every fast buffer of `plan` (module docstring). The arena's size is the
     tensors' extent plus the largest scratch; whether it fits the budget is the caller's."""
     life = lifetimes(machine, plan)
-    offsets = _place(life)
-    extent = max((offsets[i] + s.nbytes for i, s in enumerate(life.spans)), default=0)
+    offsets = tightest_packing(life)
+    extent = _extent(life, offsets)
     scratch_offset = _aligned(extent)
     buffers = [ArenaBuffer(s.record, s.tensor, offsets[i], s.nbytes)
                for i, s in enumerate(life.spans)]
@@ -260,13 +260,27 @@ def pack(machine: MachineModel, plan: Plan) -> ArenaLayout:
                        tuple(buffers + scratch))
 
 
+def tightest_packing(life: Lifetimes) -> list[int]:
+    """The offsets of the smaller of two greedy packings (`_place`): each buffer in the lowest
+    gap, or in the tightest. The lowest gap is usually tighter; where it is not, the other saves
+    a re-solve (Inception-v4 b64 at 33%: 2509 against 2592 MiB, within the budget where the
+    lowest gaps leave the arena 12 MiB over)."""
+    return min((_place(life, tightest) for tightest in (False, True)),
+               key=lambda offsets: _extent(life, offsets))
+
+
+def _extent(life: Lifetimes, offsets: list[int]) -> int:
+    return max((offsets[i] + s.nbytes for i, s in enumerate(life.spans)), default=0)
+
+
 def _aligned(n: int) -> int:
     return -(-int(n) // ALIGN_BYTES) * ALIGN_BYTES
 
 
-def _place(life: Lifetimes) -> list[int]:
+def _place(life: Lifetimes, tightest: bool = False) -> list[int]:
     """Greedy by size: each item (a span, or a steady group) at the lowest offset where it
-    overlaps no item placed before it that is live at the same time."""
+    overlaps no item placed before it that is live at the same time (`tightest`: in the
+    smallest such gap between them, else above them all)."""
     spans = life.spans
     grouped = {i for group in life.groups for i in group}
     items = [group for group in life.groups] + [(i,) for i in range(len(spans))
@@ -284,7 +298,7 @@ def _place(life: Lifetimes) -> list[int]:
         busy = np.zeros(placed, dtype=bool)
         for i in item:
             busy |= (starts[:placed] < spans[i].end) & (ends[:placed] > spans[i].start)
-        offset = _lowest_gap(lows[:placed][busy], highs[:placed][busy], size)
+        offset = _lowest_gap(lows[:placed][busy], highs[:placed][busy], size, tightest)
         for i in item:
             offsets[i] = offset
             starts[placed], ends[placed] = spans[i].start, spans[i].end
@@ -293,15 +307,20 @@ def _place(life: Lifetimes) -> list[int]:
     return offsets
 
 
-def _lowest_gap(lows: np.ndarray, highs: np.ndarray, size: int) -> int:
-    """The lowest offset where [offset, offset + size) meets none of the [low, high) ranges."""
+def _lowest_gap(lows: np.ndarray, highs: np.ndarray, size: int, tightest: bool = False) -> int:
+    """The lowest offset where [offset, offset + size) meets none of the [low, high) ranges;
+    `tightest`: the start of the smallest gap between them that holds it, if any."""
     order = np.argsort(lows, kind="stable")
     offset = 0
+    best: tuple[int, int] | None = None  # (gap, offset)
     for low, high in zip(lows[order].tolist(), highs[order].tolist(), strict=True):
         if offset + size <= low:
-            break
+            if not tightest:
+                break
+            if best is None or low - offset < best[0]:
+                best = (low - offset, offset)
         offset = max(offset, high)
-    return offset
+    return best[1] if best is not None else offset
 
 
 def overlapping(layout: ArenaLayout, life: Lifetimes) -> tuple[Span, Span] | None:

@@ -255,11 +255,13 @@ def machine_for_plan(graph: TensorGraph, plan: Plan, costs: KernelCosts | None =
 
 
 def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,
-             strict: bool = True, profiles_dir: PathLike | None = None) -> SimulationResult:
-    """Predict a plan's timeline; with `strict`, raise `PlanError` at the first violation."""
+             strict: bool = True, profiles_dir: PathLike | None = None,
+             join_at_use: bool = True) -> SimulationResult:
+    """Predict a plan's timeline; with `strict`, raise `PlanError` at the first violation
+    (`join_at_use`: `Simulator`'s)."""
     plan.validate(graph)
     machine = machine_for_plan(graph, plan, costs, profiles_dir=profiles_dir)
-    sim = Simulator(graph, plan, machine, strict=strict)
+    sim = Simulator(graph, plan, machine, strict=strict, join_at_use=join_at_use)
     sim.run()
     return sim.result()
 

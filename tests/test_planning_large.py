@@ -20,8 +20,6 @@ from hypothesis import strategies as st
 
 from autotm_py import api
 from autotm_py.config import PlanConfig
-from autotm_py.pipeline import machine_for_plan
-from autotm_py.runtime.simulate import Simulator
 from tests.large_graphs import KINDS, problem
 from tests.randomized import SIZES, STRATEGIES
 
@@ -86,10 +84,7 @@ def test_large_plans_verify_and_simulate_to_the_objective(kind, strategy, data):
     # (`decode.prune_reads`), which an incumbent within the MIP gap may pay for (CI's slow
     # profile drew a zoo/async case 0.38% below its objective). The plan is a point of the same
     # model, so it cannot beat the optimum, which is at least objective x (1 - gap).
-    step = Simulator(graph, res.plan, machine_for_plan(graph, res.plan, costs),
-                     join_at_use=False)
-    step.run()
-    joined_at_steps = step.result().total_s
+    joined_at_steps = api.simulate(graph, res.plan, costs=costs, join_at_use=False).total_s
     assert joined_at_steps <= res.objective_s * (1 + 1e-3)
     assert joined_at_steps >= res.objective_s * (1 - GAP) * (1 - 1e-3)
     # joined at their uses, as the executor runs them, copies never make it slower

@@ -17,7 +17,8 @@
 # no move-only plans.
 #   GRAPH=1 RATIOS="1:1 1:2 1:3" ONLY=resnet200 bash experiments/gpu/plan_recompute.sh
 # EARLY=W (with ARENA=1 or GRAPH=1): `--recompute-early W` (checkpoint-style plans, started
-# from a segment plan: docs/planning.md "Early points"), names ending in _eW.
+# from a segment plan: docs/planning.md "Early points"), names ending in _eW. Without it the
+# CLI's default applies (W = 32, kept only where the segment start pays).
 set -eu
 PLANS=${PLANS:-experiments/plans/recompute}
 AUTOTM=${AUTOTM:-python3 -m autotm_py}
