@@ -74,7 +74,7 @@ class KernelSpan:
     name: str
     start_s: float
     end_s: float  # the kernel itself
-    step_end_s: float  # kernel and its overlapped copies (the join)
+    step_end_s: float  # the step's end: the kernel's (with join_at_use off, its copies' too)
     placement: str  # "FFS": tier of each input then output
 
 
