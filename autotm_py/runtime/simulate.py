@@ -62,7 +62,7 @@ from autotm_py.plan import (
 )
 
 if TYPE_CHECKING:
-    from autotm_py.ir.graph import TensorGraph
+    from autotm_py.ir.graph import Kernel, TensorGraph
 
 ABSENT, READY, ARRIVING = 0, 1, 2
 TIER_INDEX = {FAST: 0, SLOW: 1}
@@ -232,10 +232,8 @@ class Simulator(PlanInterpreter):
     def _wait_for_slot(self, tid: int, state: int) -> None:
         """The writer of the new fast copy of `tid` waits for copies out of the earlier tenants
         of its slot: the compute stream, or (a prefetch) its copy (`slot_free`)."""
-        if not self.busy:
-            return
-        low = self.offsets.get((max(self.index, INITIAL), tid))
-        if low is None:
+        low = self.slots.where.get(tid) if self.busy and self.slots is not None else None
+        if low is None:  # nothing still copied out, or no slot (`_place` said why)
             return
         high = low + self.size(tid)
         ready = max((end for lo, hi, end in self.busy if lo < high and low < hi), default=0.0)
@@ -373,8 +371,7 @@ class Simulator(PlanInterpreter):
                              "tier")
             else:
                 self.alloc(tid, FAST)
-        for tid in kernel.inputs:
-            self._await(tid, self.landing)
+        self._await_inputs(kernel, overwrites=False)
         dropped = sum(self.size(t) for t in kernel.outputs if t not in rec.outputs)
         profiled = self.machine.fast_time(kid)
         self.host += profiled
@@ -411,11 +408,7 @@ class Simulator(PlanInterpreter):
         # lasts its profiled sum, as it was measured). Without device times the two are equal
         # and this is the plain sum. Where copies hold the GPU back, the host runs ahead and
         # the launch gaps vanish (docs/gpu.md, DenseNet-264).
-        overwrites = kernel.op_type in OVERWRITES
-        for tid in kernel.inputs:
-            self._await(tid, self.landing)
-            if overwrites:  # it may write over an input still being copied out
-                self._await(tid, self.leaving)
+        self._await_inputs(kernel, overwrites=kernel.op_type in OVERWRITES)
         profiled = self.machine.kernel_time(kid, rec.placement)
         self.host += profiled
         duration = self.machine.device_time(kid) if self.machine.gpu else profiled
@@ -511,6 +504,14 @@ class Simulator(PlanInterpreter):
             return
         self.alloc(tid, tier)
 
+    def _await_inputs(self, kernel: Kernel, overwrites: bool) -> None:
+        """Before a kernel (or a re-run) reads its inputs: their prefetches have landed, and
+        where it may write over them (`overwrites`), their copies out have ended."""
+        for tid in kernel.inputs:
+            self._await(tid, self.landing)
+            if overwrites:
+                self._await(tid, self.leaving)
+
     def _await(self, tid: int, copies: dict[int, float]) -> None:
         """The compute stream waits for the copy of `tid` in `copies` (`landing` or `leaving`)
         if it is still running: the executor's join where the tensor is next used."""
@@ -527,22 +528,23 @@ class Simulator(PlanInterpreter):
         memory = self.machine.memory
         copies = [(m.tensor, m.to) for _, m in moves]
         lanes: dict[str, float] = {}
-        for _, m in moves:
+        plan = []
+        for idx, m in moves:
             stream = memory.stream_of(m.to)
-            lanes[stream] = lanes.get(stream, 0.0) + self.machine.copy_time(m.tensor, m.to,
-                                                                            "async")
+            seconds = self.machine.copy_time(m.tensor, m.to, "async")
+            plan.append((idx, m, stream, seconds))
+            lanes[stream] = lanes.get(stream, 0.0) + seconds
         stretch = 1.0
         if lanes and max(lanes.values()) > 0:  # the shared link may bind: stretch both lanes
             stretch = max(1.0, self.machine.step_time(0.0, copies) / max(lanes.values()))
         step_end = start + duration
-        for idx, m in moves:
-            stream = memory.stream_of(m.to)
+        for idx, m, stream, seconds in plan:
             # after the copies before it on its stream, and after the copy that makes its
             # source (a write of a tensor still landing, a read of one still being written)
             source = self.landing if m.to == SLOW else self.leaving
             begin = max(start, self.stream_free.get(stream, 0.0), source.get(m.tensor, 0.0),
                         self.slot_free.pop(m.tensor, 0.0))
-            end = begin + self.machine.copy_time(m.tensor, m.to, "async") * stretch
+            end = begin + seconds * stretch
             self._record_move(idx, m, begin, end, stream)
             self.stream_free[stream] = end
             self.state[m.tensor, TIER_INDEX[m.to]] = READY

@@ -27,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
 
 
 def main() -> None:
@@ -64,16 +65,13 @@ def main() -> None:
 
 
 def load(path: Path):
-    from autotm_py import api
+    """The plan and the graph it was made for (`recompute_check.graph_of`)."""
+    from recompute_check import graph_of
+
     from autotm_py.plan import Plan
 
     plan = Plan.load(path)
-    model = plan.header.model
-    graph = api.load_model(plan.header.model_name.split("/")[0], batch=model.batch,
-                           dims=dict(model.dims) or None, training=model.training,
-                           optimizer=model.optimizer or "sgd", fuse=model.fuse,
-                           loss=model.loss or "auto")
-    return graph, plan
+    return graph_of(plan), plan
 
 
 def run(graph, plan, row: dict, args, graph_priced: bool = False) -> dict:
