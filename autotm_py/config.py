@@ -35,6 +35,13 @@ DEFAULT_RECOMPUTE_RATIO = 1.0
 # only where its checkpoint-style start pays (`planning.solve.EARLY_MIN_GAIN`). 32 measured
 # best on ResNet-200 and DenseNet-264 (docs/planning.md, "Early points"); 0 turns them off.
 DEFAULT_RECOMPUTE_EARLY = 32
+# Where the ILP prices an async read (docs/planning.md, "Pricing reads where they join"): step
+# = against the one kernel it is issued beside (AutoTM's step join; the objective is then an
+# upper bound of the simulated timeline); spread = over the kernels until the tensor's next
+# use, where the executor joins it. Step stays the default: of five H100 benchmark cells spread
+# sped up one (ResNet-200 at 25%: 4.3% measured) and no other, with a larger ILP (docs/gpu.md).
+READ_PRICINGS: tuple[str, ...] = ("step", "spread")
+DEFAULT_READ_PRICING = "step"
 # The plan names of the three families, as headers, `autotm bench --strategies` and reports
 # write them: "<strategy>" (move-only), "<strategy>+recompute" (joint), "recompute-only".
 RECOMPUTE_SUFFIX = "+recompute"
@@ -70,6 +77,7 @@ class PlanConfig:
     # Regeneration also at this many backward kernels before a tensor's first backward use
     # (`recompute.recompute_spec`): chains regenerated link by link, as checkpointing does.
     recompute_early: int = DEFAULT_RECOMPUTE_EARLY
+    read_pricing: str = DEFAULT_READ_PRICING  # READ_PRICINGS
     # GPU mode: give every fast-memory buffer a planned offset in one arena (`autotm_py.arena`)
     # and fit the packed arena in the budget, so that the plan runs without headroom.
     arena: bool = False
@@ -100,6 +108,9 @@ class PlanConfig:
             raise ConfigError(f"--time-limit {self.time_limit_s}: must be positive seconds")
         if self.async_window < 0:
             raise ConfigError(f"--async-window {self.async_window}: must be >= 0")
+        if self.read_pricing not in READ_PRICINGS:
+            raise ConfigError(f"--read-pricing {self.read_pricing!r}: choose one of "
+                              f"{', '.join(READ_PRICINGS)}")
         if self.async_candidates is not None and self.async_candidates < 1:
             raise ConfigError(f"--async-candidates {self.async_candidates}: must be >= 1 "
                               "(or 'all')")

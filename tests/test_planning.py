@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotm_py.config import PlanConfig
-from autotm_py.errors import PlanError
+from autotm_py.errors import ConfigError, PlanError
 from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW, preset
 from autotm_py.pipeline import optimize, simulate
@@ -379,3 +379,59 @@ def test_a_re_run_decision_needs_a_regeneration():
     result = optimize(graph, cfg, costs=costs)
     sim = simulate(graph, result.plan, costs=costs)
     assert sim.total_s == pytest.approx(result.objective_s, rel=1e-6)
+
+
+def test_spread_reads_price_an_async_read_over_the_kernels_until_its_use():
+    """`read_pricing="spread"`: an async read issued beside kernel k of a tensor next used at
+    kernel u adds its copy time to the terms of kernels k..u-1, each its share by kernel time;
+    `"step"`: all of it to kernel k (AutoTM's join at the end of that kernel)."""
+    g = small_training(kib=256)
+    machine = MachineModel(g, preset("h100-pcie5").with_budget(None), costs_for(g))
+    spread = formulation.build(machine, "async", 4, spread_reads=True)
+    step = formulation.build(machine, "async", 4, spread_reads=False)
+    checked = 0
+    for tid, p in enumerate(spread.paths):
+        if p is None:
+            continue
+        for i, e in enumerate(p.edges):
+            if e.kind != READ or p.gadgets.read[e.layer] != ASYNC:
+                continue
+            issue = p.gadgets.kernels[e.layer]
+            use = min(k for k, io in zip(p.gadgets.kernels, p.gadgets.io, strict=True)
+                      if io and k > issue)
+            shares = dict(formulation.read_shares(spread, p, e.layer))
+            times = {k: machine.fast_time(k) for k in range(issue, use)}
+            assert set(shares) == {k for k, t in times.items() if t > 0}
+            assert sum(shares.values()) == pytest.approx(1.0)
+            for k, share in shares.items():
+                assert share == pytest.approx(times[k] / sum(times.values()))
+                seconds = machine.copying.async_terms(int(g.tensor_bytes[tid]), FAST)[0][1]
+                lane = spread.async_terms[k][machine.memory.stream_of(FAST)]
+                assert lane[spread.x[tid][i]] == pytest.approx(seconds * share)
+            alone = step.async_terms[issue][machine.memory.stream_of(FAST)]
+            assert alone[step.x[tid][i]] == pytest.approx(seconds)
+            checked += len(shares) > 1
+    assert checked  # some read spans several kernels
+
+
+@pytest.mark.parametrize("strategy", ["async", "async+recompute"])
+def test_spread_plans_verify_and_never_beat_all_fast(strategy):
+    """Spread pricing models the executor's join at use: the objective is no longer the
+    step-join timeline (it may be below it); the plan must still verify, fit and, joined at
+    use, run no slower than on that timeline."""
+    g = small_training(kib=256)
+    costs = costs_for(g)
+    machine = MachineModel(g, preset("h100-pcie5"), costs)
+    need, _ = min_feasible_budget(machine, "sync")
+    cfg = PlanConfig.for_plan_name(strategy, device="cuda", fast_mem_bytes=need,
+                                   solver="highs", gap=0.0, read_pricing="spread")
+    res = optimize(g, cfg, costs=costs)
+    assert res.status == "optimal" and res.plan is not None
+    sim = simulate(g, res.plan, costs=costs)  # strict: the verifier
+    joined_at_steps = simulate(g, res.plan, costs=costs, join_at_use=False)
+    assert sim.total_s <= joined_at_steps.total_s * (1 + 1e-9)
+    assert sim.fast_peak_bytes <= res.budget_bytes
+    assert sim.total_s >= res.all_fast_time_s * (1 - 1e-9)
+    assert res.plan.header.config["read_pricing"] == "spread"
+    with pytest.raises(ConfigError, match="--read-pricing 'late': choose one of step, spread"):
+        PlanConfig(read_pricing="late")

@@ -60,6 +60,21 @@ def test_async_candidates_option(net, capsys):
     assert "error: --async-candidates 'few'" in capsys.readouterr().err
 
 
+def test_read_pricing_option(net, tmp_path, capsys):
+    from autotm_py.plan import Plan
+
+    path = tmp_path / "plan.json"
+    assert main(["optimize", "net", "--fast-mem", "900KiB", "--strategy", "async",
+                 "--read-pricing", "spread", "--solver", "highs", "--no-baselines",
+                 "-o", str(path)]) == 0
+    capsys.readouterr()
+    assert Plan.load(path).header.config["read_pricing"] == "spread"
+    assert main(["simulate", "net", "--plan", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["optimize", "net", "--fast-mem", "900KiB", "--read-pricing", "late"]) == 2
+    assert "--read-pricing" in capsys.readouterr().err
+
+
 def test_headroom_option_leaves_room_and_writes_compressed_plans(net, tmp_path, capsys):
     from autotm_py.plan import Plan
 

@@ -33,11 +33,13 @@ from autotm_py.config import (
     DEFAULT_ASYNC_CANDIDATES,
     DEFAULT_ASYNC_WINDOW,
     DEFAULT_GAP,
+    DEFAULT_READ_PRICING,
     DEFAULT_RECOMPUTE_DEPTH,
     DEFAULT_RECOMPUTE_EARLY,
     DEFAULT_RECOMPUTE_RATIO,
     DEFAULT_SOLVER,
     DEFAULT_TIME_LIMIT_S,
+    READ_PRICINGS,
     RECOMPUTE_MODES,
     STRATEGIES,
     PlanConfig,
@@ -121,6 +123,13 @@ RATIO_HELP = (
                    "checkpoint-style plan and keeps them only where that plan is 5%% faster "
                    "than the one without (the plan's notes say which). 0: regenerate only "
                    "right before a use. Larger: a larger ILP.")
+@click.option("--read-pricing", type=click.Choice(READ_PRICINGS), default=DEFAULT_READ_PRICING,
+              show_default=True,
+              help="How the ILP prices an overlapped read: step: against the kernel it is "
+                   "issued beside (AutoTM's model, whose objective bounds the predicted time "
+                   "from above); spread: over the kernels from that one to the tensor's next "
+                   "use, where the executor waits for it (an estimate, not a bound; a larger "
+                   "ILP).")
 @click.option("--pin-weights", is_flag=True,
               help="The paper's rule: inputs, weights and optimizer state stay in fast "
                    "memory, outside the budget.")
@@ -140,7 +149,8 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
                  device: str, memory: str | None, solver: str, gap: float,
                  time_limit: float | None, async_window: int,
                  async_candidates: int | None, recompute: str, recompute_depth: int,
-                 recompute_ratio: float, recompute_early: int, pin_weights: bool,
+                 recompute_ratio: float, recompute_early: int, read_pricing: str,
+                 pin_weights: bool,
                  threads: int | None, headroom: float, reserve: str | None, arena: bool,
                  graph_replay: bool,
                  profiles_dir: str | None, no_baselines: bool,
@@ -162,7 +172,7 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         async_window=async_window, async_candidates=async_candidates,
         pin_weights=pin_weights, threads=threads, headroom=headroom, recompute=recompute,
         recompute_depth=recompute_depth, recompute_ratio=recompute_ratio,
-        recompute_early=recompute_early,
+        recompute_early=recompute_early, read_pricing=read_pricing,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
         arena=arena, graph=graph_replay)
     control = SolveControl(time_limit_s=time_limit)

@@ -72,6 +72,9 @@ class Formulation:
     fixed: frozenset[int] = frozenset()  # kept in fast memory: constants, no variables
     recompute: RecomputeSpec | None = None  # regeneration points; None: move-only
     moves: bool = True  # False: recompute-only (no copies between tiers)
+    # price an async read over the kernels until its tensor's next use (copies join at their
+    # use) instead of against the one kernel it is issued beside (AutoTM's step join)
+    spread_reads: bool = False
     prob: pulp.LpProblem = field(default_factory=lambda: pulp.LpProblem("autotm", pulp.LpMinimize))
     paths: list[TensorPaths | None] = field(default_factory=list)
     x: list[list[Any]] = field(default_factory=list)  # edge variables per tensor
@@ -139,12 +142,15 @@ def residency_edges(p: TensorPaths, kid: int) -> tuple[int, ...]:
 
 def build(machine: MachineModel, strategy: str, window: int, candidates: int | None = None,
           fixed: frozenset[int] = frozenset(), *, recompute: RecomputeSpec | None = None,
-          moves: bool = True) -> Formulation:
+          moves: bool = True, spread_reads: bool = False) -> Formulation:
     """Build the ILP: every family below, in order, then the objective. `fixed` tensors stay
     in fast memory (`gadgets.small_tensors`): they enter as constants. `recompute`: where
-    tensors may be regenerated (None: move-only); `moves=False`: no copies (recompute-only)."""
+    tensors may be regenerated (None: move-only); `moves=False`: no copies (recompute-only);
+    `spread_reads`: async reads priced over the kernels until their use (`read_shares`), else
+    against the kernel they are issued beside (AutoTM)."""
     started = time.perf_counter()
-    f = Formulation(machine, strategy, window, candidates, fixed, recompute, moves)
+    f = Formulation(machine, strategy, window, candidates, fixed, recompute, moves,
+                    spread_reads=spread_reads)
     add_paths(f)
     add_steady_state(f)
     add_capacity(f)
@@ -338,10 +344,28 @@ def add_moves(f: Formulation) -> None:
             if mode == SYNC:
                 _add(f.objective, v, machine.copying.copy_time(nbytes, to, "sync") * MS)
             elif mode == ASYNC:
-                kid = p.gadgets.kernels[e.layer]
-                terms = f.async_terms.setdefault(kid, {})
+                shares = read_shares(f, p, e.layer) if e.kind == READ and f.spread_reads \
+                    else ((p.gadgets.kernels[e.layer], 1.0),)
                 for name, seconds in machine.copying.async_terms(nbytes, to):
-                    _add(terms.setdefault(name, {}), v, seconds)
+                    for kid, share in shares:
+                        terms = f.async_terms.setdefault(kid, {})
+                        _add(terms.setdefault(name, {}), v, seconds * share)
+
+
+def read_shares(f: Formulation, p: TensorPaths, j: int) -> tuple[tuple[int, float], ...]:
+    """Where an async read issued at gadget j is priced: over the kernels from its own to the
+    one before the tensor's next use (its copy is joined there), each taking a share of the
+    copy in proportion to its time, as a copy stream running beside them would be."""
+    g = p.gadgets
+    issue = g.kernels[j]
+    due = next((g.kernels[i] for i in range(j + 1, len(g.kernels))
+                if g.io[i] or g.read[i] == SYNC or g.sync_reads(i)), issue + 1)
+    kernels = range(issue, max(due, issue + 1))
+    times = [f.machine.fast_time(k) for k in kernels]
+    total = sum(times)
+    if total <= 0:
+        return tuple((k, 1.0 / len(times)) for k in kernels)
+    return tuple((k, t / total) for k, t in zip(kernels, times, strict=True) if t > 0)
 
 
 # ---- (6) epigraph ------------------------------------------------------------------------

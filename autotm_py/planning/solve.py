@@ -297,7 +297,8 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
         control.report(stage="building", strategy=_stage_name(stage), solver=config.solver)
         f = formulation.build(machine, stage.strategy, config.async_window, candidates, small,
                               recompute=specs.get(key) if stage.mode != "off" else None,
-                              moves=stage.mode != "only")
+                              moves=stage.mode != "only",
+                              spread_reads=config.read_pricing == "spread")
         log.info("built the %s ILP (depth %d%s): %d variables, %d constraints in %.2f s",
                  f.name, stage.depth, ", regenerations fixed" if stage.fixed else "",
                  f.n_vars, f.n_rows, f.build_s)

@@ -19,6 +19,9 @@
 # EARLY=W (with ARENA=1 or GRAPH=1): `--recompute-early W` (checkpoint-style plans, started
 # from a segment plan: docs/planning.md "Early points"), names ending in _eW. Without it the
 # CLI's default applies (W = 32, kept only where the segment start pays).
+# READ_PRICING=spread (with ARENA=1 or GRAPH=1): `--read-pricing spread` (reads priced over the
+# kernels until their use: docs/planning.md "Pricing reads where they join"), names ending in
+# _spread (after _eW).
 set -eu
 PLANS=${PLANS:-experiments/plans/recompute}
 AUTOTM=${AUTOTM:-python3 -m autotm_py}
@@ -58,6 +61,9 @@ for model in ${ONLY:-resnet200 bert_base inception_v4 densenet264 gpt2_small}; d
   for ratio in ${RATIOS:-${RATIOS_OF[$model]:-1:1 1:3}}; do
     early=() suffix=""
     [ -n "${EARLY:-}" ] && early=(--recompute-early "$EARLY") suffix="_e$EARLY"
+    if [ -n "${READ_PRICING:-}" ]; then
+      early+=(--read-pricing "$READ_PRICING") suffix="${suffix}_$READ_PRICING"
+    fi
     if [ -n "${ARENA:-}" ]; then
       solve "$model" "$ratio" 0 on "async+recompute_arena_graph$suffix" --arena --graph "${early[@]}"
       continue
