@@ -39,10 +39,9 @@ def problems(draw, strategy):
     return graph, device, strategy, draw(st.floats(0.0, 1.0)), draw(st.booleans()), scale
 
 
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
-@settings(suppress_health_check=[HealthCheck.too_slow])  # examples: the profile's
-@given(data=st.data())
-def test_random_plans_verify_and_beat_baselines(strategy, data):
+def budgeted(data, strategy: str, **options):
+    """A drawn problem, its costs, and the config of a plan at a drawn budget between the
+    smallest feasible one and the peak (`options`: more of the config)."""
     graph, device, strategy, frac, pin, scale = data.draw(problems(strategy))
     costs = costs_for(graph, device, seed=len(graph.kernels), scale_s=scale)
     memory = preset(MEMORY[device])
@@ -52,7 +51,16 @@ def test_random_plans_verify_and_beat_baselines(strategy, data):
     budget = int(need + frac * max(probe.peak[0] - need, 0))
     cfg = PlanConfig.for_plan_name(strategy, device=device, memory=MEMORY[device],
                                    fast_mem_bytes=budget, solver="highs", gap=0.0,
-                                   async_window=4, pin_weights=pin)
+                                   async_window=4, pin_weights=pin, **options)
+    return graph, costs, cfg, memory
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@settings(suppress_health_check=[HealthCheck.too_slow])  # examples: the profile's
+@given(data=st.data())
+def test_random_plans_verify_and_beat_baselines(strategy, data):
+    graph, costs, cfg, memory = budgeted(data, strategy)
+    budget, pin = cfg.fast_mem_bytes, cfg.pin_weights
     res = optimize(graph, cfg, costs=costs, baselines=("first-touch", "all-slow"))
     if strategy == "recompute-only" and res.status == "infeasible":
         assert "no recompute-only plan" in res.message
@@ -92,16 +100,8 @@ def test_random_spread_plans_verify_and_join_no_later(strategy, data):
     objective: the plan still verifies and fits, runs no faster than all-fast, and, joined at
     its uses, no slower than on the step-join timeline. (Its objective estimates the join at
     use, so it bounds neither timeline: no equality here.)"""
-    graph, device, strategy, frac, pin, scale = data.draw(problems(strategy))
-    costs = costs_for(graph, device, seed=len(graph.kernels), scale_s=scale)
-    memory = preset(MEMORY[device])
-    probe = MachineModel(graph, memory.with_budget(None), costs, pin)
-    need, _ = min_feasible_budget(probe.__class__(graph, memory.with_budget(0), costs, pin),
-                                  strategy)
-    budget = int(need + frac * max(probe.peak[0] - need, 0))
-    cfg = PlanConfig.for_plan_name(strategy, device=device, memory=MEMORY[device],
-                                   fast_mem_bytes=budget, solver="highs", gap=0.0,
-                                   async_window=4, pin_weights=pin, read_pricing="spread")
+    graph, costs, cfg, _ = budgeted(data, strategy, read_pricing="spread")
+    budget = cfg.fast_mem_bytes
     res = optimize(graph, cfg, costs=costs, baselines=False)
     assert res.status == "optimal", res.message
     sim = simulate(graph, res.plan, costs=costs)  # strict: the verifier
