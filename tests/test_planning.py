@@ -403,9 +403,9 @@ def test_spread_reads_price_an_async_read_over_the_kernels_until_its_use():
             times = {k: machine.fast_time(k) for k in range(issue, use)}
             assert set(shares) == {k for k, t in times.items() if t > 0}
             assert sum(shares.values()) == pytest.approx(1.0)
+            seconds = machine.copying.async_terms(int(g.tensor_bytes[tid]), FAST)[0][1]
             for k, share in shares.items():
                 assert share == pytest.approx(times[k] / sum(times.values()))
-                seconds = machine.copying.async_terms(int(g.tensor_bytes[tid]), FAST)[0][1]
                 lane = spread.async_terms[k][machine.memory.stream_of(FAST)]
                 assert lane[spread.x[tid][i]] == pytest.approx(seconds * share)
             alone = step.async_terms[issue][machine.memory.stream_of(FAST)]

@@ -13,7 +13,8 @@ Families, in build order:
                   written as U_k - U_{k-1} = (changes at k), so each tensor adds O(gadgets) terms;
   (4) kernel time T_k = t_k (GPU) or t_k + sum of slot penalties for slow IO (host, separable),
                   or one-hot IO configurations with marginal rows (host, measured tables);
-  (5) moves       sync reads/writes add their copy time; async ones feed the epigraph;
+  (5) moves       sync reads/writes add their copy time; async ones feed the epigraph (a
+                  spread read: its shares over the kernels until its use, `read_shares`);
   (6) epigraph    y_k >= T_k and y_k >= each async term sum of kernel k;
   (7) objective   sum_k (y_k or T_k) + sync copy times + regeneration times;
   (8) regeneration (with recomputation) z_{p,u}: producer p re-run before kernel u; each kept
@@ -360,7 +361,7 @@ def read_shares(f: Formulation, p: TensorPaths, j: int) -> tuple[tuple[int, floa
     issue = g.kernels[j]
     due = next((g.kernels[i] for i in range(j + 1, len(g.kernels))
                 if g.io[i] or g.read[i] == SYNC or g.sync_reads(i)), issue + 1)
-    kernels = range(issue, max(due, issue + 1))
+    kernels = range(issue, due)  # gadget kernels increase: never empty
     times = [f.machine.fast_time(k) for k in kernels]
     total = sum(times)
     if total <= 0:
