@@ -159,6 +159,20 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     return replace(result, notes=(*result.notes, fallback)) if fallback else result
 
 
+def use_placed_allocator(plan: Plan, device: str, *, arena: bool = False,
+                         graph_replay: bool = False, enforce_budget: bool = True) -> str | None:
+    """Before anything else touches CUDA in this process: where `execute` will run `plan` in
+    an arena on CUDA, make the placed allocator torch's (kernels allocate their outputs at
+    their slots instead of having them copied there: `runtime.placed`). Returns a note where
+    it could not (no C compiler, CUDA already used); `execute(placed=True)` says so too."""
+    from autotm_py.runtime.executor import install_placed
+
+    capped = runs_capped(plan, device, enforce_budget)
+    if not (arena or (graph_replay and capped and plan.arena is not None)):
+        return None
+    return install_placed(plan, device, enforce_budget)
+
+
 def runs_capped(plan: Plan, device: str, enforce_budget: bool = True) -> bool:
     """Whether `execute` holds this run to the plan's budget (a cap on the GPU's allocator),
     a CUDA-graph replay and its capture included."""

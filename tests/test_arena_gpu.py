@@ -165,10 +165,10 @@ def test_planned_addresses_fit_the_budget_without_retries(replay):
             assert run["capture_reserved_bytes"] <= run["cap_bytes"] + CAPTURE_ALLOWANCE, run
 
 
-def fit_runs(replay: bool) -> list[dict]:
+def fit_runs(replay: bool, placed: bool = False) -> list[dict]:
     """Plan the test CNN at planned addresses (sync and async) between its working set and its
     peak, with the preset's real runtime reserve (torch's cuBLAS workspaces, as users plan), and
-    run each plan on the GPU: what the run reports."""
+    run each plan on the GPU (`placed`: with the placed allocator): what the run reports."""
     graph = _graph("cnn")
     costs = costs_for(graph)
     reserve = preset("h100-pcie5").runtime_reserve_bytes
@@ -185,12 +185,13 @@ def fit_runs(replay: bool) -> list[dict]:
             runs.append({"strategy": strategy, "plan_arena": False, "message": result.message})
             continue
         run = execute(graph, result.plan, device="cuda", iterations=3, warmup=1, arena=True,
-                      graph_replay=replay)
+                      graph_replay=replay, placed=placed)
         runs.append({"strategy": strategy, "plan_arena": True,
                      "scratch_offset": result.plan.arena.scratch_offset,
                      **{k: getattr(run, k) for k in (
                          "alloc_retries", "graph", "arena_bytes", "reserved_peak_bytes",
-                         "cap_bytes", "peak_fast_bytes", "capture_reserved_bytes", "notes")}})
+                         "cap_bytes", "peak_fast_bytes", "capture_reserved_bytes", "notes",
+                         "placed_outputs")}})
     return runs
 
 

@@ -47,13 +47,19 @@ from autotm_py.units import format_bytes
                    "buffers, kernels write their outputs where torch puts them (the graph's "
                    "pool, under the cap unless --no-cap), nothing is copied into slots; such a "
                    "plan needs --headroom, as an eager one does.")
+@click.option("--placed/--no-placed", default=True, show_default=True,
+              help="Arena runs on CUDA: make torch allocate the outputs of kernels without an "
+                   "out= form at their planned slots (a C allocator compiled at first use; "
+                   "without a C compiler the outputs are copied into their slots, as with "
+                   "--no-placed).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random values.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the measurements here (JSON; `autotm report --measured` reads it).")
 @json_option
 def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
             optimizer: str, plan_path: str, device: str, iterations: int, warmup: int,
-            kernel_times: bool, no_cap: bool, arena: bool, graph_replay: bool, seed: int,
+            kernel_times: bool, no_cap: bool, arena: bool, graph_replay: bool, placed: bool,
+            seed: int,
             output: str | None, as_json: bool, no_fuse: bool = False) -> int:
     """Run PLAN on MODEL (the same model options as `optimize`) and report measured times.
 
@@ -67,13 +73,16 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     require("torch", "autotm run")
     check_writable(output, "-o")
     plan = Plan.load(plan_path)
+    if placed:  # before the costs' lookup first uses CUDA
+        api.use_placed_allocator(plan, device, arena=arena, graph_replay=graph_replay,
+                                 enforce_budget=not no_cap)
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)
     costs = api.load_costs(graph, device=plan.header.device)
     now = api.simulate(graph, plan, costs=costs, strict=False)
     drift = costs_drift(plan.header, costs.digest, now.total_s)
     result = api.execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
                          seed=seed, kernel_times=kernel_times, enforce_budget=not no_cap,
-                         arena=arena, graph_replay=graph_replay, costs=costs)
+                         arena=arena, graph_replay=graph_replay, costs=costs, placed=placed)
     notes = {"estimated_kernels": _estimated(plan, costs), "kernels": len(graph.kernels),
              "weights": weights_note(graph, seed), "costs_warning": drift}
     if output:
@@ -118,15 +127,17 @@ def _print_summary(result, notes) -> None:
                f"{size(result.modelled_peak_fast_bytes)}, budget {size(result.budget_bytes)}, "
                f"cap {size(result.cap_bytes)}; pinned pool {size(result.slow_pool_bytes)}")
     if result.arena_bytes is not None:
+        allocated = "" if result.placed_outputs is None else \
+            f", {result.placed_outputs} allocated there by their kernels"
         click.echo(f"arena: {size(result.arena_bytes)} of tensors at planned offsets; "
                    f"{result.copied_outputs} outputs per iteration copied into their slots"
-                   + ("; CUDA graph replayed" if result.graph else ""))
+                   + allocated + ("; CUDA graph replayed" if result.graph else ""))
     elif result.graph:
         click.echo("CUDA graph replayed with static inputs (no arena): outputs where torch put "
                    f"them; {result.copied_outputs} carried values per iteration copied back "
                    "into the inputs' buffers")
     for note in result.notes:
-        if note.startswith(("no CUDA graph", "no arena")):
+        if note.startswith(("no CUDA graph", "no arena", "outputs copied")):
             click.echo(f"note: {note}")
     if result.alloc_retries is not None:  # CUDA: on the CPU the host does the work itself
         click.echo(f"host: enqueueing an iteration took {result.host_median_s * 1e3:.3f} ms "

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from autotm_py.errors import ConfigError
+from autotm_py.runtime import placed
 
 # Expandable segments let the caching allocator unmap free pages when it meets the cap (less
 # fragmentation, though plans still need `--headroom`: docs/gpu.md).
@@ -118,8 +119,33 @@ def prime_blas_workspaces(device: str | torch.device) -> None:
 
 
 def alloc_retries(device: torch.device) -> int:
-    """Times the caching allocator met the cap, released its cache and retried (so far)."""
+    """Times the caching allocator met the cap, released its cache and retried (so far);
+    under the placed allocator, requests its region (the cap) could not serve."""
+    lib = placed.active()
+    if lib is not None:
+        return lib.stats().overflow_allocations
     return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+
+
+def reset_peaks(device: torch.device | str) -> None:
+    """Start the peaks of `peaks` afresh (torch's, or the placed allocator's: torch keeps no
+    statistics under a pluggable allocator)."""
+    lib = placed.active()
+    if lib is not None:
+        lib.reset_peaks()
+    else:
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peaks(device: torch.device | str) -> tuple[int, int]:
+    """(allocated, reserved) peaks since `reset_peaks`: torch's caching allocator's, or under
+    the placed allocator its bytes in use and the extent of its region in use (plus what
+    overflowed it)."""
+    lib = placed.active()
+    if lib is not None:
+        s = lib.stats()
+        return s.peak_in_use_bytes, s.peak_extent_bytes + s.overflow_bytes
+    return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device))
 
 
 @dataclass(frozen=True)
@@ -142,7 +168,7 @@ def time_region(device: torch.device, body: Callable[[], object]) -> Sample:
         seconds = time.perf_counter() - begin
         return Sample(seconds, seconds, None, 0)
     torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
+    reset_peaks(device)
     retries = alloc_retries(device)
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
@@ -151,6 +177,6 @@ def time_region(device: torch.device, body: Callable[[], object]) -> Sample:
     host_seconds = time.perf_counter() - host_begin
     end.record()
     torch.cuda.synchronize(device)
-    return Sample(begin.elapsed_time(end) / 1e3, host_seconds,
-                  int(torch.cuda.max_memory_allocated(device)), alloc_retries(device) - retries,
-                  int(torch.cuda.max_memory_reserved(device)))
+    allocated, reserved = peaks(device)
+    return Sample(begin.elapsed_time(end) / 1e3, host_seconds, allocated,
+                  alloc_retries(device) - retries, reserved)

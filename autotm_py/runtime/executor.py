@@ -50,6 +50,7 @@ from autotm_py.kernels import run_kernel, run_kernel_into, run_kernel_raw
 from autotm_py.memory.scratch import OVERWRITES
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import INITIAL, Compute, Free, Move, Plan, Recompute
+from autotm_py.runtime import placed
 from autotm_py.runtime.arena import DeviceArena, GraphReplay, StaticInputs, overlaps
 from autotm_py.runtime.device import (
     DEFAULT_ALLOCATOR_SETTINGS,
@@ -57,9 +58,11 @@ from autotm_py.runtime.device import (
     check_device,
     configure_cuda,
     device_name,
+    peaks,
     prime_blas_workspaces,
     release_blas_workspaces,
     release_cap,
+    reset_peaks,
     set_cap,
     time_region,
 )
@@ -75,6 +78,9 @@ log = logging.getLogger(__name__)
 # overlap; False restores AutoTM's step join (experiments/gpu/prefetch_join_check.py measures
 # both on one plan; the simulator predicts the default).
 JOIN_COPIES_AT_USE = True
+
+# The cap is the budget and this much for library workspaces (cuBLAS, cuDNN handles).
+CAP_SLACK_BYTES = 64 << 20
 
 KERNEL_RANGE = "autotm-kernel-"  # profiler range around kernel k: KERNEL_RANGE + str(k)
 
@@ -116,6 +122,9 @@ class RunResult:
     copied_outputs: int | None = None
     graph: bool = False
     capture_reserved_bytes: int | None = None
+    # outputs per iteration that kernels allocated at their slots (the placed allocator,
+    # `runtime.placed`); None where it was not installed
+    placed_outputs: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +162,7 @@ class _State:
     attached: dict[int, list[Any]] = field(default_factory=dict)  # kernel -> its async copies
     streams: set[str] = field(default_factory=set)  # copy streams this iteration used
     copied: int = 0  # outputs copied into their arena slots
+    placed: int = 0  # outputs a kernel allocated at their slots (the placed allocator)
     # fast tensors whose storage another tensor shares (views, Identity): never written over
     shared: set[int] = field(default_factory=set)
     overwritten: int = 0  # outputs written over an input that died at their kernel
@@ -193,6 +203,11 @@ class Executor(PlanInterpreter):
         if self.cuda and arena:
             prime_blas_workspaces(self.device)
         self.arena = DeviceArena(plan.arena, self.device) if arena and plan.arena else None
+        # outputs of kernels without an `out=` form allocated at their slots, where the placed
+        # allocator is torch's (`runtime.placed`); else they are copied there
+        self._placed = placed.active() if self.arena is not None else None
+        if self._placed is not None:
+            self._placed.set_arena(self.arena.buffer.data_ptr(), self.arena.nbytes)
         # without an arena, outputs written over inputs that die at their kernel (`reuse`)
         self._overwritable = {} if self.arena is not None else overwritable_inputs(graph, plan)
         # runs of SGD updates done as one foreach (not while kernels are timed one by one)
@@ -437,8 +452,13 @@ class Executor(PlanInterpreter):
                 return
 
     def _in_slot(self, value: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
-        """An output in its arena slot: copied there unless the kernel wrote it in place."""
-        if value is not slot:
+        """An output in its arena slot: copied there unless the kernel wrote it in place or
+        allocated it there (the placed allocator)."""
+        if value is slot:
+            return slot
+        if _same_place(value, slot):
+            self.state.placed += 1
+        else:
             slot.copy_(value)
             self.state.copied += 1
         return slot
@@ -481,7 +501,25 @@ class Executor(PlanInterpreter):
                     return slots  # type: ignore[return-value]
                 raise ExecutionError(f"kernel {kernel.name!r} ({kernel.op_type}) moved or "
                                      "resized an output in its slot; its direct path is wrong")
-        return run_kernel_raw(kernel, args)
+        if self._placed is None:
+            return run_kernel_raw(kernel, args)
+        return self._run_placed(kernel, args, slots)
+
+    def _run_placed(self, kernel: Any, args: list[torch.Tensor],
+                    slots: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        """Run a kernel with no `out=` form so that the allocations of its outputs' sizes get
+        their slots' addresses (`runtime.placed`); a slot an input still occupies is not
+        offered. An output that landed in another output's slot (same size, allocated in
+        another order) is moved out first, so that the copies into the slots overwrite nothing
+        still to be read."""
+        offered = [(s.data_ptr(), s.numel() * s.element_size()) for s in slots
+                   if s is not None and not any(overlaps(s, a) for a in args)]
+        with self._placed.expecting(offered):  # type: ignore[union-attr]
+            outputs = run_kernel_raw(kernel, args)
+        taken = {start for start, _ in offered}
+        return [out.clone() if out.data_ptr() in taken and
+                (slot is None or not _same_place(out, slot)) else out
+                for out, slot in zip(outputs, slots, strict=True)]
 
     def _may_write(self, kernel: Any, slot: torch.Tensor, position: int,
                    arg: torch.Tensor) -> bool:
@@ -635,6 +673,7 @@ class Executor(PlanInterpreter):
             self.prepare()
             return graph.failed
         self._graph, self._end = graph, (self.state, self.carry)
+        self.fence(True)
         return None
 
     def release(self) -> None:
@@ -645,6 +684,7 @@ class Executor(PlanInterpreter):
         memory after one plan did)."""
         self.state, self.carry = _State(), {}
         self._graph = self._end = None
+        self.fence(False)
         self.arena = self.slots = None
         _give_back(self.device if self.cuda else None)
 
@@ -656,6 +696,13 @@ class Executor(PlanInterpreter):
         and every later run of the process ran out of memory)."""
         self.state = _State()
         _give_back(self.device if self.cuda else None)
+
+    def fence(self, on: bool) -> None:
+        """While a captured graph may replay, nothing else gets the placed allocator's scratch
+        that the graph's kernels write (torch's caching allocator keeps a capture's blocks in
+        its private pool instead)."""
+        if self._placed is not None:
+            self._placed.fence(on)
 
     def replay(self) -> None:
         """Run the captured iteration (after `prepare()` placed its inputs); afterwards the
@@ -689,22 +736,28 @@ class Executor(PlanInterpreter):
 
 def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations: int = 5,
             warmup: int = 2, seed: int = 0, kernel_times: bool = False,
-            enforce_budget: bool = True, cap_slack_bytes: int = 64 << 20,
+            enforce_budget: bool = True, cap_slack_bytes: int = CAP_SLACK_BYTES,
             deterministic: bool = False, per_iteration_kernel_times: bool = False,
             allocator_settings: str | None = DEFAULT_ALLOCATOR_SETTINGS, arena: bool = False,
-            graph_replay: bool = False) -> RunResult:
+            graph_replay: bool = False, placed: bool = False) -> RunResult:
     """Run `warmup` + `iterations` iterations of a plan and measure the timed ones.
     `allocator_settings`: the CUDA caching allocator's settings (None: the environment's).
     `arena`: fast copies at the plan's planned offsets (`Plan.arena`); `graph_replay` (CUDA):
     the timed iterations replay one captured after the warm-up, with the arena where `arena`,
     else with static inputs (`runtime.arena.StaticInputs`: kernels' outputs come from the
-    graph's private pool, none copied into a slot; nothing bounds that pool but the cap)."""
+    graph's private pool, none copied into a slot; nothing bounds that pool but the cap).
+    `placed` (an arena on CUDA): install the placed allocator as torch's first
+    (`runtime.placed`: kernels allocate their outputs at their slots; its region is the cap),
+    possible only before the process first uses CUDA (else a note says the outputs were
+    copied); it stays torch's allocator for the rest of the process."""
     plan.validate(graph)
     if iterations < 1 or warmup < 0:
         raise ConfigError("--iterations must be >= 1 and --warmup >= 0")
     if graph_replay and (not device.startswith("cuda") or kernel_times):
         raise ConfigError("--graph replays a CUDA graph: it needs --device cuda, and it does "
                           "not time single kernels (no --kernel-times)")
+    not_placed = install_placed(plan, device, enforce_budget, cap_slack_bytes) \
+        if placed and arena else None
     dev, executor = new_executor(graph, plan, device, seed, deterministic, kernel_times,
                                  allocator_settings=allocator_settings, arena=arena,
                                  static_inputs=graph_replay and not arena)
@@ -716,8 +769,11 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
         executor.release()
         raise
     finally:
+        executor.fence(False)
         if cap is not None:
             release_cap(dev)
+    if not_placed is not None and executor.arena is not None:
+        timed.notes.append(not_placed)
     if cap is not None and timed.capture_reserved is not None and timed.capture_reserved > cap:
         timed.notes.append(
             f"the capture held {(timed.capture_reserved - cap) / 2**20:.0f} MiB more than the "
@@ -741,7 +797,28 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
         arena_bytes=None if executor.arena is None else executor.arena.nbytes,
         copied_outputs=None if executor.slots is None else timed.copied,
         graph=timed.replayed, capture_reserved_bytes=timed.capture_reserved,
+        placed_outputs=None if executor._placed is None else timed.placed,
     )
+
+
+def _same_place(value: torch.Tensor, slot: torch.Tensor) -> bool:
+    """Whether `value` is already the contents of `slot`: the same bytes, laid out alike."""
+    return value.data_ptr() == slot.data_ptr() and value.dtype == slot.dtype and \
+        value.shape == slot.shape and value.stride() == slot.stride()
+
+
+def install_placed(plan: Plan, device: str, enforce_budget: bool = True,
+                   slack: int = CAP_SLACK_BYTES) -> str | None:
+    """The placed allocator as torch's for an arena run of `plan` on CUDA (`runtime.placed`),
+    its region the run's cap (budget + slack; uncapped: the device's free memory). Call it
+    before anything uses CUDA in the process (`execute` calls it too, too late where costs
+    were looked up on the GPU before). Returns a note if it could not be installed."""
+    if not device.startswith("cuda"):
+        return None
+    budget = plan.header.budget_bytes if enforce_budget else None
+    why = placed.install(None if budget is None else budget + slack)
+    return None if why is None else \
+        f"outputs copied into their slots: no placed allocator ({why})"
 
 
 def _give_back(device: torch.device | None) -> None:
@@ -793,6 +870,7 @@ class _Timed:
     reserved: int | None = None
     alloc_retries: int | None = None
     copied: int = 0  # outputs copied into arena slots, per iteration
+    placed: int = 0  # outputs allocated at their slots, per iteration
     replayed: bool = False
     capture_reserved: int | None = None
     notes: list[str] = field(default_factory=list)
@@ -821,7 +899,7 @@ def _capture(executor: Executor, cap: int | None) -> tuple[str | None, int | Non
     executor.state = _State()
     torch.cuda.synchronize(executor.device)
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(executor.device)
+    reset_peaks(executor.device)
     allowance = cap is not None and executor.arena is not None
     if allowance:
         set_cap(executor.device, cap + CAPTURE_ALLOWANCE)
@@ -830,7 +908,7 @@ def _capture(executor: Executor, cap: int | None) -> tuple[str | None, int | Non
     finally:
         if allowance:
             set_cap(executor.device, cap)
-    return failed, torch.cuda.max_memory_reserved(executor.device)
+    return failed, peaks(executor.device)[1]
 
 
 def _warm_up_to_capture(executor: Executor) -> None:
@@ -857,7 +935,7 @@ def _timed_iterations(executor: Executor, iterations: int, warmup: int,
             if failed is not None:
                 timed.notes.append(f"no CUDA graph: capture failed at {failed}; ran eagerly")
         executor.prepare()  # untimed: placing the iteration's inputs, like a data loader
-        executor.state.copied = 0
+        executor.state.copied = executor.state.placed = 0
         # eager until the capture (the warm-up iterations), replays after it
         step = executor.replay if timed.replayed else executor.run
         try:
@@ -873,7 +951,7 @@ def _timed_iterations(executor: Executor, iterations: int, warmup: int,
         if sample.peak is not None:
             timed.peak = max(timed.peak or 0, sample.peak)
             timed.reserved = max(timed.reserved or 0, sample.reserved or 0)
-        timed.copied = executor.state.copied
+        timed.copied, timed.placed = executor.state.copied, executor.state.placed
         if executor.kernel_times and executor.cuda:
             timed.kernels.append(executor.kernel_seconds())
     return timed
@@ -905,14 +983,25 @@ def _first_sentence(exc: BaseException) -> str:
 
 def run_steps(graph: TensorGraph, plan: Plan, *, steps: int = 3, device: str = "cpu",
               seed: int = 0, deterministic: bool = True, arena: bool = False,
-              graph_replay: bool = False) -> list[dict[int, torch.Tensor]]:
+              graph_replay: bool = False, placed: bool = False) -> list[dict[int, torch.Tensor]]:
     """Execute `steps` iterations (untimed) and return each step's graph outputs on the CPU:
     the values to compare with `reference.train_steps` and with other plans. `arena`: at the
     planned offsets; `graph_replay` (CUDA): the first step eager, the others replays of a CUDA
-    graph captured after it (an `ExecutionError` if the capture fails)."""
+    graph captured after it (an `ExecutionError` if the capture fails). `placed`: as for
+    `execute`."""
     plan.validate(graph)
+    if placed and arena:
+        install_placed(plan, device, enforce_budget=False)
     _, executor = new_executor(graph, plan, device, seed, deterministic, arena=arena,
                                static_inputs=graph_replay and not arena)
+    try:
+        return _steps(executor, graph, steps, graph_replay)
+    finally:
+        executor.fence(False)
+
+
+def _steps(executor: Executor, graph: TensorGraph, steps: int,
+           graph_replay: bool) -> list[dict[int, torch.Tensor]]:
     results = []
     for step in range(steps):
         if graph_replay and step == 1:

@@ -1,0 +1,163 @@
+"""The placed allocator's bookkeeping (`runtime.placed`, the C shim), driven over made-up
+addresses without a GPU, and the executor's use of it (which slots it offers, and that
+results do not depend on where kernels put their outputs). tests/test_placed_gpu.py runs it
+as torch's allocator on the device machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotm_py.runtime import placed
+from autotm_py.runtime.executor import run_steps
+from autotm_py.runtime.reference import train_steps
+from tests.test_executor import _arena_plans, _graph
+
+BASE = 1 << 40  # made-up addresses: the shim never touches the memory it hands out
+MIB = 1 << 20
+
+
+@pytest.fixture()
+def lib(tmp_path):
+    shim = placed.PlacedLib(placed.build(tmp_path))
+    shim.use_region(BASE, 64 * MIB)
+    return shim
+
+
+def test_region_is_first_fit_aligned_and_merges_what_is_freed(lib):
+    a, b, c = lib.alloc(1000), lib.alloc(3 * MIB), lib.alloc(10)
+    assert (a, b, c) == (BASE, BASE + 1024, BASE + 1024 + 3 * MIB)
+    lib.free(b, 3 * MIB)
+    assert lib.alloc(2 * MIB) == b  # the first hole that fits
+    lib.free(b, 2 * MIB)
+    lib.free(a, 1000)
+    lib.free(c, 10)
+    s = lib.stats()
+    assert s.in_use_bytes == 0 and s.peak_in_use_bytes == 1024 + 3 * MIB + 512
+    assert s.peak_extent_bytes == 1024 + 3 * MIB + 512
+    assert lib.alloc(64 * MIB) == BASE  # everything merged back into one extent
+    assert lib.alloc(1) == 0  # no room, and no CUDA here to overflow to
+
+
+def test_an_expected_slot_goes_to_the_first_allocation_of_its_size(lib):
+    arena = lib.alloc(8 * MIB)
+    lib.set_arena(arena, 8 * MIB)
+    slot = arena + MIB
+    with lib.expecting([(slot, 4096), (arena, 512), (arena + 8 * MIB, 512)]) as armed:
+        assert armed == 1  # the arena's own base and addresses outside it are never offered
+        other = lib.alloc(4000)
+        assert other != slot
+        assert lib.alloc(4096) == slot
+        lib.free(slot, 4096)  # a temporary freed inside the kernel: offered again
+        assert lib.alloc(4096) == slot
+        assert lib.alloc(4096) not in (slot, 0)  # once handed out, not twice
+    assert lib.alloc(4096) != slot  # cleared after the kernel
+    before = lib.stats().in_use_bytes
+    lib.free(slot, 4096)  # a slot's bytes stay the arena's
+    assert lib.stats().in_use_bytes == before
+    assert lib.stats().placed == 2
+    lib.free(arena, 8 * MIB)  # the arena itself goes back to the region
+    assert lib.stats().in_use_bytes == before - 8 * MIB
+
+
+def test_the_fence_keeps_new_allocations_above_what_a_graph_uses(lib):
+    low, _ = lib.alloc(MIB), lib.alloc(MIB)
+    lib.reset_peaks()  # as before a capture
+    scratch = lib.alloc(4 * MIB)  # what the captured kernels wrote, freed by the capture's end
+    lib.free(scratch, 4 * MIB)
+    lib.free(low, MIB)
+    lib.fence(True)
+    assert lib.alloc(MIB) == scratch + 4 * MIB  # neither the hole below nor the graph's scratch
+    lib.reset_peaks()  # the replays' peak still counts the graph's extent
+    assert lib.stats().peak_extent_bytes == 7 * MIB
+    lib.fence(False)
+    assert lib.alloc(MIB) == low
+    lib.reset_peaks()
+    assert lib.stats().peak_extent_bytes == 7 * MIB  # what is still allocated
+
+
+def test_build_names_a_missing_compiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(OSError, match="could not build the placed allocator"):
+        placed.build(tmp_path / "cache")
+    assert not list((tmp_path / "cache").glob("*.so"))  # nothing half-written left
+
+
+def test_install_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv(placed.ENV_OFF, "0")
+    assert placed.install(None) == f"{placed.ENV_OFF}=0"
+    assert placed.active() is None
+
+
+class _Recorder:
+    """Stands in for the shim on the CPU: records the slots offered per kernel (torch's CPU
+    allocator puts the outputs elsewhere, so the executor copies them, as without it)."""
+
+    def __init__(self) -> None:
+        self.offered: list[list[tuple[int, int]]] = []
+        self.fenced: list[bool] = []
+
+    def set_arena(self, start: int, nbytes: int) -> None:
+        self.arena = (start, nbytes)
+
+    def expecting(self, slots):
+        import contextlib
+        self.offered.append(list(slots))
+        return contextlib.nullcontext(len(slots))
+
+    def fence(self, on: bool) -> None:
+        self.fenced.append(on)
+
+
+@pytest.mark.parametrize("name", ["cnn", "decoder-fused"])
+def test_the_executor_offers_slots_and_keeps_the_results(name, monkeypatch):
+    graph = _graph(name)
+    recorder = _Recorder()
+    monkeypatch.setattr(placed, "active", lambda: recorder)
+    reference = train_steps(graph, steps=2, seed=3)
+    plan = _arena_plans(graph)["async-arena"]
+    steps = run_steps(graph, plan, steps=2, seed=3, arena=True)
+    for got, want in zip(steps, reference, strict=True):
+        for tid in graph.outputs:
+            assert torch.equal(got[tid], want[tid].cpu()), graph.name_of(tid)
+    start, nbytes = recorder.arena
+    offered = [slot for kernel in recorder.offered for slot in kernel]
+    assert offered, "no kernel without an out= form was offered its slots"
+    assert all(start <= s and s + n <= start + nbytes for s, n in offered)
+    assert recorder.fenced[-1] is False  # the run lifts any fence as it ends
+
+
+def test_the_gpu_test_digests_every_output():
+    # tests/test_placed_gpu.py compares these digests between processes on the GPU
+    from tests.test_placed_gpu import digests
+    got = digests("cnn", False, device="cpu")
+    assert not got["installed"]
+    assert got["digests"] and all(len(steps) == 3 for steps in got["digests"].values())
+
+
+def test_the_run_installs_it_for_arena_runs_on_cuda_with_the_cap_as_region(monkeypatch):
+    from autotm_py import api
+    from autotm_py.cli.run import run_cmd
+    from autotm_py.runtime.executor import CAP_SLACK_BYTES
+
+    asked: list[int | None] = []
+
+    def install(region):
+        asked.append(region)
+        return "no GPU in this test"
+
+    monkeypatch.setattr(placed, "install", install)
+    graph = _graph("cnn")
+    plan = _arena_plans(graph)["async-arena"]
+    budget = plan.header.budget_bytes
+    note = api.use_placed_allocator(plan, "cuda", arena=True)
+    assert note == "outputs copied into their slots: no placed allocator (no GPU in this test)"
+    assert asked == [budget + CAP_SLACK_BYTES]
+    api.use_placed_allocator(plan, "cuda", graph_replay=True)  # a capped replay of an arena plan
+    api.use_placed_allocator(plan, "cuda", arena=True, enforce_budget=False)
+    assert asked[1:] == [budget + CAP_SLACK_BYTES, None]  # uncapped: the device's free memory
+    api.use_placed_allocator(plan, "cuda")  # eager on the caching allocator: not needed
+    api.use_placed_allocator(plan, "cpu", arena=True)
+    assert len(asked) == 3
+    (option,) = [p for p in run_cmd.params if p.name == "placed"]
+    assert option.default is True and "--no-placed" in option.secondary_opts

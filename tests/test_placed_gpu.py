@@ -1,0 +1,64 @@
+"""The placed allocator as torch's CUDA allocator (marked `gpu`: run on the device machine with
+`bash experiments/gpu/test_gpu.sh`). Each case runs in processes of its own: the allocator is
+chosen before a process first uses CUDA, for the rest of it.
+
+Outputs allocated at their slots compute bitwise what outputs copied there compute, eagerly
+and replayed as a CUDA graph; kernels do allocate outputs at their slots; a capped run stays in
+its region (no overflow, reserved extent within the cap)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from tests.test_executor_gpu import in_own_process
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("name", ["cnn", "decoder-fused"])
+def test_outputs_at_their_slots_compute_what_copies_compute(name):
+    placed = in_own_process("tests.test_placed_gpu", "digests", name, True)
+    copied = in_own_process("tests.test_placed_gpu", "digests", name, False)
+    assert placed["installed"] and not copied["installed"]
+    assert placed["digests"] == copied["digests"]
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_capped_runs_allocate_outputs_at_their_slots_within_the_cap(replay):
+    # the plans of tests/test_arena_gpu.py's fit test (the preset's real runtime reserve)
+    for run in in_own_process("tests.test_arena_gpu", "fit_runs", replay, True):
+        assert run["plan_arena"], run
+        assert run["placed_outputs"] > 0, run
+        assert run["alloc_retries"] == 0, run  # nothing overflowed the region (the cap)
+        assert run["reserved_peak_bytes"] <= run["cap_bytes"], run
+        assert run["graph"] is replay, run
+        assert not any(n.startswith("outputs copied") for n in run["notes"]), run
+
+
+def digests(name: str, use_placed: bool, device: str = "cuda") -> dict:
+    """sha256 of every graph output at every step of every arena plan of the test graph
+    `name`, eagerly and (CUDA) replayed, in this fresh process."""
+    from dataclasses import replace
+
+    import torch
+
+    from autotm_py.memory import tiers
+    from autotm_py.runtime import placed
+    from autotm_py.runtime.executor import run_steps
+    from tests.test_executor import _arena_plans, _graph
+
+    # as tests/conftest.py does in the test process: tiny graphs, no runtime reserve
+    tiers.PRESETS = {n: replace(m, runtime_reserve_bytes=0) for n, m in tiers.PRESETS.items()}
+    graph = _graph(name)
+    plans = _arena_plans(graph)
+    out: dict[str, list[str]] = {}
+    for plan_name, plan in plans.items():
+        for replay in (False, True) if device == "cuda" else (False,):
+            steps = run_steps(graph, plan, steps=3, device=device, seed=4, arena=True,
+                              graph_replay=replay, placed=use_placed)
+            out[f"{plan_name} replay={replay}"] = [
+                hashlib.sha256(b"".join(s[t].reshape(-1).view(torch.uint8).numpy().tobytes()
+                                        for t in graph.outputs)).hexdigest() for s in steps]
+    return {"installed": placed.active() is not None, "digests": out}
