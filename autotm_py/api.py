@@ -156,6 +156,12 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
             plan = placed
     result = _execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
                       arena=arena, graph_replay=graph_replay, **options)
+    if arena and device.startswith("cuda") and result.placed_outputs is None and \
+            pipeline.plans_placed(plan):
+        fallback = "; ".join(filter(None, (fallback, (
+            "the plan was made for kernels allocating their outputs at their slots (optimize "
+            "--placed); copied there instead, they may not fit its scratch region: re-plan "
+            "with --no-placed"))))
     return replace(result, notes=(*result.notes, fallback)) if fallback else result
 
 

@@ -81,6 +81,11 @@ class PlanConfig:
     # GPU mode: give every fast-memory buffer a planned offset in one arena (`autotm_py.arena`)
     # and fit the packed arena in the budget, so that the plan runs without headroom.
     arena: bool = False
+    # With `arena`: the run serves kernels' outputs at their slots (`autotm run`'s placed
+    # allocator, its default), so the scratch region leaves out the outputs of
+    # `memory.scratch.PLACED_OPS` and no copy into their slots is priced; False plans for runs
+    # that copy them there (`autotm run --no-placed`, a machine without a C compiler).
+    placed: bool = True
     # GPU mode: price the iteration as a CUDA graph replays it (device times, no host
     # dispatch: `autotm run --graph`).
     graph: bool = False

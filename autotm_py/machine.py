@@ -82,6 +82,9 @@ class MachineModel:
     graph_replay: bool = False  # priced for CUDA-graph replay: device times, no host dispatch
     arena: bool = False  # planned for an arena run (GPU mode): see the module docstring
     arena_margin: int = 0  # bytes held back so that the packed arena fits (fit loop)
+    # an arena run with the placed allocator: the outputs of `memory.scratch.PLACED_OPS` are
+    # allocated at their slots, neither scratch nor copied
+    placed: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_profile_costs", self.costs)
@@ -109,7 +112,8 @@ class MachineModel:
     def _allocated_bytes(self, sizes: Sequence[int] | np.ndarray) -> np.ndarray:
         """Per kernel: the `sizes` of its outputs that torch allocates in an arena run
         (`memory.scratch.allocated_outputs`)."""
-        return np.array([sum(int(sizes[t]) for t in allocated_outputs(self.graph, k))
+        return np.array([sum(int(sizes[t]) for t in allocated_outputs(self.graph, k,
+                                                                     self.placed))
                          for k in self.graph.kernels], dtype=np.int64)
 
     @property

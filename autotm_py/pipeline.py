@@ -60,7 +60,8 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
     if costs is None:
         costs = load_costs(graph, device=config.device, profiles_dir=profiles_dir)
     return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights,
-                        config.headroom, graph_replay=config.graph, arena=config.arena)
+                        config.headroom, graph_replay=config.graph, arena=config.arena,
+                        placed=config.arena and config.placed)
 
 
 # The fit loop: solves at most this many times; each retry holds back the last packing's excess
@@ -251,7 +252,15 @@ def machine_for_plan(graph: TensorGraph, plan: Plan, costs: KernelCosts | None =
     if costs is None:
         costs = load_costs(graph, device=header.device, profiles_dir=profiles_dir)
     return MachineModel(graph, memory, costs, header.pin_weights, header.headroom,
-                        graph_replay=header.graph, arena=plan.arena is not None)
+                        graph_replay=header.graph, arena=plan.arena is not None,
+                        placed=plan.arena is not None and plans_placed(plan))
+
+
+def plans_placed(plan: Plan) -> bool:
+    """Whether `plan` was planned for kernels allocating their outputs at their slots (the
+    placed allocator; `PlanConfig.placed`, recorded in the header's config; plans written
+    before it existed: no)."""
+    return bool(plan.header.config.get("placed", False))
 
 
 def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,

@@ -220,12 +220,18 @@ def test_graph_replay_prices_device_times():
         == pytest.approx(in_arena)
     assert MachineModel(graph, budgeted, costs, graph_replay=True).all_fast_time == \
         pytest.approx(step * n)
-    for placed, want in ((False, step * n), (True, in_arena)):
-        config = PlanConfig(device="cuda", ratio=None, graph=True, arena=placed,
+    # planned for the placed allocator (the default), the outputs it places are not copied
+    placed_copied = [sum(graph.tensors[t].nbytes for t in allocated_outputs(graph, k, True))
+                     for k in graph.kernels]
+    assert sum(placed_copied) < sum(copied)
+    in_placed_arena = step * n + 2 * sum(placed_copied) / SLOT_COPY_BYTES_PER_S
+    for packed, placed, want in ((False, True, step * n), (True, False, in_arena),
+                                 (True, True, in_placed_arena)):
+        config = PlanConfig(device="cuda", ratio=None, graph=True, arena=packed, placed=placed,
                             fast_mem_bytes=1 << 30)
         result = optimize(graph, config, costs=costs)
         assert result.plan.header.graph is True
-        assert (result.plan.arena is not None) == placed
+        assert (result.plan.arena is not None) == packed
         assert result.plan.header.costs.digest == costs.digest  # as loaded, not replayed
         assert Plan.from_json(result.plan.to_json()).header.graph is True
         assert simulate(graph, result.plan, costs=costs).total_s == pytest.approx(want)

@@ -40,11 +40,13 @@ def test_region_is_first_fit_aligned_and_merges_what_is_freed(lib):
 
 
 def test_an_expected_slot_goes_to_the_first_allocation_of_its_size(lib):
-    arena = lib.alloc(8 * MIB)
+    lead = 512  # the arena starts past its allocation's address (runtime.arena.LEAD_BYTES)
+    base = lib.alloc(lead + 8 * MIB)
+    arena = base + lead
     lib.set_arena(arena, 8 * MIB)
     slot = arena + MIB
-    with lib.expecting([(slot, 4096), (arena, 512), (arena + 8 * MIB, 512)]) as armed:
-        assert armed == 1  # the arena's own base and addresses outside it are never offered
+    with lib.expecting([(slot, 4096), (arena - 512, 512), (arena + 8 * MIB, 512)]) as armed:
+        assert armed == 1  # addresses outside the arena are never offered
         other = lib.alloc(4000)
         assert other != slot
         assert lib.alloc(4096) == slot
@@ -56,8 +58,10 @@ def test_an_expected_slot_goes_to_the_first_allocation_of_its_size(lib):
     lib.free(slot, 4096)  # a slot's bytes stay the arena's
     assert lib.stats().in_use_bytes == before
     assert lib.stats().placed == 2
-    lib.free(arena, 8 * MIB)  # the arena itself goes back to the region
-    assert lib.stats().in_use_bytes == before - 8 * MIB
+    lib.free(base, lead + 8 * MIB)  # the arena's allocation goes back to the region
+    assert lib.stats().in_use_bytes == before - lead - 8 * MIB
+    with lib.expecting([(arena, 4096)]) as armed:
+        assert armed == 0  # no arena any more
 
 
 def test_the_fence_keeps_new_allocations_above_what_a_graph_uses(lib):
@@ -161,3 +165,30 @@ def test_the_run_installs_it_for_arena_runs_on_cuda_with_the_cap_as_region(monke
     assert len(asked) == 3
     (option,) = [p for p in run_cmd.params if p.name == "placed"]
     assert option.default is True and "--no-placed" in option.secondary_opts
+
+
+def test_plans_for_the_placed_allocator_leave_placed_outputs_out_of_scratch():
+    from autotm_py.config import PlanConfig
+    from autotm_py.memory.scratch import PLACED_OPS, allocated_outputs
+    from autotm_py.pipeline import machine_for, machine_for_plan, optimize, plans_placed
+    from tests.graphs import costs_for
+
+    graph = _graph("cnn")
+    costs = costs_for(graph)
+    carried_ends = {last for _, last in graph.carried}
+    for kernel in graph.kernels:
+        copied, placed_ = (allocated_outputs(graph, kernel, p) for p in (False, True))
+        if kernel.op_type in PLACED_OPS:
+            assert placed_ == [t for t in copied if t in carried_ends], kernel.name
+        else:
+            assert placed_ == copied, kernel.name
+    budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
+    config = {"fast_mem_bytes": budget, "device": "cuda", "strategy": "async", "arena": True}
+    machines = {p: machine_for(graph, PlanConfig(**config, placed=p), costs) for p in (0, 1)}
+    assert machines[1].scratch_reserve < machines[0].scratch_reserve  # ConvGrad's outputs
+    assert machines[1].scratch.sum() < machines[0].scratch.sum()
+    for placed_ in (False, True):
+        plan = optimize(graph, PlanConfig(**config, placed=placed_), costs=costs).plan
+        assert plan is not None and plan.arena is not None
+        assert plans_placed(plan) is placed_
+        assert machine_for_plan(graph, plan, costs).placed is placed_

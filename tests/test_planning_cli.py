@@ -75,6 +75,21 @@ def test_read_pricing_option(net, tmp_path, capsys):
     assert "--read-pricing" in capsys.readouterr().err
 
 
+def test_placed_option_sizes_the_scratch_for_the_placed_allocator(net, tmp_path, capsys):
+    from autotm_py.pipeline import plans_placed
+    from autotm_py.plan import Plan
+
+    plans = {}
+    for flag in ("--placed", "--no-placed"):
+        path = tmp_path / f"plan{flag}.json"
+        assert main(["optimize", "net", "--fast-mem", "70MiB", "--arena", "--solver", "highs",
+                     flag, "--no-baselines", "-o", str(path)]) == 0
+        plans[flag] = Plan.load(path)
+    capsys.readouterr()
+    assert plans_placed(plans["--placed"]) and not plans_placed(plans["--no-placed"])
+    assert plans["--placed"].arena is not None and plans["--no-placed"].arena is not None
+
+
 def test_headroom_option_leaves_room_and_writes_compressed_plans(net, tmp_path, capsys):
     from autotm_py.plan import Plan
 

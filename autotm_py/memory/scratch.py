@@ -12,6 +12,11 @@ every output of a kernel that can neither write in place (`DIRECT_OPS`, `writes_
 returns a view of an input (`VIEW_OPS`), and every output that ends a carried pair (W' of
 W -> W'), which the executor writes through scratch when it takes W's slot in place, unless
 the kernel is elementwise and may write over its input (`IN_PLACE_OPS`: the SGD update).
+
+A plan for the placed allocator (`PlanConfig.placed`: `runtime.placed`, where torch allocates
+a kernel's outputs at their slots) counts fewer: the outputs of `PLACED_OPS`, which their
+kernels allocate at exactly their size and so get their slots, are not scratch (carried ends
+still are: their slot is their input's, never offered).
 """
 
 from __future__ import annotations
@@ -45,6 +50,16 @@ OVERWRITES: dict[str, tuple[int, ...]] = {
 # Of those, the ones whose output the arena packing lets take its input's slot (the update of a
 # carried weight, W -> W'): written directly there.
 IN_PLACE_OPS = frozenset({"SGDUpdate"})
+# Ops whose torch kernels allocate every output at exactly its size, so that the placed
+# allocator gives it its slot: measured on the H100 by op (docs/gpu.md, "Outputs allocated at
+# their slots": all of them placed for ResNet-200, DenseNet-264, Inception-v4 and BERT-base,
+# but 3 of Inception-v4's 740 ConvGrad and BatchNormGrad outputs). Not here: layer norm's
+# gradient (its weight gradients mostly land elsewhere), views, and the direct ops.
+PLACED_OPS = frozenset({
+    "ConvGrad", "BatchNormGrad", "MaxPool", "MaxPoolGrad", "GlobalAveragePool",
+    "GlobalAveragePoolGrad", "AveragePoolGrad", "Gemm", "GemmGradA", "GemmGradB",
+    "ScaledDotProductAttention", "ScaledDotProductAttentionGrad", "LayerNormalization",
+})
 # Ops whose torch kernels return a view of an input: the executor copies the view into the
 # output's slot and nothing is allocated.
 VIEW_OPS = frozenset({
@@ -99,10 +114,12 @@ def _plain_cross_entropy(graph: TensorGraph, kernel: Kernel) -> bool:
             and axis == len(scores.shape) - 1 and kernel.attr("ignore_index") is None)
 
 
-def allocated_outputs(graph: TensorGraph, kernel: Kernel) -> list[int]:
-    """The outputs of `kernel` that torch allocates in an arena run (module docstring)."""
+def allocated_outputs(graph: TensorGraph, kernel: Kernel, placed: bool = False) -> list[int]:
+    """The outputs of `kernel` that torch allocates in an arena run outside their slots
+    (`placed`: under the placed allocator; module docstring)."""
     direct = writes_in_place(graph, kernel)
     carried_ends = set() if direct and kernel.op_type in IN_PLACE_OPS else \
         {last for _, last in graph.carried}
-    copied = kernel.op_type not in VIEW_OPS and not direct
+    copied = kernel.op_type not in VIEW_OPS and not direct and \
+        not (placed and kernel.op_type in PLACED_OPS)
     return [t for t in kernel.outputs if copied or t in carried_ends]

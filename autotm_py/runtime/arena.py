@@ -38,6 +38,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# The arena starts this far into its allocation, so that no slot's address is the address
+# torch allocated (the placed allocator hands slot addresses to kernels' allocations, and torch
+# keys its allocations by address: `runtime.placed`).
+LEAD_BYTES = 512
+
+
 class DeviceArena:
     """The plan's tensor region on a device, with typed views at planned offsets."""
 
@@ -45,7 +51,8 @@ class DeviceArena:
         self.layout = layout
         self.offsets = layout.offsets()
         self.nbytes = layout.scratch_offset
-        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        self.buffer = torch.empty(LEAD_BYTES + self.nbytes, dtype=torch.uint8,
+                                  device=device)[LEAD_BYTES:]
         self._views: dict[tuple[int, int], torch.Tensor | None] = {}
 
     def view(self, record: int, tensor: Tensor) -> torch.Tensor | None:

@@ -174,12 +174,12 @@ void autotm_free(void *ptr, size_t size, int device, stream_t stream) {
   (void)device;
   (void)stream;
   if (size == 0) size = 1;
-  if (p >= arena_lo && p < arena_hi && !(p == arena_lo && size == arena_hi - arena_lo)) {
+  if (p >= arena_lo && p < arena_hi) {
     for (int i = 0; i < n_exp; i++)
       if (exp_ptr[i] == p && exp_state[i] == HANDED) exp_state[i] = ARMED;
     return; /* a slot: the arena's bytes stay the executor's */
   }
-  if (p == arena_lo && p) arena_lo = arena_hi = 0;
+  if (p < arena_lo && p + size >= arena_hi) arena_lo = arena_hi = 0; /* the arena's own */
   if (p >= region_lo && p < region_hi) {
     give_to_region(p, round_up(size));
   } else if (cuda_free) {
@@ -193,9 +193,11 @@ void autotm_request_region(size_t size) { region_request = size; }
 void autotm_use_region(uintptr_t lo, size_t size) { set_region(lo, size); } /* tests */
 void autotm_set_arena(uintptr_t lo, size_t size) { arena_lo = lo; arena_hi = lo + size; }
 
+/* A slot to offer: inside the arena, whose start the caller keeps off the address of its own
+ * allocation (torch keys allocations by address: two live ones must differ). */
 int autotm_expect(uintptr_t ptr, size_t size) {
-  if (n_exp == MAX_EXPECTED || ptr == arena_lo || ptr < arena_lo || ptr + size > arena_hi)
-    return 0; /* only slots strictly inside the arena (its base is torch's allocation) */
+  if (n_exp == MAX_EXPECTED || ptr < arena_lo || ptr + size > arena_hi)
+    return 0;
   exp_ptr[n_exp] = ptr;
   exp_size[n_exp] = size;
   exp_state[n_exp++] = ARMED;

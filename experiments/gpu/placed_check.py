@@ -13,13 +13,13 @@ all-fast iteration that is its device-time sum).
 
 Usage (GPU machine, repository root; no PuLP needed):
   python3 experiments/gpu/placed_check.py OUT_DIR PLAN.json.gz... [--repeats 2]
-      [--iterations 5] [--warmup 2] [--eager] [--deadline 500]
+      [--iterations 5] [--warmup 2] [--eager] [--deadline 500] [--only-placed]
+      [--no-arena-all-fast] [--by-op]
 Writes OUT_DIR/placed_check.json after every row.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -34,16 +34,14 @@ sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("plans", nargs="+", type=Path)
-    parser.add_argument("--iterations", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=2)
+    from prefetch_join_check import plans_parser
+
+    parser = plans_parser(__doc__, 500.0, "runs of each allocator, alternating")
     parser.add_argument("--eager", action="store_true", help="eager arena runs too")
     parser.add_argument("--no-arena-all-fast", action="store_true",
                         help="of the all-fast iteration, only the static replay")
-    parser.add_argument("--deadline", type=float, default=500.0)
+    parser.add_argument("--only-placed", action="store_true",
+                        help="the plans with the placed allocator only (plans made for it)")
     parser.add_argument("--by-op", action="store_true",
                         help="only: one eager all-fast arena iteration per model, placed, "
                              "counting outputs copied into and allocated at their slots by op")
@@ -78,7 +76,7 @@ def main() -> None:
                     add({"plan": str(path), "all_fast": True, "run": "arena replay",
                          "placed": placed, "repeat": i})
         for i in range(args.repeats):
-            for placed in (True, False):
+            for placed in (True,) if args.only_placed else (True, False):
                 add({"plan": str(path), "run": "arena replay", "placed": placed, "repeat": i})
                 if args.eager:
                     add({"plan": str(path), "run": "arena eager", "placed": placed, "repeat": i})

@@ -30,15 +30,20 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def plans_parser(doc: str, deadline: float, repeats: str) -> argparse.ArgumentParser:
+    """The options of a side-by-side check of plan files (this script's, placed_check.py's)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("plans", nargs="+", type=Path)
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each join, alternating")
-    parser.add_argument("--deadline", type=float, default=400.0)
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=int, default=2, help=repeats)
+    parser.add_argument("--deadline", type=float, default=deadline)
+    return parser
+
+
+def main() -> None:
+    args = plans_parser(__doc__, 400.0, "runs of each join, alternating").parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     rows: list[dict] = []
