@@ -192,3 +192,21 @@ def test_plans_for_the_placed_allocator_leave_placed_outputs_out_of_scratch():
         assert plan is not None and plan.arena is not None
         assert plans_placed(plan) is placed_
         assert machine_for_plan(graph, plan, costs).placed is placed_
+
+
+def test_run_summary_counts_placed_outputs_and_names_overflow(capsys):
+    from autotm_py.cli.run import _print_summary
+    from autotm_py.runtime.executor import RunResult
+
+    result = RunResult(
+        device="cuda", device_name="GPU", iterations=1, warmup=0, iteration_times_s=(0.1,),
+        median_s=0.1, kernel_times_s=None, peak_fast_bytes=1, modelled_peak_fast_bytes=1,
+        budget_bytes=2, cap_bytes=3, predicted_time_s=None, slow_pool_bytes=0, strategy="s",
+        model_name="m", host_median_s=0.01, alloc_retries=2, arena_bytes=1, copied_outputs=5,
+        placed_outputs=7,
+        notes=("the plan was made for kernels allocating their outputs at their slots",))
+    _print_summary(result, {"estimated_kernels": 0, "kernels": 1, "weights": "seeded"})
+    out = capsys.readouterr().out
+    assert "5 outputs per iteration copied into their slots, 7 allocated there" in out
+    assert "note: the plan was made for kernels allocating" in out
+    assert "could not serve" in out and "--no-placed" in out and "--headroom" not in out

@@ -137,12 +137,16 @@ def _print_summary(result, notes) -> None:
                    f"them; {result.copied_outputs} carried values per iteration copied back "
                    "into the inputs' buffers")
     for note in result.notes:
-        if note.startswith(("no CUDA graph", "no arena", "outputs copied")):
+        if note.startswith(("no CUDA graph", "no arena", "outputs copied", "the plan was made")):
             click.echo(f"note: {note}")
     if result.alloc_retries is not None:  # CUDA: on the CPU the host does the work itself
         click.echo(f"host: enqueueing an iteration took {result.host_median_s * 1e3:.3f} ms "
                    f"(median); allocator retries at the cap: {result.alloc_retries}")
     click.echo(f"weights: {notes['weights']}")
-    if result.alloc_retries:
+    if result.alloc_retries and result.placed_outputs is not None:
+        click.echo("hint: under the placed allocator a retry is a request its region (the cap) "
+                   "could not serve, taken from outside the budget: a kernel allocated more "
+                   "than the plan's scratch region holds; re-plan with --no-placed")
+    elif result.alloc_retries:
         click.echo("hint: each retry frees the allocator's cache and synchronizes the GPU; "
                    "re-plan with --headroom 0.05 or 0.1 to leave room for fragmentation")
