@@ -146,14 +146,14 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     from autotm_py.runtime.executor import execute as _execute
 
     capped = runs_capped(plan, device, options.get("enforce_budget", True))
-    arena = arena or (graph_replay and capped and plan.arena is not None)
+    arena = runs_in_arena(plan, arena, graph_replay, capped)
     fallback = None
     if arena:
-        placed, fallback = pipeline.arena_for_run(graph, plan, costs, capped=capped)
-        if placed is None:
+        packed, fallback = pipeline.arena_for_run(graph, plan, costs, capped=capped)
+        if packed is None:
             arena = graph_replay = False
         else:
-            plan = placed
+            plan = packed
     result = _execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
                       arena=arena, graph_replay=graph_replay, **options)
     if arena and device.startswith("cuda") and result.placed_outputs is None and \
@@ -174,9 +174,15 @@ def use_placed_allocator(plan: Plan, device: str, *, arena: bool = False,
     from autotm_py.runtime.executor import install_placed
 
     capped = runs_capped(plan, device, enforce_budget)
-    if not (arena or (graph_replay and capped and plan.arena is not None)):
+    if not runs_in_arena(plan, arena, graph_replay, capped):
         return None
     return install_placed(plan, device, enforce_budget)
+
+
+def runs_in_arena(plan: Plan, arena: bool, graph_replay: bool, capped: bool) -> bool:
+    """Whether `execute` runs `plan` at planned addresses: asked (`arena`), or a capped replay
+    of a plan that has an arena (`optimize --arena`)."""
+    return arena or (graph_replay and capped and plan.arena is not None)
 
 
 def runs_capped(plan: Plan, device: str, enforce_budget: bool = True) -> bool:

@@ -73,7 +73,7 @@ static void set_region(uintptr_t lo, size_t size) {
   n_free = size > 0;
   free_lo[0] = lo;
   free_hi[0] = lo + size;
-  in_use = peak_in_use = peak_top = 0;
+  in_use = peak_in_use = peak_top = graph_extent = 0;
   fence = arena_lo = arena_hi = 0;
 }
 
