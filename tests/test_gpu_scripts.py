@@ -124,3 +124,18 @@ def test_replay_profile_sums_streams_idle_time_and_copies():
     slower = {"by_name_ms": {"gemm": 0.03, "Memcpy HtoD (Pinned -> Device)": 0.02}}
     assert profile.differences(out, slower, 1) == [
         {"name": "gemm", "eager_ms": 0.02, "replay_ms": 0.03}]
+
+
+def test_summarize_reads_the_committed_arena_benchmark():
+    """The tables of docs/gpu.md "The benchmark at planned addresses" come from this file."""
+    summarize = _script("summarize")
+    path = ROOT / "experiments" / "results" / "bench_arena" / "bench_arena_h100.json"
+    rows = [r for r in json.loads(path.read_text())["rows"] if r.get("measured_s")]
+    table = summarize.table(rows)
+    assert "| resnet200 b32 | 25% | async+recompute [arena+graph+placed+spread] |" in table
+    text = summarize.targets(rows)
+    assert "joint plans at 50% vs all-fast: geometric mean 1.12x over 5 models" in text
+    assert "joint plans at 25% vs all-fast: geometric mean 1.33x over 3 models" in text
+    assert "resnet200 25%: 4.08x faster than async" in text
+    assert "measured peak above the budget: 0 of" in text
+    assert "reserved peak above the budget: 0 of" in text

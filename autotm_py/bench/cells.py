@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotm_py import api, pipeline
+from autotm_py.bench import child
 from autotm_py.bench.ship import PlanBox
 from autotm_py.config import PlanConfig
 from autotm_py.errors import AutoTMError
@@ -58,6 +59,7 @@ class ModelRunner:
     def __init__(self, spec: BenchSpec, model: str, *, source: str | None = None,
                  shipped_dir: str | None = None, names: BenchSpec | None = None) -> None:
         self.spec, self.model = spec, model
+        self.source = source or model
         self.names = names or spec
         self.error: str | None = None
         self.plans = PlanBox()
@@ -66,7 +68,7 @@ class ModelRunner:
         self._model_columns: tuple[dict[str, Any], list[str]] | None = None
         self._failures: list[str] = []  # runs that failed while making the current row
         try:
-            self.graph = api.load_model(source or model, batch=spec.batch,
+            self.graph = api.load_model(self.source, batch=spec.batch,
                                         dims=dict(spec.dims), training=spec.training)
             self.costs = api.load_costs(self.graph, device=spec.device,
                                         profiles_dir=spec.profiles_dir,
@@ -81,7 +83,9 @@ class ModelRunner:
         return PlanConfig.for_plan_name(strategy, ratio=parse_ratio(ratio), device=s.device,
                                         memory=s.memory, solver=solver, gap=s.gap,
                                         time_limit_s=s.time_limit_s, pin_weights=s.pin_weights,
-                                        headroom=s.headroom, threads=s.threads)
+                                        headroom=s.headroom, threads=s.threads,
+                                        arena=s.arena, graph=s.graph, placed=s.placed,
+                                        read_pricing=s.read_pricing)
 
     def row(self, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
         key = self.names.key_values(self.model, ratio, strategy, solver)
@@ -102,7 +106,9 @@ class ModelRunner:
     def model_columns(self) -> tuple[dict[str, Any], list[str]]:
         """With `execute`, the measurements of the model itself, the same at every ratio, and
         the notes of those that failed: all-fast (the unlimited reference, run without a cap)
-        and, when training, torch.autograd without and with `save_on_cpu`. Measured once."""
+        and, when training, torch.autograd without and with `save_on_cpu`. Measured once.
+        With `graph`, the all-fast iteration is replayed as a CUDA graph with static inputs
+        (`autotm run --graph --no-cap`): the reference of plans that are replayed too."""
         if self.error is not None or not self.spec.execute:
             return {}, []
         if self._model_columns is None:
@@ -114,7 +120,8 @@ class ModelRunner:
                                                                  s.solvers[0]),
                                          costs=self.costs, names=("all-fast",))["all-fast"]
                 if all_fast.feasible:
-                    measured = self._measure(all_fast.plan, cap=False)
+                    measured = _median_and_peak(self._run(all_fast.plan, cap=False,
+                                                          graph_replay=s.graph))
                     cols["measured_all_fast_s"] = measured[0]
                     cols["measured_all_fast_peak_bytes"] = measured[1]
             except AutoTMError as exc:
@@ -210,7 +217,8 @@ class ModelRunner:
             h = plan.header
             return PlanResult(status=h.solver.status, plan=plan, message=f"plan from {name}",
                               budget_bytes=h.budget_bytes, predicted_time_s=h.predicted_time_s,
-                              stats=h.solver, all_fast_time_s=float(sum(self.costs.times_s)),
+                              stats=h.solver, all_fast_time_s=pipeline.machine_for(
+                                  self.graph, config, self.costs).all_fast_time,
                               objective_s=h.solver.objective_s)
         result = api.optimize(self.graph, config, costs=self.costs)
         if name is not None and result.plan is not None:
@@ -286,12 +294,25 @@ class ModelRunner:
         row["slowdown"] = sim.total_s / result.all_fast_time_s if result.all_fast_time_s \
             else None
         if self.spec.execute:
-            run = self._run(result.plan)
+            run = self._run_plan(result.plan)
             row["measured_s"], row["measured_peak_fast_bytes"] = _median_and_peak(run)
             if run is not None:
-                row["measured_host_s"] = run.host_median_s
-                row["measured_alloc_retries"] = run.alloc_retries
+                row.update(_run_columns(run))
         return row
+
+    def _run_plan(self, plan: Plan):
+        """A solved plan's real run: with `arena`, at planned addresses (replayed with
+        `graph`) in a process of its own (`bench/child.py`: the placed allocator must be
+        installed before CUDA is used, and the sweep's other runs keep torch's allocator);
+        else in this process, as the baselines run."""
+        s = self.spec
+        if not s.arena:
+            return self._run(plan, graph_replay=s.graph)
+        request = child.RunRequest(model=self.source, batch=s.batch, dims=dict(s.dims),
+                             training=s.training, device=self._device, iterations=s.iterations,
+                             warmup=s.warmup, arena=True, graph_replay=s.graph,
+                             placed=s.placed)
+        return self._guarded_run(plan, lambda: child.run_isolated(request, plan))
 
     def _measure_baseline(self, name: str, plan: Plan | None, config: PlanConfig
                           ) -> tuple[float | None, int | None]:
@@ -309,19 +330,19 @@ class ModelRunner:
         return _median_and_peak(self._fit(f"{name} at ", attempt, _run_misfit,
                                           lambda run: None if run is None else run.median_s))
 
-    def _measure(self, plan: Plan | None, *, cap: bool = True
-                 ) -> tuple[float | None, int | None]:
-        """Median iteration time and allocator peak of a real run (None when it fails)."""
-        return _median_and_peak(self._run(plan, cap=cap))
+    def _run(self, plan: Plan | None, *, cap: bool = True, graph_replay: bool = False):
+        """A real run of `plan` in this process (None when there is no plan or the run
+        fails); `graph_replay`: replayed as a CUDA graph with static inputs."""
+        return self._guarded_run(plan, lambda: api.execute(
+            self.graph, plan, device=self._device, iterations=self.spec.iterations,
+            warmup=self.spec.warmup, enforce_budget=cap, graph_replay=graph_replay))
 
-    def _run(self, plan: Plan | None, *, cap: bool = True):
-        """A real run of `plan` (None when there is no plan or the run fails)."""
+    def _guarded_run(self, plan: Plan | None, run_it: Callable[[], Any]):
+        """`run_it()`, or None when there is no plan or the run fails (noted in the row)."""
         if plan is None:
             return None
         try:
-            run = api.execute(self.graph, plan, device=self._device,
-                              iterations=self.spec.iterations, warmup=self.spec.warmup,
-                              enforce_budget=cap)
+            run = run_it()
         except AutoTMError as exc:
             log.warning("bench: running %s plan of %s failed: %s", plan.header.strategy,
                         self.model, exc)
@@ -348,6 +369,18 @@ def _why_misfit(measured_s: float | None, retries: int | None) -> str | None:
     if measured_s is None:
         return "the run failed"
     return f"{retries} allocator retries at the cap" if retries else None
+
+
+def _run_columns(run) -> dict[str, Any]:
+    """A plan run's diagnostics: host enqueue time, allocator retries (under the placed
+    allocator: requests beyond its region), reserved peak, and how outputs reached their
+    slots in an arena (copied there, or allocated there by their kernels)."""
+    return {"measured_host_s": run.host_median_s,
+            "measured_alloc_retries": run.alloc_retries,
+            "measured_reserved_peak_bytes": getattr(run, "reserved_peak_bytes", None),
+            "measured_replayed": getattr(run, "graph", None),
+            "measured_placed_outputs": getattr(run, "placed_outputs", None),
+            "measured_copied_outputs": getattr(run, "copied_outputs", None)}
 
 
 def _median_and_peak(run) -> tuple[float | None, int | None]:

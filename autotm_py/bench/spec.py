@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotm_py.config import DEFAULT_SOLVER, PlanConfig
+from autotm_py.config import DEFAULT_READ_PRICING, DEFAULT_SOLVER, PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.memory.tiers import load_memory_system
 from autotm_py.planning.solvers import SOLVERS
 from autotm_py.units import parse_ratio
 
 ROW_KEY = ("model", "batch", "dims", "training", "device", "memory", "ratio", "strategy",
-           "solver")
+           "solver", "options")
 # baselines in the order of the columns; names as in `autotm_py.planning.baselines`
 BASELINES = ("all_fast", "all_slow", "first_touch", "lru", "offload", "2lm")
 FIT_STEP = 0.05
@@ -38,7 +38,8 @@ COLUMNS = (
     "measured_offload_peak_bytes", "measured_torch_autograd_s",
     "measured_torch_autograd_peak_bytes", "measured_save_on_cpu_s",
     "measured_save_on_cpu_peak_bytes", "measured_checkpoint_s",
-    "measured_checkpoint_peak_bytes", "checkpoint_segments", "error", "notes",
+    "measured_checkpoint_peak_bytes", "checkpoint_segments", "measured_reserved_peak_bytes",
+    "measured_replayed", "measured_placed_outputs", "measured_copied_outputs", "error", "notes",
     "machine", "device_name", "versions", "date",
 )
 
@@ -76,6 +77,15 @@ class BenchSpec:
     # runs out of memory under its cap or makes the allocator retry (when every headroom
     # retries, the fastest run is kept).
     fit: bool = False
+    # How the plans are made and run (GPU mode): `arena` plans every fast buffer at an offset
+    # in one arena (`optimize --arena`) and runs each plan there, in a process of its own
+    # (`bench/child.py`); `graph` prices and runs the iteration as a CUDA-graph replay (the
+    # all-fast reference too, with static inputs); `placed` (with `arena`) plans for and runs
+    # with the placed allocator. Baselines and native runs are the same either way.
+    arena: bool = False
+    graph: bool = False
+    placed: bool = True
+    read_pricing: str = DEFAULT_READ_PRICING  # `optimize --read-pricing`
 
     def __post_init__(self) -> None:
         if not self.models or not self.ratios:
@@ -86,7 +96,12 @@ class BenchSpec:
         for s in self.strategies:  # validates strategy, device, gap, limit, headroom up front
             PlanConfig.for_plan_name(s, device=self.device, gap=self.gap,
                                      time_limit_s=self.time_limit_s, headroom=self.headroom,
-                                     threads=self.threads)
+                                     threads=self.threads, arena=self.arena,
+                                     graph=self.graph, placed=self.placed,
+                                     read_pricing=self.read_pricing)
+        if (self.arena or self.graph) and self.device != "cuda":
+            raise ConfigError(f"--{'arena' if self.arena else 'graph'} plans and runs at planned "
+                              "addresses on a GPU: add --device cuda")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads}: at least 1")
         if self.fit and not self.execute:
@@ -107,11 +122,23 @@ class BenchSpec:
         two sequence lengths into one output are two rows, and two plans in `plans_dir`."""
         return {"model": model, "batch": self.batch, "dims": self.dims_text,
                 "training": self.training, "device": self.device, "memory": self.memory_name,
-                "ratio": ratio, "strategy": strategy, "solver": solver}
+                "ratio": ratio, "strategy": strategy, "solver": solver,
+                "options": self.options}
 
     def row_key(self, model: str, ratio: str, strategy: str, solver: str) -> tuple[str, ...]:
         values = self.key_values(model, ratio, strategy, solver)
         return tuple(cell_text(values[k]) for k in ROW_KEY)
+
+    @property
+    def options(self) -> str | None:
+        """How plans are made and run beyond their strategy, as a row's key names it: None for
+        the defaults (eager runs on torch's allocator, step-priced reads; older results have
+        no such column), else e.g. ``arena+graph+placed`` or ``arena+graph+placed+spread``."""
+        parts = [name for name, on in (("arena", self.arena), ("graph", self.graph),
+                                       ("placed", self.arena and self.placed),
+                                       (self.read_pricing,
+                                        self.read_pricing != DEFAULT_READ_PRICING)) if on]
+        return "+".join(parts) or None
 
     @property
     def dims_text(self) -> str | None:

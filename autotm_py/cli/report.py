@@ -26,7 +26,7 @@ from autotm_py.cli.common import (
     require,
     warn,
 )
-from autotm_py.config import DEFAULT_SOLVER
+from autotm_py.config import DEFAULT_READ_PRICING, DEFAULT_SOLVER, READ_PRICINGS
 from autotm_py.errors import ConfigError
 from autotm_py.plan import Plan, costs_drift
 from autotm_py.report.build import make_report
@@ -199,6 +199,20 @@ def _split(text: str) -> tuple[str, ...]:
                    "that runs out of memory under its cap, or makes the allocator retry, is "
                    "solved again with 5% more --headroom (up to 25%); the row records the "
                    "headroom that fit, or the fastest run when every headroom retried.")
+@click.option("--arena", is_flag=True,
+              help="GPU mode: plan every fast buffer at an offset in one arena (`optimize "
+                   "--arena`, no headroom needed) and, with --execute, run each plan there in "
+                   "a process of its own (`autotm run --arena`); baselines and native runs "
+                   "stay on torch's allocator.")
+@click.option("--graph", "graph_replay", is_flag=True,
+              help="GPU mode: price plans as a CUDA graph replays them and, with --execute, "
+                   "replay them (`autotm run --graph`), the all-fast reference too.")
+@click.option("--placed/--no-placed", default=True, show_default=True,
+              help="With --arena: plan and run for the placed allocator (kernels allocate their "
+                   "outputs at their slots: `autotm run --placed`).")
+@click.option("--read-pricing", type=click.Choice(READ_PRICINGS),
+              default=DEFAULT_READ_PRICING, show_default=True,
+              help="How plans price the reads of moved tensors (`optimize --read-pricing`).")
 @click.option("--plans", "plans_dir", type=click.Path(file_okay=False), default=None,
               help="Keep each solved plan in this folder (gzip-compressed JSON) and reuse "
                    "plans found there (solve on one machine, --execute on another).")
@@ -223,7 +237,9 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
               memory: str | None, training: bool, batch: int | None, dims: tuple[str, ...],
               time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
               execute: bool, iterations: int, warmup: int, headroom: float, fit: bool,
-              plans_dir: str | None, output: str, engine: str, workers: int | None,
+              arena: bool, graph_replay: bool, placed: bool, read_pricing: str,
+              plans_dir: str | None,
+              output: str, engine: str, workers: int | None,
               address: str | None, threads: int | None,
               no_progress: bool, as_json: bool) -> None:
     """Sweep models x ratios x strategies x solvers; one row per plan (CSV + JSON).
@@ -245,7 +261,8 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
                      time_limit_s=time_limit, gap=gap, pin_weights=pin_weights,
                      profiles_dir=profiles, execute=execute, iterations=iterations,
                      warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,
-                     threads=threads)
+                     threads=threads, arena=arena, graph=graph_replay, placed=placed,
+                     read_pricing=read_pricing)
     where = {"engine": engine, "workers": workers, "address": address}
     if no_progress or as_json:
         result = run_bench(spec, output, **where)

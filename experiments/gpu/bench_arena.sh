@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The benchmark of issues 13 item 5 and 14 item 3 with `autotm bench --execute`: joint plans
+# made for an arena, the placed allocator and CUDA-graph replay (`--arena --graph`, each plan
+# run in a process of its own), beside what the sweep measures in the same run: our all-fast
+# iteration replayed, torch.autograd of the same graph (native eager) and with save_on_cpu,
+# PyTorch activation checkpointing of the same graph under the same cap (fewest segments that
+# fit), and the first-touch, LRU and offload baselines under the cap.
+#
+# Plans come from experiments/plans/bench_arena (solved on the CPU machine with HiGHS and the
+# shipped H100 profiles: `autotm bench` without --execute and the same options, or adopted from
+# optimize runs with experiments/bench_adopt_plans.py); a cell without its plan there would be
+# solved on the GPU machine, so every cell asked for should have one.
+#
+# Usage (GPU machine, repository root):
+#   bash experiments/gpu/bench_arena.sh OUT_DIR resnet200/1:1,1:2 resnet200/1:3/spread ...
+# Each argument is MODEL/RATIOS[/spread] (spread: plans priced with --read-pricing spread, a
+# sweep of its own). Rows go to OUT_DIR/bench_arena.{csv,json}, one row at a time (a sweep cut
+# short keeps its rows; rerun to resume).
+set -u
+. experiments/gpu/setup.sh
+out=$1
+shift
+mkdir -p "$out"
+declare -A CFG=(
+  [resnet200]="32" [bert_base]="16 --dim seq=512" [inception_v4]="64" [densenet264]="32"
+  [gpt2_small]="8 --dim seq=1024" [vgg19]="64"
+)
+for cell in "$@"; do
+  IFS=/ read -r model ratios pricing <<<"$cell"
+  set -- ${CFG[$model]}
+  echo "== $model $ratios ${pricing:-step} $(date -u +%H:%M:%S)"
+  python3 -m autotm_py bench --models "$model" --ratios "$ratios" \
+      --strategies "${STRATEGIES:-async+recompute}" --device cuda --training --batch "$1" \
+      "${@:2}" --time-limit 180 --arena --graph --read-pricing "${pricing:-step}" --execute \
+      --plans experiments/plans/bench_arena --workers 1 --no-progress \
+      -o "$out/bench_arena.csv" 2>&1 | tail -n 8
+done
