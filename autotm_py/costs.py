@@ -29,6 +29,13 @@ REPLAY_GAP_S = 1.0e-6
 # arena - replayed with static inputs) / (2 x the bytes copied), same runs: ResNet-200 3.0 TB/s
 # (12.7 GB in 8.4 ms), DenseNet-264 3.5, GPT-2 small 2.6, BERT-base 1.8.
 SLOT_COPY_BYTES_PER_S = 3.0e12
+# The shortest a kernel keeps the GPU in a replay: what a kernel whose profile has no device
+# time costs there at least (in-context profiles time SGD updates and views only eagerly,
+# where a launch gap of 5-30 us hides the device time). Fitted on DenseNet-264 b32: its 797
+# kernels without a device time (795 SGD updates) took (61.5 - 59.9 ms) / 797 = 2.0 us each in
+# the all-fast iteration's device-time sum (H100 80GB HBM3, 2026-11-26); above it such a kernel
+# costs the bytes it reads and writes at `SLOT_COPY_BYTES_PER_S`.
+MIN_REPLAYED_KERNEL_S = 2.0e-6
 # Host<->device copies in a replayed graph take this much longer than the same copies run
 # eagerly (their total time per direction, replay / eager, one iteration of the same plan at
 # planned addresses under the torch profiler: GPT-2 small 1:1, BERT-base 1:2, ResNet-200 1:3,
@@ -73,18 +80,30 @@ class KernelCosts:
         est = tuple(estimated) if estimated is not None else (False,) * len(t)
         return cls(device, t, t, t, est)
 
-    def replayed(self, copied_bytes: Sequence[int] | None = None) -> KernelCosts:
+    def replayed(self, copied_bytes: Sequence[int] | None = None,
+                 io_bytes: Sequence[int] | None = None) -> KernelCosts:
         """The costs of an iteration replayed as a CUDA graph: the host enqueues the whole
         iteration at once, so each kernel costs its device time plus the graph's gap between
-        two kernel nodes (`REPLAY_GAP_S`) where a profile measured one (its time, launch gaps
-        included, elsewhere), plus copying `copied_bytes[k]` of its outputs into their arena
-        slots (`SLOT_COPY_BYTES_PER_S`; None: a replay without an arena copies none)."""
+        two kernel nodes (`REPLAY_GAP_S`), plus copying `copied_bytes[k]` of its outputs into
+        their arena slots (`SLOT_COPY_BYTES_PER_S`; None: a replay without an arena copies
+        none). A measured kernel without a device time costs its `io_bytes[k]` (read and
+        written) at that rate, at least `MIN_REPLAYED_KERNEL_S`, where `io_bytes` is given;
+        else, and for estimated kernels, its time as the profile has it."""
         if not self.device_s:
             return self
-        copies = copied_bytes or (0,) * len(self.times_s)
-        times = tuple((d + REPLAY_GAP_S if d > 0 else t) + 2 * c / SLOT_COPY_BYTES_PER_S
-                      for d, t, c in zip(self.device_s, self.times_s, copies, strict=True))
+        n = len(self.times_s)
+        copies = copied_bytes or (0,) * n
+        io = io_bytes or (None,) * n
+        times = tuple(self._replayed_time(k, io[k]) + 2 * copies[k] / SLOT_COPY_BYTES_PER_S
+                      for k in range(n))
         return replace(self, times_s=times)
+
+    def _replayed_time(self, k: int, io_bytes: int | None) -> float:
+        if self.device_s[k] > 0:
+            return self.device_s[k] + REPLAY_GAP_S
+        if io_bytes is None or self.estimated[k]:
+            return self.times_s[k]
+        return max(MIN_REPLAYED_KERNEL_S, io_bytes / SLOT_COPY_BYTES_PER_S) + REPLAY_GAP_S
 
     @property
     def total_s(self) -> float:

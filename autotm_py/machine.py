@@ -89,7 +89,8 @@ class MachineModel:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_profile_costs", self.costs)
         if self.replays:
-            object.__setattr__(self, "costs", self.costs.replayed(self._slot_copy_bytes()))
+            object.__setattr__(self, "costs", self.costs.replayed(self._slot_copy_bytes(),
+                                                                  self._io_bytes()))
         n = len(self.graph.kernels)
         if len(self.costs.times_s) != n:
             raise ConfigError(f"kernel costs cover {len(self.costs.times_s)} kernels but graph "
@@ -100,6 +101,11 @@ class MachineModel:
     def replays(self) -> bool:
         """Priced for CUDA-graph replay: `graph_replay` in GPU mode (the host has no graphs)."""
         return self.graph_replay and self.gpu
+
+    def _io_bytes(self) -> list[int]:
+        """Per kernel, the bytes it reads and writes (its inputs and outputs, once each)."""
+        sizes = [t.nbytes for t in self.graph.tensors]
+        return [sum(sizes[t] for t in {*k.inputs, *k.outputs}) for k in self.graph.kernels]
 
     def _slot_copy_bytes(self) -> list[int] | None:
         """Per kernel, the bytes a replay copies into arena slots: a plan with an arena replays

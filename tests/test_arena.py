@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 
 from autotm_py import arena
 from autotm_py.config import PlanConfig
-from autotm_py.costs import REPLAY_GAP_S, SLOT_COPY_BYTES_PER_S, KernelCosts
+from autotm_py.costs import (
+    MIN_REPLAYED_KERNEL_S,
+    REPLAY_GAP_S,
+    SLOT_COPY_BYTES_PER_S,
+    KernelCosts,
+)
 from autotm_py.errors import PlanError
 from autotm_py.machine import MachineModel
 from autotm_py.memory.scratch import allocated_outputs
@@ -196,6 +201,27 @@ def test_scratch_counts_workspace_and_outputs_torch_allocates():
     assert not machine.workspace.any()  # the rows count tensors only
     plain = replace(machine, arena=False)
     assert plain.budget - machine.budget == machine.scratch_reserve
+
+
+def test_a_replayed_kernel_without_a_device_time_costs_its_bytes_not_its_launch():
+    """In-context profiles time SGD updates only eagerly (launch gap included); replayed, such a
+    kernel costs the bytes it reads and writes, at least MIN_REPLAYED_KERNEL_S, plus the gap."""
+    graph = small_training()
+    n = len(graph.kernels)
+    eager_s = 30e-6
+    costs = replace(KernelCosts.from_times("cuda", [eager_s] * n), device_s=(0.0,) * n)
+    replayed = MachineModel(graph, preset("h100-pcie5").with_budget(None), costs,
+                            graph_replay=True)
+    sizes = [t.nbytes for t in graph.tensors]
+    for k in graph.kernels:
+        io = sum(sizes[t] for t in {*k.inputs, *k.outputs})
+        want = max(MIN_REPLAYED_KERNEL_S, io / SLOT_COPY_BYTES_PER_S) + REPLAY_GAP_S
+        assert replayed.costs.times_s[k.id] == pytest.approx(want)
+        assert replayed.costs.times_s[k.id] < eager_s
+    # a roofline estimate has no launch gap to take off: kept as it is
+    estimated = replace(costs, estimated=(True,) * n)
+    assert estimated.replayed(io_bytes=[1] * n).times_s == estimated.times_s
+    assert costs.replayed().times_s == costs.times_s  # no bytes given: the profile's time
 
 
 def test_graph_replay_prices_device_times():

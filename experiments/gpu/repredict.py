@@ -9,6 +9,10 @@ predictions (and slowdowns) in the document (CSV and JSON).
 
 Runs on the CPU from committed files:
   python experiments/gpu/repredict.py experiments/results/gpu_h100.json [MODEL...] [--write]
+  python experiments/gpu/repredict.py experiments/results/bench_arena/bench_arena_h100.json \
+      --plans experiments/plans/bench_arena
+`--plans DIR`: rows of `autotm bench --plans DIR` (e.g. `--arena --graph`, today's fused
+graphs), each plan read from that folder under the name the sweep gave it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ def main() -> None:
     parser.add_argument("document")
     parser.add_argument("models", nargs="*")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--plans", help="the sweep's --plans folder (its rows' plans)")
     args = parser.parse_args()
     doc = json.loads(Path(args.document).read_text())
     seen: set[tuple[str, int]] = set()
@@ -35,8 +40,8 @@ def main() -> None:
         if row.get("measured_s") and (not args.models or row["model"] in args.models):
             if (row["model"], row["batch"]) not in seen:
                 seen.add((row["model"], row["batch"]))
-                print(kernel_sums(row), flush=True)
-            predicted = predict(row)
+                print(kernel_sums(row, fused=args.plans is not None), flush=True)
+            predicted = predict(row, args.plans)
             print(f"{row['model']:12s} {row['ratio']} {row['strategy']:5s} measured "
                   f"{row['measured_s'] * 1e3:6.1f} ms  predicted then "
                   f"{row['predicted_s'] * 1e3:6.1f} ({_error(row['predicted_s'], row)})  now "
@@ -53,24 +58,52 @@ def main() -> None:
             json_path.write_text(json.dumps(written, indent=1, default=str) + "\n")
 
 
-def predict(row: dict) -> float:
+def predict(row: dict, plans_dir: str | None = None) -> float:
     from diagnose import load_plan, row_cell
 
     from autotm_py import api
 
-    graph, plan = load_plan(*row_cell(row), row.get("headroom") or 0.0)
+    if plans_dir is not None:
+        graph, plan = bench_plan(row, plans_dir)
+    else:
+        graph, plan = load_plan(*row_cell(row), row.get("headroom") or 0.0)
     costs = api.load_costs(graph, device="cuda")
     return api.simulate(graph, plan, costs=costs, strict=False).total_s
 
 
-def kernel_sums(row: dict) -> str:
+def bench_plan(row: dict, plans_dir: str):
+    """The fused training graph of a row and the plan its sweep kept in `plans_dir`."""
+    from diagnose import row_cell
+
+    from autotm_py import api
+    from autotm_py.bench import BenchSpec
+    from autotm_py.plan import Plan
+
+    model, batch, dims, ratio, strategy = row_cell(row)
+    options = (row.get("options") or "").split("+")
+    spec = BenchSpec(models=(model,), ratios=(ratio,), strategies=(strategy,),
+                     solvers=(row["solver"],), device=row["device"], training=True, batch=batch,
+                     dims=dims, headroom=row.get("headroom") or 0.0, plans_dir=plans_dir,
+                     arena="arena" in options, graph="graph" in options,
+                     placed="placed" in options,
+                     read_pricing="spread" if "spread" in options else "step")
+    path = spec.plan_path(model, ratio, strategy, row["solver"])
+    graph = api.load_model(model, batch=batch, dims=dims or None, training=True)
+    return graph, Plan.load(path)
+
+
+def kernel_sums(row: dict, fused: bool = False) -> str:
     """What the profiles say of one all-fast iteration: the in-context kernel times (launch
     gaps included) and, where measured, the device times (GPU work alone)."""
     from diagnose import load_plan, row_cell
 
     from autotm_py import api
 
-    graph, _ = load_plan(*row_cell(row)[:3], row["ratio"], "all-fast")
+    if fused:
+        model, batch, dims, _, _ = row_cell(row)
+        graph = api.load_model(model, batch=batch, dims=dims or None, training=True)
+    else:
+        graph, _ = load_plan(*row_cell(row)[:3], row["ratio"], "all-fast")
     costs = api.load_costs(graph, device="cuda")
     device = f"{sum(costs.device_s) * 1e3:.1f} ms" if costs.device_s else "not measured"
     return (f"{row['model']} b{row['batch']}: in-context kernel times sum to "
