@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotm_py.bench import BenchSpec  # noqa: E402
 from autotm_py.bench.cells import ModelRunner  # noqa: E402
+from autotm_py.cli.common import parse_dims  # noqa: E402
 from autotm_py.plan import Plan  # noqa: E402
 
 
@@ -45,7 +46,7 @@ def main() -> int:
     parser.add_argument("--no-placed", action="store_true")
     parser.add_argument("--read-pricing", default="step")
     args = parser.parse_args()
-    dims = dict((k, int(v)) for k, v in (d.split("=") for d in args.dim))
+    dims = parse_dims(args.dim)
     ratios = {str(Plan.load(p).header.config["ratio"]) for p in args.plans}
     spec = BenchSpec(models=(args.model,), ratios=tuple(sorted(ratios)),
                      strategies=(args.strategy,), solvers=(args.solver,), device="cuda",

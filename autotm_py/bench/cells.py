@@ -25,7 +25,6 @@ from autotm_py.planning.bounds import transfer_bound
 from autotm_py.planning.solve import PlanResult
 from autotm_py.report.metrics import plan_metrics
 from autotm_py.report.residency import PlanView
-from autotm_py.units import parse_ratio
 
 if TYPE_CHECKING:
     from autotm_py.bench.spec import BenchSpec
@@ -79,13 +78,7 @@ class ModelRunner:
             log.warning("bench: %s: %s", model, self.error)
 
     def config(self, ratio: str, strategy: str, solver: str) -> PlanConfig:
-        s = self.spec
-        return PlanConfig.for_plan_name(strategy, ratio=parse_ratio(ratio), device=s.device,
-                                        memory=s.memory, solver=solver, gap=s.gap,
-                                        time_limit_s=s.time_limit_s, pin_weights=s.pin_weights,
-                                        headroom=s.headroom, threads=s.threads,
-                                        arena=s.arena, graph=s.graph, placed=s.placed,
-                                        read_pricing=s.read_pricing)
+        return self.spec.plan_config(strategy, ratio, solver)
 
     def row(self, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
         key = self.names.key_values(self.model, ratio, strategy, solver)
@@ -309,9 +302,9 @@ class ModelRunner:
         if not s.arena:
             return self._run(plan, graph_replay=s.graph)
         request = child.RunRequest(model=self.source, batch=s.batch, dims=dict(s.dims),
-                             training=s.training, device=self._device, iterations=s.iterations,
-                             warmup=s.warmup, arena=True, graph_replay=s.graph,
-                             placed=s.placed)
+                                   training=s.training, device=self._device,
+                                   iterations=s.iterations, warmup=s.warmup, arena=True,
+                                   graph_replay=s.graph, placed=s.placed)
         return self._guarded_run(plan, lambda: child.run_isolated(request, plan))
 
     def _measure_baseline(self, name: str, plan: Plan | None, config: PlanConfig

@@ -94,14 +94,11 @@ class BenchSpec:
         for r in self.ratios:
             parse_ratio(r, flag="--ratios")
         for s in self.strategies:  # validates strategy, device, gap, limit, headroom up front
-            PlanConfig.for_plan_name(s, device=self.device, gap=self.gap,
-                                     time_limit_s=self.time_limit_s, headroom=self.headroom,
-                                     threads=self.threads, arena=self.arena,
-                                     graph=self.graph, placed=self.placed,
-                                     read_pricing=self.read_pricing)
+            self.plan_config(s)
         if (self.arena or self.graph) and self.device != "cuda":
-            raise ConfigError(f"--{'arena' if self.arena else 'graph'} plans and runs at planned "
-                              "addresses on a GPU: add --device cuda")
+            raise ConfigError(f"--{'arena' if self.arena else 'graph'} is for the GPU mode "
+                              "(plans at planned addresses or replayed as CUDA graphs): add "
+                              "--device cuda")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads}: at least 1")
         if self.fit and not self.execute:
@@ -112,6 +109,16 @@ class BenchSpec:
             raise ConfigError(f"--solvers {','.join(self.solvers)}: unknown solver "
                               f"{bad[0] if bad else '(none)'}; choose from {', '.join(SOLVERS)}")
         load_memory_system(self.memory_name)  # a bad --memory fails before the sweep starts
+
+    def plan_config(self, strategy: str, ratio: str | None = None,
+                    solver: str = DEFAULT_SOLVER) -> PlanConfig:
+        """How a cell is planned: the strategy's config with this sweep's settings."""
+        return PlanConfig.for_plan_name(
+            strategy, ratio=None if ratio is None else parse_ratio(ratio), device=self.device,
+            memory=self.memory, solver=solver, gap=self.gap, time_limit_s=self.time_limit_s,
+            pin_weights=self.pin_weights, headroom=self.headroom, threads=self.threads,
+            arena=self.arena, graph=self.graph, placed=self.placed,
+            read_pricing=self.read_pricing)
 
     @property
     def memory_name(self) -> str:

@@ -18,6 +18,7 @@ graphs), each plan read from that folder under the name the sweep gave it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -75,7 +76,6 @@ def bench_plan(row: dict, plans_dir: str):
     """The fused training graph of a row and the plan its sweep kept in `plans_dir`."""
     from diagnose import row_cell
 
-    from autotm_py import api
     from autotm_py.bench import BenchSpec
     from autotm_py.plan import Plan
 
@@ -88,8 +88,15 @@ def bench_plan(row: dict, plans_dir: str):
                      placed="placed" in options,
                      read_pricing="spread" if "spread" in options else "step")
     path = spec.plan_path(model, ratio, strategy, row["solver"])
-    graph = api.load_model(model, batch=batch, dims=dims or None, training=True)
-    return graph, Plan.load(path)
+    return fused_graph(model, batch, tuple(sorted(dims.items()))), Plan.load(path)
+
+
+@functools.cache
+def fused_graph(model: str, batch: int, dims: tuple[tuple[str, int], ...]):
+    """Today's training graph of a model, loaded once for all its rows."""
+    from autotm_py import api
+
+    return api.load_model(model, batch=batch, dims=dict(dims) or None, training=True)
 
 
 def kernel_sums(row: dict, fused: bool = False) -> str:
@@ -101,7 +108,7 @@ def kernel_sums(row: dict, fused: bool = False) -> str:
 
     if fused:
         model, batch, dims, _, _ = row_cell(row)
-        graph = api.load_model(model, batch=batch, dims=dims or None, training=True)
+        graph = fused_graph(model, batch, tuple(sorted(dims.items())))
     else:
         graph, _ = load_plan(*row_cell(row)[:3], row["ratio"], "all-fast")
     costs = api.load_costs(graph, device="cuda")
