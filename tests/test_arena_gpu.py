@@ -185,13 +185,14 @@ def fit_runs(replay: bool, placed: bool = False) -> list[dict]:
             runs.append({"strategy": strategy, "plan_arena": False, "message": result.message})
             continue
         run = execute(graph, result.plan, device="cuda", iterations=3, warmup=1, arena=True,
-                      graph_replay=replay, placed=placed)
+                      graph_replay=replay, placed=placed, device_busy=replay)
         runs.append({"strategy": strategy, "plan_arena": True,
                      "scratch_offset": result.plan.arena.scratch_offset,
                      **{k: getattr(run, k) for k in (
                          "alloc_retries", "graph", "arena_bytes", "reserved_peak_bytes",
                          "cap_bytes", "peak_fast_bytes", "capture_reserved_bytes", "notes",
-                         "placed_outputs")}})
+                         "placed_outputs", "device_busy_s", "device_span_s",
+                         "device_kernel_s")}})
     return runs
 
 

@@ -59,15 +59,15 @@ def test_arena_plans_run_in_their_own_process(onnx_path, tmp_path, monkeypatch):
     in_process, isolated = [], []
 
     def fake_execute(graph, plan, **kw):
-        in_process.append((plan.header.strategy, kw.get("graph_replay")))
+        in_process.append((plan.header.strategy, kw.get("graph_replay"), kw.get("device_busy")))
         return SimpleNamespace(median_s=0.5, peak_fast_bytes=1000, host_median_s=0.1,
-                               alloc_retries=0)
+                               alloc_retries=0, device_busy_s=0.48 if kw["device_busy"] else None)
 
     def fake_isolated(request, plan):
         isolated.append((request, plan))
         return SimpleNamespace(median_s=0.25, peak_fast_bytes=900, host_median_s=0.01,
                                alloc_retries=0, reserved_peak_bytes=950, graph=True,
-                               placed_outputs=7, copied_outputs=3)
+                               placed_outputs=7, copied_outputs=3, device_busy_s=0.24)
 
     monkeypatch.setattr(api, "execute", fake_execute)
     monkeypatch.setattr(child, "run_isolated", fake_isolated)
@@ -79,14 +79,17 @@ def test_arena_plans_run_in_their_own_process(onnx_path, tmp_path, monkeypatch):
     assert (row["measured_s"], row["measured_reserved_peak_bytes"]) == (0.25, 950)
     assert (row["measured_replayed"], row["measured_placed_outputs"],
             row["measured_copied_outputs"]) == (True, 7, 3)
+    # replays are profiled for the device's busy time (issue 14 item 4), eager runs not
+    assert (row["measured_device_busy_s"], row["measured_all_fast_device_busy_s"]) == (0.24, 0.48)
     (request, plan), = isolated
     assert (request.model, request.training, request.arena, request.graph_replay,
-            request.placed, request.device) == (onnx_path, True, True, True, True, "cuda:0")
+            request.placed, request.device, request.device_busy) == (
+        onnx_path, True, True, True, True, "cuda:0", True)
     assert plan.arena is not None and plan.header.config["arena"]
     assert plan.header.config["graph"] and plan.header.config["placed"]
     assert plan.header.config["read_pricing"] == "step"
     # the all-fast reference replayed (static inputs); the baselines eager, in this process
-    assert ("all-fast", True) in in_process and ("lru", False) in in_process
+    assert ("all-fast", True, True) in in_process and ("lru", False, False) in in_process
     assert row["measured_all_fast_s"] == 0.5
     saved, = plans.iterdir()
     assert json.loads(gzip.decompress(saved.read_bytes()))["header"]["config"]["arena"]

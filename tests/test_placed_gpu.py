@@ -35,6 +35,11 @@ def test_capped_runs_allocate_outputs_at_their_slots_within_the_cap(replay):
         assert run["reserved_peak_bytes"] <= run["cap_bytes"], run
         assert run["graph"] is replay, run
         assert not any(n.startswith("outputs copied") for n in run["notes"]), run
+        if replay:  # one more replay profiled: the GPU's busy time in it (issue 14 item 4)
+            assert run["device_kernel_s"] > 0 and run["device_busy_s"] > 0, run
+            assert run["device_busy_s"] <= run["device_span_s"] * (1 + 1e-9), run
+        else:
+            assert run["device_busy_s"] is None, run
 
 
 def digests(name: str, use_placed: bool, device: str = "cuda") -> dict:

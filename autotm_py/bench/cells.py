@@ -113,10 +113,11 @@ class ModelRunner:
                                                                  s.solvers[0]),
                                          costs=self.costs, names=("all-fast",))["all-fast"]
                 if all_fast.feasible:
-                    measured = _median_and_peak(self._run(all_fast.plan, cap=False,
-                                                          graph_replay=s.graph))
+                    run = self._run(all_fast.plan, cap=False, graph_replay=s.graph)
+                    measured = _median_and_peak(run)
                     cols["measured_all_fast_s"] = measured[0]
                     cols["measured_all_fast_peak_bytes"] = measured[1]
+                    cols["measured_all_fast_device_busy_s"] = _device_busy(run)
             except AutoTMError as exc:
                 self._failures.append(f"all-fast failed: {_one_line(exc)[:160]}")
             cols.update(self._eager_columns())
@@ -304,7 +305,8 @@ class ModelRunner:
         request = child.RunRequest(model=self.source, batch=s.batch, dims=dict(s.dims),
                                    training=s.training, device=self._device,
                                    iterations=s.iterations, warmup=s.warmup, arena=True,
-                                   graph_replay=s.graph, placed=s.placed)
+                                   graph_replay=s.graph, placed=s.placed,
+                                   device_busy=s.graph)
         return self._guarded_run(plan, lambda: child.run_isolated(request, plan))
 
     def _measure_baseline(self, name: str, plan: Plan | None, config: PlanConfig
@@ -325,10 +327,12 @@ class ModelRunner:
 
     def _run(self, plan: Plan | None, *, cap: bool = True, graph_replay: bool = False):
         """A real run of `plan` in this process (None when there is no plan or the run
-        fails); `graph_replay`: replayed as a CUDA graph with static inputs."""
+        fails); `graph_replay`: replayed as a CUDA graph with static inputs, and then one
+        more replay profiled for the device's busy time (issue 14 item 4's measure)."""
         return self._guarded_run(plan, lambda: api.execute(
             self.graph, plan, device=self._device, iterations=self.spec.iterations,
-            warmup=self.spec.warmup, enforce_budget=cap, graph_replay=graph_replay))
+            warmup=self.spec.warmup, enforce_budget=cap, graph_replay=graph_replay,
+            device_busy=graph_replay))
 
     def _guarded_run(self, plan: Plan | None, run_it: Callable[[], Any]):
         """`run_it()`, or None when there is no plan or the run fails (noted in the row)."""
@@ -373,7 +377,13 @@ def _run_columns(run) -> dict[str, Any]:
             "measured_reserved_peak_bytes": getattr(run, "reserved_peak_bytes", None),
             "measured_replayed": getattr(run, "graph", None),
             "measured_placed_outputs": getattr(run, "placed_outputs", None),
-            "measured_copied_outputs": getattr(run, "copied_outputs", None)}
+            "measured_copied_outputs": getattr(run, "copied_outputs", None),
+            "measured_device_busy_s": _device_busy(run)}
+
+
+def _device_busy(run) -> float | None:
+    """How long the GPU worked in the run's profiled iteration (replayed runs only)."""
+    return getattr(run, "device_busy_s", None)
 
 
 def _median_and_peak(run) -> tuple[float | None, int | None]:

@@ -45,6 +45,7 @@ class RunRequest:
     arena: bool = False
     graph_replay: bool = False
     placed: bool = False
+    device_busy: bool = False
 
 
 def run_isolated(request: RunRequest, plan: Plan, *, timeout_s: float = CHILD_TIMEOUT_S
@@ -97,7 +98,8 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
                            training=req.training)
     result = api.execute(graph, plan, device=req.device, iterations=req.iterations,
                          warmup=req.warmup, enforce_budget=req.enforce_budget, arena=req.arena,
-                         graph_replay=req.graph_replay, placed=req.placed)
+                         graph_replay=req.graph_replay, placed=req.placed,
+                         device_busy=req.device_busy)
     return result.to_dict()
 
 

@@ -52,6 +52,10 @@ from autotm_py.units import format_bytes
                    "out= form at their planned slots (a C allocator compiled at first use; "
                    "without a C compiler the outputs are copied into their slots, as with "
                    "--no-placed).")
+@click.option("--device-busy", is_flag=True,
+              help="CUDA: profile one more iteration (torch profiler) and report how long the "
+                   "GPU worked in it (kernels, copies, memsets on any stream): the iteration "
+                   "time over it shows how long the GPU waited for the host.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random values.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the measurements here (JSON; `autotm report --measured` reads it).")
@@ -59,7 +63,7 @@ from autotm_py.units import format_bytes
 def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
             optimizer: str, plan_path: str, device: str, iterations: int, warmup: int,
             kernel_times: bool, no_cap: bool, arena: bool, graph_replay: bool, placed: bool,
-            seed: int,
+            device_busy: bool, seed: int,
             output: str | None, as_json: bool, no_fuse: bool = False) -> int:
     """Run PLAN on MODEL (the same model options as `optimize`) and report measured times.
 
@@ -82,7 +86,8 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     drift = costs_drift(plan.header, costs.digest, now.total_s)
     result = api.execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
                          seed=seed, kernel_times=kernel_times, enforce_budget=not no_cap,
-                         arena=arena, graph_replay=graph_replay, costs=costs, placed=placed)
+                         arena=arena, graph_replay=graph_replay, costs=costs, placed=placed,
+                         device_busy=device_busy)
     notes = {"estimated_kernels": _estimated(plan, costs), "kernels": len(graph.kernels),
              "weights": weights_note(graph, seed), "costs_warning": drift}
     if output:
@@ -142,6 +147,11 @@ def _print_summary(result, notes) -> None:
     if result.alloc_retries is not None:  # CUDA: on the CPU the host does the work itself
         click.echo(f"host: enqueueing an iteration took {result.host_median_s * 1e3:.3f} ms "
                    f"(median); allocator retries at the cap: {result.alloc_retries}")
+    if result.device_busy_s:
+        click.echo(f"device: busy {result.device_busy_s * 1e3:.3f} ms of a profiled "
+                   f"iteration's {result.device_span_s * 1e3:.3f} ms span (kernels "
+                   f"{result.device_kernel_s * 1e3:.3f} ms summed); median iteration / busy = "
+                   f"{result.median_s / result.device_busy_s:.3f}x")
     click.echo(f"weights: {notes['weights']}")
     if result.alloc_retries and result.placed_outputs is not None:
         click.echo("hint: under the placed allocator a retry is a request its region (the cap) "

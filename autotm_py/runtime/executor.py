@@ -125,6 +125,13 @@ class RunResult:
     # outputs per iteration that kernels allocated at their slots (the placed allocator,
     # `runtime.placed`); None where it was not installed
     placed_outputs: int | None = None
+    # CUDA, when asked (`device_busy`): one more iteration after the timed ones, profiled
+    # (`runtime.device_trace`): how long the GPU worked in it (any kernel, copy or memset on
+    # any stream), its span, and its kernels' summed device time. median_s / device_busy_s
+    # near 1: the GPU never waited for the host.
+    device_busy_s: float | None = None
+    device_span_s: float | None = None
+    device_kernel_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -739,7 +746,8 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
             enforce_budget: bool = True, cap_slack_bytes: int = CAP_SLACK_BYTES,
             deterministic: bool = False, per_iteration_kernel_times: bool = False,
             allocator_settings: str | None = DEFAULT_ALLOCATOR_SETTINGS, arena: bool = False,
-            graph_replay: bool = False, placed: bool = False) -> RunResult:
+            graph_replay: bool = False, placed: bool = False,
+            device_busy: bool = False) -> RunResult:
     """Run `warmup` + `iterations` iterations of a plan and measure the timed ones.
     `allocator_settings`: the CUDA caching allocator's settings (None: the environment's).
     `arena`: fast copies at the plan's planned offsets (`Plan.arena`); `graph_replay` (CUDA):
@@ -749,13 +757,18 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     `placed` (an arena on CUDA): install the placed allocator as torch's first
     (`runtime.placed`: kernels allocate their outputs at their slots; its region is the cap),
     possible only before the process first uses CUDA (else a note says the outputs were
-    copied); it stays torch's allocator for the rest of the process."""
+    copied); it stays torch's allocator for the rest of the process. `device_busy` (CUDA):
+    profile one more iteration and report how long the GPU worked in it
+    (`RunResult.device_busy_s`)."""
     plan.validate(graph)
     if iterations < 1 or warmup < 0:
         raise ConfigError("--iterations must be >= 1 and --warmup >= 0")
     if graph_replay and (not device.startswith("cuda") or kernel_times):
         raise ConfigError("--graph replays a CUDA graph: it needs --device cuda, and it does "
                           "not time single kernels (no --kernel-times)")
+    if device_busy and (not device.startswith("cuda") or kernel_times):
+        raise ConfigError("--device-busy profiles what the GPU does: it needs --device cuda, "
+                          "and not --kernel-times (whose events split the iteration)")
     not_placed = install_placed(plan, device, enforce_budget, cap_slack_bytes) \
         if placed and arena else None
     dev, executor = new_executor(graph, plan, device, seed, deterministic, kernel_times,
@@ -764,6 +777,7 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
     cap = apply_cap(plan.header.budget_bytes, dev, enforce_budget, cap_slack_bytes)
     try:
         timed = _timed_iterations(executor, iterations, warmup, graph_replay, cap)
+        activity = _profiled_iteration(executor, timed) if device_busy else None
     except BaseException as exc:
         _forget_frames(exc)
         executor.release()
@@ -798,7 +812,24 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
         copied_outputs=None if executor.slots is None else timed.copied,
         graph=timed.replayed, capture_reserved_bytes=timed.capture_reserved,
         placed_outputs=None if executor._placed is None else timed.placed,
+        device_busy_s=None if activity is None else activity.busy_s,
+        device_span_s=None if activity is None else activity.span_s,
+        device_kernel_s=None if activity is None else activity.kernel_s,
     )
+
+
+def _profiled_iteration(executor: Executor, timed: _Timed):
+    """One more iteration, as the timed ones ran (replayed or eager), under the profiler:
+    the device's busy time in it (`runtime.device_trace`). After the timed iterations, so
+    that tracing does not touch their times."""
+    from autotm_py.runtime.device_trace import profile_device
+
+    executor.prepare()
+    try:
+        return profile_device(executor.replay if timed.replayed else executor.run,
+                              executor.device)
+    except torch.OutOfMemoryError as exc:
+        raise ExecutionError(_out_of_memory(executor, exc)) from None
 
 
 def _same_place(value: torch.Tensor, slot: torch.Tensor) -> bool:

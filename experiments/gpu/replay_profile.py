@@ -32,24 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
 
+from autotm_py.runtime.device_trace import union_length as union  # noqa: E402
+
 COPIES = {"Memcpy HtoD": "h2d", "Memcpy DtoH": "d2h", "Memcpy DtoD": "d2d", "Memset": "memset"}
 
 
 def kind(name: str) -> str:
     return next((v for k, v in COPIES.items() if name.startswith(k)), "kernel")
-
-
-def union(intervals: list[tuple[int, int]]) -> int:
-    """Total length covered by the intervals."""
-    total, end = 0, None
-    for a, b in sorted(intervals):
-        if end is None or a > end:
-            total += b - a
-            end = b
-        elif b > end:
-            total += b - end
-            end = b
-    return total
 
 
 def summarize(events: list[dict], top_names: int = 0) -> dict:

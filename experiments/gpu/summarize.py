@@ -143,7 +143,29 @@ def targets(rows: list[dict]) -> str:
         above = [r for r in reserved if r["measured_reserved_peak_bytes"] > r["budget_bytes"]]
         out.append(f"- reserved peak above the budget: {len(above)} of {len(reserved)} runs; "
                    f"allocator retries: {sum(r.get('measured_alloc_retries') or 0 for r in rows)}")
+    out += busy_lines(rows)
     return "\n".join(out)
+
+
+def busy_lines(rows: list[dict]) -> list[str]:
+    """Issue 14 item 4: replayed iterations against the GPU's own work in them (the union
+    of kernels, copies and memsets of one profiled replay, `runtime.device_trace`)."""
+    plans = [(f"{r['model']} {budget_share(r['ratio'])} {r['strategy']}",
+              r["measured_s"] / r["measured_device_busy_s"])
+             for r in rows if r.get("measured_device_busy_s")]
+    all_fast = {r["model"]: r["measured_all_fast_s"] / r["measured_all_fast_device_busy_s"]
+                for r in rows if r.get("measured_all_fast_device_busy_s")}
+    out = []
+    if all_fast:
+        out.append("- all-fast replays / device busy time: " + ", ".join(
+            f"{m} {x:.3f}x" for m, x in all_fast.items()) + " (target 1.05x)")
+    if plans:
+        worst = max(plans, key=lambda p: p[1])
+        out.append(f"- plan replays / device busy time: median "
+                   f"{statistics.median(x for _, x in plans):.3f}x over {len(plans)} runs, "
+                   f"largest {worst[1]:.3f}x ({worst[0]}); over 1.05x: "
+                   f"{sum(x > 1.05 for _, x in plans)}")
+    return out
 
 
 def budget_share(ratio: str) -> str:
