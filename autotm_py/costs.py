@@ -29,13 +29,13 @@ REPLAY_GAP_S = 1.0e-6
 # arena - replayed with static inputs) / (2 x the bytes copied), same runs: ResNet-200 3.0 TB/s
 # (12.7 GB in 8.4 ms), DenseNet-264 3.5, GPT-2 small 2.6, BERT-base 1.8.
 SLOT_COPY_BYTES_PER_S = 3.0e12
-# The shortest a kernel keeps the GPU in a replay: what a kernel whose profile has no device
-# time costs there at least (in-context profiles time SGD updates and views only eagerly,
-# where a launch gap of 5-30 us hides the device time). Fitted on DenseNet-264 b32: its 797
-# kernels without a device time (795 SGD updates) took (61.5 - 59.9 ms) / 797 = 2.0 us each in
-# the all-fast iteration's device-time sum (H100 80GB HBM3, 2026-11-26); above it such a kernel
-# costs the bytes it reads and writes at `SLOT_COPY_BYTES_PER_S`.
-MIN_REPLAYED_KERNEL_S = 2.0e-6
+# A measured kernel without a device time launched no GPU work of its own in the profiled
+# iteration: a view, or an SGD update after the first of a run, which the executor runs as one
+# foreach launch at the run's first record (`runtime.reuse.update_runs`). Replayed, such a
+# kernel costs the bytes it reads and writes at `SLOT_COPY_BYTES_PER_S` and no node gap: the
+# foreach update streams them at about that rate. (Until 2026-11-28 each cost at least 2 us
+# plus the gap, fitted on DenseNet-264's updates launched one by one before the foreach
+# update: its replays were over-predicted by 3-4%, ResNet-50's all-fast replay by 6%.)
 # Host<->device copies in a replayed graph take this much longer than the same copies run
 # eagerly (their total time per direction, replay / eager, one iteration of the same plan at
 # planned addresses under the torch profiler: GPT-2 small 1:1, BERT-base 1:2, ResNet-200 1:3,
@@ -86,9 +86,10 @@ class KernelCosts:
         iteration at once, so each kernel costs its device time plus the graph's gap between
         two kernel nodes (`REPLAY_GAP_S`), plus copying `copied_bytes[k]` of its outputs into
         their arena slots (`SLOT_COPY_BYTES_PER_S`; None: a replay without an arena copies
-        none). A measured kernel without a device time costs its `io_bytes[k]` (read and
-        written) at that rate, at least `MIN_REPLAYED_KERNEL_S`, where `io_bytes` is given;
-        else, and for estimated kernels, its time as the profile has it."""
+        none). A measured kernel without a device time (it launched nothing of its own: a view,
+        an SGD update folded into its run's foreach launch) costs its `io_bytes[k]` (read and
+        written) at that rate, where `io_bytes` is given; else, and for estimated kernels, its
+        time as the profile has it."""
         if not self.device_s:
             return self
         n = len(self.times_s)
@@ -103,7 +104,7 @@ class KernelCosts:
             return self.device_s[k] + REPLAY_GAP_S
         if io_bytes is None or self.estimated[k]:
             return self.times_s[k]
-        return max(MIN_REPLAYED_KERNEL_S, io_bytes / SLOT_COPY_BYTES_PER_S) + REPLAY_GAP_S
+        return io_bytes / SLOT_COPY_BYTES_PER_S
 
     @property
     def total_s(self) -> float:

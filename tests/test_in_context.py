@@ -31,6 +31,14 @@ def test_in_context_times_sum_to_the_iteration(tmp_path):
     # per-signature medians of consecutive-event intervals: they sum to the iteration measured
     # in the same runs (medians of a few runs of a tiny graph: a loose tolerance)
     assert costs.total_s == pytest.approx(costs.summary["iteration_median_s"], rel=0.25)
+    # device times come with them (one more iteration, every kernel in a profiler range):
+    # the GPU work of every kernel but views and the SGD updates (the executor runs a run of
+    # updates as one foreach launch at its first record, so the others launch nothing), and
+    # no more than the iteration took
+    launching = [(k.op_type, d) for k, d in zip(graph.kernels, costs.device_s, strict=True)
+                 if k.op_type != "SGDUpdate"]
+    assert sum(d > 0 for _, d in launching) >= 0.9 * len(launching), launching
+    assert sum(costs.device_s) <= costs.summary["iteration_median_s"] * 1.1
 
 
 def test_in_context_entries_belong_to_their_graph(tmp_path):

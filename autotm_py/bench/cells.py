@@ -378,7 +378,8 @@ def _run_columns(run) -> dict[str, Any]:
             "measured_replayed": getattr(run, "graph", None),
             "measured_placed_outputs": getattr(run, "placed_outputs", None),
             "measured_copied_outputs": getattr(run, "copied_outputs", None),
-            "measured_device_busy_s": _device_busy(run)}
+            "measured_device_busy_s": _device_busy(run),
+            "measured_device_span_s": getattr(run, "device_span_s", None)}
 
 
 def _device_busy(run) -> float | None:

@@ -40,7 +40,8 @@ COLUMNS = (
     "measured_save_on_cpu_peak_bytes", "measured_checkpoint_s",
     "measured_checkpoint_peak_bytes", "checkpoint_segments", "measured_reserved_peak_bytes",
     "measured_replayed", "measured_placed_outputs", "measured_copied_outputs",
-    "measured_device_busy_s", "measured_all_fast_device_busy_s", "error", "notes",
+    "measured_device_busy_s", "measured_device_span_s", "measured_all_fast_device_busy_s",
+    "error", "notes",
     "machine", "device_name", "versions", "date",
 )
 

@@ -153,6 +153,8 @@ def busy_lines(rows: list[dict]) -> list[str]:
     plans = [(f"{r['model']} {budget_share(r['ratio'])} {r['strategy']}",
               r["measured_s"] / r["measured_device_busy_s"])
              for r in rows if r.get("measured_device_busy_s")]
+    spans = [r["measured_device_span_s"] / r["measured_device_busy_s"]
+             for r in rows if r.get("measured_device_span_s") and r.get("measured_device_busy_s")]
     all_fast = {r["model"]: r["measured_all_fast_s"] / r["measured_all_fast_device_busy_s"]
                 for r in rows if r.get("measured_all_fast_device_busy_s")}
     out = []
@@ -165,6 +167,10 @@ def busy_lines(rows: list[dict]) -> list[str]:
                    f"{statistics.median(x for _, x in plans):.3f}x over {len(plans)} runs, "
                    f"largest {worst[1]:.3f}x ({worst[0]}); over 1.05x: "
                    f"{sum(x > 1.05 for _, x in plans)}")
+    if spans:
+        out.append(f"- profiled replay's span / its busy time: median "
+                   f"{statistics.median(spans):.3f}x over {len(spans)} runs, largest "
+                   f"{max(spans):.3f}x")
     return out
 
 
