@@ -34,6 +34,7 @@ _EXPORTS = {
     "optimize": "autotm_py.api",
     "simulate": "autotm_py.api",
     "execute": "autotm_py.api",
+    "use_placed_allocator": "autotm_py.api",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

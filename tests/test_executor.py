@@ -261,14 +261,20 @@ def test_steady_pairs_live_at_once_are_copied_at_the_boundary():
     costs = KernelCosts.from_times("cuda", [
         t * (0.01 if k.op_type == "BatchNormalization" else 1.0)
         for k, t in zip(graph.kernels, base.times_s, strict=True)])
-    budget = int(graph.max_working_set[0] + 0.6 * (graph.peak_live_bytes
-                                                   - graph.max_working_set[0]))
-    probe = machine_for(graph, PlanConfig(fast_mem_bytes=budget, device="cuda", arena=True), costs)
-    plan = optimize(graph, PlanConfig(fast_mem_bytes=budget + probe.scratch_reserve,
-                                      device="cuda", strategy="async", arena=True,
-                                      recompute="on", solver="highs"), costs=costs).plan
-    assert plan is not None and plan.arena is not None, plan and plan.header.notes
-    life = arena.lifetimes(replace(machine_for_plan(graph, plan, costs), arena=True), plan)
+    # which budget's optimum frees a weight a kernel after its update depends on the solver's
+    # choice among equal plans: the first of these budgets whose plan has such a pair
+    for share in (0.6, 0.7, 0.8, 0.5):
+        budget = int(graph.max_working_set[0] + share * (graph.peak_live_bytes
+                                                         - graph.max_working_set[0]))
+        probe = machine_for(graph, PlanConfig(fast_mem_bytes=budget, device="cuda", arena=True),
+                            costs)
+        plan = optimize(graph, PlanConfig(fast_mem_bytes=budget + probe.scratch_reserve,
+                                          device="cuda", strategy="async", arena=True,
+                                          recompute="on", solver="highs"), costs=costs).plan
+        assert plan is not None and plan.arena is not None, plan and plan.header.notes
+        life = arena.lifetimes(replace(machine_for_plan(graph, plan, costs), arena=True), plan)
+        if life.boundary:
+            break
     assert life.boundary, "the case needs a pair copied at the boundary"
     simulate(graph, plan, costs=costs)  # strict: the verifier accepts the boundary copies
     reference = train_steps(graph, steps=STEPS, seed=7)

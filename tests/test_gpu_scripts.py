@@ -4,6 +4,7 @@ that the script runs a plan the way the GPU run would and writes the results it 
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -139,3 +140,22 @@ def test_summarize_reads_the_committed_arena_benchmark():
     assert "resnet200 25%: 4.08x faster than async" in text
     assert "measured peak above the budget: 0 of" in text
     assert "reserved peak above the budget: 0 of" in text
+
+
+def test_replay_busy_reads_every_committed_bench_plan_name():
+    """experiments/gpu/replay_busy.py takes the cell of a plan from its file name (the names
+    `autotm bench --plans` writes): every committed benchmark plan parses, to the batch, dims
+    and ratio it was solved for, and `--all-fast MODEL/BATCH/DIM=V` gives the same cells."""
+    sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
+    import replay_busy
+
+    plans = sorted((ROOT / "experiments" / "plans" / "bench_arena").glob("*.json.gz"))
+    assert plans
+    for path in plans:
+        cell = replay_busy.cell_of(path)
+        header = json.loads(gzip.decompress(path.read_bytes()))["header"]
+        assert cell["ratio"] == header["config"]["ratio"], path.name
+        assert cell["strategy"] in path.name and cell["training"]
+    bert = replay_busy.cell_of(next(p for p in plans if p.name.startswith("bert_base")))
+    assert (bert["batch"], bert["dims"]) == (16, {"seq": 512})
+    assert replay_busy.all_fast_cell("bert_base/16/seq=512")["dims"] == bert["dims"]

@@ -109,3 +109,19 @@ def test_random_spread_plans_verify_and_join_no_later(strategy, data):
     assert sim.total_s <= joined_at_steps * (1 + 1e-9)
     assert sim.fast_peak_bytes <= budget
     assert sim.total_s >= res.all_fast_time_s * (1 - 1e-9)
+
+
+def test_highs_tells_apart_plans_a_microsecond_apart():
+    """The case the slow profile found (CI, 2026-11-28): HiGHS, given the objective in
+    milliseconds, called a static plan 0.65 us slower than first-touch optimal at gap 0 (its
+    presolve lost cost differences of 1e-4 ms). It sees microseconds now
+    (`solvers.HIGHS_OBJECTIVE_SCALE`) and finds first-touch's time, as CBC does."""
+    graph = random_dag(586, n_kernels=8)
+    costs = costs_for(graph, "cpu", seed=len(graph.kernels), scale_s=1e-3)
+    cfg = PlanConfig.for_plan_name("static", device="cpu", memory="optane",
+                                   fast_mem_bytes=45440, solver="highs", gap=0.0,
+                                   async_window=4, pin_weights=True)
+    res = optimize(graph, cfg, costs=costs, baselines=("first-touch",))
+    first_touch = res.baselines["first-touch"]
+    assert res.status == "optimal" and first_touch.feasible
+    assert res.predicted_time_s <= first_touch.time_s * (1 + 1e-9)

@@ -312,6 +312,15 @@ def _wait_uninterrupted(done: threading.Event, seconds: float) -> bool:
                 return done.is_set()
 
 
+# HiGHS gets the objective in microseconds (the formulation's milliseconds x 1000), and every
+# objective value it reports is divided back. In milliseconds, the costs that tell two plans
+# of a small model apart are 1e-4 to 1e-3 units, where HiGHS's presolve loses them: on a random
+# 8-kernel DAG (static strategy, 2.147 ms per iteration; tests/test_planning_properties.py)
+# it called a plan 0.65 us slower than first-touch, a point of its own space, optimal at gap
+# 0, where CBC, HiGHS without presolve, or the objective scaled up all found first-touch's.
+HIGHS_OBJECTIVE_SCALE = 1e3
+
+
 class BulkHiGHS(pulp.HiGHS):  # type: ignore[misc]
     """PuLP's HiGHS interface with the model passed in bulk from numpy arrays, a MIP start
     from the variables' current values when `warm_start`, and the solve run in a thread while
@@ -366,12 +375,13 @@ class BulkHiGHS(pulp.HiGHS):  # type: ignore[misc]
         control = self.control
 
         def improving(event: Any) -> None:
-            control.report(incumbent=event.data_out.objective_function_value + constant)
+            control.report(incumbent=event.data_out.objective_function_value
+                           / HIGHS_OBJECTIVE_SCALE + constant)
 
         def interrupt(event: Any) -> None:
             out = event.data_out
             if np.isfinite(out.mip_dual_bound):
-                control.report(bound=out.mip_dual_bound + constant)
+                control.report(bound=out.mip_dual_bound / HIGHS_OBJECTIVE_SCALE + constant)
             if self.abort or control.stop_requested:
                 event.interrupt()
 
@@ -389,7 +399,8 @@ class BulkHiGHS(pulp.HiGHS):  # type: ignore[misc]
         objective = lp.objective or {}
         lower = np.array([-inf if v.lowBound is None else v.lowBound for v in variables])
         upper = np.array([inf if v.upBound is None else v.upBound for v in variables])
-        cost = np.array([objective.get(v, 0.0) for v in variables], dtype=float)
+        cost = np.array([objective.get(v, 0.0) for v in variables], dtype=float) * \
+            HIGHS_OBJECTIVE_SCALE
         h = lp.solverModel
         h.addCols(len(variables), cost, lower, upper, 0, np.zeros(0, np.int32),
                   np.zeros(0, np.int32), np.zeros(0))
@@ -457,7 +468,7 @@ def _solve_highs(prob: pulp.LpProblem, gap: float, time_limit: float | None,
 def _returned_another_solution(prob: pulp.LpProblem) -> bool:
     """Whether the values HiGHS returned (now on the variables) are not the solution whose
     objective it reports."""
-    reported = prob.solverModel.getInfo().objective_function_value + \
+    reported = prob.solverModel.getInfo().objective_function_value / HIGHS_OBJECTIVE_SCALE + \
         (prob.objective.constant if prob.objective else 0.0)
     returned = pulp.value(prob.objective)
     return abs(returned - reported) > 1e-9 * max(1.0, abs(reported))
@@ -481,7 +492,8 @@ def _solve_highs_once(prob: pulp.LpProblem, gap: float, time_limit: float | None
     model_status = h.getModelStatus()
     info = h.getInfo()
     has = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    bound = _finite(info.mip_dual_bound + (prob.objective.constant if prob.objective else 0.0))
+    bound = _finite(info.mip_dual_bound / HIGHS_OBJECTIVE_SCALE +
+                    (prob.objective.constant if prob.objective else 0.0))
     final_gap = _finite(max(info.mip_gap, 0.0))  # inf when stopped before any bound
     if model_status == highspy.HighsModelStatus.kInfeasible:
         return _Ended("infeasible")

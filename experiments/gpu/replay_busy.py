@@ -11,6 +11,9 @@ on any stream). The baselines are not run (the benchmark's rows have them); the 
 reference is rerun here, in the same call.
 
     python3 experiments/gpu/replay_busy.py OUT.json PLAN.json.gz [PLAN...] [--iterations 5]
+    python3 experiments/gpu/replay_busy.py OUT.json --all-fast vgg19/64 bert_base/16/seq=512
+
+(`--all-fast MODEL/BATCH[/DIM=VALUE...]`: a model's all-fast replay alone, training.)
 
 Prints one line per run and writes the rows to OUT.json (after every run: a call cut short
 keeps what it measured).
@@ -56,6 +59,14 @@ def cell_of(path: Path) -> dict:
             "strategy": found["strategy"], "options": found["options"]}
 
 
+def all_fast_cell(text: str) -> dict:
+    """MODEL/BATCH[/DIM=VALUE...] -> a cell whose only run is the model's all-fast replay."""
+    model, batch, *dims = text.split("/")
+    return {"model": model, "batch": int(batch), "training": True, "ratio": None,
+            "strategy": "all-fast", "options": None,
+            "dims": {k: int(v) for k, v in (d.split("=") for d in dims)}}
+
+
 def request_for(cell: dict, iterations: int, *, plan_run: bool) -> child.RunRequest:
     return child.RunRequest(model=cell["model"], batch=cell["batch"], dims=cell["dims"],
                             training=cell["training"], device="cuda:0", iterations=iterations,
@@ -84,10 +95,12 @@ def measured(cell: dict, label: str, run) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("plans", nargs="+", type=Path)
+    parser.add_argument("plans", nargs="*", type=Path)
+    parser.add_argument("--all-fast", nargs="*", default=[], metavar="MODEL/BATCH[/DIM=V]")
     parser.add_argument("--iterations", type=int, default=5)
     args = parser.parse_args()
-    cells = [(path, cell_of(path)) for path in args.plans]
+    cells = [(path, cell_of(path)) for path in args.plans] + \
+        [(None, all_fast_cell(text)) for text in args.all_fast]
     rows: list[dict] = []
     done_models: set[str] = set()
     for path, cell in cells:
@@ -95,7 +108,8 @@ def main() -> int:
         if cell["model"] not in done_models:  # the model's all-fast replay, once
             done_models.add(cell["model"])
             jobs.append(("all-fast", lambda c=cell: all_fast_plan(c), False))
-        jobs.append((path.name, lambda p=path: Plan.load(p), True))
+        if path is not None:
+            jobs.append((path.name, lambda p=path: Plan.load(p), True))
         for label, plan_of, plan_run in jobs:
             started = time.time()
             try:
