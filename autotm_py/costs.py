@@ -29,13 +29,6 @@ REPLAY_GAP_S = 1.0e-6
 # arena - replayed with static inputs) / (2 x the bytes copied), same runs: ResNet-200 3.0 TB/s
 # (12.7 GB in 8.4 ms), DenseNet-264 3.5, GPT-2 small 2.6, BERT-base 1.8.
 SLOT_COPY_BYTES_PER_S = 3.0e12
-# A measured kernel without a device time launched no GPU work of its own in the profiled
-# iteration: a view, or an SGD update after the first of a run, which the executor runs as one
-# foreach launch at the run's first record (`runtime.reuse.update_runs`). Replayed, such a
-# kernel costs the bytes it reads and writes at `SLOT_COPY_BYTES_PER_S` and no node gap: the
-# foreach update streams them at about that rate. (Until 2026-11-28 each cost at least 2 us
-# plus the gap, fitted on DenseNet-264's updates launched one by one before the foreach
-# update: its replays were over-predicted by 3-4%, ResNet-50's all-fast replay by 6%.)
 # Host<->device copies in a replayed graph take this much longer than the same copies run
 # eagerly (their total time per direction, replay / eager, one iteration of the same plan at
 # planned addresses under the torch profiler: GPT-2 small 1:1, BERT-base 1:2, ResNet-200 1:3,
@@ -100,6 +93,14 @@ class KernelCosts:
         return replace(self, times_s=times)
 
     def _replayed_time(self, k: int, io_bytes: int | None) -> float:
+        # A measured kernel without a device time launched no GPU work of its own in the
+        # profiled iteration: a view, or an SGD update after the first of a run, which the
+        # executor runs as one foreach launch at the run's first record
+        # (`runtime.reuse.update_runs`). Replayed, it costs the bytes it reads and writes at
+        # `SLOT_COPY_BYTES_PER_S` and no node gap: the foreach update streams them at about
+        # that rate. (Until 2026-11-28 each cost at least 2 us plus the gap, fitted on
+        # DenseNet-264's updates launched one by one before the foreach update: its replays
+        # were over-predicted by 3-4%, ResNet-50's all-fast replay by 6%.)
         if self.device_s[k] > 0:
             return self.device_s[k] + REPLAY_GAP_S
         if io_bytes is None or self.estimated[k]:

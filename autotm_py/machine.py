@@ -106,8 +106,8 @@ class MachineModel:
         """Per kernel, the bytes it reads and writes (its distinct inputs and outputs): their
         real sizes, not `io_bytes`' accounted ones, which count a pinned weight as 0 bytes
         although the kernel still reads it."""
-        sizes = [t.nbytes for t in self.graph.tensors]
-        return [sum(sizes[t] for t in set(k.io)) for k in self.graph.kernels]
+        sizes = self.graph.tensor_bytes
+        return [int(sum(sizes[t] for t in set(k.io))) for k in self.graph.kernels]
 
     def _slot_copy_bytes(self) -> list[int] | None:
         """Per kernel, the bytes a replay copies into arena slots: a plan with an arena replays

@@ -117,7 +117,8 @@ class ModelRunner:
                     measured = _median_and_peak(run)
                     cols["measured_all_fast_s"] = measured[0]
                     cols["measured_all_fast_peak_bytes"] = measured[1]
-                    cols["measured_all_fast_device_busy_s"] = _device_busy(run)
+                    cols["measured_all_fast_device_busy_s"] = getattr(run, "device_busy_s",
+                                                                      None)
             except AutoTMError as exc:
                 self._failures.append(f"all-fast failed: {_one_line(exc)[:160]}")
             cols.update(self._eager_columns())
@@ -378,13 +379,8 @@ def _run_columns(run) -> dict[str, Any]:
             "measured_replayed": getattr(run, "graph", None),
             "measured_placed_outputs": getattr(run, "placed_outputs", None),
             "measured_copied_outputs": getattr(run, "copied_outputs", None),
-            "measured_device_busy_s": _device_busy(run),
+            "measured_device_busy_s": getattr(run, "device_busy_s", None),
             "measured_device_span_s": getattr(run, "device_span_s", None)}
-
-
-def _device_busy(run) -> float | None:
-    """How long the GPU worked in the run's profiled iteration (replayed runs only)."""
-    return getattr(run, "device_busy_s", None)
 
 
 def _median_and_peak(run) -> tuple[float | None, int | None]:

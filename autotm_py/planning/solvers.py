@@ -321,6 +321,16 @@ def _wait_uninterrupted(done: threading.Event, seconds: float) -> bool:
 HIGHS_OBJECTIVE_SCALE = 1e3
 
 
+def _objective_constant(lp: pulp.LpProblem) -> float:
+    """The objective's constant, which HiGHS never sees (it is added to what HiGHS reports)."""
+    return lp.objective.constant if lp.objective else 0.0
+
+
+def _from_highs(value: float, constant: float) -> float:
+    """An objective value HiGHS reports, in the formulation's units (milliseconds)."""
+    return value / HIGHS_OBJECTIVE_SCALE + constant
+
+
 class BulkHiGHS(pulp.HiGHS):  # type: ignore[misc]
     """PuLP's HiGHS interface with the model passed in bulk from numpy arrays, a MIP start
     from the variables' current values when `warm_start`, and the solve run in a thread while
@@ -343,7 +353,7 @@ class BulkHiGHS(pulp.HiGHS):  # type: ignore[misc]
 
     def callSolver(self, lp: pulp.LpProblem) -> None:  # PuLP's method name
         h = lp.solverModel
-        constant = lp.objective.constant if lp.objective else 0.0
+        constant = _objective_constant(lp)
         self._subscribe(h, constant)
         # Waited for on an Event, not with Thread.join: a signal handler that raises inside
         # join (Ctrl-C, SIGTERM) leaves CPython 3.11 believing the thread has ended while
@@ -375,13 +385,13 @@ class BulkHiGHS(pulp.HiGHS):  # type: ignore[misc]
         control = self.control
 
         def improving(event: Any) -> None:
-            control.report(incumbent=event.data_out.objective_function_value
-                           / HIGHS_OBJECTIVE_SCALE + constant)
+            control.report(incumbent=_from_highs(event.data_out.objective_function_value,
+                                                 constant))
 
         def interrupt(event: Any) -> None:
             out = event.data_out
             if np.isfinite(out.mip_dual_bound):
-                control.report(bound=out.mip_dual_bound / HIGHS_OBJECTIVE_SCALE + constant)
+                control.report(bound=_from_highs(out.mip_dual_bound, constant))
             if self.abort or control.stop_requested:
                 event.interrupt()
 
@@ -468,8 +478,8 @@ def _solve_highs(prob: pulp.LpProblem, gap: float, time_limit: float | None,
 def _returned_another_solution(prob: pulp.LpProblem) -> bool:
     """Whether the values HiGHS returned (now on the variables) are not the solution whose
     objective it reports."""
-    reported = prob.solverModel.getInfo().objective_function_value / HIGHS_OBJECTIVE_SCALE + \
-        (prob.objective.constant if prob.objective else 0.0)
+    reported = _from_highs(prob.solverModel.getInfo().objective_function_value,
+                           _objective_constant(prob))
     returned = pulp.value(prob.objective)
     return abs(returned - reported) > 1e-9 * max(1.0, abs(reported))
 
@@ -492,8 +502,7 @@ def _solve_highs_once(prob: pulp.LpProblem, gap: float, time_limit: float | None
     model_status = h.getModelStatus()
     info = h.getInfo()
     has = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    bound = _finite(info.mip_dual_bound / HIGHS_OBJECTIVE_SCALE +
-                    (prob.objective.constant if prob.objective else 0.0))
+    bound = _finite(_from_highs(info.mip_dual_bound, _objective_constant(prob)))
     final_gap = _finite(max(info.mip_gap, 0.0))  # inf when stopped before any bound
     if model_status == highspy.HighsModelStatus.kInfeasible:
         return _Ended("infeasible")

@@ -82,7 +82,7 @@ def all_fast_plan(cell: dict) -> Plan:
 
 
 def measured(cell: dict, label: str, run) -> dict:
-    row = {**cell, "run": label, "dims": cell["dims"]}
+    row = {**cell, "run": label}
     for key in ("median_s", "device_busy_s", "device_span_s", "device_kernel_s",
                 "predicted_time_s", "reserved_peak_bytes", "budget_bytes", "alloc_retries",
                 "graph", "placed_outputs", "copied_outputs", "device_name", "notes"):
