@@ -18,7 +18,7 @@ For each model (same shapes, fp32, SGD, one training iteration):
 
     python3 experiments/gpu/native_compare.py OUT_DIR [--models resnet200,bert_base]
         [--shares 0.5,0.25] [--iterations 10] [--no-fuse] [--small] [--no-ops]
-        [--compile 0.5,0.2] [--no-native-checkpoint]
+        [--compile 0.5,0.2] [--no-native-checkpoint] [--no-ours]
 
 Writes OUT_DIR/native_compare.json (rows and op tables) and prints a summary. `--small` runs
 tiny shapes (a smoke test of the script itself; its times mean nothing).
@@ -349,6 +349,9 @@ def main() -> int:
                              "with these activation_memory_budget values, first that fits "
                              "(e.g. 0.5,0.2; minutes of compiling each)")
     parser.add_argument("--no-native-checkpoint", action="store_true")
+    parser.add_argument("--no-ours", action="store_true",
+                        help="skip our executor's runs (e.g. torch.compile beside plans "
+                             "replayed by replay_busy.py in the same call)")
     args = parser.parse_args()
     configure_cuda(deterministic=False)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -370,7 +373,7 @@ def main() -> int:
                "native_checkpoint": {} if args.no_native_checkpoint else
                {s: measure_native(name, batch, dims, args.iterations, b)
                 for s, b in budgets.items()},
-               "ours": measure_ours(graph, args.iterations, budgets)}
+               "ours": None if args.no_ours else measure_ours(graph, args.iterations, budgets)}
         if args.compile:
             fractions = [float(f) for f in args.compile.split(",")]
             row["native_compiled"] = {s: measure_compiled(name, batch, dims, args.iterations,
