@@ -29,16 +29,23 @@ REPLAY_GAP_S = 1.0e-6
 # arena - replayed with static inputs) / (2 x the bytes copied), same runs: ResNet-200 3.0 TB/s
 # (12.7 GB in 8.4 ms), DenseNet-264 3.5, GPT-2 small 2.6, BERT-base 1.8.
 SLOT_COPY_BYTES_PER_S = 3.0e12
-# Host<->device copies in a replayed graph take this much longer than the same copies run
-# eagerly (their total time per direction, replay / eager, one iteration of the same plan at
-# planned addresses under the torch profiler: GPT-2 small 1:1, BERT-base 1:2, ResNet-200 1:3,
-# Inception-v4 1:3; median of the 8 ratios 1.107, range 1.03-1.13 (BERT-base 1:1: 1.09 and
-# 1.13); H100 80GB HBM3, torch 2.11, 2026-11-27, experiments/gpu/replay_profile.py). The
-# kernels take the same time,
-# both directions rarely copy at once (under 2% of the copy time, eager and replayed), and a
-# miniature of the pattern copies as fast in a graph (graph_copy_probe.py): the cause is not
-# known, so this is a fitted factor, applied to every copy of a plan priced for replay.
-REPLAY_COPY_SLOWDOWN = 1.11
+# Host<->device copies in a replayed graph take longer than the same copies run eagerly, and
+# more so towards the host: per direction, the total copy time of one iteration of the same plan
+# at planned addresses, replay / eager, under the torch profiler
+# (experiments/gpu/replay_profile.py), H100 80GB HBM3, 2026-11-28, on today's executor (placed
+# allocator, foreach updates): ResNet-50 b32 move-only at 50% and 25% and ResNet-200 b32 move-
+# only at 50%, to the device 1.036, 1.024, 1.041, to the host 1.134, 1.117, 1.134; the factors
+# are their medians. Profiled on 2026-11-27 on the executor of then (outputs copied into their
+# slots), the host-bound direction was the same (1.09-1.13, six profiles) but copies to the
+# device slowed by 1.09-1.12 in five of them (GPT-2 small twice, BERT-base at 50% and 33%,
+# ResNet-200 at 25%) and 1.025 in one (Inception-v4 at 25%). The kernels take the same time
+# replayed, both directions rarely copy at once (under 2% of the copy time) and a miniature of
+# the pattern copies as fast in a graph (graph_copy_probe.py): the cause is not known, so these
+# are measured factors, applied to every copy of a plan priced for replay
+# (`MachineModel.copying`; until 2026-11-28 one factor, 1.11, both ways, which over-priced
+# ResNet-50's plans by 4-5%).
+REPLAY_TO_FAST_SLOWDOWN = 1.04
+REPLAY_TO_SLOW_SLOWDOWN = 1.13
 
 
 @dataclass(frozen=True)

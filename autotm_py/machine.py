@@ -19,14 +19,15 @@ object, so that a plan's predicted time is the same number whoever computes it:
 - bytes: `accounting.aligned` sizes; pinned tensors outside the budget; the workspace of a
   kernel counts while it runs.
 
-`graph_replay` (GPU mode): the iteration is replayed as a CUDA graph (`autotm run --graph`),
-so the host enqueues it at once and no kernel waits for its dispatch: every kernel costs its
-device time (`KernelCosts.replayed`), for the ILP's objective and both clocks of the simulator
-alike, and every copy costs `costs.REPLAY_COPY_SLOWDOWN` times its eager time (`copying`: copies
-in a replayed graph measured slower on the H100). With `arena` the replay also copies the
-outputs torch allocates into their slots; without, it replays with static inputs on torch's
-caching allocator (under the cap when the budget is set) and copies nothing, and like an eager
-plan on that allocator it needs `headroom` for fragmentation.
+`graph_replay` (GPU mode): the iteration is replayed as a CUDA graph (`autotm run --graph`), so
+the host enqueues it at once and no kernel waits for its dispatch: every kernel costs its device
+time (`KernelCosts.replayed`), for the ILP's objective and both clocks of the simulator alike,
+and every copy costs `costs.REPLAY_TO_FAST_SLOWDOWN` or `REPLAY_TO_SLOW_SLOWDOWN` times its
+eager time, by direction (`copying`: copies in a replayed graph measured slower on the H100).
+With `arena` the replay also copies the outputs torch allocates into their slots; without, it
+replays with static inputs on torch's caching allocator (under the cap when the budget is set)
+and copies nothing, and like an eager plan on that allocator it needs `headroom` for
+fragmentation.
 
 `arena` (GPU mode): the plan runs in an arena (`autotm_py.arena`): its tensors at planned
 offsets, and what kernels allocate themselves (workspace, outputs they cannot write in place:
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autotm_py.costs import REPLAY_COPY_SLOWDOWN
+from autotm_py.costs import REPLAY_TO_FAST_SLOWDOWN, REPLAY_TO_SLOW_SLOWDOWN
 from autotm_py.errors import ConfigError
 from autotm_py.memory import accounting
 from autotm_py.memory.scratch import allocated_outputs
@@ -300,10 +301,12 @@ class MachineModel:
     @cached_property
     def copying(self) -> MemorySystem:
         """The memory system that prices copies: `memory`, with every copy
-        `costs.REPLAY_COPY_SLOWDOWN` times longer where the plan is priced for CUDA-graph
+        `costs.REPLAY_TO_FAST_SLOWDOWN` / `REPLAY_TO_SLOW_SLOWDOWN` times longer, by
+        direction, where the plan is priced for CUDA-graph
         replay (`memory` itself, with the link as measured, is what the plan records)."""
         if self.replays:
-            return self.memory.with_copies_slower(REPLAY_COPY_SLOWDOWN)
+            return self.memory.with_copies_slower(REPLAY_TO_FAST_SLOWDOWN,
+                                                  REPLAY_TO_SLOW_SLOWDOWN)
         return self.memory
 
     def copy_time(self, tid: int, to_tier: str, mode: str) -> float:

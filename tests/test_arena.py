@@ -266,10 +266,10 @@ def test_graph_replay_prices_device_times():
 
 
 def test_graph_replay_prices_copies_slower_and_records_the_measured_link(monkeypatch):
-    """A plan priced for replay charges each copy REPLAY_COPY_SLOWDOWN times its eager time
-    (in the ILP's objective and the simulator alike), while its header keeps the link as
+    """A plan priced for replay charges each copy its direction's replay factor times its eager
+    time (in the ILP's objective and the simulator alike), while its header keeps the link as
     measured, so a re-simulation applies the factor once."""
-    from autotm_py.costs import REPLAY_COPY_SLOWDOWN
+    from autotm_py.costs import REPLAY_TO_FAST_SLOWDOWN, REPLAY_TO_SLOW_SLOWDOWN
     graph = small_training()
     n = len(graph.kernels)
     costs = replace(KernelCosts.from_times("cuda", [1e-6] * n), device_s=(1e-6,) * n)
@@ -279,9 +279,11 @@ def test_graph_replay_prices_copies_slower_and_records_the_measured_link(monkeyp
     replayed = MachineModel(graph, memory, costs, graph_replay=True)
     tid = max(range(len(graph.tensors)), key=lambda t: graph.tensors[t].nbytes)
     for mode in ("sync", "async"):
-        moved = replayed.copy_time(tid, FAST, mode) - memory.link.latency_s
-        assert moved == pytest.approx(REPLAY_COPY_SLOWDOWN
-                                      * (eager.copy_time(tid, FAST, mode) - memory.link.latency_s))
+        for tier, factor in ((FAST, REPLAY_TO_FAST_SLOWDOWN), (SLOW, REPLAY_TO_SLOW_SLOWDOWN)):
+            moved = replayed.copy_time(tid, tier, mode) - memory.link.latency_s
+            assert moved == pytest.approx(
+                factor * (eager.copy_time(tid, tier, mode) - memory.link.latency_s))
+    assert REPLAY_TO_SLOW_SLOWDOWN > REPLAY_TO_FAST_SLOWDOWN > 1.0
     assert replayed.step_time(0.0, [(tid, SLOW)]) > eager.step_time(0.0, [(tid, SLOW)])
     config = PlanConfig(device="cuda", graph=True, fast_mem_bytes=budget, reserve_bytes=0,
                         strategy="sync")
@@ -290,7 +292,8 @@ def test_graph_replay_prices_copies_slower_and_records_the_measured_link(monkeyp
     assert plan.header.memory_system["link"] == memory.to_dict()["link"]
     assert plan.records and any(isinstance(r, Move) for r in plan.records), "no copies to price"
     replay = simulate(graph, plan, costs=costs).total_s
-    monkeypatch.setattr("autotm_py.machine.REPLAY_COPY_SLOWDOWN", 1.0)
+    monkeypatch.setattr("autotm_py.machine.REPLAY_TO_FAST_SLOWDOWN", 1.0)
+    monkeypatch.setattr("autotm_py.machine.REPLAY_TO_SLOW_SLOWDOWN", 1.0)
     assert simulate(graph, plan, costs=costs).total_s < replay  # copy-bound: 1 us kernels
 
 

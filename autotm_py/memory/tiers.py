@@ -73,13 +73,15 @@ class MemorySystem:
     # get budget - reserve and the process as a whole stays within the budget.
     runtime_reserve_bytes: int = 0
 
-    def with_copies_slower(self, factor: float) -> MemorySystem:
-        """The same system with every copy bandwidth of its link divided by `factor`."""
+    def with_copies_slower(self, to_fast: float, to_slow: float) -> MemorySystem:
+        """The same system with its link's bandwidths into the fast tier divided by `to_fast`
+        and into the slow tier by `to_slow` (both directions at once: by their mean)."""
         link = self.link
-        both = None if link.both_directions_bw is None else link.both_directions_bw / factor
+        both = None if link.both_directions_bw is None else \
+            link.both_directions_bw / ((to_fast + to_slow) / 2)
         return replace(self, link=replace(
-            link, read_bw=link.read_bw / factor, write_bw=link.write_bw / factor,
-            async_read_bw=link.async_read_bw / factor, async_write_bw=link.async_write_bw / factor,
+            link, read_bw=link.read_bw / to_fast, async_read_bw=link.async_read_bw / to_fast,
+            write_bw=link.write_bw / to_slow, async_write_bw=link.async_write_bw / to_slow,
             both_directions_bw=both))
 
     def with_budget(self, budget_bytes: int | None) -> MemorySystem:
