@@ -33,11 +33,11 @@ SLOT_COPY_BYTES_PER_S = 3.0e12
 # more so towards the host: per direction, the total copy time of one iteration of the same plan
 # at planned addresses, replay / eager, under the torch profiler
 # (experiments/gpu/replay_profile.py), H100 80GB HBM3, 2026-11-28, on today's executor (placed
-# allocator, foreach updates): ResNet-50 b32 move-only at 50% and 25% and ResNet-200 b32 move-
-# only at 50%, to the device 1.036, 1.024, 1.041, to the host 1.134, 1.117, 1.134; the factors
-# are their medians. Profiled on 2026-11-27 on the executor of then (outputs copied into their
-# slots), the host-bound direction was the same (1.09-1.13, six profiles) but copies to the
-# device slowed by 1.09-1.12 in five of them (GPT-2 small twice, BERT-base at 50% and 33%,
+# allocator, foreach updates): ResNet-50 b32 move-only at 50% and 25% and ResNet-200 b32
+# move-only at 50%, to the device 1.036, 1.024, 1.041, to the host 1.134, 1.117, 1.134; the
+# factors are their medians. Profiled on 2026-11-27 on the executor of then (outputs copied into
+# their slots), the host-bound direction was the same (1.09-1.13, six profiles) but copies to
+# the device slowed by 1.09-1.12 in five of them (GPT-2 small twice, BERT-base at 50% and 33%,
 # ResNet-200 at 25%) and 1.025 in one (Inception-v4 at 25%). The kernels take the same time
 # replayed, both directions rarely copy at once (under 2% of the copy time) and a miniature of
 # the pattern copies as fast in a graph (graph_copy_probe.py): the cause is not known, so these
