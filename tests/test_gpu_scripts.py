@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from autotm_py import api
 from autotm_py.config import PlanConfig
 from autotm_py.pipeline import optimize
@@ -159,3 +161,33 @@ def test_replay_busy_reads_every_committed_bench_plan_name():
     bert = replay_busy.cell_of(next(p for p in plans if p.name.startswith("bert_base")))
     assert (bert["batch"], bert["dims"]) == (16, {"seq": 512})
     assert replay_busy.all_fast_cell("bert_base/16/seq=512")["dims"] == bert["dims"]
+
+
+def test_native_checkpointing_runs_with_relus_made_out_of_place():
+    """native_compare.py checkpoints torchvision VGG19 with `checkpoint_sequential`, whose
+    `ReLU(inplace=True)` after a segment boundary overwrote a tensor saved for backward (the
+    H100 run of 2026-11-28 stopped there); with `out_of_place_relus` the same segments run and
+    give eager's gradients."""
+    import torch
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    native = _script("native_compare")
+
+    def net():
+        torch.manual_seed(0)
+        layers = []
+        for _ in range(3):
+            layers += [torch.nn.Linear(8, 8), torch.nn.ReLU(inplace=True)]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(8, 2))
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    eager = net()
+    eager(x).sum().backward()
+    broken = net()
+    with pytest.raises(RuntimeError, match="inplace operation"):
+        checkpoint_sequential(broken, 4, x, use_reentrant=False).sum().backward()
+    fixed = net()
+    native.out_of_place_relus(fixed)
+    checkpoint_sequential(fixed, 4, x, use_reentrant=False).sum().backward()
+    for a, b in zip(eager.parameters(), fixed.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)

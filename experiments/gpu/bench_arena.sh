@@ -23,7 +23,7 @@ shift
 mkdir -p "$out"
 declare -A CFG=(
   [resnet200]="32" [bert_base]="16 --dim seq=512" [inception_v4]="64" [densenet264]="32"
-  [gpt2_small]="8 --dim seq=1024" [vgg19]="64" [resnet50]="32"
+  [gpt2_small]="8 --dim seq=1024" [vgg19]="64" [resnet50]="32" [transformer]="64"
 )
 for cell in "$@"; do
   IFS=/ read -r model ratios pricing <<<"$cell"

@@ -180,6 +180,15 @@ def segment_counts(name: str, budget: int | None) -> tuple[int | None, ...]:
 NO_NATIVE = {"inception_v4"}  # torchvision has Inception-v3 only: our runs alone
 
 
+def out_of_place_relus(net):
+    """torchvision's VGG19 has ReLU(inplace=True) right after a segment boundary of
+    `checkpoint_sequential`, which overwrites the saved segment input ("modified by an inplace
+    operation" in backward); a user checkpointing it turns inplace off, as we do here."""
+    for module in net.modules():
+        if isinstance(module, torch.nn.ReLU):
+            module.inplace = False
+
+
 def measure_native(name, batch, dims, iterations, budget=None):
     """Eager (budget None) or the fewest-segment checkpointed run that fits the budget."""
     if name in NO_NATIVE:
@@ -189,6 +198,8 @@ def measure_native(name, batch, dims, iterations, budget=None):
     for segments in counts:
         net, make, loss = native_model(name, batch, dims)
         net = net.to(DEV).train()
+        if budget is not None and name == "vgg19":
+            out_of_place_relus(net)
         torch.cuda.empty_cache()
         cap = apply_cap(budget, DEV, budget is not None, SLACK)
         try:
