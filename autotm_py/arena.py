@@ -255,8 +255,7 @@ def pack(machine: MachineModel, plan: Plan) -> ArenaLayout:
     tensors' extent plus the largest scratch; whether it fits the budget is the caller's."""
     life = lifetimes(machine, plan)
     offsets = tightest_packing(life)
-    extent = _extent(life, offsets)
-    scratch_offset = _aligned(extent)
+    scratch_offset = _aligned(extent(life, offsets))
     buffers = [ArenaBuffer(s.record, s.tensor, offsets[i], s.nbytes)
                for i, s in enumerate(life.spans)]
     buffers.sort(key=lambda b: (b.record, b.tensor))
@@ -285,20 +284,30 @@ def tightest_packing(life: Lifetimes) -> list[int]:
     orders drawn at random around largest-first (module docstring). Deterministic: the seed is
     fixed and the number of tries depends on the buffer count only."""
     items = _items(life)
-    largest_first = sorted(items, key=lambda it: (-life.spans[it[0]].nbytes, _start(life, it)))
-    best = min((_place(life, largest_first, tightest) for tightest in (False, True)),
-               key=lambda offsets: _extent(life, offsets))
-    best_extent, peak = _extent(life, best), life.live_peak()
+    best = greedy_by_size(life)
+    best_extent, peak = extent(life, best), life.live_peak()
     rng = random.Random(0)
     for _ in range(random_orders(len(life.spans))):
         if best_extent <= peak:
             break
         order = sorted(items, key=lambda it: -life.spans[it[0]].nbytes * rng.uniform(*ORDER_NOISE))
         offsets = _place(life, order, tightest=rng.random() < 0.5)
-        extent = _extent(life, offsets)
-        if extent < best_extent:
-            best, best_extent = offsets, extent
+        tried = extent(life, offsets)
+        if tried < best_extent:
+            best, best_extent = offsets, tried
     return best
+
+
+def greedy_by_size(life: Lifetimes) -> list[int]:
+    """Largest first, each item in the lowest gap or in the tightest: the tighter of the two."""
+    order = largest_first(life)
+    return min((_place(life, order, tightest) for tightest in (False, True)),
+               key=lambda offsets: extent(life, offsets))
+
+
+def largest_first(life: Lifetimes) -> list[tuple[int, ...]]:
+    """The items to place, largest first (the earlier first among equals)."""
+    return sorted(_items(life), key=lambda it: (-life.spans[it[0]].nbytes, _start(life, it)))
 
 
 def random_orders(buffers: int) -> int:
@@ -306,7 +315,8 @@ def random_orders(buffers: int) -> int:
     return min(MAX_RANDOM_ORDERS, RANDOM_ORDER_PAIRS // max(buffers * buffers, 1))
 
 
-def _extent(life: Lifetimes, offsets: list[int]) -> int:
+def extent(life: Lifetimes, offsets: list[int]) -> int:
+    """The arena bytes a packing takes: the top of its highest buffer."""
     return max((offsets[i] + s.nbytes for i, s in enumerate(life.spans)), default=0)
 
 

@@ -30,11 +30,9 @@ def main(argv: list[str]) -> int:
         machine = replace(pipeline.machine_for_plan(graph, plan, None), arena=True)
         life = arena.lifetimes(machine, plan)
         peak = life.live_peak()
-        order = sorted(arena._items(life),
-                       key=lambda it: (-life.spans[it[0]].nbytes, arena._start(life, it)))
-        greedy = min(arena._extent(life, arena._place(life, order, t)) for t in (False, True))
+        greedy = arena.extent(life, arena.greedy_by_size(life))
         started = time.perf_counter()
-        searched = arena._extent(life, arena.tightest_packing(life))
+        searched = arena.extent(life, arena.tightest_packing(life))
         print(f"{Path(path).name}: {len(life.spans)} buffers, live peak {peak / 2**30:.3f} GiB, "
               f"greedy {greedy / peak - 1:+.1%}, with the search {searched / peak - 1:+.1%} "
               f"({time.perf_counter() - started:.1f} s)", flush=True)

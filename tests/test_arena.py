@@ -353,12 +353,6 @@ def test_the_budget_line_names_the_arena_scratch():
     assert "0 B headroom" in line and "arena scratch" in line
 
 
-def _largest_first(life):
-    from autotm_py.arena import _items, _start
-
-    return sorted(_items(life), key=lambda it: (-life.spans[it[0]].nbytes, _start(life, it)))
-
-
 def _assert_disjoint_where_live_together(spans, offsets):
     for i, a in enumerate(spans):
         for j, b in enumerate(spans[:i]):
@@ -370,33 +364,41 @@ def test_the_tighter_of_two_packings_is_kept():
     """Lowest gap first leaves this set of buffers (found by a random search) 34 units high,
     the tightest gap 31, its live peak; `pack` keeps the smaller, and no two buffers live at
     once meet."""
-    from autotm_py.arena import Lifetimes, Span, _extent, _place, tightest_packing
+    from autotm_py.arena import Lifetimes, Span, _place, extent, largest_first, tightest_packing
 
     unit = 512
     spans = tuple(Span(i, i, start, end, size * unit) for i, (start, end, size) in enumerate(
         [(5, 11, 1), (7, 9, 7), (7, 12, 7), (1, 10, 6), (7, 12, 5), (11, 12, 5), (4, 5, 2),
          (10, 11, 3), (9, 12, 3), (8, 12, 1), (8, 13, 4)]))
     life = Lifetimes(spans, {}, (), frozenset(), 28)
-    assert _extent(life, _place(life, _largest_first(life))) == 34 * unit
-    assert _extent(life, _place(life, _largest_first(life), tightest=True)) == 31 * unit
+    assert extent(life, _place(life, largest_first(life))) == 34 * unit
+    assert extent(life, _place(life, largest_first(life), tightest=True)) == 31 * unit
     offsets = tightest_packing(life)
-    assert _extent(life, offsets) == 31 * unit == life.live_peak()
+    assert extent(life, offsets) == 31 * unit == life.live_peak()
     _assert_disjoint_where_live_together(spans, offsets)
 
 
 def test_random_orders_pack_where_greedy_by_size_leaves_holes():
     """Greedy by size packs these buffers (found by a random search) 12 units high, either
     gap rule, over a live peak of 10; an order drawn at random packs them at the peak."""
-    from autotm_py.arena import Lifetimes, Span, _extent, _place, random_orders, tightest_packing
+    from autotm_py.arena import (
+        Lifetimes,
+        Span,
+        _place,
+        extent,
+        largest_first,
+        random_orders,
+        tightest_packing,
+    )
 
     unit = 512
     spans = tuple(Span(i, i, start, end, size * unit) for i, (start, end, size) in enumerate(
         [(4, 8, 4), (2, 5, 2), (5, 9, 4), (2, 3, 8), (3, 7, 2)]))
     life = Lifetimes(spans, {}, (), frozenset(), 20)
     for tightest in (False, True):
-        assert _extent(life, _place(life, _largest_first(life), tightest)) == 12 * unit
+        assert extent(life, _place(life, largest_first(life), tightest)) == 12 * unit
     offsets = tightest_packing(life)
-    assert _extent(life, offsets) == 10 * unit == life.live_peak()
+    assert extent(life, offsets) == 10 * unit == life.live_peak()
     assert tightest_packing(life) == offsets  # the seed is fixed
     _assert_disjoint_where_live_together(spans, offsets)
     assert random_orders(250) == 1024 and random_orders(5000) == 2

@@ -31,19 +31,17 @@ import native_compare as nc  # noqa: E402
 
 
 def eager_step(channels_last: bool):
+    """native_compare's eager SGD step, the model and its images channels-last if asked."""
     net, make, loss = nc.native_model("vgg19", 64, {})
     net = net.to(nc.DEV).train()
-    data = make()
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
-        data = (data[0].contiguous(memory_format=torch.channels_last), data[1])
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, foreach=True)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss(net, data).backward()
-        opt.step()
-    return step
+        def make_channels_last():
+            images, labels = make()
+            return images.contiguous(memory_format=torch.channels_last), labels
+        return nc.native_step("vgg19", net, make_channels_last, loss, None)
+    return nc.native_step("vgg19", net, make, loss, None)
 
 
 def compiled_step(layout_optimization: bool, fraction: float):
@@ -58,7 +56,6 @@ def compiled_step(layout_optimization: bool, fraction: float):
 
 def measure(label, make_step, cap_bytes):
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
     cap = nc.apply_cap(cap_bytes, nc.DEV, cap_bytes is not None, nc.SLACK)
     try:
         step = make_step()
