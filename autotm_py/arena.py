@@ -16,7 +16,11 @@ Lifetimes, in half-steps (record i spans [2i, 2i + 2)):
   workspace plus the outputs that torch allocates itself before the executor copies them into
   their slots (`MachineModel.scratch`, `memory.scratch`). Kernels allocate scratch through
   torch's allocator, which cannot be told an address, so all scratch shares one region at the
-  top of the arena, [scratch_offset, nbytes), as large as the largest kernel's;
+  top of the arena, [scratch_offset, nbytes), as large as the largest kernel's. With scratch
+  windows (`MachineModel.windowed`: the placed allocator serves each kernel's scratch from an
+  address the executor names, `runtime.placed`) each compute's scratch is instead a buffer of
+  its own, packed among the tensors, and there is no region: the memory a kernel's workspace
+  takes while it runs holds tensors the rest of the iteration;
 - steady state: a carried pair (W -> W') or a persistent tensor that is in fast memory when the
   iteration starts and when it ends keeps one offset across the boundary: the final copy of W'
   takes the slot of W's initial copy, so the next iteration (and a CUDA graph replaying it)
@@ -223,7 +227,12 @@ def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
                 continue
             in_place.add((tail.record, last))
         groups.append((a, z))
-    return Lifetimes(tuple(spans), dict(walk.scratch), tuple(groups), frozenset(in_place), end,
+    scratch = dict(walk.scratch)
+    if machine.windowed:  # each compute's scratch a buffer of its own, live while it runs
+        spans = spans + [Span(record, SCRATCH, 2 * record, 2 * record + 1, _aligned(n))
+                         for record, n in sorted(scratch.items()) if n > 0]
+        scratch = {}
+    return Lifetimes(tuple(spans), scratch, tuple(groups), frozenset(in_place), end,
                      frozenset(boundary))
 
 
@@ -252,7 +261,8 @@ def frees_after(records: Sequence[Record], index: int, tid: int) -> bool:
 
 def pack(machine: MachineModel, plan: Plan) -> ArenaLayout:
     """Offsets for every fast buffer of `plan` (module docstring). The arena's size is the
-    tensors' extent plus the largest scratch; whether it fits the budget is the caller's."""
+    tensors' extent (scratch windows included) plus the largest scratch of a region; whether
+    it fits the budget is the caller's."""
     life = lifetimes(machine, plan)
     offsets = tightest_packing(life)
     scratch_offset = _aligned(extent(life, offsets))
@@ -378,10 +388,11 @@ def _lowest_gap(lows: np.ndarray, highs: np.ndarray, size: int, tightest: bool =
 
 
 def overlapping(layout: ArenaLayout, life: Lifetimes) -> tuple[Span, Span] | None:
-    """Two tensor buffers that are live at once and overlap in the arena (in-place updates
-    and the pieces of a steady group excepted), else None. A brute-force check for tests and
-    reports; the strict simulator checks the same rule as it walks the plan."""
-    offsets = layout.offsets()
+    """Two buffers (tensors, scratch windows) that are live at once and overlap in the arena
+    (in-place updates and the pieces of a steady group excepted), else None. A brute-force
+    check for tests and reports; the strict simulator checks the same rule as it walks the
+    plan."""
+    offsets = {(b.record, b.tensor): b.offset for b in layout.buffers}  # windows included
     together = {frozenset((life.spans[a], life.spans[z])) for a, z in life.groups}
     spans = sorted(life.spans, key=lambda s: s.start)
     for i, s in enumerate(spans):

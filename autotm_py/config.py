@@ -26,6 +26,7 @@ MAX_HEADROOM = 0.5
 # move or recompute (the joint ILP), only = keep or recompute, nothing is copied between tiers;
 # auto = on in GPU mode (where moving over PCIe is slow and compute is fast), off in host mode.
 RECOMPUTE_MODES: tuple[str, ...] = ("auto", "off", "on", "only")
+SCRATCH_MODES: tuple[str, ...] = ("region", "windows")
 DEFAULT_RECOMPUTE_DEPTH = 2  # regeneration chains: a regenerated input of a regeneration, ...
 # A forward kernel is a recompute candidate when its time is at most this times the time to
 # copy its outputs out and back (both directions, overlapped copies)
@@ -86,6 +87,11 @@ class PlanConfig:
     # `memory.scratch.PLACED_OPS` and no copy into their slots is priced; False plans for runs
     # that copy them there (`autotm run --no-placed`, a machine without a C compiler).
     placed: bool = True
+    # With `arena` and `placed`: where kernels' scratch (workspaces, outputs allocated beside
+    # their slots) lives: "region", one region beside the arena as large as the largest
+    # kernel's, for the whole iteration; "windows", a window per kernel inside the arena, live
+    # only while the kernel runs (SCRATCH_MODES; docs/gpu.md, "Scratch windows").
+    scratch: str = "region"
     # GPU mode: price the iteration as a CUDA graph replays it (device times, no host
     # dispatch: `autotm run --graph`).
     graph: bool = False
@@ -119,6 +125,12 @@ class PlanConfig:
         if self.async_candidates is not None and self.async_candidates < 1:
             raise ConfigError(f"--async-candidates {self.async_candidates}: must be >= 1 "
                               "(or 'all')")
+        if self.scratch not in SCRATCH_MODES:
+            raise ConfigError(f"--scratch {self.scratch!r}: choose one of "
+                              f"{', '.join(SCRATCH_MODES)}")
+        if self.scratch == "windows" and not (self.arena and self.placed):
+            raise ConfigError("--scratch windows needs --arena and --placed (the placed "
+                              "allocator serves the windows): add --arena, or drop --scratch")
 
     def _check_recompute(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:

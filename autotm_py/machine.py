@@ -34,7 +34,10 @@ offsets, and what kernels allocate themselves (workspace, outputs they cannot wr
 `memory.scratch`) in one scratch region beside it, as large as the largest kernel's scratch
 (`scratch_reserve`). The capacity rows then bound the tensors alone (`workspace` is zero) by the
 budget less the scratch region. `arena_margin`: bytes the planner holds back so that the
-packed arena fits (the pipeline's fit loop).
+packed arena fits (the pipeline's fit loop). `scratch_windows` (an arena run with the placed
+allocator): each kernel's scratch gets a window of its own inside the arena instead, live only
+while the kernel runs (`autotm optimize --scratch windows`); there is no scratch region, and
+each capacity row counts its kernel's scratch beside the tensors (`workspace` is the scratch).
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ class MachineModel:
     # an arena run with the placed allocator: the outputs of `memory.scratch.PLACED_OPS` are
     # allocated at their slots, neither scratch nor copied
     placed: bool = False
+    # with `placed`: each kernel's scratch in a window of its own inside the arena
+    scratch_windows: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_profile_costs", self.costs)
@@ -201,10 +206,18 @@ class MachineModel:
                          for k, w in zip(self.graph.kernels, measured, strict=True)],
                         dtype=np.int64)
 
+    @property
+    def windowed(self) -> bool:
+        """An arena run whose kernels' scratch lies in windows inside the arena."""
+        return self.arena_mode and self.placed and self.scratch_windows
+
     @cached_property
     def workspace(self) -> np.ndarray:
         """Per kernel: the bytes its capacity row counts beside its tensors, its workspace; in
-        arena mode none (the scratch region holds every kernel's workspace)."""
+        arena mode none (the scratch region holds every kernel's workspace), with scratch
+        windows its scratch (the window lies among the tensors while the kernel runs)."""
+        if self.windowed:
+            return self.scratch
         if self.arena_mode:
             return np.zeros(len(self.graph.kernels), dtype=np.int64)
         return self.kernel_workspace
@@ -217,8 +230,9 @@ class MachineModel:
 
     @cached_property
     def scratch_reserve(self) -> int:
-        """Arena mode: the scratch region, the largest kernel's scratch; else 0."""
-        if not self.arena_mode or not self.graph.kernels:
+        """Arena mode: the scratch region, the largest kernel's scratch; else (and with
+        scratch windows) 0."""
+        if not self.arena_mode or self.windowed or not self.graph.kernels:
             return 0
         return int(self.scratch.max())
 

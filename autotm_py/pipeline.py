@@ -61,7 +61,8 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
         costs = load_costs(graph, device=config.device, profiles_dir=profiles_dir)
     return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights,
                         config.headroom, graph_replay=config.graph, arena=config.arena,
-                        placed=config.arena and config.placed)
+                        placed=config.arena and config.placed,
+                        scratch_windows=config.scratch == "windows")
 
 
 # The fit loop: solves at most this many times; each retry holds back the last packing's excess
@@ -253,7 +254,8 @@ def machine_for_plan(graph: TensorGraph, plan: Plan, costs: KernelCosts | None =
         costs = load_costs(graph, device=header.device, profiles_dir=profiles_dir)
     return MachineModel(graph, memory, costs, header.pin_weights, header.headroom,
                         graph_replay=header.graph, arena=plan.arena is not None,
-                        placed=plan.arena is not None and plans_placed(plan))
+                        placed=plan.arena is not None and plans_placed(plan),
+                        scratch_windows=plans_windows(plan))
 
 
 def plans_placed(plan: Plan) -> bool:
@@ -261,6 +263,12 @@ def plans_placed(plan: Plan) -> bool:
     placed allocator; `PlanConfig.placed`, recorded in the header's config; plans written
     before it existed: no)."""
     return bool(plan.header.config.get("placed", False))
+
+
+def plans_windows(plan: Plan) -> bool:
+    """Whether `plan` gives each kernel's scratch a window inside the arena (`PlanConfig.scratch`
+    "windows", recorded in the header's config)."""
+    return plan.header.config.get("scratch") == "windows"
 
 
 def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,

@@ -118,7 +118,10 @@ class ArenaLayout:
 
     Buffers at [0, scratch_offset) hold tensors; [scratch_offset, nbytes) is the scratch region
     where kernels allocate their workspaces and the outputs they cannot write in place (torch's
-    allocator serves it at run time). `alignment`: every offset is a multiple of it."""
+    allocator serves it at run time). A compute's scratch buffer below `scratch_offset` is its
+    *window* (`autotm optimize --scratch windows`): the placed allocator serves its kernel's
+    scratch there, among the tensors, while the kernel runs. `alignment`: every offset is a
+    multiple of it."""
 
     nbytes: int
     scratch_offset: int
@@ -505,9 +508,9 @@ def _check_arena(arena: ArenaLayout, records: Sequence[Record], n_t: int) -> Non
         if b.offset < 0 or b.nbytes < 0 or b.offset + b.nbytes > arena.nbytes:
             raise PlanError(f"{where}: [{b.offset}, {b.offset + b.nbytes}) is outside the "
                             f"arena of {arena.nbytes} bytes")
-        if (b.tensor == SCRATCH) != (b.offset >= arena.scratch_offset) and b.nbytes:
-            raise PlanError(f"{where}: at {b.offset}, but the scratch region starts at "
-                            f"{arena.scratch_offset} and holds scratch only")
+        if b.tensor != SCRATCH and b.offset + b.nbytes > arena.scratch_offset:
+            raise PlanError(f"{where}: reaches {b.offset + b.nbytes}, but the scratch region "
+                            f"starts at {arena.scratch_offset} and holds scratch only")
         if b.offset % arena.alignment:
             raise PlanError(f"{where}: offset {b.offset} is not a multiple of the alignment "
                             f"{arena.alignment}")

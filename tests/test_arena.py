@@ -18,7 +18,7 @@ from autotm_py.costs import (
     SLOT_COPY_BYTES_PER_S,
     KernelCosts,
 )
-from autotm_py.errors import PlanError
+from autotm_py.errors import ConfigError, PlanError
 from autotm_py.machine import MachineModel
 from autotm_py.memory.scratch import allocated_outputs
 from autotm_py.memory.tiers import FAST, SLOW, preset
@@ -61,10 +61,12 @@ def _budget(graph, costs, frac: float, pin: bool, **flags) -> int:
 @given(data=st.data())
 def test_packed_offsets_never_overlap(data):
     graph, frac, pin = data.draw(problems())
+    windows = data.draw(st.booleans())  # each kernel's scratch in a window of its own
     costs = costs_for(graph, seed=len(graph.kernels))
-    budget = _budget(graph, costs, frac, pin, arena=True)
+    budget = _budget(graph, costs, frac, pin, arena=True, placed=True, scratch_windows=windows)
     config = PlanConfig(strategy="async", device="cuda", fast_mem_bytes=budget,
-                        solver="highs", gap=0.0, async_window=4, pin_weights=pin, arena=True)
+                        solver="highs", gap=0.0, async_window=4, pin_weights=pin, arena=True,
+                        scratch="windows" if windows else "region")
     machine = machine_for(graph, config, costs)
     plans = [r.plan for r in run_baselines(machine, BASELINES).values() if r.plan is not None]
     result = optimize(graph, config, costs=costs)
@@ -295,6 +297,56 @@ def test_graph_replay_prices_copies_slower_and_records_the_measured_link(monkeyp
     monkeypatch.setattr("autotm_py.machine.REPLAY_TO_FAST_SLOWDOWN", 1.0)
     monkeypatch.setattr("autotm_py.machine.REPLAY_TO_SLOW_SLOWDOWN", 1.0)
     assert simulate(graph, plan, costs=costs).total_s < replay  # copy-bound: 1 us kernels
+
+
+def _windowed_plan():
+    graph = small_training(kib=64)
+    costs = costs_for(graph)
+    budget = _budget(graph, costs, 0.5, False, arena=True, placed=True, scratch_windows=True)
+    config = PlanConfig(strategy="sync", device="cuda", fast_mem_bytes=budget, solver="highs",
+                        arena=True, scratch="windows")
+    result = optimize(graph, config, costs=costs)
+    assert result.plan is not None and result.plan.arena is not None, result.message
+    return graph, costs, config, result.plan
+
+
+def test_scratch_windows_lie_among_the_tensors_live_only_while_their_kernel_runs():
+    graph, costs, config, plan = _windowed_plan()
+    machine = machine_for(graph, config, costs)
+    assert machine.windowed and machine.scratch_reserve == 0
+    assert (machine.workspace == machine.scratch).all()  # each row counts its kernel's scratch
+    layout = plan.arena
+    assert layout.nbytes == layout.scratch_offset  # no region above the tensors
+    windows = {b.record: b for b in layout.buffers if b.tensor == SCRATCH}
+    computes = [i for i, r in enumerate(plan.records) if isinstance(r, Compute)
+                and machine.scratch[r.kernel] > 0]
+    assert computes and set(computes) <= set(windows)
+    assert all(windows[i].nbytes >= machine.scratch[plan.records[i].kernel] for i in computes)
+    assert arena.overlapping(layout, arena.lifetimes(machine, plan)) is None
+    sim = simulate(graph, plan, costs=costs)  # strict: windows checked against live tensors
+    assert sim.fast_peak_bytes <= plan.header.budget_bytes
+    assert plan.header.config["scratch"] == "windows"
+    # a window moved onto a tensor live during its kernel is rejected
+    life = arena.lifetimes(machine, plan)
+    spans = {(s.record, s.tensor): s for s in life.spans}
+    window, tensor = next((w, b) for w in windows.values() for b in layout.buffers
+                          if b.tensor != SCRATCH and b.nbytes >= w.nbytes
+                          and spans[(b.record, b.tensor)].overlaps(spans[(w.record, SCRATCH)]))
+    with pytest.raises(PlanError, match=r"scratch window .* overlaps the live copy"):
+        simulate(graph, _moved(plan, window, tensor.offset), costs=costs)
+    # a plan that was not made for windows may not have one
+    region = plan.with_header(config={**plan.header.config, "scratch": "region"})
+    with pytest.raises(PlanError, match="not made for scratch windows"):
+        simulate(graph, region, costs=costs)
+
+
+def test_scratch_windows_need_the_arena_and_the_placed_allocator():
+    with pytest.raises(ConfigError, match="--scratch windows needs --arena and --placed"):
+        PlanConfig(device="cuda", scratch="windows")
+    with pytest.raises(ConfigError, match="--scratch windows needs"):
+        PlanConfig(device="cuda", arena=True, placed=False, scratch="windows")
+    with pytest.raises(ConfigError, match="--scratch 'window'"):
+        PlanConfig(device="cuda", arena=True, scratch="window")
 
 
 def test_scratch_buffers_belong_to_computes():

@@ -80,6 +80,38 @@ def test_the_fence_keeps_new_allocations_above_what_a_graph_uses(lib):
     assert lib.stats().peak_extent_bytes == 7 * MIB  # what is still allocated
 
 
+def test_a_scratch_window_serves_what_is_not_a_slot_and_reports_what_outlives_it(lib):
+    lead = 512
+    base = lib.alloc(lead + 8 * MIB)
+    arena = base + lead
+    lib.set_arena(arena, 8 * MIB)
+    window = arena + 2 * MIB
+    slot = arena + 6 * MIB
+    with lib.expecting([(slot, 4096)]), lib.window(window, MIB) as use:
+        assert use.opened
+        workspace = lib.alloc(600 * 1024)
+        assert workspace == window  # first fit in the window
+        assert lib.alloc(4096) == slot  # slots still come first
+        temp = lib.alloc(300 * 1024)
+        assert temp == window + 600 * 1024
+        beyond = lib.alloc(300 * 1024)  # no room left in the window: from the region
+        assert not window <= beyond < window + MIB and beyond != 0
+        lib.free(workspace, 600 * 1024)
+        assert lib.alloc(100) == window  # freed window bytes are reused
+        lib.free(window, 100)
+        lib.free(temp, 300 * 1024)
+        lib.free(beyond, 300 * 1024)
+    assert (use.spilled_bytes, use.largest_spill) == (300 * 1024, 300 * 1024)
+    assert lib.stats().windowed == 3
+    in_use = lib.stats().in_use_bytes
+    assert in_use == lead + 8 * MIB  # window allocations never count as region bytes
+    with lib.window(arena + 8 * MIB - 512, 1024) as use:
+        assert not use.opened  # a window must lie inside the arena
+    with pytest.raises(placed.WindowLeak, match="1 allocation"), lib.window(window, MIB):
+        lib.alloc(512)  # never freed: its bytes hold tensors once the kernel is done
+    assert lib.alloc(512) != window  # closed: nothing is served from it any more
+
+
 def test_build_names_a_missing_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     with pytest.raises(OSError, match="could not build the placed allocator"):
@@ -100,6 +132,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.offered: list[list[tuple[int, int]]] = []
         self.fenced: list[bool] = []
+        self.windows: list[tuple[int, int]] = []
 
     def set_arena(self, start: int, nbytes: int) -> None:
         self.arena = (start, nbytes)
@@ -111,6 +144,11 @@ class _Recorder:
 
     def fence(self, on: bool) -> None:
         self.fenced.append(on)
+
+    def window(self, start: int, nbytes: int):
+        import contextlib
+        self.windows.append((start, nbytes))
+        return contextlib.nullcontext(placed.WindowUse(True))
 
 
 @pytest.mark.parametrize("name", ["cnn", "decoder-fused"])
@@ -129,6 +167,88 @@ def test_the_executor_offers_slots_and_keeps_the_results(name, monkeypatch):
     assert offered, "no kernel without an out= form was offered its slots"
     assert all(start <= s and s + n <= start + nbytes for s, n in offered)
     assert recorder.fenced[-1] is False  # the run lifts any fence as it ends
+
+
+def _windowed_plan(graph):
+    from autotm_py.config import PlanConfig
+    from autotm_py.pipeline import machine_for, optimize
+    from tests.graphs import costs_for
+
+    costs = costs_for(graph)
+    budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
+    config = PlanConfig(fast_mem_bytes=budget, device="cuda", strategy="async", arena=True,
+                        scratch="windows")
+    result = optimize(graph, config, costs=costs)
+    assert result.plan is not None and result.plan.arena is not None, result.message
+    return result.plan, machine_for(graph, config, costs)
+
+
+@pytest.mark.parametrize("name", ["cnn", "decoder-fused"])
+def test_the_executor_opens_each_kernels_scratch_window_and_keeps_the_results(name,
+                                                                              monkeypatch):
+    from autotm_py.plan import SCRATCH, Compute, Recompute
+
+    graph = _graph(name)
+    recorder = _Recorder()
+    monkeypatch.setattr(placed, "active", lambda: recorder)
+    reference = train_steps(graph, steps=2, seed=3)
+    plan, machine = _windowed_plan(graph)
+    steps = run_steps(graph, plan, steps=2, seed=3, arena=True)
+    for got, want in zip(steps, reference, strict=True):
+        for tid in graph.outputs:
+            assert torch.equal(got[tid], want[tid].cpu()), graph.name_of(tid)
+    start, _ = recorder.arena
+    buffers = sorted(plan.arena.buffers, key=lambda b: b.record)
+    planned = [(start + b.offset, b.nbytes) for b in buffers if b.tensor == SCRATCH and b.nbytes]
+    kernels = [r for r in plan.records if isinstance(r, Compute | Recompute)
+               and machine.scratch[r.kernel] > 0]
+    assert len(planned) == len(kernels) > 0
+    # every step (a warm-up and the timed ones run the same records) opens them in order
+    assert recorder.windows[:len(planned)] == planned
+    assert len(recorder.windows) % len(planned) == 0
+
+
+def test_an_allocation_that_outlives_its_window_stops_the_run(monkeypatch):
+    import contextlib
+
+    from autotm_py.errors import ExecutionError
+
+    class Leaky(_Recorder):
+        @contextlib.contextmanager
+        def window(self, start, nbytes):
+            yield placed.WindowUse(True)
+            raise placed.WindowLeak("1 allocation(s) made in a scratch window outlived "
+                                    "their kernel")
+
+    graph = _graph("cnn")
+    monkeypatch.setattr(placed, "active", lambda: Leaky())
+    plan, _ = _windowed_plan(graph)
+    with pytest.raises(ExecutionError, match=r"kernel '.+': 1 allocation\(s\) made in a "
+                                             r"scratch window outlived their kernel"):
+        run_steps(graph, plan, steps=1, seed=3, arena=True)
+
+
+def test_a_run_names_the_kernels_whose_scratch_did_not_fit_their_windows(monkeypatch):
+    import contextlib
+
+    from autotm_py.runtime.executor import execute
+
+    class Spilling(_Recorder):
+        @contextlib.contextmanager
+        def window(self, start, nbytes):
+            use = placed.WindowUse(True)
+            yield use
+            use.spilled_bytes = use.largest_spill = nbytes + 3 * MIB  # more than it holds
+
+    graph = _graph("cnn")
+    monkeypatch.setattr(placed, "active", lambda: Spilling())
+    plan, _ = _windowed_plan(graph)
+    result = execute(graph, plan, device="cpu", iterations=1, warmup=1, arena=True)
+    (note,) = [n for n in result.notes if n.startswith("scratch beyond its window")]
+    assert "largest requests: '" in note and "profile on this GPU" in note
+    monkeypatch.setattr(placed, "active", lambda: _Recorder())  # every request fitted
+    result = execute(graph, plan, device="cpu", iterations=1, warmup=1, arena=True)
+    assert not any(n.startswith("scratch beyond") for n in result.notes)
 
 
 def test_the_gpu_test_digests_every_output():

@@ -4,7 +4,8 @@ chosen before a process first uses CUDA, for the rest of it.
 
 Outputs allocated at their slots compute bitwise what outputs copied there compute, eagerly
 and replayed as a CUDA graph; kernels do allocate outputs at their slots; a capped run stays in
-its region (no overflow, reserved extent within the cap)."""
+its region (no overflow, reserved extent within the cap); plans with scratch windows have their
+kernels' scratch served from the windows and compute what the caching allocator computes."""
 
 from __future__ import annotations
 
@@ -40,6 +41,47 @@ def test_capped_runs_allocate_outputs_at_their_slots_within_the_cap(replay):
             assert run["device_busy_s"] <= run["device_span_s"] * (1 + 1e-9), run
         else:
             assert run["device_busy_s"] is None, run
+
+
+@pytest.mark.parametrize("name", ["cnn", "decoder-fused"])
+def test_scratch_windows_serve_kernels_and_compute_what_the_caching_allocator_computes(name):
+    windowed = in_own_process("tests.test_placed_gpu", "windowed_digests", name, True)
+    plain = in_own_process("tests.test_placed_gpu", "windowed_digests", name, False)
+    assert windowed["installed"] and not plain["installed"]
+    assert windowed["windowed"] > 0  # kernels' scratch was allocated in their windows
+    assert windowed["overflow"] == 0
+    assert windowed["digests"] == plain["digests"]
+
+
+def windowed_digests(name: str, use_placed: bool) -> dict:
+    """As `digests`, for the test graph's plan with scratch windows (`--scratch windows`),
+    eagerly and replayed; with the placed allocator, how many allocations its windows
+    served."""
+    from dataclasses import replace
+
+    import torch
+
+    from autotm_py.memory import tiers
+    from autotm_py.runtime import placed
+    from autotm_py.runtime.executor import run_steps
+    from tests.test_executor import _graph
+    from tests.test_placed import _windowed_plan
+
+    tiers.PRESETS = {n: replace(m, runtime_reserve_bytes=0) for n, m in tiers.PRESETS.items()}
+    graph = _graph(name)
+    plan, _ = _windowed_plan(graph)
+    out: dict[str, list[str]] = {}
+    for replay in (False, True):
+        steps = run_steps(graph, plan, steps=3, device="cuda", seed=4, arena=True,
+                          graph_replay=replay, placed=use_placed)
+        out[f"replay={replay}"] = [
+            hashlib.sha256(b"".join(s[t].reshape(-1).view(torch.uint8).numpy().tobytes()
+                                    for t in graph.outputs)).hexdigest() for s in steps]
+    lib = placed.active()
+    stats = lib.stats() if lib is not None else None
+    return {"installed": lib is not None, "digests": out,
+            "windowed": 0 if stats is None else stats.windowed,
+            "overflow": 0 if stats is None else stats.overflow_allocations}
 
 
 def digests(name: str, use_placed: bool, device: str = "cuda") -> dict:

@@ -87,6 +87,7 @@ class BenchSpec:
     arena: bool = False
     graph: bool = False
     placed: bool = True
+    scratch: str = "region"  # `optimize --scratch`: region | windows
     read_pricing: str = DEFAULT_READ_PRICING  # `optimize --read-pricing`
 
     def __post_init__(self) -> None:
@@ -119,7 +120,7 @@ class BenchSpec:
             strategy, ratio=None if ratio is None else parse_ratio(ratio), device=self.device,
             memory=self.memory, solver=solver, gap=self.gap, time_limit_s=self.time_limit_s,
             pin_weights=self.pin_weights, headroom=self.headroom, threads=self.threads,
-            arena=self.arena, graph=self.graph, placed=self.placed,
+            arena=self.arena, graph=self.graph, placed=self.placed, scratch=self.scratch,
             read_pricing=self.read_pricing)
 
     @property
@@ -142,9 +143,11 @@ class BenchSpec:
     def options(self) -> str | None:
         """How plans are made and run beyond their strategy, as a row's key names it: None for
         the defaults (eager runs on torch's allocator, step-priced reads; older results have
-        no such column), else e.g. ``arena+graph+placed`` or ``arena+graph+placed+spread``."""
+        no such column), else e.g. ``arena+graph+placed``, ``arena+graph+placed+windows`` or
+        ``arena+graph+placed+spread``."""
         parts = [name for name, on in (("arena", self.arena), ("graph", self.graph),
                                        ("placed", self.arena and self.placed),
+                                       ("windows", self.scratch == "windows"),
                                        (self.read_pricing,
                                         self.read_pricing != DEFAULT_READ_PRICING)) if on]
         return "+".join(parts) or None

@@ -86,6 +86,12 @@ arena_option = click.option(
     help="GPU mode: give every fast-memory buffer a planned offset in one arena and fit the "
          "packed arena in the budget (re-solving tighter where it does not fit), so the plan "
          "runs at planned addresses without --headroom (`autotm run --arena`).")
+scratch_option = click.option(
+    "--scratch", type=click.Choice(["region", "windows"]), default="region", show_default=True,
+    help="With --arena and --placed: where kernels' workspaces and the outputs they allocate "
+         "beside their slots live. region: one region beside the arena, as large as the "
+         "largest kernel's, for the whole iteration; windows: a window per kernel inside the "
+         "arena, live only while it runs, so that memory holds tensors the rest of the time.")
 graph_option = click.option(
     "--graph", "graph_replay", is_flag=True,
     help="GPU mode: price the iteration as replayed from a CUDA graph (kernels at their device "

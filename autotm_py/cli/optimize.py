@@ -27,6 +27,7 @@ from autotm_py.cli.common import (
     model_options,
     print_json,
     reserve_option,
+    scratch_option,
     warn,
 )
 from autotm_py.config import (
@@ -142,6 +143,7 @@ RATIO_HELP = (
                    "their outputs at their slots), so the scratch region leaves those outputs "
                    "out and no copy into a slot is priced; --no-placed for runs that copy them "
                    "(`autotm run --no-placed`, or no C compiler where the plan runs).")
+@scratch_option
 @graph_option
 @click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
               help="Profile cache directory (default: $AUTOTM_PROFILES or ~/.cache/autotm).")
@@ -157,7 +159,7 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
                  recompute_ratio: float, recompute_early: int, read_pricing: str,
                  pin_weights: bool,
                  threads: int | None, headroom: float, reserve: str | None, arena: bool,
-                 placed: bool, graph_replay: bool,
+                 placed: bool, scratch: str, graph_replay: bool,
                  profiles_dir: str | None, no_baselines: bool,
                  output: str | None, as_json: bool, no_fuse: bool = False) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
@@ -179,7 +181,7 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         recompute_depth=recompute_depth, recompute_ratio=recompute_ratio,
         recompute_early=recompute_early, read_pricing=read_pricing,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
-        arena=arena, placed=placed, graph=graph_replay)
+        arena=arena, placed=placed, scratch=scratch, graph=graph_replay)
     control = SolveControl(time_limit_s=time_limit)
     with status.StatusLine(control, status.wanted(as_json)):
         control.report(stage="loading the model")

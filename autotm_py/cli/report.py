@@ -24,6 +24,7 @@ from autotm_py.cli.common import (
     parse_dims,
     print_json,
     require,
+    scratch_option,
     warn,
 )
 from autotm_py.config import DEFAULT_READ_PRICING, DEFAULT_SOLVER, READ_PRICINGS
@@ -210,6 +211,7 @@ def _split(text: str) -> tuple[str, ...]:
 @click.option("--placed/--no-placed", default=True, show_default=True,
               help="With --arena: plan and run for the placed allocator (kernels allocate their "
                    "outputs at their slots: `autotm run --placed`).")
+@scratch_option
 @click.option("--read-pricing", type=click.Choice(READ_PRICINGS),
               default=DEFAULT_READ_PRICING, show_default=True,
               help="How plans price the reads of moved tensors (`optimize --read-pricing`).")
@@ -237,8 +239,8 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
               memory: str | None, training: bool, batch: int | None, dims: tuple[str, ...],
               time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
               execute: bool, iterations: int, warmup: int, headroom: float, fit: bool,
-              arena: bool, graph_replay: bool, placed: bool, read_pricing: str,
-              plans_dir: str | None,
+              arena: bool, graph_replay: bool, placed: bool, scratch: str,
+              read_pricing: str, plans_dir: str | None,
               output: str, engine: str, workers: int | None,
               address: str | None, threads: int | None,
               no_progress: bool, as_json: bool) -> None:
@@ -262,7 +264,7 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
                      profiles_dir=profiles, execute=execute, iterations=iterations,
                      warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,
                      threads=threads, arena=arena, graph=graph_replay, placed=placed,
-                     read_pricing=read_pricing)
+                     scratch=scratch, read_pricing=read_pricing)
     where = {"engine": engine, "workers": workers, "address": address}
     if no_progress or as_json:
         result = run_bench(spec, output, **where)

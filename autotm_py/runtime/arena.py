@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from autotm_py.plan import INITIAL
+from autotm_py.plan import INITIAL, SCRATCH
 from autotm_py.runtime.device import cuda_index
 from autotm_py.runtime.pinned import TORCH_DTYPES
 
@@ -54,6 +54,15 @@ class DeviceArena:
         self.buffer = torch.empty(LEAD_BYTES + self.nbytes, dtype=torch.uint8,
                                   device=device)[LEAD_BYTES:]
         self._views: dict[tuple[int, int], torch.Tensor | None] = {}
+        start = self.buffer.data_ptr()
+        # scratch windows (`autotm optimize --scratch windows`): a record's scratch inside the
+        # tensors' region, as (address, bytes)
+        self._windows = {b.record: (start + b.offset, b.nbytes) for b in layout.buffers
+                         if b.tensor == SCRATCH and b.nbytes and b.offset < self.nbytes}
+
+    def window(self, record: int) -> tuple[int, int] | None:
+        """The scratch window of record `record` (address, bytes), None if it has none."""
+        return self._windows.get(record)
 
     def view(self, record: int, tensor: Tensor) -> torch.Tensor | None:
         """The slot of the fast copy of `tensor` made by record `record` (`INITIAL` for the

@@ -32,13 +32,14 @@ compute stream.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import logging
 import re
 import statistics
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -215,6 +216,9 @@ class Executor(PlanInterpreter):
         self._placed = placed.active() if self.arena is not None else None
         if self._placed is not None:
             self._placed.set_arena(self.arena.buffer.data_ptr(), self.arena.nbytes)
+        # kernels that asked for more scratch than their window holds: name -> (largest
+        # request served from outside it, the window's bytes), over every iteration
+        self.spills: dict[str, tuple[int, int]] = {}
         # without an arena, outputs written over inputs that die at their kernel (`reuse`)
         self._overwritable = {} if self.arena is not None else overwritable_inputs(graph, plan)
         # runs of SGD updates done as one foreach (not while kernels are timed one by one)
@@ -335,6 +339,34 @@ class Executor(PlanInterpreter):
 
     # ---- records ---------------------------------------------------------------------------
     def compute(self, record: Compute) -> None:
+        with self._scratch_window(record.kernel):
+            self._compute_in_window(record)
+
+    @contextlib.contextmanager
+    def _scratch_window(self, kernel_id: int) -> Iterator[None]:
+        """The current record's scratch window (a plan with `--scratch windows`): while the
+        kernel runs, its workspaces and temporaries are allocated there (`runtime.placed`).
+        What the kernel returns must be gone when it closes: the record's handler runs inside
+        it and drops its locals first. No window (none planned, or no placed allocator): the
+        kernel allocates beside the arena, as without windows."""
+        window = None if self._placed is None or self.arena is None else \
+            self.arena.window(self.index)
+        if window is None:
+            yield
+            return
+        try:
+            with self._placed.window(*window) as use:
+                yield
+            if use.largest_spill:
+                name = self.graph.kernels[kernel_id].name
+                largest = max(use.largest_spill, self.spills.get(name, (0, 0))[0])
+                self.spills[name] = (largest, window[1])
+        except placed.WindowLeak as exc:
+            name = self.graph.kernels[kernel_id].name
+            raise ExecutionError(f"kernel {name!r}: {exc}; its window's bytes hold other "
+                                 "tensors from now on (plan with --scratch region)") from None
+
+    def _compute_in_window(self, record: Compute) -> None:
         self.state.enqueued += 1
         kernel = self.graph.kernels[record.kernel]
         n_in = len(kernel.inputs)
@@ -475,6 +507,10 @@ class Executor(PlanInterpreter):
         outputs the record names in fast memory (the others are dropped at once). The kernels
         are deterministic, so the regenerated values equal the first ones bit for bit (on CUDA
         with deterministic algorithms)."""
+        with self._scratch_window(record.kernel):
+            self._recompute_in_window(record)
+
+    def _recompute_in_window(self, record: Recompute) -> None:
         self.state.enqueued += 1
         kernel = self.graph.kernels[record.kernel]
         args = [self._read(tid, FAST) for tid in kernel.inputs]
@@ -788,6 +824,8 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
             release_cap(dev)
     if not_placed is not None and executor.arena is not None:
         timed.notes.append(not_placed)
+    if executor.spills:
+        timed.notes.append(spill_note(executor.spills))
     if cap is not None and timed.capture_reserved is not None and timed.capture_reserved > cap:
         timed.notes.append(
             f"the capture held {(timed.capture_reserved - cap) / 2**20:.0f} MiB more than the "
@@ -850,6 +888,18 @@ def install_placed(plan: Plan, device: str, enforce_budget: bool = True,
     why = placed.install(None if budget is None else budget + slack)
     return None if why is None else \
         f"outputs copied into their slots: no placed allocator ({why})"
+
+
+def spill_note(spills: Mapping[str, tuple[int, int]], shown: int = 3) -> str:
+    """What a run says when kernels asked for more scratch than their windows hold (their
+    requests then came from the region beyond the arena, or overflowed it): the largest ones."""
+    worst = sorted(spills.items(), key=lambda kv: -kv[1][0])
+    parts = [f"{name!r} {largest / 2**20:.0f} MiB (window {window / 2**20:.0f} MiB)"
+             for name, (largest, window) in worst[:shown]]
+    more = f" and {len(worst) - shown} more" if len(worst) > shown else ""
+    return (f"scratch beyond its window at {len(spills)} kernel(s), largest requests: "
+            f"{', '.join(parts)}{more}; served beside the arena (their profile's workspace "
+            "is smaller than what they allocate here: profile on this GPU)")
 
 
 def _give_back(device: torch.device | None) -> None:

@@ -10,11 +10,14 @@ slot's exact size gets the slot's address: the kernel writes its output where th
 it, and nothing is copied. An output that lands elsewhere (the kernel allocated it at another
 size, or in another order) is copied as before, so the results never depend on it.
 
-Everything else torch allocates (workspaces, outputs without a slot, the arena) comes first-fit
-from one region reserved once, of the cap's size under a cap, with no CUDA call per
-allocation; a CUDA graph captures through it, and after a capture the region is fenced so
-nothing outside the graph lands in its scratch. What does not fit goes to cudaMalloc and is
-reported as overflow. torch's own statistics (`max_memory_allocated`...) do not exist under a
+A plan with scratch windows (`autotm optimize --scratch windows`) gives each kernel's scratch
+an offset inside the arena, free of tensors while that kernel runs; the executor opens it
+around the kernel (`PlacedLib.window`) and the kernel's workspaces and temporaries come from
+there. Everything else torch allocates (the arena, cuBLAS's workspaces, anything outside a
+window) comes first-fit from one region reserved once, of the cap's size under a cap, with no
+CUDA call per allocation; a CUDA graph captures through it, and after a capture the region is
+fenced so nothing outside the graph lands in its scratch. What does not fit goes to cudaMalloc
+and is reported as overflow. torch's own statistics (`max_memory_allocated`...) do not exist under a
 pluggable allocator; `runtime.device` asks `stats()` instead.
 
 It must be installed before the process first uses CUDA (`install`); `autotm run --arena`
@@ -51,6 +54,23 @@ class PlacedStats:
     overflow_allocations: int
     placed: int  # allocations served at a planned address (since install)
     region_start: int
+    windowed: int = 0  # allocations served from scratch windows (since install)
+
+
+@dataclass
+class WindowUse:
+    """One kernel's scratch window: whether it opened, and (after the kernel) the bytes its
+    kernel allocated outside it because it had no room (from the region) and the largest such
+    request."""
+
+    opened: bool
+    spilled_bytes: int = 0
+    largest_spill: int = 0
+
+
+class WindowLeak(RuntimeError):
+    """An allocation served from a kernel's scratch window was still live when the window
+    closed."""
 
 
 class PlacedLib:
@@ -68,6 +88,8 @@ class PlacedLib:
                 ("autotm_set_arena", [ptr, size], None),
                 ("autotm_expect", [ptr, size], ctypes.c_int),
                 ("autotm_expect_clear", [], None),
+                ("autotm_window_open", [ptr, size], ctypes.c_int),
+                ("autotm_window_close", [ctypes.POINTER(ctypes.c_uint64)], ctypes.c_long),
                 ("autotm_fence", [ctypes.c_int], None),
                 ("autotm_reset_peaks", [], None),
                 ("autotm_stats", [ctypes.POINTER(ctypes.c_uint64)], None)):
@@ -89,6 +111,26 @@ class PlacedLib:
         finally:
             self.lib.autotm_expect_clear()
 
+    @contextlib.contextmanager
+    def window(self, start: int, nbytes: int) -> Iterator[WindowUse]:
+        """While the body runs, what is not a slot is allocated first-fit in [start, start +
+        nbytes) (a kernel's scratch window, inside the arena) before the region; yields a
+        `WindowUse` that says, once the body is done, whether the window opened and what the
+        kernel got from outside it. Raises `WindowLeak` if an allocation made there outlives
+        the body (those bytes hold other tensors once the kernel is done)."""
+        use = WindowUse(bool(self.lib.autotm_window_open(start, nbytes)))
+        failed = True
+        spilled = (ctypes.c_uint64 * 2)()
+        try:
+            yield use
+            failed = False
+        finally:
+            live = int(self.lib.autotm_window_close(spilled))
+            use.spilled_bytes, use.largest_spill = int(spilled[0]), int(spilled[1])
+        if live and not failed:
+            raise WindowLeak(f"{live} allocation(s) made in a scratch window outlived their "
+                             "kernel")
+
     def fence(self, on: bool) -> None:
         self.lib.autotm_fence(int(on))
 
@@ -96,7 +138,7 @@ class PlacedLib:
         self.lib.autotm_reset_peaks()
 
     def stats(self) -> PlacedStats:
-        out = (ctypes.c_uint64 * 8)()
+        out = (ctypes.c_uint64 * 9)()
         self.lib.autotm_stats(out)
         return PlacedStats(*(int(v) for v in out))
 

@@ -11,6 +11,13 @@
  * and freed is offered again until `autotm_expect_clear`). When the region has no room, the
  * request goes to cudaMalloc and is counted as overflow (the run reports it).
  *
+ * Scratch windows: a plan may give a kernel's scratch (its workspace, the outputs it allocates
+ * beside its slots) a window of its own inside the arena, free of tensors while that kernel
+ * runs. While the executor holds a window open (`autotm_window_open`), every allocation that
+ * is not a slot comes first-fit from the window, and from the region only where the window has
+ * no room; closing it (`autotm_window_close`) says how many of its allocations are still live,
+ * which the executor treats as an error (their bytes belong to other tensors from then on).
+ *
  * Single-threaded by design: the executor allocates from one thread. No CUDA header is needed:
  * libcudart is looked up at run time (torch has loaded it), and `autotm_use_region` lets the
  * tests drive the bookkeeping over made-up addresses on a machine without a GPU.
@@ -28,10 +35,20 @@
 
 typedef void *stream_t;
 
+/* free extents of a range, sorted, disjoint */
+typedef struct {
+  uintptr_t lo[MAX_FREE], hi[MAX_FREE];
+  int n;
+} extents_t;
+
 static uintptr_t region_lo, region_hi;
 static size_t region_request;          /* bytes to reserve at first use; 0: free - margin */
-static uintptr_t free_lo[MAX_FREE], free_hi[MAX_FREE]; /* free extents, sorted, disjoint */
-static int n_free;
+static extents_t region_free;
+static uintptr_t win_lo, win_hi;       /* the open scratch window (win_hi 0: none) */
+static extents_t win_free;
+static long win_live;                  /* allocations from the open window not yet freed */
+static long window_count;              /* allocations served from windows (since install) */
+static size_t win_spilled, win_spill_max; /* what the open window's kernel got elsewhere */
 static uintptr_t fence;                /* region allocations only at or above it (0: off) */
 static size_t graph_extent;            /* the region's extent a fenced graph may write */
 static uintptr_t arena_lo, arena_hi;   /* the executor's arena, allocated from the region */
@@ -67,12 +84,16 @@ static int load_cudart(void) {
   return 0;
 }
 
+static void reset_extents(extents_t *e, uintptr_t lo, size_t size) {
+  e->n = size > 0;
+  e->lo[0] = lo;
+  e->hi[0] = lo + size;
+}
+
 static void set_region(uintptr_t lo, size_t size) {
   region_lo = lo;
   region_hi = lo + size;
-  n_free = size > 0;
-  free_lo[0] = lo;
-  free_hi[0] = lo + size;
+  reset_extents(&region_free, lo, size);
   in_use = peak_in_use = peak_top = graph_extent = 0;
   fence = arena_lo = arena_hi = 0;
 }
@@ -91,60 +112,72 @@ static void reserve_region(void) {
 
 static void note_top(void) {
   uintptr_t top = region_hi;
-  if (n_free && free_hi[n_free - 1] == region_hi) top = free_lo[n_free - 1];
+  const extents_t *e = &region_free;
+  if (e->n && e->hi[e->n - 1] == region_hi) top = e->lo[e->n - 1];
   if (top - region_lo > peak_top) peak_top = top - region_lo;
 }
 
-static void *take_from_region(size_t size) {
-  for (int i = 0; i < n_free; i++) {
-    uintptr_t lo = free_lo[i] < fence ? fence : free_lo[i];
-    if (lo >= free_hi[i] || free_hi[i] - lo < size) continue;
-    if (lo > free_lo[i]) { /* keep the part below the fence free */
-      if (n_free == MAX_FREE) return 0;
-      memmove(&free_lo[i + 1], &free_lo[i], (n_free - i) * sizeof *free_lo);
-      memmove(&free_hi[i + 1], &free_hi[i], (n_free - i) * sizeof *free_hi);
-      n_free++;
-      free_hi[i] = lo;
+/* First fit at or above `floor` (the part of a free extent below it stays free). */
+static uintptr_t take(extents_t *e, size_t size, uintptr_t floor) {
+  for (int i = 0; i < e->n; i++) {
+    uintptr_t lo = e->lo[i] < floor ? floor : e->lo[i];
+    if (lo >= e->hi[i] || e->hi[i] - lo < size) continue;
+    if (lo > e->lo[i]) { /* keep the part below the floor free */
+      if (e->n == MAX_FREE) return 0;
+      memmove(&e->lo[i + 1], &e->lo[i], (e->n - i) * sizeof *e->lo);
+      memmove(&e->hi[i + 1], &e->hi[i], (e->n - i) * sizeof *e->hi);
+      e->n++;
+      e->hi[i] = lo;
       i++;
-      free_lo[i] = lo;
+      e->lo[i] = lo;
     }
-    free_lo[i] += size;
-    if (free_lo[i] == free_hi[i]) {
-      memmove(&free_lo[i], &free_lo[i + 1], (n_free - i - 1) * sizeof *free_lo);
-      memmove(&free_hi[i], &free_hi[i + 1], (n_free - i - 1) * sizeof *free_hi);
-      n_free--;
+    e->lo[i] += size;
+    if (e->lo[i] == e->hi[i]) {
+      memmove(&e->lo[i], &e->lo[i + 1], (e->n - i - 1) * sizeof *e->lo);
+      memmove(&e->hi[i], &e->hi[i + 1], (e->n - i - 1) * sizeof *e->hi);
+      e->n--;
     }
-    in_use += size;
-    if (in_use > peak_in_use) peak_in_use = in_use;
-    note_top();
-    return (void *)lo;
+    return lo;
   }
   return 0;
 }
 
-static void give_to_region(uintptr_t lo, size_t size) {
+static void give(extents_t *e, uintptr_t lo, size_t size) {
   uintptr_t hi = lo + size;
   int i = 0;
-  while (i < n_free && free_lo[i] < lo) i++;
-  int joins_prev = i > 0 && free_hi[i - 1] == lo;
-  int joins_next = i < n_free && free_lo[i] == hi;
-  in_use -= size;
+  while (i < e->n && e->lo[i] < lo) i++;
+  int joins_prev = i > 0 && e->hi[i - 1] == lo;
+  int joins_next = i < e->n && e->lo[i] == hi;
   if (joins_prev && joins_next) {
-    free_hi[i - 1] = free_hi[i];
-    memmove(&free_lo[i], &free_lo[i + 1], (n_free - i - 1) * sizeof *free_lo);
-    memmove(&free_hi[i], &free_hi[i + 1], (n_free - i - 1) * sizeof *free_hi);
-    n_free--;
+    e->hi[i - 1] = e->hi[i];
+    memmove(&e->lo[i], &e->lo[i + 1], (e->n - i - 1) * sizeof *e->lo);
+    memmove(&e->hi[i], &e->hi[i + 1], (e->n - i - 1) * sizeof *e->hi);
+    e->n--;
   } else if (joins_prev) {
-    free_hi[i - 1] = hi;
+    e->hi[i - 1] = hi;
   } else if (joins_next) {
-    free_lo[i] = lo;
-  } else if (n_free < MAX_FREE) {
-    memmove(&free_lo[i + 1], &free_lo[i], (n_free - i) * sizeof *free_lo);
-    memmove(&free_hi[i + 1], &free_hi[i], (n_free - i) * sizeof *free_hi);
-    free_lo[i] = lo;
-    free_hi[i] = hi;
-    n_free++;
-  } /* else: the extent is lost until the region is reset (65536 holes: not seen) */
+    e->lo[i] = lo;
+  } else if (e->n < MAX_FREE) {
+    memmove(&e->lo[i + 1], &e->lo[i], (e->n - i) * sizeof *e->lo);
+    memmove(&e->hi[i + 1], &e->hi[i], (e->n - i) * sizeof *e->hi);
+    e->lo[i] = lo;
+    e->hi[i] = hi;
+    e->n++;
+  } /* else: the extent is lost until the range is reset (65536 holes: not seen) */
+}
+
+static void *take_from_region(size_t size) {
+  uintptr_t p = take(&region_free, size, fence);
+  if (!p) return 0;
+  in_use += size;
+  if (in_use > peak_in_use) peak_in_use = in_use;
+  note_top();
+  return (void *)p;
+}
+
+static void give_to_region(uintptr_t lo, size_t size) {
+  in_use -= size;
+  give(&region_free, lo, size);
 }
 
 void *autotm_alloc(size_t size, int device, stream_t stream) {
@@ -156,6 +189,16 @@ void *autotm_alloc(size_t size, int device, stream_t stream) {
       placed_count++;
       return (void *)exp_ptr[i];
     }
+  }
+  if (win_hi && size) { /* (an empty tensor may outlive its kernel: never from a window) */
+    uintptr_t w = take(&win_free, round_up(size), 0);
+    if (w) {
+      win_live++;
+      window_count++;
+      return (void *)w;
+    }
+    win_spilled += round_up(size);
+    if (round_up(size) > win_spill_max) win_spill_max = round_up(size);
   }
   if (size == 0) size = 1; /* a distinct address for every live allocation */
   reserve_region();
@@ -174,6 +217,11 @@ void autotm_free(void *ptr, size_t size, int device, stream_t stream) {
   (void)device;
   (void)stream;
   if (size == 0) size = 1;
+  if (p >= win_lo && p < win_hi) {
+    give(&win_free, p, round_up(size));
+    win_live--;
+    return;
+  }
   if (p >= arena_lo && p < arena_hi) {
     for (int i = 0; i < n_exp; i++)
       if (exp_ptr[i] == p && exp_state[i] == HANDED) exp_state[i] = ARMED;
@@ -206,6 +254,30 @@ int autotm_expect(uintptr_t ptr, size_t size) {
 
 void autotm_expect_clear(void) { n_exp = 0; }
 
+/* The scratch window of the kernel about to run: [lo, lo + size), inside the arena. */
+int autotm_window_open(uintptr_t lo, size_t size) {
+  if (win_hi || lo < arena_lo || lo + size > arena_hi || !size) return 0;
+  win_lo = lo;
+  win_hi = lo + size;
+  reset_extents(&win_free, lo, size);
+  win_live = 0;
+  win_spilled = win_spill_max = 0;
+  return 1;
+}
+
+/* Close the open window; returns how many of its allocations are still live (0 when all
+ * its kernel allocated there was freed with the kernel). `spilled`: the bytes its kernel
+ * asked for that the window could not serve (they came from the region) and the largest such
+ * request. */
+long autotm_window_close(uint64_t spilled[2]) {
+  long live = win_live;
+  spilled[0] = win_spilled;
+  spilled[1] = win_spill_max;
+  win_lo = win_hi = 0;
+  win_live = 0;
+  return live;
+}
+
 /* After a capture: region allocations from now on only above the highest byte used since the
  * last reset of the peaks (the capture's scratch, which its replays write, stays untouched),
  * and that extent stays in the reported peak while the fence is up; 0 lifts it. */
@@ -222,8 +294,8 @@ void autotm_reset_peaks(void) {
 }
 
 /* region bytes, in use, peak in use, peak extent, overflow bytes, overflow allocations,
- * allocations at planned addresses, region start */
-void autotm_stats(uint64_t out[8]) {
+ * allocations at planned addresses, region start, allocations served from windows */
+void autotm_stats(uint64_t out[9]) {
   out[0] = region_hi - region_lo;
   out[1] = in_use;
   out[2] = peak_in_use;
@@ -232,4 +304,5 @@ void autotm_stats(uint64_t out[8]) {
   out[5] = (uint64_t)overflow_count;
   out[6] = (uint64_t)placed_count;
   out[7] = region_lo;
+  out[8] = (uint64_t)window_count;
 }

@@ -54,6 +54,7 @@ from autotm_py.plan import (
     NON_REPRODUCIBLE_OPS,
     SCRATCH,
     TIER_CODES,
+    ArenaBuffer,
     Compute,
     Free,
     Move,
@@ -371,6 +372,8 @@ class Simulator(PlanInterpreter):
                              "tier")
             else:
                 self.alloc(tid, FAST)
+        if self.slots is not None and self.index in self.scratch:
+            self._check_window(self.scratch[self.index])
         self._await_inputs(kernel, overwrites=False)
         dropped = sum(self.size(t) for t in kernel.outputs if t not in rec.outputs)
         profiled = self.machine.fast_time(kid)
@@ -433,9 +436,27 @@ class Simulator(PlanInterpreter):
         if need and (have is None or have.nbytes < need):
             self.violate(f"the kernel needs {need} bytes of scratch, the arena gives it "
                          f"{0 if have is None else have.nbytes}")
-        elif have is not None and have.offset < self.plan.arena.scratch_offset:
-            self.violate(f"the kernel's scratch at {have.offset} lies below the scratch "
-                         f"region (from {self.plan.arena.scratch_offset})")
+        elif have is not None:
+            self._check_window(have)
+
+    def _check_window(self, have: ArenaBuffer) -> None:
+        """A scratch buffer below the scratch region is a window (`--scratch windows`): no
+        live fast copy may meet it while its kernel runs, nor a freed one still copied out."""
+        if have.offset >= self.plan.arena.scratch_offset or not have.nbytes:  # type: ignore[union-attr]
+            return
+        if not self.machine.windowed:
+            self.violate(f"the kernel's scratch at {have.offset} lies below the scratch region "
+                         f"(from {self.plan.arena.scratch_offset}), a window, but the plan was "  # type: ignore[union-attr]
+                         "not made for scratch windows")
+            return
+        low, high = have.offset, have.offset + have.nbytes
+        for lo, hi, holders in self.slots.overlapping(low, high):  # type: ignore[union-attr]
+            self.violate(f"the kernel's scratch window [{low}, {high}) overlaps the live copy "
+                         f"of {self.name(min(holders))} at [{lo}, {hi})")
+            return
+        if any(lo < high and low < hi and end > self.clock for lo, hi, end in self.busy):
+            self.violate(f"the kernel's scratch window [{low}, {high}) overlaps a freed copy "
+                         "that a copy to the slow tier still reads")
 
     def _check_steady_slots(self) -> None:
         """Arena: a tensor in fast memory at both ends ends in the slot where it started, or

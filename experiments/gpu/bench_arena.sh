@@ -15,7 +15,9 @@
 #   bash experiments/gpu/bench_arena.sh OUT_DIR resnet200/1:1,1:2 resnet200/1:3/spread ...
 # Each argument is MODEL/RATIOS[/spread] (spread: plans priced with --read-pricing spread, a
 # sweep of its own). Rows go to OUT_DIR/bench_arena.{csv,json}, one row at a time (a sweep cut
-# short keeps its rows; rerun to resume).
+# short keeps its rows; rerun to resume). STRATEGIES (default async+recompute) picks the plan
+# families; EXTRA adds bench options, e.g. EXTRA="--scratch windows" for plans with scratch
+# windows (their own rows: options arena+graph+placed+windows).
 set -u
 . experiments/gpu/setup.sh
 out=$1
@@ -31,7 +33,8 @@ for cell in "$@"; do
   echo "== $model $ratios ${pricing:-step} $(date -u +%H:%M:%S)"
   python3 -m autotm_py bench --models "$model" --ratios "$ratios" \
       --strategies "${STRATEGIES:-async+recompute}" --device cuda --training --batch "$1" \
-      "${@:2}" --time-limit 180 --arena --graph --read-pricing "${pricing:-step}" --execute \
+      "${@:2}" --time-limit 180 --arena --graph --read-pricing "${pricing:-step}" ${EXTRA:-} \
+      --execute \
       --plans experiments/plans/bench_arena --workers 1 --no-progress \
       -o "$out/bench_arena.csv" 2>&1 | tail -n 8
 done
