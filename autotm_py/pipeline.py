@@ -83,6 +83,10 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
     machine = machine_for(graph, config, costs, profiles_dir=profiles_dir)
     if machine.arena_mode:
         result, machine = fit_arena(machine, config, control)
+        if machine.windowed and result.plan is not None and result.plan.arena is None and \
+                not control.stop_requested:
+            result, machine = _with_region_instead(graph, config, costs, profiles_dir,
+                                                   control, result, machine)
     else:
         result = solve.plan(machine, config, control)
     if result.plan is not None and result.predicted_time_s is None:
@@ -93,6 +97,23 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
         control.report(stage="planning the baselines")
         result = replace(result, baselines=run_baselines(machine, names, control))
     return result
+
+
+def _with_region_instead(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | None,
+                         profiles_dir: PathLike | None, control: SolveControl,
+                         windowed: PlanResult, machine: MachineModel
+                         ) -> tuple[PlanResult, MachineModel]:
+    """A plan with scratch windows whose packing never fitted: planned again with the scratch
+    region (windows of huge workspaces among long-lived tensors leave holes the fit loop cannot
+    always hold back: VGG19 b64 at 80%). Kept if that one gets an arena, else the first."""
+    region_config = replace(config, scratch="region")
+    region_machine = machine_for(graph, region_config, costs, profiles_dir=profiles_dir)
+    result, region_machine = fit_arena(region_machine, region_config, control)
+    if result.plan is None or result.plan.arena is None:
+        return windowed, machine
+    return _noted(result, region_machine, [
+        "scratch windows: their packing never fitted the budget; planned with the scratch "
+        "region instead"])
 
 
 def fit_arena(machine: MachineModel, config: PlanConfig, control: SolveControl | None = None

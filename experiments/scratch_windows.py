@@ -15,6 +15,10 @@ For each ratio: the plan solved without an arena (workspace in every kernel's ro
 peak, the arena it would need today (tensors' packing + the largest scratch) and with scratch
 windows packed among the tensors, beside the budget the tensors may use (budget - runtime
 reserve).
+
+Since 2026-11-28 (afternoon) this is a feature: `autotm optimize --arena --scratch windows`
+(`MachineModel.windowed`, `arena.lifetimes`, served by the placed allocator; docs/gpu.md,
+"Scratch windows"). This script stays as the record of the measurement that motivated it.
 """
 
 from __future__ import annotations

@@ -330,14 +330,42 @@ def test_scratch_windows_lie_among_the_tensors_live_only_while_their_kernel_runs
     life = arena.lifetimes(machine, plan)
     spans = {(s.record, s.tensor): s for s in life.spans}
     window, tensor = next((w, b) for w in windows.values() for b in layout.buffers
-                          if b.tensor != SCRATCH and b.nbytes >= w.nbytes
-                          and spans[(b.record, b.tensor)].overlaps(spans[(w.record, SCRATCH)]))
+                          if b.tensor != SCRATCH and b.nbytes and
+                          spans[(b.record, b.tensor)].overlaps(spans[(w.record, SCRATCH)]))
+    # the window where it meets that tensor (within the arena)
+    at = min(tensor.offset, layout.nbytes - window.nbytes) // layout.alignment * layout.alignment
+    assert at < tensor.offset + tensor.nbytes and tensor.offset < at + window.nbytes
     with pytest.raises(PlanError, match=r"scratch window .* overlaps the live copy"):
-        simulate(graph, _moved(plan, window, tensor.offset), costs=costs)
+        simulate(graph, _moved(plan, window, at), costs=costs)
     # a plan that was not made for windows may not have one
     region = plan.with_header(config={**plan.header.config, "scratch": "region"})
     with pytest.raises(PlanError, match="not made for scratch windows"):
         simulate(graph, region, costs=costs)
+
+
+def test_windows_that_never_pack_in_the_budget_give_way_to_the_region(monkeypatch):
+    from autotm_py import pipeline
+
+    graph = small_training(kib=64)
+    costs = costs_for(graph)
+    packed = arena.pack
+
+    def windows_never_fit(machine, plan):
+        layout = packed(machine, plan)
+        return replace(layout, nbytes=10 * layout.nbytes) if machine.windowed else layout
+
+    monkeypatch.setattr(pipeline.arena, "pack", windows_never_fit)
+    budget = max(_budget(graph, costs, 0.5, False, arena=True),
+                 _budget(graph, costs, 0.5, False, arena=True, placed=True, scratch_windows=True))
+    config = PlanConfig(strategy="sync", device="cuda", fast_mem_bytes=budget, solver="highs",
+                        arena=True, scratch="windows")
+    result = optimize(graph, config, costs=costs)
+    assert result.plan is not None and result.plan.arena is not None, result.message
+    assert result.plan.header.config["scratch"] == "region"
+    assert "planned with the scratch region instead" in result.plan.header.notes[-1]
+    assert result.plan.arena.scratch_bytes > 0
+    monkeypatch.setattr(pipeline.arena, "pack", packed)
+    assert simulate(graph, result.plan, costs=costs).ok
 
 
 def test_scratch_windows_need_the_arena_and_the_placed_allocator():

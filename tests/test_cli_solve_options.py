@@ -77,3 +77,22 @@ def test_the_status_line_redraws_in_place_and_erases_itself(monkeypatch):
     with status.StatusLine(control, False, stream=quiet):
         time.sleep(0.02)
     assert quiet.getvalue() == ""
+
+
+def test_scratch_windows_without_an_arena_is_a_one_line_error(net, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["optimize", "net", "--fast-mem", "900KiB", "--device", "cuda",
+                 "--scratch", "windows", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --scratch windows needs --arena") and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_optimize_records_scratch_windows_in_the_plan(net, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["optimize", "net", "--fast-mem", "8MiB", "--device", "cuda", "--arena",
+                 "--scratch", "windows", "--no-baselines", "--recompute", "off",
+                 "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["header"]["config"]["scratch"] == "windows"
+    assert plan["arena"]["bytes"] == plan["arena"]["scratch_offset"]  # no region above

@@ -82,34 +82,48 @@ def test_the_fence_keeps_new_allocations_above_what_a_graph_uses(lib):
 
 def test_a_scratch_window_serves_what_is_not_a_slot_and_reports_what_outlives_it(lib):
     lead = 512
-    base = lib.alloc(lead + 8 * MIB)
+    base = lib.alloc(lead + 16 * MIB)
     arena = base + lead
-    lib.set_arena(arena, 8 * MIB)
+    lib.set_arena(arena, 16 * MIB)
     window = arena + 2 * MIB
-    slot = arena + 6 * MIB
-    with lib.expecting([(slot, 4096)]), lib.window(window, MIB) as use:
+    slot = arena + 10 * MIB
+    with lib.expecting([(slot, 4096)]), lib.window(window, 4 * MIB) as use:
         assert use.opened
-        workspace = lib.alloc(600 * 1024)
+        small = lib.alloc(1000)  # small requests leave the window to the large ones
+        assert not window <= small < window + 4 * MIB
+        workspace = lib.alloc(2 * MIB)
         assert workspace == window  # first fit in the window
         assert lib.alloc(4096) == slot  # slots still come first
-        temp = lib.alloc(300 * 1024)
-        assert temp == window + 600 * 1024
-        beyond = lib.alloc(300 * 1024)  # no room left in the window: from the region
-        assert not window <= beyond < window + MIB and beyond != 0
-        lib.free(workspace, 600 * 1024)
-        assert lib.alloc(100) == window  # freed window bytes are reused
-        lib.free(window, 100)
-        lib.free(temp, 300 * 1024)
-        lib.free(beyond, 300 * 1024)
-    assert (use.spilled_bytes, use.largest_spill) == (300 * 1024, 300 * 1024)
+        temp = lib.alloc(MIB)
+        assert temp == window + 2 * MIB
+        beyond = lib.alloc(3 * MIB // 2)  # no room left in the window: from the region
+        assert not window <= beyond < window + 4 * MIB and beyond != 0
+        lib.free(workspace, 2 * MIB)
+        assert lib.alloc(MIB) == window  # freed window bytes are reused
+        lib.free(window, MIB)
+        for start, nbytes in ((temp, MIB), (beyond, 3 * MIB // 2), (small, 1000)):
+            lib.free(start, nbytes)
+    assert (use.spilled_bytes, use.largest_spill) == (3 * MIB // 2, 3 * MIB // 2)
     assert lib.stats().windowed == 3
-    in_use = lib.stats().in_use_bytes
-    assert in_use == lead + 8 * MIB  # window allocations never count as region bytes
-    with lib.window(arena + 8 * MIB - 512, 1024) as use:
+    assert lib.stats().in_use_bytes == lead + 16 * MIB  # window bytes are not region bytes
+    with lib.window(arena + 16 * MIB - 512, MIB) as use:
         assert not use.opened  # a window must lie inside the arena
-    with pytest.raises(placed.WindowLeak, match="1 allocation"), lib.window(window, MIB):
-        lib.alloc(512)  # never freed: its bytes hold tensors once the kernel is done
-    assert lib.alloc(512) != window  # closed: nothing is served from it any more
+    with pytest.raises(placed.WindowLeak, match="1 allocation"), lib.window(window, 4 * MIB):
+        lib.alloc(MIB)  # never freed: its bytes hold tensors once the kernel is done
+    assert lib.alloc(MIB) != window  # closed: nothing is served from it any more
+
+
+def test_requests_beyond_the_region_are_kept_with_their_tags_largest_first(lib):
+    lib.tag(7)
+    assert lib.alloc(64 * MIB) == BASE
+    assert lib.alloc(MIB) == 0  # nothing left, and no CUDA here
+    assert lib.alloc(3 * MIB) == 0
+    lib.tag(9)
+    assert lib.alloc(2 * MIB) == 0
+    lib.tag(-1)
+    assert lib.alloc(512) == 0
+    assert lib.misses() == [(7, 3 * MIB), (9, 2 * MIB), (-1, 512)]  # one entry per tag
+    assert lib.misses() == []  # read once
 
 
 def test_build_names_a_missing_compiler(tmp_path, monkeypatch):
@@ -133,6 +147,8 @@ class _Recorder:
         self.offered: list[list[tuple[int, int]]] = []
         self.fenced: list[bool] = []
         self.windows: list[tuple[int, int]] = []
+        self.tags: list[int] = []
+        self.missed: list[tuple[int, int]] = []
 
     def set_arena(self, start: int, nbytes: int) -> None:
         self.arena = (start, nbytes)
@@ -144,6 +160,12 @@ class _Recorder:
 
     def fence(self, on: bool) -> None:
         self.fenced.append(on)
+
+    def tag(self, record: int) -> None:
+        self.tags.append(record)
+
+    def misses(self):
+        return self.missed
 
     def window(self, start: int, nbytes: int):
         import contextlib
@@ -175,7 +197,10 @@ def _windowed_plan(graph):
     from tests.graphs import costs_for
 
     costs = costs_for(graph)
-    budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
+    from autotm_py.machine import WINDOW_SLACK_BYTES
+
+    # half-way between the working set and the peak, and room for one window's slack
+    budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2 + 2 * WINDOW_SLACK_BYTES
     config = PlanConfig(fast_mem_bytes=budget, device="cuda", strategy="async", arena=True,
                         scratch="windows")
     result = optimize(graph, config, costs=costs)
@@ -240,12 +265,22 @@ def test_a_run_names_the_kernels_whose_scratch_did_not_fit_their_windows(monkeyp
             yield use
             use.spilled_bytes = use.largest_spill = nbytes + 3 * MIB  # more than it holds
 
+    from autotm_py.plan import Compute, Recompute
+
     graph = _graph("cnn")
-    monkeypatch.setattr(placed, "active", lambda: Spilling())
+    spilling = Spilling()
+    monkeypatch.setattr(placed, "active", lambda: spilling)
     plan, _ = _windowed_plan(graph)
+    first = next(i for i, r in enumerate(plan.records) if isinstance(r, Compute))
+    spilling.missed = [(first, 98 * MIB), (-1, MIB)]
     result = execute(graph, plan, device="cpu", iterations=1, warmup=1, arena=True)
     (note,) = [n for n in result.notes if n.startswith("scratch beyond its window")]
     assert "largest requests: '" in note and "profile on this GPU" in note
+    name = graph.kernels[plan.records[first].kernel].name
+    assert f"98.0 MiB at {name!r} (record #{first}), 1.0 MiB between kernels" in \
+        next(n for n in result.notes if n.startswith("requests beyond the cap"))
+    computes = {i for i, r in enumerate(plan.records) if isinstance(r, Compute | Recompute)}
+    assert computes <= set(spilling.tags) and -1 in spilling.tags  # every record is named
     monkeypatch.setattr(placed, "active", lambda: _Recorder())  # every request fitted
     result = execute(graph, plan, device="cpu", iterations=1, warmup=1, arena=True)
     assert not any(n.startswith("scratch beyond") for n in result.notes)

@@ -142,7 +142,8 @@ def _print_summary(result, notes) -> None:
                    f"them; {result.copied_outputs} carried values per iteration copied back "
                    "into the inputs' buffers")
     for note in result.notes:
-        if note.startswith(("no CUDA graph", "no arena", "outputs copied", "the plan was made")):
+        if note.startswith(("no CUDA graph", "no arena", "outputs copied", "the plan was made",
+                            "scratch beyond its window", "requests beyond the cap")):
             click.echo(f"note: {note}")
     if result.alloc_retries is not None:  # CUDA: on the CPU the host does the work itself
         click.echo(f"host: enqueueing an iteration took {result.host_median_s * 1e3:.3f} ms "

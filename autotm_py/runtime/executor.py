@@ -349,14 +349,19 @@ class Executor(PlanInterpreter):
         What the kernel returns must be gone when it closes: the record's handler runs inside
         it and drops its locals first. No window (none planned, or no placed allocator): the
         kernel allocates beside the arena, as without windows."""
-        window = None if self._placed is None or self.arena is None else \
-            self.arena.window(self.index)
+        if self._placed is None or self.arena is None:
+            yield
+            return
+        self._placed.tag(self.index)  # names the record in the allocator's overflow report
+        window = self.arena.window(self.index)
         if window is None:
             yield
+            self._placed.tag(-1)
             return
         try:
             with self._placed.window(*window) as use:
                 yield
+            self._placed.tag(-1)
             if use.largest_spill:
                 name = self.graph.kernels[kernel_id].name
                 largest = max(use.largest_spill, self.spills.get(name, (0, 0))[0])
@@ -826,6 +831,10 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
         timed.notes.append(not_placed)
     if executor.spills:
         timed.notes.append(spill_note(executor.spills))
+    if executor._placed is not None:
+        misses = executor._placed.misses()
+        if misses:
+            timed.notes.append(miss_note(graph, plan, misses))
     if cap is not None and timed.capture_reserved is not None and timed.capture_reserved > cap:
         timed.notes.append(
             f"the capture held {(timed.capture_reserved - cap) / 2**20:.0f} MiB more than the "
@@ -900,6 +909,21 @@ def spill_note(spills: Mapping[str, tuple[int, int]], shown: int = 3) -> str:
     return (f"scratch beyond its window at {len(spills)} kernel(s), largest requests: "
             f"{', '.join(parts)}{more}; served beside the arena (their profile's workspace "
             "is smaller than what they allocate here: profile on this GPU)")
+
+
+def miss_note(graph: TensorGraph, plan: Plan, misses: list[tuple[int, int]],
+              shown: int = 4) -> str:
+    """Where the placed allocator's region (the cap) had no room: the largest requests that
+    went beyond it, with the records that made them (-1: between kernels)."""
+    parts = []
+    for record, nbytes in misses[:shown]:
+        step = plan.records[record] if 0 <= record < len(plan.records) else None
+        kernel = getattr(step, "kernel", None)
+        where = "between kernels" if kernel is None else \
+            f"at {graph.kernels[kernel].name!r} (record #{record})"
+        parts.append(f"{nbytes / 2**20:.1f} MiB {where}")
+    return ("requests beyond the cap (the placed allocator's region had no room), largest: "
+            + ", ".join(parts))
 
 
 def _give_back(device: torch.device | None) -> None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("placed_alloc.c")
+MAX_MISSES = 8  # placed_alloc.c's table of the largest requests beyond the region
 ENV_OFF = "AUTOTM_PLACED"  # "0": keep torch's caching allocator (and the slot copies)
 
 
@@ -92,6 +93,9 @@ class PlacedLib:
                 ("autotm_window_close", [ctypes.POINTER(ctypes.c_uint64)], ctypes.c_long),
                 ("autotm_fence", [ctypes.c_int], None),
                 ("autotm_reset_peaks", [], None),
+                ("autotm_tag", [ctypes.c_long], None),
+                ("autotm_misses", [ctypes.POINTER(ctypes.c_int64),
+                                   ctypes.POINTER(ctypes.c_uint64)], ctypes.c_int),
                 ("autotm_stats", [ctypes.POINTER(ctypes.c_uint64)], None)):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, res
@@ -130,6 +134,17 @@ class PlacedLib:
         if live and not failed:
             raise WindowLeak(f"{live} allocation(s) made in a scratch window outlived their "
                              "kernel")
+
+    def tag(self, record: int) -> None:
+        """Name the record whose allocations come next (-1: none), for `misses`."""
+        self.lib.autotm_tag(record)
+
+    def misses(self) -> list[tuple[int, int]]:
+        """The largest requests the region could not serve since the last call (they went to
+        cudaMalloc, beyond the cap), as (tag, bytes), largest first; at most 8."""
+        tags, sizes = (ctypes.c_int64 * MAX_MISSES)(), (ctypes.c_uint64 * MAX_MISSES)()
+        n = int(self.lib.autotm_misses(tags, sizes))
+        return [(int(tags[i]), int(sizes[i])) for i in range(n)]
 
     def fence(self, on: bool) -> None:
         self.lib.autotm_fence(int(on))

@@ -17,6 +17,7 @@
  * is not a slot comes first-fit from the window, and from the region only where the window has
  * no room; closing it (`autotm_window_close`) says how many of its allocations are still live,
  * which the executor treats as an error (their bytes belong to other tensors from then on).
+ * Requests under WINDOW_MIN (and empty ones, which may outlive their kernel) skip the window.
  *
  * Single-threaded by design: the executor allocates from one thread. No CUDA header is needed:
  * libcudart is looked up at run time (torch has loaded it), and `autotm_use_region` lets the
@@ -24,11 +25,18 @@
  * Python side: autotm_py/runtime/placed.py. */
 #include <dlfcn.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
 #define ALIGN 512
 #define MAX_EXPECTED 16
+/* Requests smaller than this skip the open window for the region: a kernel's window is as
+ * large as its profiled scratch (cuDNN's workspace, exactly), so a small temporary live in it
+ * when the workspace is requested would push the workspace out (VGG19's first convolution
+ * gradients on the H200, 2026-11-28); the region beyond the arena has room for them. */
+#define WINDOW_MIN (1u << 20)
 #define MAX_FREE 65536
 #define ARMED 1
 #define HANDED 2
@@ -49,6 +57,41 @@ static extents_t win_free;
 static long win_live;                  /* allocations from the open window not yet freed */
 static long window_count;              /* allocations served from windows (since install) */
 static size_t win_spilled, win_spill_max; /* what the open window's kernel got elsewhere */
+/* who asked for the largest requests the region could not serve: the executor tags each
+ * record before it runs (`autotm_tag`); MAX_MISSES (tag, bytes), largest first */
+#define MAX_MISSES 8
+static long current_tag = -1;
+static long miss_tag[MAX_MISSES];
+static size_t miss_size[MAX_MISSES];
+static int n_miss;
+static int tracing = -1; /* AUTOTM_PLACED_TRACE=1: every request while a window is open, to stderr */
+
+static void trace(const char *what, size_t size, uintptr_t p) {
+  if (tracing < 0) tracing = getenv("AUTOTM_PLACED_TRACE") && *getenv("AUTOTM_PLACED_TRACE") == '1';
+  if (tracing && win_hi)
+    fprintf(stderr, "placed: record %ld %s %zu at window+%ld\n", current_tag, what, size,
+            (long)(p - win_lo));
+}
+
+static void note_miss(size_t size) {
+  int i = 0;
+  for (; i < n_miss; i++)
+    if (miss_tag[i] == current_tag) {
+      if (size <= miss_size[i]) return;
+      break; /* a larger request of the same tag replaces its entry */
+    }
+  if (i == n_miss) {
+    if (n_miss < MAX_MISSES) n_miss++;
+    else if (size <= miss_size[n_miss - 1]) return;
+    i = n_miss - 1;
+  }
+  for (; i > 0 && miss_size[i - 1] < size; i--) {
+    miss_tag[i] = miss_tag[i - 1];
+    miss_size[i] = miss_size[i - 1];
+  }
+  miss_tag[i] = current_tag;
+  miss_size[i] = size;
+}
 static uintptr_t fence;                /* region allocations only at or above it (0: off) */
 static size_t graph_extent;            /* the region's extent a fenced graph may write */
 static uintptr_t arena_lo, arena_hi;   /* the executor's arena, allocated from the region */
@@ -187,14 +230,16 @@ void *autotm_alloc(size_t size, int device, stream_t stream) {
     if (exp_state[i] == ARMED && exp_size[i] == size) {
       exp_state[i] = HANDED;
       placed_count++;
+      trace("slot", size, exp_ptr[i]);
       return (void *)exp_ptr[i];
     }
   }
-  if (win_hi && size) { /* (an empty tensor may outlive its kernel: never from a window) */
+  if (win_hi && size >= WINDOW_MIN) {
     uintptr_t w = take(&win_free, round_up(size), 0);
     if (w) {
       win_live++;
       window_count++;
+      trace("window", size, w);
       return (void *)w;
     }
     win_spilled += round_up(size);
@@ -203,7 +248,9 @@ void *autotm_alloc(size_t size, int device, stream_t stream) {
   if (size == 0) size = 1; /* a distinct address for every live allocation */
   reserve_region();
   void *p = take_from_region(round_up(size));
+  trace(p ? "region" : "beyond", size, (uintptr_t)p);
   if (p) return p;
+  note_miss(size);
   if (load_cudart() && cuda_malloc(&p, size) == 0) {
     overflow_bytes += size;
     overflow_count++;
@@ -217,6 +264,7 @@ void autotm_free(void *ptr, size_t size, int device, stream_t stream) {
   (void)device;
   (void)stream;
   if (size == 0) size = 1;
+  trace("free", size, p);
   if (p >= win_lo && p < win_hi) {
     give(&win_free, p, round_up(size));
     win_live--;
@@ -237,6 +285,20 @@ void autotm_free(void *ptr, size_t size, int device, stream_t stream) {
 }
 
 /* ---- called from Python (ctypes) ---------------------------------------------------------- */
+void autotm_tag(long tag) { current_tag = tag; }
+
+/* The largest requests that overflowed the region, with their tags; returns how many (and
+ * forgets them). */
+int autotm_misses(int64_t tags[MAX_MISSES], uint64_t sizes[MAX_MISSES]) {
+  int n = n_miss;
+  for (int i = 0; i < n; i++) {
+    tags[i] = miss_tag[i];
+    sizes[i] = miss_size[i];
+  }
+  n_miss = 0;
+  return n;
+}
+
 void autotm_request_region(size_t size) { region_request = size; }
 void autotm_use_region(uintptr_t lo, size_t size) { set_region(lo, size); } /* tests */
 void autotm_set_arena(uintptr_t lo, size_t size) { arena_lo = lo; arena_hi = lo + size; }
