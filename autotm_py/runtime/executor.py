@@ -339,8 +339,11 @@ class Executor(PlanInterpreter):
 
     # ---- records ---------------------------------------------------------------------------
     def compute(self, record: Compute) -> None:
+        if self._placed is None:  # no window to open: no context manager on the hot path
+            self._run_compute(record)
+            return
         with self._scratch_window(record.kernel):
-            self._compute_in_window(record)
+            self._run_compute(record)
 
     @contextlib.contextmanager
     def _scratch_window(self, kernel_id: int) -> Iterator[None]:
@@ -348,30 +351,29 @@ class Executor(PlanInterpreter):
         kernel runs, its workspaces and temporaries are allocated there (`runtime.placed`).
         What the kernel returns must be gone when it closes: the record's handler runs inside
         it and drops its locals first. No window (none planned, or no placed allocator): the
-        kernel allocates beside the arena, as without windows."""
-        if self._placed is None or self.arena is None:
-            yield
-            return
-        self._placed.tag(self.index)  # names the record in the allocator's overflow report
+        kernel allocates beside the arena, as without windows. Either way the record is named
+        to the placed allocator while it runs, for its report of requests beyond the cap."""
+        assert self._placed is not None and self.arena is not None
         window = self.arena.window(self.index)
-        if window is None:
-            yield
-            self._placed.tag(-1)
-            return
+        self._placed.tag(self.index)
         try:
+            if window is None:
+                yield
+                return
             with self._placed.window(*window) as use:
                 yield
-            self._placed.tag(-1)
-            if use.largest_spill:
-                name = self.graph.kernels[kernel_id].name
-                largest = max(use.largest_spill, self.spills.get(name, (0, 0))[0])
-                self.spills[name] = (largest, window[1])
         except placed.WindowLeak as exc:
             name = self.graph.kernels[kernel_id].name
             raise ExecutionError(f"kernel {name!r}: {exc}; its window's bytes hold other "
                                  "tensors from now on (plan with --scratch region)") from None
+        finally:
+            self._placed.tag(-1)
+        if use.largest_spill:
+            name = self.graph.kernels[kernel_id].name
+            largest = max(use.largest_spill, self.spills.get(name, (0, 0))[0])
+            self.spills[name] = (largest, window[1])
 
-    def _compute_in_window(self, record: Compute) -> None:
+    def _run_compute(self, record: Compute) -> None:
         self.state.enqueued += 1
         kernel = self.graph.kernels[record.kernel]
         n_in = len(kernel.inputs)
@@ -512,10 +514,13 @@ class Executor(PlanInterpreter):
         outputs the record names in fast memory (the others are dropped at once). The kernels
         are deterministic, so the regenerated values equal the first ones bit for bit (on CUDA
         with deterministic algorithms)."""
+        if self._placed is None:
+            self._run_recompute(record)
+            return
         with self._scratch_window(record.kernel):
-            self._recompute_in_window(record)
+            self._run_recompute(record)
 
-    def _recompute_in_window(self, record: Recompute) -> None:
+    def _run_recompute(self, record: Recompute) -> None:
         self.state.enqueued += 1
         kernel = self.graph.kernels[record.kernel]
         args = [self._read(tid, FAST) for tid in kernel.inputs]

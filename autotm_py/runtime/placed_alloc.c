@@ -32,10 +32,9 @@
 
 #define ALIGN 512
 #define MAX_EXPECTED 16
-/* Requests smaller than this skip the open window for the region: a kernel's window is as
- * large as its profiled scratch (cuDNN's workspace, exactly), so a small temporary live in it
- * when the workspace is requested would push the workspace out (VGG19's first convolution
- * gradients on the H200, 2026-11-28); the region beyond the arena has room for them. */
+/* Requests smaller than this skip the open window for the region: a window holds the
+ * profiled scratch and little more (machine.WINDOW_SLACK_BYTES), so small temporaries, which
+ * profiles do not count, are kept out of it rather than left to take a workspace's room. */
 #define WINDOW_MIN (1u << 20)
 #define MAX_FREE 65536
 #define ARMED 1
@@ -64,10 +63,14 @@ static long current_tag = -1;
 static long miss_tag[MAX_MISSES];
 static size_t miss_size[MAX_MISSES];
 static int n_miss;
-static int tracing = -1; /* AUTOTM_PLACED_TRACE=1: every request while a window is open, to stderr */
+/* AUTOTM_PLACED_TRACE=1: every request and free while a window is open, to stderr */
+static int tracing = -1;
 
 static void trace(const char *what, size_t size, uintptr_t p) {
-  if (tracing < 0) tracing = getenv("AUTOTM_PLACED_TRACE") && *getenv("AUTOTM_PLACED_TRACE") == '1';
+  if (tracing < 0) {
+    const char *on = getenv("AUTOTM_PLACED_TRACE");
+    tracing = on && *on == '1';
+  }
   if (tracing && win_hi)
     fprintf(stderr, "placed: record %ld %s %zu at window+%ld\n", current_tag, what, size,
             (long)(p - win_lo));
@@ -235,15 +238,16 @@ void *autotm_alloc(size_t size, int device, stream_t stream) {
     }
   }
   if (win_hi && size >= WINDOW_MIN) {
-    uintptr_t w = take(&win_free, round_up(size), 0);
+    size_t rounded = round_up(size);
+    uintptr_t w = take(&win_free, rounded, 0);
     if (w) {
       win_live++;
       window_count++;
       trace("window", size, w);
       return (void *)w;
     }
-    win_spilled += round_up(size);
-    if (round_up(size) > win_spill_max) win_spill_max = round_up(size);
+    win_spilled += rounded;
+    if (rounded > win_spill_max) win_spill_max = rounded;
   }
   if (size == 0) size = 1; /* a distinct address for every live allocation */
   reserve_region();

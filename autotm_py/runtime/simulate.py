@@ -442,19 +442,21 @@ class Simulator(PlanInterpreter):
     def _check_window(self, have: ArenaBuffer) -> None:
         """A scratch buffer below the scratch region is a window (`--scratch windows`): no
         live fast copy may meet it while its kernel runs, nor a freed one still copied out."""
-        if have.offset >= self.plan.arena.scratch_offset or not have.nbytes:  # type: ignore[union-attr]
-            return
-        if not self.machine.windowed:
-            self.violate(f"the kernel's scratch at {have.offset} lies below the scratch region "
-                         f"(from {self.plan.arena.scratch_offset}), a window, but the plan was "  # type: ignore[union-attr]
-                         "not made for scratch windows")
+        layout, slots = self.plan.arena, self.slots
+        assert layout is not None and slots is not None
+        if have.offset >= layout.scratch_offset or not have.nbytes:
             return
         low, high = have.offset, have.offset + have.nbytes
-        for lo, hi, holders in self.slots.overlapping(low, high):  # type: ignore[union-attr]
+        clash = next(iter(slots.overlapping(low, high)), None)
+        if not self.machine.windowed:
+            self.violate(f"the kernel's scratch at {low} lies below the scratch region (from "
+                         f"{layout.scratch_offset}), a window, but the plan was not made for "
+                         "scratch windows")
+        elif clash is not None:
+            lo, hi, holders = clash
             self.violate(f"the kernel's scratch window [{low}, {high}) overlaps the live copy "
                          f"of {self.name(min(holders))} at [{lo}, {hi})")
-            return
-        if any(lo < high and low < hi and end > self.clock for lo, hi, end in self.busy):
+        elif any(lo < high and low < hi and end > self.clock for lo, hi, end in self.busy):
             self.violate(f"the kernel's scratch window [{low}, {high}) overlaps a freed copy "
                          "that a copy to the slow tier still reads")
 
