@@ -11,16 +11,20 @@ Lifetimes, in half-steps (record i spans [2i, 2i + 2)):
   a Move to fast or by the Compute that produces it (at 2i), and dropped by the Free of that
   fast copy at record j (at 2j + 1, exclusive), or lives to the end of the iteration (2n). A
   fast copy read by an async copy to slow is held until the kernel that copy overlaps has
-  ended (the join), even where the plan frees it earlier;
+  ended (the join), even where the plan frees it earlier. A copy that runs on past that join
+  (copies are joined at their use) is waited for by whoever writes those bytes next, a
+  tensor's new copy or a kernel in its scratch window (the executor's `_claim`, the
+  simulator's `_wait_for_range`);
 - each Compute has a *scratch* buffer while its kernel runs, [2i, 2i + 1): the kernel's
   workspace plus the outputs that torch allocates itself before the executor copies them into
   their slots (`MachineModel.scratch`, `memory.scratch`). Kernels allocate scratch through
   torch's allocator, which cannot be told an address, so all scratch shares one region at the
   top of the arena, [scratch_offset, nbytes), as large as the largest kernel's. With scratch
   windows (`MachineModel.windowed`: the placed allocator serves each kernel's scratch from an
-  address the executor names, `runtime.placed`) each compute's scratch is instead a buffer of
-  its own, packed among the tensors, and there is no region: the memory a kernel's workspace
-  takes while it runs holds tensors the rest of the iteration;
+  address the executor names, `runtime.placed`) each compute's scratch of 1 MiB or more
+  (`MachineModel.windows`) is instead a buffer of its own, packed among the tensors, and the
+  region holds only the smaller ones: the memory a kernel's workspace takes while it runs
+  holds tensors the rest of the iteration;
 - steady state: a carried pair (W -> W') or a persistent tensor that is in fast memory when the
   iteration starts and when it ends keeps one offset across the boundary: the final copy of W'
   takes the slot of W's initial copy, so the next iteration (and a CUDA graph replaying it)
@@ -102,6 +106,7 @@ class _Lifetimes(PlanInterpreter):
         self.open: dict[int, tuple[int, int]] = {}  # tensor -> (record, start) of its fast copy
         self.spans: list[Span] = []
         self.scratch: dict[int, int] = {}  # compute record -> bytes (before in-place outputs)
+        self.windowed: set[int] = set()  # compute records whose scratch has a window
         self.sources: set[int] = set()  # fast copies that the coming step's async copies read
         self.held: list[tuple[int, int, int]] = []  # (tensor, record, start) freed while read
 
@@ -129,7 +134,7 @@ class _Lifetimes(PlanInterpreter):
         for j, tid in enumerate(kernel.outputs):
             if record.placement[n_in + j] == FAST:
                 self._open(tid, self.index)
-        self.scratch[self.index] = int(self.machine.scratch[record.kernel])
+        self._scratch(record.kernel)
         end = 2 * self.index + 1  # the step's join: its async copies are done
         for tid, rec, start in self.held:
             self._close(tid, rec, start, end)
@@ -141,7 +146,12 @@ class _Lifetimes(PlanInterpreter):
         # the outputs it drops at once) is its scratch, as for the kernel's first run
         for tid in record.outputs:
             self._open(tid, self.index)
-        self.scratch[self.index] = int(self.machine.scratch[record.kernel])
+        self._scratch(record.kernel)
+
+    def _scratch(self, kernel: int) -> None:
+        self.scratch[self.index] = int(self.machine.scratch[kernel])
+        if self.machine.windows[kernel]:
+            self.windowed.add(self.index)
 
     def free(self, record: Free) -> None:
         if record.tier != FAST or record.tensor not in self.open:
@@ -227,11 +237,12 @@ def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
                 continue
             in_place.add((tail.record, last))
         groups.append((a, z))
-    scratch = dict(walk.scratch)
-    if machine.windowed:  # each compute's scratch a buffer of its own, live while it runs
-        spans = spans + [Span(record, SCRATCH, 2 * record, 2 * record + 1, _aligned(n))
-                         for record, n in sorted(scratch.items()) if n > 0]
-        scratch = {}
+    # a window: the compute's scratch a buffer of its own, live while it runs; the rest share
+    # the region
+    scratch = {r: n for r, n in walk.scratch.items() if r not in walk.windowed}
+    spans = spans + [Span(record, SCRATCH, 2 * record, 2 * record + 1, _aligned(n))
+                     for record, n in sorted(walk.scratch.items())
+                     if n > 0 and record in walk.windowed]
     return Lifetimes(tuple(spans), scratch, tuple(groups), frozenset(in_place), end,
                      frozenset(boundary))
 

@@ -26,7 +26,7 @@ MAX_HEADROOM = 0.5
 # move or recompute (the joint ILP), only = keep or recompute, nothing is copied between tiers;
 # auto = on in GPU mode (where moving over PCIe is slow and compute is fast), off in host mode.
 RECOMPUTE_MODES: tuple[str, ...] = ("auto", "off", "on", "only")
-SCRATCH_MODES: tuple[str, ...] = ("region", "windows")
+SCRATCH_MODES: tuple[str, ...] = ("auto", "region", "windows")
 DEFAULT_RECOMPUTE_DEPTH = 2  # regeneration chains: a regenerated input of a regeneration, ...
 # A forward kernel is a recompute candidate when its time is at most this times the time to
 # copy its outputs out and back (both directions, overlapped copies)
@@ -90,8 +90,10 @@ class PlanConfig:
     # With `arena` and `placed`: where kernels' scratch (workspaces, outputs allocated beside
     # their slots) lives: "region", one region beside the arena as large as the largest
     # kernel's, for the whole iteration; "windows", a window per kernel inside the arena, live
-    # only while the kernel runs (SCRATCH_MODES; docs/gpu.md, "Scratch windows").
-    scratch: str = "region"
+    # only while the kernel runs; "auto", windows where the plan has an arena and the placed
+    # allocator, else the region (SCRATCH_MODES, `scratch_mode`; docs/gpu.md, "Scratch
+    # windows").
+    scratch: str = "auto"
     # GPU mode: price the iteration as a CUDA graph replays it (device times, no host
     # dispatch: `autotm run --graph`).
     graph: bool = False
@@ -159,6 +161,15 @@ class PlanConfig:
             else "off"
 
     @property
+    def scratch_mode(self) -> str:
+        """Where kernels' scratch lives in effect: region or windows (auto: windows with an
+        arena and the placed allocator, which measured as fast or faster on every model of
+        the benchmark: docs/gpu.md, "Scratch windows by default")."""
+        if self.scratch != "auto":
+            return self.scratch
+        return "windows" if self.arena and self.placed else "region"
+
+    @property
     def plan_name(self) -> str:
         """The plan family's name: ``sync``/``async`` (move-only), ``sync+recompute``/
         ``async+recompute`` (joint) or ``recompute-only``."""
@@ -204,6 +215,7 @@ class PlanConfig:
         d = asdict(self)
         d["ratio"] = None if self.ratio is None else str(self.ratio)
         d["recompute"] = self.recompute_mode
+        d["scratch"] = self.scratch_mode
         return d
 
 

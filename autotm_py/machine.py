@@ -35,9 +35,10 @@ offsets, and what kernels allocate themselves (workspace, outputs they cannot wr
 (`scratch_reserve`). The capacity rows then bound the tensors alone (`workspace` is zero) by the
 budget less the scratch region. `arena_margin`: bytes the planner holds back so that the
 packed arena fits (the pipeline's fit loop). `scratch_windows` (an arena run with the placed
-allocator): each kernel's scratch gets a window of its own inside the arena instead, live only
-while the kernel runs (`autotm optimize --scratch windows`); there is no scratch region, and
-each capacity row counts its kernel's scratch beside the tensors (`workspace` is the scratch).
+allocator): each kernel's scratch of at least `WINDOW_MIN_BYTES` gets a window of its own inside
+the arena instead, live only while the kernel runs (`autotm optimize --scratch windows`, the
+default there), and each capacity row counts its kernel's window beside the tensors
+(`workspace`); smaller scratch shares a region of less than `WINDOW_MIN_BYTES`.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ def working_sets(graph: TensorGraph, costs: KernelCosts | None = None) -> np.nda
 # weight-gradient workspace for VGG19's first convolutions on the H200 (2026-11-28: 1646379687
 # bytes asked, 1646379520 profiled), which then went beyond the cap.
 WINDOW_SLACK_BYTES = 1 << 20
+# Kernels whose scratch is smaller get no window: the placed allocator serves requests under
+# this size from the region beside the arena (`runtime/placed_alloc.c`, WINDOW_MIN), so such a
+# window would hold nothing; their scratch shares a region of at most this size instead.
+WINDOW_MIN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -222,30 +227,39 @@ class MachineModel:
     def workspace(self) -> np.ndarray:
         """Per kernel: the bytes its capacity row counts beside its tensors, its workspace; in
         arena mode none (the scratch region holds every kernel's workspace), with scratch
-        windows its scratch (the window lies among the tensors while the kernel runs)."""
+        windows the scratch of the kernels that have one (the window lies among the tensors
+        while the kernel runs)."""
         if self.windowed:
-            return self.scratch
+            return np.where(self.windows, self.scratch, 0)
         if self.arena_mode:
             return np.zeros(len(self.graph.kernels), dtype=np.int64)
         return self.kernel_workspace
 
     @cached_property
+    def windows(self) -> np.ndarray:
+        """Per kernel: whether its scratch has a window of its own (scratch windows, and at
+        least `WINDOW_MIN_BYTES` of scratch); the others' scratch is in the region."""
+        base = self._kernel_scratch
+        return base >= WINDOW_MIN_BYTES if self.windowed else np.zeros(len(base), dtype=bool)
+
+    @cached_property
+    def _kernel_scratch(self) -> np.ndarray:
+        return self.kernel_workspace + self._allocated_bytes(self.sizes)
+
+    @cached_property
     def scratch(self) -> np.ndarray:
         """Per kernel: its scratch in an arena run, workspace plus the fast outputs that
-        torch allocates (`memory.scratch`; pinned outputs are outside the budget); with
-        scratch windows, `WINDOW_SLACK_BYTES` more where it is not zero."""
-        scratch = self.kernel_workspace + self._allocated_bytes(self.sizes)
-        if self.windowed:
-            scratch = scratch + np.where(scratch > 0, WINDOW_SLACK_BYTES, 0)
-        return scratch
+        torch allocates (`memory.scratch`; pinned outputs are outside the budget); a window,
+        `WINDOW_SLACK_BYTES` more."""
+        return self._kernel_scratch + np.where(self.windows, WINDOW_SLACK_BYTES, 0)
 
     @cached_property
     def scratch_reserve(self) -> int:
-        """Arena mode: the scratch region, the largest kernel's scratch; else (and with
-        scratch windows) 0."""
-        if not self.arena_mode or self.windowed or not self.graph.kernels:
+        """Arena mode: the scratch region, the largest scratch of a kernel without a window
+        (with scratch windows: under `WINDOW_MIN_BYTES`); else 0."""
+        if not self.arena_mode or not self.graph.kernels:
             return 0
-        return int(self.scratch.max())
+        return int(np.where(self.windows, 0, self.scratch).max())
 
     @cached_property
     def live_ranges(self) -> tuple[tuple[int, int], ...]:

@@ -62,7 +62,7 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
     return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights,
                         config.headroom, graph_replay=config.graph, arena=config.arena,
                         placed=config.arena and config.placed,
-                        scratch_windows=config.scratch == "windows")
+                        scratch_windows=config.scratch_mode == "windows")
 
 
 # The fit loop: solves at most this many times; each retry holds back the last packing's excess

@@ -35,16 +35,19 @@ def test_arena_rows_have_their_own_key_and_plan_files(tmp_path):
                        plans_dir=str(tmp_path))
     copied = BenchSpec(models=("m",), ratios=("1:1",), device="cuda", arena=True,
                        placed=False, plans_dir=str(tmp_path))
-    assert (eager.options, placed.options, copied.options) == (
-        None, "arena+graph+placed", "arena")
+    region = BenchSpec(models=("m",), ratios=("1:1",), device="cuda", arena=True, graph=True,
+                       scratch="region", plans_dir=str(tmp_path))
+    # placed arena plans have scratch windows by default
+    assert (eager.options, placed.options, copied.options, region.options) == (
+        None, "arena+graph+placed+windows", "arena", "arena+graph+placed")
     cell = ("m", "1:1", "sync", "highs")
-    paths = {s.plan_path(*cell) for s in (eager, placed, copied)}
-    assert len(paths) == 3
+    paths = {s.plan_path(*cell) for s in (eager, placed, copied, region)}
+    assert len(paths) == 4
     assert eager.row_key(*cell)[-1] == ""  # rows written before the column read back the same
-    assert placed.plan_path(*cell).name.endswith("_arena+graph+placed.json.gz")
+    assert placed.plan_path(*cell).name.endswith("_arena+graph+placed+windows.json.gz")
     spread = BenchSpec(models=("m",), ratios=("1:1",), device="cuda", arena=True, graph=True,
                        read_pricing="spread")
-    assert spread.options == "arena+graph+placed+spread"
+    assert spread.options == "arena+graph+placed+windows+spread"
     assert spread.plan_path(*cell) is None  # no --plans
 
 
@@ -75,7 +78,7 @@ def test_arena_plans_run_in_their_own_process(onnx_path, tmp_path, monkeypatch):
     result = _run_bench(arena_spec(onnx_path, execute=True, plans_dir=str(plans)),
                         tmp_path / "b.csv", workers=1)
     row = result.rows[0]
-    assert row["options"] == "arena+graph+placed" and row["status"] == "optimal"
+    assert row["options"] == "arena+graph+placed+windows" and row["status"] == "optimal"
     assert (row["measured_s"], row["measured_reserved_peak_bytes"]) == (0.25, 950)
     assert (row["measured_replayed"], row["measured_placed_outputs"],
             row["measured_copied_outputs"]) == (True, 7, 3)
@@ -88,6 +91,7 @@ def test_arena_plans_run_in_their_own_process(onnx_path, tmp_path, monkeypatch):
     assert plan.arena is not None and plan.header.config["arena"]
     assert plan.header.config["graph"] and plan.header.config["placed"]
     assert plan.header.config["read_pricing"] == "step"
+    assert plan.header.config["scratch"] == "windows"  # the default for placed arena plans
     # the all-fast reference replayed (static inputs); the baselines eager, in this process
     assert ("all-fast", True, True) in in_process and ("lru", False, False) in in_process
     assert row["measured_all_fast_s"] == 0.5

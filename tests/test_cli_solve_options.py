@@ -88,11 +88,14 @@ def test_scratch_windows_without_an_arena_is_a_one_line_error(net, tmp_path, cap
     assert not out.exists()
 
 
-def test_optimize_records_scratch_windows_in_the_plan(net, tmp_path, capsys):
+@pytest.mark.parametrize("flags, want", [([], "windows"), (["--scratch", "windows"], "windows"),
+                                         (["--scratch", "region"], "region"),
+                                         (["--no-placed"], "region")])
+def test_optimize_records_where_the_scratch_lives_in_the_plan(net, tmp_path, capsys, flags,
+                                                               want):
+    # windows by default for arena plans run with the placed allocator, else the region
     out = tmp_path / "plan.json"
     assert main(["optimize", "net", "--fast-mem", "8MiB", "--device", "cuda", "--arena",
-                 "--scratch", "windows", "--no-baselines", "--recompute", "off",
-                 "-o", str(out)]) == 0
+                 *flags, "--no-baselines", "--recompute", "off", "-o", str(out)]) == 0
     plan = json.loads(out.read_text())
-    assert plan["header"]["config"]["scratch"] == "windows"
-    assert plan["arena"]["bytes"] == plan["arena"]["scratch_offset"]  # no region above
+    assert plan["header"]["config"]["scratch"] == want

@@ -49,35 +49,36 @@ class Net:
 
 
 def _conv_bn_relu(net: Net, x: int, cin: int, cout: int, hw: int, k: int = 3,
-                  relu: bool = True) -> int:
+                  relu: bool = True, n: int = 2) -> int:
     pad = k // 2
-    c = net.op("Conv", [x, net.weight(cout, cin, k, k)], (2, cout, hw, hw),
+    c = net.op("Conv", [x, net.weight(cout, cin, k, k)], (n, cout, hw, hw),
                kernel_shape=(k, k), pads=(pad,) * 4, strides=(1, 1), dilations=(1, 1), group=1)
     bn = net.op("BatchNormalization", [c, net.weight(cout), net.weight(cout), net.weight(cout),
-                                       net.weight(cout)], (2, cout, hw, hw), epsilon=1e-5,
+                                       net.weight(cout)], (n, cout, hw, hw), epsilon=1e-5,
                 momentum=0.9)
-    return net.op("Relu", [bn], (2, cout, hw, hw)) if relu else bn
+    return net.op("Relu", [bn], (n, cout, hw, hw)) if relu else bn
 
 
-def small_cnn() -> TensorGraph:
+def small_cnn(n: int = 2, size: int = 16) -> TensorGraph:
     """conv-bn-relu, maxpool, a residual block, a two-branch concat, avgpool, global pool,
-    dropout and a Gemm classifier."""
+    dropout and a Gemm classifier; `n` images of `size` x `size` (a multiple of 4)."""
     net = Net("small_cnn")
-    x = net.tensor((2, 3, 16, 16), Role.INPUT, name="image")
-    h = _conv_bn_relu(net, x, 3, 8, 16)
-    h = net.op("MaxPool", [h], (2, 8, 8, 8), kernel_shape=(2, 2), strides=(2, 2))
-    r = _conv_bn_relu(net, h, 8, 8, 8)
-    r = _conv_bn_relu(net, r, 8, 8, 8, relu=False)
-    h = net.op("Relu", [net.op("Add", [r, h], (2, 8, 8, 8))], (2, 8, 8, 8))
-    a = _conv_bn_relu(net, h, 8, 4, 8, k=1)
-    b = _conv_bn_relu(net, h, 8, 6, 8)
-    h = net.op("Concat", [a, b, h], (2, 18, 8, 8), axis=1)
-    h = net.op("AveragePool", [h], (2, 18, 4, 4), kernel_shape=(3, 3), strides=(2, 2),
-               pads=(1, 1, 1, 1), count_include_pad=0)
-    h = net.op("GlobalAveragePool", [h], (2, 18, 1, 1))
-    h = net.op("Flatten", [h], (2, 18), axis=1)
-    h = net.op("Dropout", [h], (2, 18), ratio=0.25)
-    return net.build(net.op("Gemm", [h, net.weight(10, 18), net.weight(10)], (2, 10),
+    half, quarter = size // 2, size // 4
+    x = net.tensor((n, 3, size, size), Role.INPUT, name="image")
+    h = _conv_bn_relu(net, x, 3, 8, size, n=n)
+    h = net.op("MaxPool", [h], (n, 8, half, half), kernel_shape=(2, 2), strides=(2, 2))
+    r = _conv_bn_relu(net, h, 8, 8, half, n=n)
+    r = _conv_bn_relu(net, r, 8, 8, half, relu=False, n=n)
+    h = net.op("Relu", [net.op("Add", [r, h], (n, 8, half, half))], (n, 8, half, half))
+    a = _conv_bn_relu(net, h, 8, 4, half, k=1, n=n)
+    b = _conv_bn_relu(net, h, 8, 6, half, n=n)
+    h = net.op("Concat", [a, b, h], (n, 18, half, half), axis=1)
+    h = net.op("AveragePool", [h], (n, 18, quarter, quarter), kernel_shape=(3, 3),
+               strides=(2, 2), pads=(1, 1, 1, 1), count_include_pad=0)
+    h = net.op("GlobalAveragePool", [h], (n, 18, 1, 1))
+    h = net.op("Flatten", [h], (n, 18), axis=1)
+    h = net.op("Dropout", [h], (n, 18), ratio=0.25)
+    return net.build(net.op("Gemm", [h, net.weight(10, 18), net.weight(10)], (n, 10),
                             transB=1))
 
 

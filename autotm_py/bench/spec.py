@@ -87,7 +87,7 @@ class BenchSpec:
     arena: bool = False
     graph: bool = False
     placed: bool = True
-    scratch: str = "region"  # `optimize --scratch`: region | windows
+    scratch: str = "auto"  # `optimize --scratch`: auto | region | windows
     read_pricing: str = DEFAULT_READ_PRICING  # `optimize --read-pricing`
 
     def __post_init__(self) -> None:
@@ -147,10 +147,15 @@ class BenchSpec:
         ``arena+graph+placed+spread``."""
         parts = [name for name, on in (("arena", self.arena), ("graph", self.graph),
                                        ("placed", self.arena and self.placed),
-                                       ("windows", self.scratch == "windows"),
+                                       ("windows", self.scratch_mode == "windows"),
                                        (self.read_pricing,
                                         self.read_pricing != DEFAULT_READ_PRICING)) if on]
         return "+".join(parts) or None
+
+    @property
+    def scratch_mode(self) -> str:
+        """Where the plans' kernel scratch lives in effect (`PlanConfig.scratch_mode`)."""
+        return self.plan_config(self.strategies[0]).scratch_mode
 
     @property
     def dims_text(self) -> str | None:

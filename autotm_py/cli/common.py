@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from autotm_py import api
-from autotm_py.config import MAX_FOOTPRINT_BYTES, MAX_HEADROOM
+from autotm_py.config import MAX_FOOTPRINT_BYTES, MAX_HEADROOM, SCRATCH_MODES
 from autotm_py.errors import ConfigError, MissingDependencyError
 from autotm_py.fileio import write_problem
 from autotm_py.ir.loss import LOSSES
@@ -87,11 +87,12 @@ arena_option = click.option(
          "packed arena in the budget (re-solving tighter where it does not fit), so the plan "
          "runs at planned addresses without --headroom (`autotm run --arena`).")
 scratch_option = click.option(
-    "--scratch", type=click.Choice(["region", "windows"]), default="region", show_default=True,
+    "--scratch", type=click.Choice(SCRATCH_MODES), default="auto", show_default=True,
     help="With --arena and --placed: where kernels' workspaces and the outputs they allocate "
-         "beside their slots live. region: one region beside the arena, as large as the "
-         "largest kernel's, for the whole iteration; windows: a window per kernel inside the "
-         "arena, live only while it runs, so that memory holds tensors the rest of the time.")
+         "beside their slots live. windows: a window per kernel inside the arena, live only "
+         "while it runs, so that memory holds tensors the rest of the time; region: one region "
+         "beside the arena, as large as the largest kernel's, for the whole iteration; auto: "
+         "windows with --arena and --placed, else the region.")
 graph_option = click.option(
     "--graph", "graph_replay", is_flag=True,
     help="GPU mode: price the iteration as replayed from a CUDA graph (kernels at their device "

@@ -54,14 +54,14 @@ class DeviceArena:
         self.buffer = torch.empty(LEAD_BYTES + self.nbytes, dtype=torch.uint8,
                                   device=device)[LEAD_BYTES:]
         self._views: dict[tuple[int, int], torch.Tensor | None] = {}
-        start = self.buffer.data_ptr()
         # scratch windows (`autotm optimize --scratch windows`): a record's scratch inside the
-        # tensors' region, as (address, bytes)
-        self._windows = {b.record: (start + b.offset, b.nbytes) for b in layout.buffers
+        # tensors' region, as its bytes
+        self._windows = {b.record: self.buffer[b.offset:b.offset + b.nbytes]
+                         for b in layout.buffers
                          if b.tensor == SCRATCH and b.nbytes and b.offset < self.nbytes}
 
-    def window(self, record: int) -> tuple[int, int] | None:
-        """The scratch window of record `record` (address, bytes), None if it has none."""
+    def window(self, record: int) -> torch.Tensor | None:
+        """The scratch window of record `record` (its bytes), None if it has none."""
         return self._windows.get(record)
 
     def view(self, record: int, tensor: Tensor) -> torch.Tensor | None:

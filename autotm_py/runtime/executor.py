@@ -355,12 +355,14 @@ class Executor(PlanInterpreter):
         to the placed allocator while it runs, for its report of requests beyond the cap."""
         assert self._placed is not None and self.arena is not None
         window = self.arena.window(self.index)
+        if window is not None and self.state.busy:
+            self._claim(window, None)  # freed tensors there may still be copied out
         self._placed.tag(self.index)
         try:
             if window is None:
                 yield
                 return
-            with self._placed.window(*window) as use:
+            with self._placed.window(window.data_ptr(), window.numel()) as use:
                 yield
         except placed.WindowLeak as exc:
             name = self.graph.kernels[kernel_id].name
@@ -371,7 +373,7 @@ class Executor(PlanInterpreter):
         if use.largest_spill:
             name = self.graph.kernels[kernel_id].name
             largest = max(use.largest_spill, self.spills.get(name, (0, 0))[0])
-            self.spills[name] = (largest, window[1])
+            self.spills[name] = (largest, window.numel())
 
     def _run_compute(self, record: Compute) -> None:
         self.state.enqueued += 1

@@ -236,12 +236,19 @@ class Simulator(PlanInterpreter):
         low = self.slots.where.get(tid) if self.busy and self.slots is not None else None
         if low is None:  # nothing still copied out, or no slot (`_place` said why)
             return
-        high = low + self.size(tid)
-        ready = max((end for lo, hi, end in self.busy if lo < high and low < hi), default=0.0)
         if state == ARRIVING:
-            self.slot_free[tid] = ready
-        elif ready > self.clock:
-            self.clock = ready
+            self.slot_free[tid] = self._copied_out(low, low + self.size(tid))
+        else:
+            self._wait_for_range(low, low + self.size(tid))
+
+    def _copied_out(self, low: int, high: int) -> float:
+        """When the copies out of freed tenants of arena bytes [low, high) end (0: none)."""
+        return max((end for lo, hi, end in self.busy if lo < high and low < hi), default=0.0)
+
+    def _wait_for_range(self, low: int, high: int) -> None:
+        """The compute stream writes arena bytes [low, high) next: it waits for the copies out
+        of their freed tenants."""
+        self.clock = max(self.clock, self._copied_out(low, high))
         self.busy = [b for b in self.busy if b[2] > self.clock]
 
     def release(self, tid: int, tier: str) -> None:
@@ -441,7 +448,10 @@ class Simulator(PlanInterpreter):
 
     def _check_window(self, have: ArenaBuffer) -> None:
         """A scratch buffer below the scratch region is a window (`--scratch windows`): no
-        live fast copy may meet it while its kernel runs, nor a freed one still copied out."""
+        live fast copy may meet it while its kernel runs. Where a freed copy there is still
+        copied out, the kernel waits for that copy, as the next tenant of a slot does (the
+        executor's `_claim`): the packer holds such a copy only to the join of the step its
+        copy overlaps, and a copy joined at a later use may outlast that."""
         layout, slots = self.plan.arena, self.slots
         assert layout is not None and slots is not None
         if have.offset >= layout.scratch_offset or not have.nbytes:
@@ -456,9 +466,8 @@ class Simulator(PlanInterpreter):
             lo, hi, holders = clash
             self.violate(f"the kernel's scratch window [{low}, {high}) overlaps the live copy "
                          f"of {self.name(min(holders))} at [{lo}, {hi})")
-        elif any(lo < high and low < hi and end > self.clock for lo, hi, end in self.busy):
-            self.violate(f"the kernel's scratch window [{low}, {high}) overlaps a freed copy "
-                         "that a copy to the slow tier still reads")
+        else:
+            self._wait_for_range(low, high)
 
     def _check_steady_slots(self) -> None:
         """Arena: a tensor in fast memory at both ends ends in the slot where it started, or

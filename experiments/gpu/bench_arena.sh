@@ -16,8 +16,9 @@
 # Each argument is MODEL/RATIOS[/spread] (spread: plans priced with --read-pricing spread, a
 # sweep of its own). Rows go to OUT_DIR/bench_arena.{csv,json}, one row at a time (a sweep cut
 # short keeps its rows; rerun to resume). STRATEGIES (default async+recompute) picks the plan
-# families; EXTRA adds bench options, e.g. EXTRA="--scratch windows" for plans with scratch
-# windows (their own rows: options arena+graph+placed+windows).
+# families; EXTRA adds bench options, e.g. EXTRA="--scratch region" for plans with one scratch
+# region (their own rows: options arena+graph+placed; the default since 2026-11-28 evening is
+# scratch windows, options arena+graph+placed+windows, as EXTRA="--scratch windows" asked before).
 set -u
 . experiments/gpu/setup.sh
 out=$1

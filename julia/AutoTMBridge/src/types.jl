@@ -167,9 +167,9 @@ end
     ArenaLayout
 
 Where the plan's fast-memory buffers live in one arena of `nbytes`: tensors below
-`scratch_offset`, kernel scratch above it (or, in plans made with `--scratch windows`, below it:
-a kernel's window among the tensors, used only while that kernel runs); every offset a multiple
-of `alignment`.
+`scratch_offset`, kernel scratch above it (or, with scratch windows, the default for arena plans
+since 2026-11-28, a kernel's scratch of 1 MiB or more below it: a window among the tensors, used
+only while that kernel runs); every offset a multiple of `alignment`.
 """
 struct ArenaLayout
     nbytes::Int
