@@ -167,7 +167,9 @@ def fit_arena(machine: MachineModel, config: PlanConfig, control: SolveControl |
 
 
 def _arena_note(layout: arena.ArenaLayout, machine: MachineModel, solves: int) -> str:
-    return (f"arena: {format_bytes(layout.nbytes)} (tensors "
+    windows = len(layout.windows())
+    among = f" and {windows} scratch windows" if windows else ""
+    return (f"arena: {format_bytes(layout.nbytes)} (tensors{among} "
             f"{format_bytes(layout.scratch_offset)}, scratch {format_bytes(layout.scratch_bytes)})"
             f" of {format_bytes(machine.arena_limit or 0)}"
             + (f", after {solves} solves holding back {format_bytes(machine.arena_margin)}"

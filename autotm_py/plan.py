@@ -136,6 +136,12 @@ class ArenaLayout:
     def scratch_bytes(self) -> int:
         return self.nbytes - self.scratch_offset
 
+    def windows(self) -> dict[int, ArenaBuffer]:
+        """record -> its scratch window: a scratch buffer among the tensors, below the region
+        (plans with scratch windows; docs/plan-format.md)."""
+        return {b.record: b for b in self.buffers
+                if b.tensor == SCRATCH and b.nbytes and b.offset < self.scratch_offset}
+
     def to_dict(self) -> dict[str, Any]:
         return {"bytes": self.nbytes, "scratch_offset": self.scratch_offset,
                 "alignment": self.alignment,

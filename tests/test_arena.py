@@ -337,6 +337,8 @@ def test_scratch_windows_lie_among_the_tensors_live_only_while_their_kernel_runs
     assert layout.nbytes - layout.scratch_offset == machine.scratch_reserve
     windows = {b.record: b for b in layout.buffers
                if b.tensor == SCRATCH and b.offset < layout.scratch_offset}
+    assert layout.windows() == windows
+    assert any(f"and {len(windows)} scratch windows" in n for n in plan.header.notes)
     computes = [i for i, r in enumerate(plan.records) if isinstance(r, Compute)
                 and machine.windows[r.kernel]]
     assert computes and set(computes) == set(windows)
@@ -369,8 +371,7 @@ def test_a_window_over_a_freed_copy_still_copied_out_waits_for_that_copy():
     graph, costs, config, plan = _windowed_plan()
     machine = machine_for(graph, config, costs)
     layout = plan.arena
-    windows = {b.record: b for b in layout.buffers
-               if b.tensor == SCRATCH and b.nbytes and b.offset < layout.scratch_offset}
+    windows = layout.windows()
     record = max(windows)  # a late kernel: the plain run has its clock well past 0
     late = 10.0  # seconds: a copy out that ends long after everything else
 

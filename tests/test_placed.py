@@ -218,7 +218,7 @@ def _windowed_plan(graph):
 @pytest.mark.parametrize("name", ["cnn", "decoder-fused"])
 def test_the_executor_opens_each_kernels_scratch_window_and_keeps_the_results(name,
                                                                               monkeypatch):
-    from autotm_py.plan import SCRATCH, Compute, Recompute
+    from autotm_py.plan import Compute, Recompute
 
     graph = _graph(name)
     recorder = _Recorder()
@@ -231,9 +231,7 @@ def test_the_executor_opens_each_kernels_scratch_window_and_keeps_the_results(na
             assert torch.equal(got[tid], want[tid].cpu()), graph.name_of(tid)
     start, _ = recorder.arena
     layout = plan.arena
-    buffers = sorted(layout.buffers, key=lambda b: b.record)
-    planned = [(start + b.offset, b.nbytes) for b in buffers
-               if b.tensor == SCRATCH and b.nbytes and b.offset < layout.scratch_offset]
+    planned = [(start + b.offset, b.nbytes) for _, b in sorted(layout.windows().items())]
     kernels = [r for r in plan.records if isinstance(r, Compute | Recompute)
                and machine.windows[r.kernel]]
     assert len(planned) == len(kernels) > 0  # windows only for scratch of 1 MiB or more

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from autotm_py.plan import INITIAL, SCRATCH
+from autotm_py.plan import INITIAL
 from autotm_py.runtime.device import cuda_index
 from autotm_py.runtime.pinned import TORCH_DTYPES
 
@@ -56,9 +56,8 @@ class DeviceArena:
         self._views: dict[tuple[int, int], torch.Tensor | None] = {}
         # scratch windows (`autotm optimize --scratch windows`): a record's scratch inside the
         # tensors' region, as its bytes
-        self._windows = {b.record: self.buffer[b.offset:b.offset + b.nbytes]
-                         for b in layout.buffers
-                         if b.tensor == SCRATCH and b.nbytes and b.offset < self.nbytes}
+        self._windows = {record: self.buffer[b.offset:b.offset + b.nbytes]
+                         for record, b in layout.windows().items()}
 
     def window(self, record: int) -> torch.Tensor | None:
         """The scratch window of record `record` (its bytes), None if it has none."""
