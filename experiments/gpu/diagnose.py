@@ -1,7 +1,8 @@
 """Why is a measured plan slower than predicted? Run solved plans on the GPU three ways and
 print what each run reveals.
 
-For every cell (model, ratio, strategy) the plan from ``experiments/plans/gpu`` runs
+For every cell (model, ratio, strategy) the plan from ``experiments/plans/gpu`` (re-plan there
+first with ``plan_all.sh``: the plans once kept there were removed on 2026-11-28) runs
   * under its cap (as `autotm bench` runs it),
   * without a cap (if much faster, the caching allocator hit the cap: retries synchronize),
 and every run reports the host's enqueue time (near the iteration time: Python dispatch bounds

@@ -10,7 +10,9 @@ largest sum of live bytes (what the ILP bounds).
 
 Usage:
   python experiments/gpu/offset_packing.py experiments/results/gpu_h100.json [MODEL...]
-Each measured row's plan at headroom 0 (experiments/plans/gpu) is packed; the line also gives
+Each measured row's plan at headroom 0 (experiments/plans/gpu, removed on 2026-11-28: solved
+for graphs the importer no longer makes; `git show 9924961:experiments/plans/gpu/NAME` recovers
+one) is packed; the line also gives
 what the headroom the run needed costs: its plan's predicted time over the headroom-0 plan's
 (both as solved, from the plan headers).
 """

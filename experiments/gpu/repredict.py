@@ -3,7 +3,9 @@
 A row's `predicted_s` is the simulator's time for its plan on the costs of the machine that ran
 it, as they were then. After a profile or the simulator changes (e.g. device times, which give
 the simulator a host clock and a GPU clock: docs/gpu.md), this recomputes each prediction from
-the committed plan (experiments/plans/gpu, the row's headroom) and prints it beside the
+the committed plan (experiments/plans/gpu, the row's headroom: those plans were removed on
+2026-11-28, solved for graphs the importer no longer makes; `git show
+9924961:experiments/plans/gpu/NAME` recovers one, or use `--plans`) and prints it beside the
 measurement, after a line per model with its kernel time sums; `--write` stores the new
 predictions (and slowdowns) in the document (CSV and JSON).
 
