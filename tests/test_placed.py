@@ -80,6 +80,20 @@ def test_the_fence_keeps_new_allocations_above_what_a_graph_uses(lib):
     assert lib.stats().peak_extent_bytes == 7 * MIB  # what is still allocated
 
 
+def test_the_planner_and_the_shim_agree_on_their_shared_sizes():
+    # machine.WINDOW_MIN_BYTES (kernels with less scratch get no window) must be the shim's
+    # WINDOW_MIN (requests under it skip windows), and placed.MAX_MISSES its table's length
+    import re
+
+    from autotm_py.machine import WINDOW_MIN_BYTES
+
+    source = placed.SOURCE.read_text()
+    window_min = re.search(r"#define WINDOW_MIN \((\d+)u << (\d+)\)", source)
+    assert window_min is not None
+    assert int(window_min[1]) << int(window_min[2]) == WINDOW_MIN_BYTES
+    assert f"#define MAX_MISSES {placed.MAX_MISSES}\n" in source
+
+
 def test_a_scratch_window_serves_what_is_not_a_slot_and_reports_what_outlives_it(lib):
     lead = 512
     base = lib.alloc(lead + 16 * MIB)
