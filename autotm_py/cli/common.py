@@ -89,10 +89,11 @@ arena_option = click.option(
 scratch_option = click.option(
     "--scratch", type=click.Choice(SCRATCH_MODES), default="auto", show_default=True,
     help="With --arena and --placed: where kernels' workspaces and the outputs they allocate "
-         "beside their slots live. windows: a window per kernel inside the arena, live only "
-         "while it runs, so that memory holds tensors the rest of the time; region: one region "
-         "beside the arena, as large as the largest kernel's, for the whole iteration; auto: "
-         "windows with --arena and --placed, else the region.")
+         "beside their slots live. windows: a window inside the arena for each kernel with 1 MiB "
+         "of scratch or more, live only while it runs, so that memory holds tensors the rest "
+         "of the time (smaller scratch shares a region under 1 MiB); region: one region beside "
+         "the arena, as large as the largest kernel's, for the whole iteration; auto: windows "
+         "with --arena and --placed, else the region.")
 graph_option = click.option(
     "--graph", "graph_replay", is_flag=True,
     help="GPU mode: price the iteration as replayed from a CUDA graph (kernels at their device "
