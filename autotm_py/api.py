@@ -42,18 +42,22 @@ def import_onnx(path: PathLike, *, batch: int | None = None,
 
 
 def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
-                    learning_rate: float = 0.01, loss: str = "auto") -> TensorGraph:
+                    learning_rate: float = 0.01, loss: str = "auto",
+                    loss_chunks: int = 1) -> TensorGraph:
     """Forward + loss + backward + optimizer update: one training iteration. `loss`: auto,
-    ce-axis1, ce-last or mse (docs/training.md)."""
-    return _derive_training(graph, optimizer=optimizer, learning_rate=learning_rate, loss=loss)
+    ce-axis1, ce-last or mse; `loss_chunks` > 1: a language model's head and loss as one
+    kernel over that many blocks of rows (docs/training.md)."""
+    return _derive_training(graph, optimizer=optimizer, learning_rate=learning_rate, loss=loss,
+                            loss_chunks=loss_chunks)
 
 
 def load_model(model: PathLike, *, batch: int | None = None,
                dims: Mapping[str, int] | None = None, training: bool = False,
-               optimizer: str = "sgd", fuse: bool = True, loss: str = "auto") -> TensorGraph:
+               optimizer: str = "sgd", fuse: bool = True, loss: str = "auto",
+               loss_chunks: int = 1) -> TensorGraph:
     """An ONNX file path, or the name of a zoo model (built in memory), as a `TensorGraph`.
     `fuse=False` keeps attention and GELU unfused (`--no-fuse`); `loss` picks the derived
-    training loss (`--loss`)."""
+    training loss (`--loss`), `loss_chunks` chunks it (`--loss-chunks`)."""
     path = Path(model)
     if path.exists() or path.suffix == ".onnx" or os.sep in str(model):
         graph = import_onnx(path, batch=batch, dims=dims, fuse=fuse)
@@ -62,7 +66,9 @@ def load_model(model: PathLike, *, batch: int | None = None,
             raise ConfigError(f"model {str(model)!r} is neither an existing file nor a zoo model "
                               f"({', '.join(sorted(ZOO))}); see `autotm zoo list`")
         graph = build_graph(str(model), batch=batch, dims=dims, fuse=fuse)
-    return derive_training(graph, optimizer=optimizer, loss=loss) if training else graph
+    if not training:
+        return graph
+    return derive_training(graph, optimizer=optimizer, loss=loss, loss_chunks=loss_chunks)
 
 
 def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike | None = None,

@@ -172,7 +172,8 @@ class SolverStats:
 @dataclass(frozen=True)
 class ModelOptions:
     """How the planned graph was loaded: the options that rebuild it from its model file or zoo
-    name (`--batch`, `--dim`, `--training`, `--optimizer`, `--no-fuse`, `--loss`)."""
+    name (`--batch`, `--dim`, `--training`, `--optimizer`, `--no-fuse`, `--loss`,
+    `--loss-chunks`)."""
 
     batch: int | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
@@ -180,6 +181,7 @@ class ModelOptions:
     optimizer: str | None = None  # the weight update of a training graph
     fuse: bool = True  # attention/GELU fused (docs/fusion.md)
     loss: str | None = None  # the --loss rule of a training graph
+    loss_chunks: int = 1  # --loss-chunks: blocks of the chunked loss (1: the plain loss)
 
     @classmethod
     def of_graph(cls, graph: TensorGraph) -> ModelOptions:
@@ -189,12 +191,13 @@ class ModelOptions:
                    training=training is not None,
                    optimizer=None if training is None else training.get("optimizer"),
                    fuse="fusion" in meta,
-                   loss=None if training is None else training.get("loss_rule", "auto"))
+                   loss=None if training is None else training.get("loss_rule", "auto"),
+                   loss_chunks=1 if training is None else int(training.get("loss_chunks", 1)))
 
     def differences(self, other: ModelOptions) -> list[str]:
         """In words, the options where `other` differs from this one."""
         out = []
-        for name in ("batch", "dims", "training", "optimizer", "fuse", "loss"):
+        for name in ("batch", "dims", "training", "optimizer", "fuse", "loss", "loss_chunks"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if dict(mine or {}) != dict(theirs or {}) if name == "dims" else mine != theirs:
                 out.append(f"{name} {theirs!r} (the plan's: {mine!r})")

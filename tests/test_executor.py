@@ -21,9 +21,11 @@ STEPS = 3
 
 def _graph(name: str):
     forward = small_cnn() if name.startswith("cnn") else tiny_decoder()
-    if name.endswith("-fused"):  # Linear, LinearGrad, ConvGrad, attention: as models load
+    if name.endswith(("-fused", "-chunked")):  # Linear, LinearGrad, ConvGrad, attention
         forward = fuse_graph(forward)
-    return derive_training(forward, optimizer="sgd")
+    # -chunked: the head and loss as one LinearCrossEntropy over 3 blocks (--loss-chunks 3)
+    return derive_training(forward, optimizer="sgd",
+                           loss_chunks=3 if name.endswith("-chunked") else 1)
 
 
 def _plans(graph, reserve: int = 0):
@@ -44,7 +46,7 @@ def _plans(graph, reserve: int = 0):
     return plans
 
 
-@pytest.mark.parametrize("name", ["cnn", "decoder"])
+@pytest.mark.parametrize("name", ["cnn", "decoder", "decoder-chunked"])
 def test_every_plan_matches_the_reference_bitwise(name):
     graph = _graph(name)
     reference = train_steps(graph, steps=STEPS, seed=3)
@@ -73,7 +75,8 @@ def _arena_plans(graph):
     return plans
 
 
-@pytest.mark.parametrize("name", ["cnn", "decoder", "cnn-fused", "decoder-fused"])
+@pytest.mark.parametrize("name", ["cnn", "decoder", "cnn-fused", "decoder-fused",
+                                  "decoder-chunked"])
 def test_every_plan_in_an_arena_matches_the_reference_bitwise(name):
     # the CPU arena: one uint8 tensor, every fast copy a view at its planned offset
     graph = _graph(name)
@@ -186,7 +189,7 @@ def _recompute_plans(graph):
     return plans
 
 
-@pytest.mark.parametrize("name", ["cnn", "decoder"])
+@pytest.mark.parametrize("name", ["cnn", "decoder", "decoder-chunked"])
 def test_plans_that_recompute_match_the_reference_bitwise(name):
     graph = _graph(name)
     reference = train_steps(graph, steps=STEPS, seed=5)
@@ -203,7 +206,7 @@ def test_plans_that_recompute_match_the_reference_bitwise(name):
                     f"{step}: {graph.name_of(tid)} differs")
 
 
-@pytest.mark.parametrize("name", ["cnn", "decoder"])
+@pytest.mark.parametrize("name", ["cnn", "decoder", "decoder-chunked"])
 def test_plans_that_recompute_run_at_planned_addresses(name, monkeypatch):
     """Recomputing plans in an arena (CPU): packed after the solve, and solved with --arena
     --recompute on (the planner fits the packing itself); the regenerated tensors are written

@@ -1,6 +1,6 @@
 """The fused attention kernels on CUDA (device machine; marked gpu): the memory-efficient
 forward with logsumexp and its backward against autograd in float64, and a fused training
-graph trained on CUDA like on the CPU."""
+graph trained on CUDA like on the CPU, with the plain and the chunked loss (--loss-chunks)."""
 
 from __future__ import annotations
 
@@ -94,3 +94,21 @@ def test_fused_tiny_decoder_trains_on_cuda_like_on_cpu():
         for tid in graph.outputs:
             assert_close(b[tid].cpu(), a[tid], graph.name_of(tid), rtol=1e-4)
         assert float(a[loss]) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunks", [1, 16])
+def test_the_chunked_loss_trains_on_cuda_like_on_cpu(chunks):
+    """--loss-chunks on CUDA: a decoder with 1024 classes trains like on the CPU (and like the
+    plain loss for chunks 1), and two CUDA runs are bitwise equal."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    graph = derive_training(fuse_graph(tiny_decoder(batch=4, seq=33, vocab=1024, d=32)),
+                            loss_chunks=chunks)
+    assert any(k.op_type == "LinearCrossEntropy" for k in graph.kernels) == (chunks > 1)
+    cpu = train_steps(graph, steps=3, seed=2)
+    cuda = train_steps(graph, steps=3, seed=2, device="cuda")
+    again = train_steps(graph, steps=3, seed=2, device="cuda")
+    for a, b, c in zip(cpu, cuda, again, strict=True):
+        for tid in graph.outputs:
+            assert_close(b[tid].cpu(), a[tid], graph.name_of(tid), rtol=1e-4)
+            assert torch.equal(b[tid], c[tid]), graph.name_of(tid)

@@ -38,15 +38,17 @@ def _leaf_values(unfused: TensorGraph, values: dict, fused: TensorGraph) -> dict
 
 def compare_with_unfused(unfused: TensorGraph, fused: TensorGraph, *, steps: int = 3,
                          rtol: float = 1e-4, seed: int = 0,
-                         fixed: dict[str, np.ndarray] | None = None) -> None:
+                         fixed: dict[str, np.ndarray] | None = None,
+                         loss_chunks: int = 1) -> None:
     """`steps` SGD steps of the fused training graph (our kernels) against torch.autograd of
-    the unfused one: loss, weight gradients and updated weights, matched by name.
+    the unfused one: loss, weight gradients and updated weights, matched by name. With
+    `loss_chunks`, the fused graph's loss is the chunked LinearCrossEntropy.
 
     Tolerance: |ours - ref| <= 1e-7 + rtol * max|ref| + 1e-6 * (the step's largest weight
     gradient). The last term is float32 noise: a parameter whose true gradient is exactly 0
     (a key bias: softmax ignores a per-row shift) gets rounding noise of the order of its
     layer's gradients from either side, which no relative tolerance can compare."""
-    tu, tf = derive_training(unfused), derive_training(fused)
+    tu, tf = derive_training(unfused), derive_training(fused, loss_chunks=loss_chunks)
     values = init_values(tu, seed)
     for name, value in (fixed or {}).items():
         values[tu.by_name(name).id] = torch.as_tensor(value)

@@ -152,3 +152,34 @@ def test_device_times_travel_from_profile_to_costs(tmp_path):
     write_entries(other / "gpu.json", fp, {k.signature: {f"{all_fast(k)}@{key}": ProfileEntry(
         1e-3, 1e-3, 1e-3, 3, context=key)} for k in graph.kernels})
     assert load_costs(graph, device="cuda", profiles_dir=other, shipped_dir=shipped).device_s == ()
+
+
+def test_kernels_measured_alone_keep_their_time_beside_in_context_ones(tmp_path):
+    """Costs mixing in-context entries (with device times) and entries measured alone (a new
+    kernel profiled in another graph, another device's set): a kernel measured alone costs
+    its measured time on the GPU clock, not nothing; an in-context kernel without a device
+    time launched nothing (0). Before, both were 0, and a chunked BERT-base graph whose two
+    loss kernels came from an in-context profile was priced at a third of its time."""
+    from autotm_py.profiling.cache import ProfileEntry, write_entries
+    from autotm_py.profiling.fingerprint import target_fingerprint
+    from autotm_py.profiling.in_context import context_key
+    from autotm_py.profiling.profile import load_costs
+    from autotm_py.profiling.sources import all_fast
+
+    graph = _graph("cnn")
+    first, second, *rest = list({k.signature: k for k in graph.kernels}.values())
+    key = context_key(graph)
+    fp = target_fingerprint("cuda")
+    entries = {first.signature: {f"{all_fast(first)}@{key}": ProfileEntry(
+                   1e-3, 1e-3, 1e-3, 3, context=key, device_s=2e-4)},
+               second.signature: {f"{all_fast(second)}@{key}": ProfileEntry(
+                   3e-6, 3e-6, 3e-6, 3, context=key)}}
+    entries.update({k.signature: {all_fast(k): ProfileEntry(5e-4, 5e-4, 5e-4, 3)}
+                    for k in rest})
+    write_entries(tmp_path / "gpu.json", fp, entries)
+    costs = load_costs(graph, device="cuda", profiles_dir=tmp_path,
+                       shipped_dir=tmp_path / "none")
+    by_signature = {k.signature: costs.device_s[k.id] for k in graph.kernels}
+    assert by_signature[first.signature] == 2e-4
+    assert by_signature[second.signature] == 0.0
+    assert all(by_signature[k.signature] == 5e-4 for k in rest)

@@ -86,6 +86,8 @@ def test_unknown_loss_and_explicit_loss_on_a_graph_with_its_own():
     assert api.derive_training(own).meta["training"]["loss"] == loss
     with pytest.raises(ConfigError, match="has its own loss"):
         api.derive_training(own, loss="mse")
+    with pytest.raises(ConfigError, match="--loss-chunks 4 applies only"):
+        api.derive_training(own, loss_chunks=4)
     assert set(LOSSES) == {"auto", "ce-axis1", "ce-last", "mse"}
 
 

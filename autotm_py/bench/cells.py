@@ -68,7 +68,8 @@ class ModelRunner:
         self._failures: list[str] = []  # runs that failed while making the current row
         try:
             self.graph = api.load_model(self.source, batch=spec.batch,
-                                        dims=dict(spec.dims), training=spec.training)
+                                        dims=dict(spec.dims), training=spec.training,
+                                        loss_chunks=spec.loss_chunks)
             self.costs = api.load_costs(self.graph, device=spec.device,
                                         profiles_dir=spec.profiles_dir,
                                         shipped_dir=shipped_dir)
@@ -304,7 +305,8 @@ class ModelRunner:
         if not s.arena:
             return self._run(plan, graph_replay=s.graph)
         request = child.RunRequest(model=self.source, batch=s.batch, dims=dict(s.dims),
-                                   training=s.training, device=self._device,
+                                   training=s.training, loss_chunks=s.loss_chunks,
+                                   device=self._device,
                                    iterations=s.iterations, warmup=s.warmup, arena=True,
                                    graph_replay=s.graph, placed=s.placed,
                                    device_busy=s.graph)

@@ -38,6 +38,7 @@ class RunRequest:
     batch: int | None = None
     dims: dict[str, int] = field(default_factory=dict)
     training: bool = False
+    loss_chunks: int = 1
     device: str = "cuda"
     iterations: int = 5
     warmup: int = 2
@@ -95,7 +96,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
                                  graph_replay=req.graph_replay,
                                  enforce_budget=req.enforce_budget)
     graph = api.load_model(req.model, batch=req.batch, dims=dict(req.dims),
-                           training=req.training)
+                           training=req.training, loss_chunks=req.loss_chunks)
     result = api.execute(graph, plan, device=req.device, iterations=req.iterations,
                          warmup=req.warmup, enforce_budget=req.enforce_budget, arena=req.arena,
                          graph_replay=req.graph_replay, placed=req.placed,

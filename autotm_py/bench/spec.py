@@ -10,6 +10,7 @@ from typing import Any
 
 from autotm_py.config import DEFAULT_READ_PRICING, DEFAULT_SOLVER, PlanConfig
 from autotm_py.errors import ConfigError
+from autotm_py.ir.training import check_loss_chunks
 from autotm_py.memory.tiers import load_memory_system
 from autotm_py.planning.solvers import SOLVERS
 from autotm_py.units import parse_ratio
@@ -89,6 +90,7 @@ class BenchSpec:
     placed: bool = True
     scratch: str = "auto"  # `optimize --scratch`: auto | region | windows
     read_pricing: str = DEFAULT_READ_PRICING  # `optimize --read-pricing`
+    loss_chunks: int = 1  # `--loss-chunks`: the models' losses chunked (1: plain)
 
     def __post_init__(self) -> None:
         if not self.models or not self.ratios:
@@ -102,6 +104,7 @@ class BenchSpec:
             raise ConfigError(f"--{'arena' if self.arena else 'graph'} is for the GPU mode "
                               "(plans at planned addresses or replayed as CUDA graphs): add "
                               "--device cuda")
+        check_loss_chunks(self.loss_chunks)
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads}: at least 1")
         if self.fit and not self.execute:
@@ -143,13 +146,14 @@ class BenchSpec:
     def options(self) -> str | None:
         """How plans are made and run beyond their strategy, as a row's key names it: None for
         the defaults (eager runs on torch's allocator, step-priced reads; older results have
-        no such column), else e.g. ``arena+graph+placed``, ``arena+graph+placed+windows`` or
-        ``arena+graph+placed+spread``."""
+        no such column), else e.g. ``arena+graph+placed``, ``arena+graph+placed+windows``,
+        ``arena+graph+placed+spread`` or, for graphs with a chunked loss, ``...+loss16``."""
         parts = [name for name, on in (("arena", self.arena), ("graph", self.graph),
                                        ("placed", self.arena and self.placed),
                                        ("windows", self.scratch_mode == "windows"),
                                        (self.read_pricing,
-                                        self.read_pricing != DEFAULT_READ_PRICING)) if on]
+                                        self.read_pricing != DEFAULT_READ_PRICING),
+                                       (f"loss{self.loss_chunks}", self.loss_chunks > 1)) if on]
         return "+".join(parts) or None
 
     @property

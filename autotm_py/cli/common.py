@@ -22,7 +22,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # --loss is read by `load_model_from_cli` from the click context rather than passed through
 # every command's signature: every command that loads a model takes it, none uses it otherwise.
-LOSS_KEY = "autotm.loss"
+LOSS_KEY, LOSS_CHUNKS_KEY = "autotm.loss", "autotm.loss_chunks"
 # Model options a command leaves unset (None) take these values, or, for a command that reads
 # a plan (simulate, run, report --model), the plan's (`PlanHeader.model`).
 DEFAULT_OPTIMIZER, DEFAULT_LOSS = "sgd", "auto"
@@ -32,6 +32,12 @@ FROM_PLAN = ("Not given: the plan's, for commands that read a plan (simulate, ru
 
 def _remember_loss(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     ctx.meta[LOSS_KEY] = value
+    return value
+
+
+def _remember_loss_chunks(ctx: click.Context, _param: click.Parameter,
+                          value: int | None) -> int | None:
+    ctx.meta[LOSS_CHUNKS_KEY] = value
     return value
 
 
@@ -45,6 +51,16 @@ loss_option = click.option(
          "docs/training.md.")
 
 
+loss_chunks_option = click.option(
+    "--loss-chunks", type=click.IntRange(min=1), default=None, expose_value=False,
+    callback=_remember_loss_chunks, metavar="N",
+    help="With --training: a language model's output layer and its softmax cross-entropy as "
+         "one kernel that goes through the tokens in N blocks, so the logits (tokens x "
+         "vocabulary) never exist whole: what lets BERT-base or GPT-2 small train in a "
+         "quarter of their memory. 1 keeps the plain loss [default: 1]. Only for a loss over "
+         f"the last axis of a Linear layer's output. {FROM_PLAN} See docs/training.md.")
+
+
 no_fuse_option = click.option(
     "--no-fuse", is_flag=True, default=None,
     help="Keep attention and GELU unfused, as the file has them (by default scaled dot-product "
@@ -52,7 +68,8 @@ no_fuse_option = click.option(
 
 
 def model_options(func: F) -> F:
-    """MODEL argument plus --batch, --dim, --training, --optimizer, --loss, --no-fuse. Unset
+    """MODEL argument plus --batch, --dim, --training, --optimizer, --loss, --loss-chunks,
+    --no-fuse. Unset
     options are None, so that a command reading a plan can take them from it."""
     decorators = [
         click.argument("model"),
@@ -68,6 +85,7 @@ def model_options(func: F) -> F:
         click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default=None,
                      help=f"Weight update used with --training [default: sgd]. {FROM_PLAN}"),
         loss_option,
+        loss_chunks_option,
         no_fuse_option,
     ]
     for deco in reversed(decorators):
@@ -165,6 +183,7 @@ def load_model_from_cli(model: str, batch: int | None, dims: Sequence[str] | Non
         raise ConfigError(f"--batch {batch}: must be a positive integer")
     ctx = click.get_current_context(silent=True)
     loss = ctx.meta.get(LOSS_KEY) if ctx is not None else None
+    chunks = ctx.meta.get(LOSS_CHUNKS_KEY) if ctx is not None else None
     bound = parse_dims(dims)
     recorded = plan.header.model if plan is not None else None
     if recorded is not None:
@@ -173,10 +192,11 @@ def load_model_from_cli(model: str, batch: int | None, dims: Sequence[str] | Non
         training = recorded.training if training is None else training
         optimizer = optimizer or recorded.optimizer
         loss = loss or recorded.loss
+        chunks = chunks or recorded.loss_chunks
         no_fuse = (not recorded.fuse) if no_fuse is None else no_fuse
     graph = api.load_model(model, batch=batch, dims=bound, training=bool(training),
                            optimizer=optimizer or DEFAULT_OPTIMIZER, fuse=not no_fuse,
-                           loss=loss or DEFAULT_LOSS)
+                           loss=loss or DEFAULT_LOSS, loss_chunks=chunks or 1)
     check_footprint(graph)
     if plan is not None:
         plan.validate(graph)

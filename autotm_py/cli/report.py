@@ -215,6 +215,11 @@ def _split(text: str) -> tuple[str, ...]:
 @click.option("--read-pricing", type=click.Choice(READ_PRICINGS),
               default=DEFAULT_READ_PRICING, show_default=True,
               help="How plans price the reads of moved tensors (`optimize --read-pricing`).")
+@click.option("--loss-chunks", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="N",
+              help="With --training: the models' output layer and softmax cross-entropy as one "
+                   "kernel over N blocks of tokens (`optimize --loss-chunks`; language models "
+                   "only); the rows' options name it (loss16).")
 @click.option("--plans", "plans_dir", type=click.Path(file_okay=False), default=None,
               help="Keep each solved plan in this folder (gzip-compressed JSON) and reuse "
                    "plans found there (solve on one machine, --execute on another).")
@@ -240,7 +245,7 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
               time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
               execute: bool, iterations: int, warmup: int, headroom: float, fit: bool,
               arena: bool, graph_replay: bool, placed: bool, scratch: str,
-              read_pricing: str, plans_dir: str | None,
+              read_pricing: str, loss_chunks: int, plans_dir: str | None,
               output: str, engine: str, workers: int | None,
               address: str | None, threads: int | None,
               no_progress: bool, as_json: bool) -> None:
@@ -264,7 +269,7 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
                      profiles_dir=profiles, execute=execute, iterations=iterations,
                      warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,
                      threads=threads, arena=arena, graph=graph_replay, placed=placed,
-                     scratch=scratch, read_pricing=read_pricing)
+                     scratch=scratch, read_pricing=read_pricing, loss_chunks=loss_chunks)
     where = {"engine": engine, "workers": workers, "address": address}
     if no_progress or as_json:
         result = run_bench(spec, output, **where)

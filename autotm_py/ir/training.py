@@ -8,7 +8,11 @@ new `TensorGraph` with, in execution order:
    them, LayerNormalization saves Mean/InvStdDev, Dropout saves a seeded mask);
 2. the loss: the graph's own SoftmaxCrossEntropyLoss if it has one, else the loss that
    `loss` picks for the first float output (`ir/loss.py`: softmax cross-entropy over the class
-   axis its shape implies, or mean squared error) against a new LABEL tensor;
+   axis its shape implies, or mean squared error) against a new LABEL tensor; with
+   `loss_chunks` > 1, a softmax cross-entropy over the last axis of a `Linear`'s output
+   replaces that Linear by one `LinearCrossEntropy` kernel, at its place, that works through
+   the rows in that many blocks and never holds the whole logits (`ir/rules/fused.py`;
+   the logits tensor's id becomes the loss's);
 3. backward kernels in reverse forward order (ops of domain "autotm", see `TRAINING_OPS`),
    with partial gradients of tensors that have several users summed by `GradAccumulate` as
    soon as the next partial arrives (as nGraph's and PyTorch's autodiff do);
@@ -28,9 +32,16 @@ from dataclasses import dataclass
 from autotm_py.errors import ConfigError, GraphError, UnsupportedOpError, unsupported_summary
 from autotm_py.ir.builder import GraphBuilder
 from autotm_py.ir.graph import Role, TensorGraph
-from autotm_py.ir.loss import LOSSES, choose_loss
+from autotm_py.ir.loss import LOSSES, LossChoice, choose_loss
 from autotm_py.ir.rules import RULES, TRAINING_OPS, KernelDraft, Tape, TensorDraft
 from autotm_py.ir.rules.base import BACKWARD_DOMAIN, FLOAT_DTYPES
+from autotm_py.ir.rules.fused import (
+    LINEAR,
+    LINEAR_CE,
+    linear_ce_classes,
+    linear_ce_workspace,
+    lse_dtype,
+)
 
 OPTIMIZERS = ("sgd", "adam")
 ADAM_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
@@ -39,17 +50,19 @@ __all__ = ["ADAM_DEFAULTS", "LOSSES", "OPTIMIZERS", "RULES", "TRAINING_OPS", "de
 
 
 def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
-                    learning_rate: float = 0.01, loss: str = "auto") -> TensorGraph:
+                    learning_rate: float = 0.01, loss: str = "auto",
+                    loss_chunks: int = 1) -> TensorGraph:
     """The training iteration of a forward graph (see the module docstring)."""
     _check_arguments(graph, optimizer, learning_rate)
     if loss not in LOSSES:
         raise ConfigError(f"loss {loss!r} is not supported; use one of {', '.join(LOSSES)}")
+    check_loss_chunks(loss_chunks)
     tape = _forward_drafts(graph)
     for k in tape.kernels:
         prepare = RULES[k.op_type].prepare
         if prepare is not None:
             prepare(tape, k)
-    loss_kernel, labels = _attach_loss(graph, tape, loss)
+    loss_kernel, labels = _attach_loss(graph, tape, loss, loss_chunks)
     n_forward = len(tape.kernels)
     flow = _gradient_flow(tape, loss_kernel)
     tape.expected.update(flow.expected)
@@ -59,6 +72,7 @@ def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
     meta = {
         "optimizer": optimizer, "learning_rate": learning_rate,
         "loss": loss, "labels": labels, "loss_kernel": loss_kernel, "loss_rule": loss_rule,
+        **({"loss_chunks": loss_chunks} if loss_chunks > 1 else {}),
         "forward_kernels": n_forward, "weight_grads": tuple(sorted(weight_grads.items())),
         **(ADAM_DEFAULTS if optimizer == "adam" else {}),
     }
@@ -94,7 +108,15 @@ def _forward_drafts(graph: TensorGraph) -> Tape:
     return Tape(tensors, kernels)
 
 
-def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto") -> tuple[int, int]:
+def check_loss_chunks(chunks: object) -> None:
+    """`--loss-chunks` is a positive integer (1: the plain loss)."""
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ConfigError(f"--loss-chunks {chunks!r}: expected a positive integer (1 keeps the "
+                          "plain loss; e.g. 16 splits a language model's loss into 16 blocks)")
+
+
+def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto",
+                 chunks: int = 1) -> tuple[int, int]:
     """(loss kernel id, labels tensor id): the graph's own loss, or the one `choice` picks."""
     for kid in range(len(tape.kernels) - 1, -1, -1):
         k = tape.kernels[kid]
@@ -105,6 +127,10 @@ def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto") -> tuple[
             if choice != "auto":
                 raise ConfigError(f"graph {graph.name!r} has its own loss ({k.name!r}); "
                                   f"--loss {choice} applies only to graphs without one")
+            if chunks > 1:
+                raise ConfigError(f"graph {graph.name!r} has its own loss ({k.name!r}); "
+                                  f"--loss-chunks {chunks} applies only to the loss the "
+                                  "training derivation adds; use --loss-chunks 1")
             return kid, k.inputs[1]
     logits = next((t for t in graph.outputs if tape.dtype(t) in FLOAT_DTYPES), None)
     if logits is None or not tape.shape(logits):
@@ -116,6 +142,8 @@ def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto") -> tuple[
                        None if producer is None else graph.kernels[producer].op_type)
     name = "labels" if spec.labels_dtype == "int64" else "targets"
     labels = tape.new_tensor(name, spec.labels_shape, spec.labels_dtype, Role.LABEL)
+    if chunks > 1:
+        return _chunked_loss(graph, tape, logits, labels, spec, chunks), labels
     loss = tape.new_tensor("loss", (), dtype, Role.OUTPUT)
     outputs = [loss]
     if spec.op_type == "SoftmaxCrossEntropy":
@@ -124,6 +152,43 @@ def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto") -> tuple[
     tape.kernels.append(KernelDraft("loss", spec.op_type, BACKWARD_DOMAIN, dict(spec.attrs),
                                     [logits, labels], outputs))
     return len(tape.kernels) - 1, labels
+
+
+def _chunked_loss(graph: TensorGraph, tape: Tape, logits: int, labels: int,
+                  spec: LossChoice, chunks: int) -> int:
+    """Replace the Linear that makes `logits` by a LinearCrossEntropy kernel at its place (the
+    logits tensor becomes the loss); its id. Refused where the loss is not over the last axis
+    of a Linear's output read by nothing else."""
+    producer = graph.tensors[logits].producer
+    k = None if producer is None else tape.kernels[producer]
+    last = len(tape.shape(logits)) - 1
+    why = None
+    if spec.op_type != "SoftmaxCrossEntropy" or int(spec.attrs["axis"]) % (last + 1) != last:
+        why = "the loss is not a softmax cross-entropy over the output's last axis"
+    elif k is None or k.op_type != LINEAR or k.domain != BACKWARD_DOMAIN:
+        what = "an input" if k is None else f"{k.op_type} {k.name!r}"
+        why = f"the output is made by {what}, not by a fused Linear layer"
+    elif len(graph.tensors[logits].users) > 0:
+        why = "other kernels read the output"
+    if why is not None:
+        raise ConfigError(f"--loss-chunks {chunks}: cannot chunk the loss on output "
+                          f"{tape.name(logits)!r} ({why}); chunking applies to language-model "
+                          "heads (Linear, then cross-entropy over the vocabulary); use "
+                          "--loss-chunks 1")
+    assert k is not None and producer is not None
+    out = tape.tensors[logits]
+    tape.rename(logits, "loss")
+    out.shape, out.role = (), Role.OUTPUT
+    rows = tape.shape(k.inputs[0])[:-1]
+    lse = tape.new_tensor(f"{out.name}::logsumexp", rows, lse_dtype(out.dtype), Role.ACTIVATION)
+    trans = int(k.attr("transB", 0))
+    w_shape = tape.shape(k.inputs[1])
+    tape.kernels[producer] = KernelDraft(
+        f"{k.name}+loss", LINEAR_CE, BACKWARD_DOMAIN,
+        {"transB": trans, "chunks": chunks}, [*k.inputs, labels], [logits, lse],
+        linear_ce_workspace(tape.shape(k.inputs[0]), linear_ce_classes(w_shape, trans), chunks,
+                            out.dtype))
+    return producer
 
 
 # ---- which tensors get gradients ----------------------------------------------------------

@@ -23,6 +23,14 @@ copy of each, `run_kernel`).
 `Linear` (X, W[, B] -> X op(W) + B) is one addmm over the rows of X (mm without a bias), as
 torch's nn.Linear; `LinearGrad` computes dX and dW with one mm each and dB as the row sum of
 dY, the three kernels autograd runs for addmm.
+
+`LinearCrossEntropy` and its gradient (`--loss-chunks`) go through the rows of X a block at a
+time, in one logits buffer of a block's size that every block reuses (the kernel's only large
+temporary, so that under the placed allocator it is the kernel's window): the forward keeps
+each row's logsumexp and the label's logit, the backward computes the block's logits again,
+turns them into the block's gradient in place and adds its products into dX, dW and dB. Under
+torch.autograd (the eager baselines, `runtime.eager`) the forward is an autograd Function whose
+backward is that gradient kernel, so autograd saves no logits either.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
-from autotm_py.ir.rules.fused import BLHE
+from autotm_py.ir.rules.fused import BLHE, block_rows, lse_dtype
 from autotm_py.kernels.util import register
 
 Tensors = Sequence[torch.Tensor]
@@ -223,3 +231,141 @@ def linear_grad(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     if mask[2]:
         outs.append(dy_rows.sum(0).reshape(kernel.attr("bias_shape")))
     return outs
+
+
+# ---- LinearCrossEntropy: the loss over X op(W) + B a block of rows at a time ------------------
+def _ce_operands(kernel: Kernel, args: Tensors
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(rows of X, op(W) as (K, V), the bias as (V,) or None, labels as one int64 row)."""
+    x, w, labels = args[0], args[1], args[-1]
+    bias = args[2].reshape(-1) if len(args) > 3 else None
+    return _rows(x), w.t() if kernel.attr("transB", 0) else w, bias, labels.reshape(-1).long()
+
+
+def _blocks(kernel: Kernel, rows: int) -> list[slice]:
+    step = block_rows(rows, int(kernel.attr("chunks", 1)))
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _block_logits(buf: torch.Tensor, rows: torch.Tensor, w: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """The block's logits, written into the first rows of the shared buffer."""
+    logits = buf[: rows.shape[0]]
+    if bias is None:
+        torch.mm(rows, w, out=logits)
+    else:
+        torch.addmm(bias, rows, w, out=logits)
+    return logits
+
+
+def _ce_forward(kernel: Kernel, args: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, w, bias, labels = _ce_operands(kernel, args)
+    n = rows.shape[0]
+    blocks = _blocks(kernel, n)
+    lse = torch.empty(n, dtype=getattr(torch, lse_dtype(str(rows.dtype).split(".")[-1])),
+                      device=rows.device)
+    buf = torch.empty((blocks[0].stop, w.shape[1]), dtype=rows.dtype, device=rows.device)
+    total = torch.zeros((), dtype=rows.dtype, device=rows.device)
+    for block in blocks:
+        logits = _block_logits(buf, rows[block], w, bias)
+        picked = logits.gather(1, labels[block].unsqueeze(1)).squeeze(1)
+        top = logits.amax(1)
+        block_lse = logits.sub_(top.unsqueeze(1)).exp_().sum(1).log_().add_(top)
+        lse[block] = block_lse
+        total += (block_lse - picked).sum()
+    return total / n, lse.reshape(args[0].shape[:-1])
+
+
+def _ce_backward(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
+    """dX, dW, dB (those `output_mask` asks for) with d(loss) = 1; args X, W[, B], labels,
+    logsumexp. The outputs are allocated first, at their sizes, then the block buffer."""
+    inputs, lse = args[:-1], args[-1].reshape(-1)
+    rows, w, bias, labels = _ce_operands(kernel, inputs)
+    mask = kernel.attr("output_mask", (1, 1, 0))
+    trans = bool(kernel.attr("transB", 0))
+    n, classes = rows.shape[0], w.shape[1]
+    dx = torch.empty_like(rows) if mask[0] else None
+    dw = torch.empty_like(inputs[1]) if mask[1] else None
+    db = torch.empty(classes, dtype=rows.dtype, device=rows.device) if mask[2] else None
+    blocks = _blocks(kernel, n)
+    buf = torch.empty((blocks[0].stop, classes), dtype=rows.dtype, device=rows.device)
+    minus_one = torch.full((blocks[0].stop, 1), -1.0, dtype=rows.dtype, device=rows.device)
+    for i, block in enumerate(blocks):
+        part = rows[block]
+        grad = _block_logits(buf, part, w, bias)
+        grad.sub_(lse[block].unsqueeze(1).to(grad.dtype)).exp_()
+        grad.scatter_add_(1, labels[block].unsqueeze(1), minus_one[: grad.shape[0]])
+        grad.mul_(1.0 / n)
+        if dx is not None:
+            torch.mm(grad, w.t(), out=dx[block])
+        if dw is not None:
+            a, b = (grad.t(), part) if trans else (part.t(), grad)
+            if i == 0:
+                torch.mm(a, b, out=dw)
+            else:
+                dw.addmm_(a, b)
+        if db is not None:
+            if i == 0:
+                torch.sum(grad, 0, out=db)
+            else:
+                db.add_(grad.sum(0))
+    outs = []
+    if dx is not None:
+        outs.append(dx.reshape(inputs[0].shape))
+    if dw is not None:
+        outs.append(dw)
+    if db is not None:
+        outs.append(db.reshape(inputs[2].shape))
+    return outs
+
+
+class _LinearCrossEntropyFn(torch.autograd.Function):
+    """The chunked loss under torch.autograd: nothing but X, W, B, the labels and the
+    logsumexp is saved; the backward is `LinearCrossEntropyGrad`'s kernel."""
+
+    @staticmethod
+    def forward(ctx, kernel: Kernel, *args: torch.Tensor  # type: ignore[override]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, lse = _ce_forward(kernel, args)
+        ctx.kernel = kernel
+        ctx.save_for_backward(*args, lse)
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
+
+    @staticmethod
+    def backward(ctx, dloss: torch.Tensor, _dlse: torch.Tensor  # type: ignore[override]
+                 ) -> tuple[torch.Tensor | None, ...]:
+        saved = ctx.saved_tensors
+        weighted = len(saved) - 2  # X, W[, B]
+        mask = tuple(int(ctx.needs_input_grad[1 + i]) for i in range(weighted))
+        grad_kernel = _GradKernel(ctx.kernel, (*mask, *([0] * (3 - weighted))))
+        grads = iter(_ce_backward(grad_kernel, saved))  # type: ignore[arg-type]
+        out: list[torch.Tensor | None] = [None]
+        for i in range(weighted):
+            out.append(next(grads) * dloss if mask[i] else None)
+        return (*out, None)
+
+
+class _GradKernel:
+    """The attributes `_ce_backward` reads, for the autograd form (no IR kernel exists)."""
+
+    def __init__(self, forward: Kernel, mask: tuple[int, ...]) -> None:
+        self._attrs = {"transB": forward.attr("transB", 0), "chunks": forward.attr("chunks", 1),
+                       "output_mask": mask}
+
+    def attr(self, name: str, default: object = None) -> object:
+        value = self._attrs.get(name)
+        return default if value is None else value
+
+
+@register("LinearCrossEntropy")
+def linear_cross_entropy(kernel: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
+    """(loss, logsumexp); differentiable by autograd through `_LinearCrossEntropyFn`."""
+    if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+        return _LinearCrossEntropyFn.apply(kernel, *args)  # type: ignore[no-any-return]
+    return _ce_forward(kernel, args)
+
+
+@register("LinearCrossEntropyGrad")
+def linear_cross_entropy_grad(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
+    return _ce_backward(kernel, args)

@@ -59,6 +59,7 @@ PLACED_OPS = frozenset({
     "ConvGrad", "BatchNormGrad", "MaxPool", "MaxPoolGrad", "GlobalAveragePool",
     "GlobalAveragePoolGrad", "AveragePoolGrad", "Gemm", "GemmGradA", "GemmGradB",
     "ScaledDotProductAttention", "ScaledDotProductAttentionGrad", "LayerNormalization",
+    "LinearCrossEntropyGrad",  # allocates dX, dW, dB at their sizes before its block buffer
 })
 # Ops whose torch kernels return a view of an input: the executor copies the view into the
 # output's slot and nothing is allocated.

@@ -297,6 +297,26 @@ def _linear_grad(s: OpShape) -> float:
     return (2.0 * s.inputs[1][0][-1] * (mask[0] + mask[1]) + mask[2]) * dy
 
 
+def _chunked_loss_shape(s: OpShape) -> tuple[float, float, float]:
+    """(rows, K, classes) of a chunked loss: X (..., K) and its weight W."""
+    x, w = s.inputs[0][0], s.inputs[1][0]
+    classes = w[0] if s.attr("transB", 0) else w[1]
+    return float(numel(x[:-1])), float(x[-1]), float(classes)
+
+
+@_rule("LinearCrossEntropy")  # each block's logits (a product), then log-sum-exp and pick
+def _linear_cross_entropy(s: OpShape) -> float:
+    rows, k, classes = _chunked_loss_shape(s)
+    return rows * classes * (2.0 * k + 6.0)
+
+
+@_rule("LinearCrossEntropyGrad")  # the logits again, their gradient, then dX and dW
+def _linear_cross_entropy_grad(s: OpShape) -> float:
+    rows, k, classes = _chunked_loss_shape(s)
+    mask = s.attr("output_mask", (1, 1, 0))
+    return rows * classes * (2.0 * k * (1 + mask[0] + mask[1]) + 6.0 + mask[2])
+
+
 # ---- the device roofline ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Roofline:

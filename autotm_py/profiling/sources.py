@@ -68,6 +68,9 @@ class KernelTime:
     set_index: int  # rank of the serving set, -1 for the roofline
     workspace_bytes: int = 0
     device_s: float | None = None  # GPU busy time without launch gaps (in-context entries)
+    # served by an in-context entry: there a missing device time means the kernel launched
+    # nothing of its own; elsewhere (measured alone, scaled, composed) it is unknown
+    in_context: bool = False
 
 
 # Kernels that run what other kernels ran before a fusion of the backward (ConvGrad: one
@@ -117,6 +120,19 @@ def _composed(s: ProfileSet, parts: Sequence[tuple[str, str]], rank: int) -> Ker
                       sum(d for d in device if d) if all(device) else None)
 
 
+def _device_time(t: KernelTime) -> float:
+    """A kernel's GPU time where some kernels of the graph have one: its in-context device
+    time; 0 where an in-context profile saw it launch nothing (`KernelCosts.replayed` prices
+    its bytes) or for a roofline estimate (priced at its estimate); else, where no in-context
+    profile measured it (a graph whose other kernels did: a new kernel profiled in another
+    graph, another device's set), its time measured alone, launch gap included. Without
+    that last rule such a kernel counted as launching nothing: a BERT-base graph whose two
+    loss kernels came from an in-context profile had its 639 others priced near zero."""
+    if t.device_s is not None:
+        return t.device_s
+    return 0.0 if t.in_context or t.how == ROOFLINE else t.median_s
+
+
 class CostSources:
     """Ranked profile sets of one device kind, and the lookup rules above."""
 
@@ -158,10 +174,12 @@ class CostSources:
         in_context = in_context_placement(graph, kernel)
         parts = kernel_parts(graph, kernel)
         for rank, s in enumerate(self.sets):
-            entry = s.get(kernel.signature, in_context) or s.get(kernel.signature, placement)
+            context_entry = s.get(kernel.signature, in_context)
+            entry = context_entry or s.get(kernel.signature, placement)
             if entry is not None and entry.source != ESTIMATED:
                 return KernelTime(entry.median_s, entry.p10_s, entry.p90_s, EXACT, rank,
-                                  entry.workspace_bytes or 0, entry.device_s)
+                                  entry.workspace_bytes or 0, entry.device_s,
+                                  in_context=context_entry is not None)
             composed = _composed(s, parts, rank)
             if composed is not None:
                 return composed
@@ -211,6 +229,6 @@ class CostSources:
             source=source,
             summary=summary,
             workspace_bytes=tuple(t.workspace_bytes for t in times),
-            device_s=tuple(t.device_s or 0.0 for t in times)
+            device_s=tuple(_device_time(t) for t in times)
             if any(t.device_s for t in times) else (),
         )

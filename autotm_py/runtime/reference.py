@@ -19,6 +19,7 @@ import torch
 
 from autotm_py.errors import ExecutionError
 from autotm_py.ir.graph import Role, Tensor, TensorGraph
+from autotm_py.ir.rules.fused import LINEAR_CE, linear_ce_classes
 from autotm_py.kernels import run_kernel
 from autotm_py.kernels.util import torch_dtype
 
@@ -83,6 +84,8 @@ def _index_bound(graph: TensorGraph, t: Tensor) -> int:
         elif k.op_type in ("SoftmaxCrossEntropy", "SoftmaxCrossEntropyLoss") and slot == 1:
             axis = int(k.attr("axis", 1 if k.domain == "" else -1))
             limit = data[axis % len(data)]
+        elif k.op_type == LINEAR_CE and slot == len(k.inputs) - 1:
+            limit = linear_ce_classes(graph.tensors[k.inputs[1]].shape, k.attr("transB", 0))
         else:
             continue
         bound = limit if bound is None else min(bound, limit)

@@ -80,6 +80,12 @@ class Tape:
         self.tensors.append(TensorDraft(name, tuple(int(d) for d in shape), dtype, role))
         return len(self.tensors) - 1
 
+    def rename(self, tid: int, name: str) -> None:
+        """Give tensor `tid` the name `name` (made unique), freeing its old one."""
+        self._names.discard(self.tensors[tid].name)
+        self.tensors[tid].name = self.unique(name)
+        self._names.add(self.tensors[tid].name)
+
     def new_grad(self, of: int, shape: Sequence[int] | None = None) -> int:
         """The (partial) gradient tensor of `of`: same dtype, its shape unless given."""
         t = self.tensors[of]

@@ -42,6 +42,24 @@ MatMul(X, Transpose(W)) with or without the bias (a tied output embedding):
 
 Saved for the backward: X and W, as the unfused MatMul's; the product X W before the bias is
 no tensor any more.
+
+`LinearCrossEntropy` (domain "autotm") is made by the training derivation, not the fusion pass:
+with `--loss-chunks N` (N > 1) a softmax cross-entropy over the last axis of a `Linear`'s
+output (a language model's vocabulary head) becomes one kernel that never holds the whole
+logits, as fused linear cross-entropy kernels do (Liger-Kernel's, torchtune's chunked loss):
+
+    inputs   X (..., K), W (K, V) or (V, K) with transB = 1[, B (V,)], labels (...) int
+    outputs  loss (scalar, the mean over the rows), logsumexp (rows,) of each row's logits
+    attrs    transB (0/1), chunks N
+
+    LinearCrossEntropyGrad: X, W[, B], labels, logsumexp -> dX, dW, dB (masked)
+
+Both work through the rows of X in N blocks of ceil(rows / N): a block's logits (rows / N x V)
+are the kernel's workspace, computed again in the backward from X, W and the saved logsumexp.
+The logits (rows x V), their log-probabilities and their gradient, three tensors of that size
+at the unfused loss, are never tensors; the backward does one more matrix product (the
+logits again) than the unfused pair. The loss is the same quantity, summed in another order
+(not bitwise the unfused loss).
 """
 
 from __future__ import annotations
@@ -57,6 +75,8 @@ BLHE = "blhe"  # the `layout` of Q, K, V, O as (batch, sequence, heads, head siz
 SDPA_GRAD = "ScaledDotProductAttentionGrad"
 LINEAR = "Linear"
 LINEAR_GRAD = "LinearGrad"
+LINEAR_CE = "LinearCrossEntropy"
+LINEAR_CE_GRAD = "LinearCrossEntropyGrad"
 
 # op type -> "inputs -> outputs: meaning" (the forward ops of ours a fused graph may contain)
 FUSED_OPS: dict[str, str] = {
@@ -69,6 +89,10 @@ FUSED_TRAINING_OPS: dict[str, str] = {
     SDPA_GRAD: "dO, Q, K, V, O, logsumexp[, mask] -> dQ, dK, dV (masked; scores recomputed "
                "blockwise from the saved logsumexp)",
     LINEAR_GRAD: "dY, X, W -> dX, dW, dB (masked; dB the row sum of dY)",
+    LINEAR_CE: "X, W[, B], labels -> loss, logsumexp: mean softmax cross-entropy of X op(W) + B "
+               "over its last axis, in `chunks` blocks of rows (--loss-chunks)",
+    LINEAR_CE_GRAD: "X, W[, B], labels, logsumexp -> dX, dW, dB (masked; each block's logits "
+                    "computed again)",
 }
 
 Grads = list[int | None]
@@ -142,7 +166,41 @@ def linear_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -
     return outs[: len(k.inputs)]
 
 
+def block_rows(rows: int, chunks: int) -> int:
+    """Rows per block of a chunked loss: ceil(rows / chunks), at least 1."""
+    return max(-(-rows // max(chunks, 1)), 1)
+
+
+def linear_ce_workspace(x_shape: Sequence[int], classes: int, chunks: int, dtype: str) -> int:
+    """Bytes of one block's logits: the workspace of `LinearCrossEntropy` and its gradient."""
+    rows = math.prod(x_shape[:-1])
+    return min(block_rows(rows, chunks), rows) * classes * DTYPE_SIZES[dtype]
+
+
+def linear_ce_classes(w_shape: Sequence[int], trans_b: int) -> int:
+    """The number of classes (the logits' last axis) of a chunked loss with weight W."""
+    return int(w_shape[0] if trans_b else w_shape[1])
+
+
+def linear_ce_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> Grads:
+    """The loss is the seed (d loss = 1, as the unfused loss's): one LinearCrossEntropyGrad
+    for the needed gradients of X, W and the bias; the labels get none."""
+    weighted = k.inputs[:-1]  # X, W[, B]
+    outs = [tape.new_grad(t) if needs[i] else None for i, t in enumerate(weighted)]
+    outs += [None] * (3 - len(outs))
+    trans = int(k.attr("transB", 0))
+    tape.emit(LINEAR_CE_GRAD, [*k.inputs, k.outputs[1]], [g for g in outs if g is not None],
+              grad_name(k, "grad"), transB=trans, chunks=int(k.attr("chunks", 1)),
+              output_mask=tuple(int(g is not None) for g in outs))
+    x, w = k.inputs[:2]
+    tape.kernels[-1].workspace_bytes = linear_ce_workspace(
+        tape.shape(x), linear_ce_classes(tape.shape(w), trans), int(k.attr("chunks", 1)),
+        tape.dtype(x))
+    return [*outs[: len(weighted)], None]
+
+
 RULES: dict[str, Rule] = {
     SDPA: Rule(sdpa_backward, inputs=(0, 1, 2), prepare=sdpa_prepare),
     LINEAR: Rule(linear_backward),
+    LINEAR_CE: Rule(linear_ce_backward),
 }

@@ -229,6 +229,7 @@ function _optmodel(x, ctx)
         _req(_optstr, x, "optimizer", ctx),
         _req(_bool, x, "fuse", ctx),
         _req(_optstr, x, "loss", ctx),
+        _opt(_int, x, "loss_chunks", 1, ctx),
     )
 end
 
