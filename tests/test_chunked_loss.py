@@ -179,3 +179,16 @@ def test_an_infeasible_budget_set_by_the_logits_points_to_the_option():
         result = api.optimize(graph, config)
         assert result.status == "infeasible", result.message
         assert ("--loss-chunks 16" in result.message) == hinted, result.message
+
+
+def test_inspect_says_when_the_logits_set_the_largest_working_set(capsys):
+    args = ["inspect", "gpt2_small", "--training", "--batch", "2", "--dim", "seq=1024"]
+    assert main(args) == 0
+    assert "set by the loss's logits (392.63 MiB): --loss-chunks 16" in capsys.readouterr().out
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_working_set_logits_bytes"] == \
+        2 * 1024 * 50257 * 4
+    assert main([*args, "--loss-chunks", "16"]) == 0
+    assert "set by the loss's logits" not in capsys.readouterr().out
+    assert main(["inspect", "resnet50", "--training", "--batch", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_working_set_logits_bytes"] is None

@@ -30,6 +30,7 @@ from autotm_py.config import DEFAULT_MEMORY
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.ir.graph import TensorGraph
+from autotm_py.ir.training import chunkable_logits_bytes
 from autotm_py.machine import working_sets
 from autotm_py.memory.tiers import MemorySystem, load_memory_system
 from autotm_py.report.tables import kernel_csv, kernel_report, render_kernel_report
@@ -82,6 +83,9 @@ def inspect_report(graph: TensorGraph, memory: MemorySystem | None = None,
         "peak_kernel": _kernel_ref(graph, graph.peak_kernel) if graph.kernels else None,
         "max_working_set_bytes": ws_bytes,
         "max_working_set_kernel": _kernel_ref(graph, ws_kernel) if graph.kernels else None,
+        # the plain loss's logits where they set the largest working set (--loss-chunks)
+        "max_working_set_logits_bytes": chunkable_logits_bytes(graph, ws_kernel)
+        if graph.kernels else None,
         "memory_system": memory.name,
         "runtime_reserve_bytes": reserve,
         "tensor_interval_bytes": [ws_bytes, graph.peak_live_bytes],
@@ -111,11 +115,19 @@ def _text(report: dict[str, Any]) -> str:
         f"{_short(peak['name'])} ({peak['op']})",
         f"largest WS   {format_bytes(report['max_working_set_bytes'])} at kernel #{wsk['id']} "
         f"{_short(wsk['name'])} ({wsk['op']})",
+        *_logits_line(report.get("max_working_set_logits_bytes")),
         *_budget_lines(report),
         "",
         *_top_kernels(report),
     ]
     return "\n".join(lines)
+
+
+def _logits_line(logits: int | None) -> list[str]:
+    if logits is None:
+        return []
+    return [f"             set by the loss's logits ({format_bytes(logits)}): --loss-chunks 16 "
+            "lowers it (docs/training.md)"]
 
 
 def _budget_lines(report: dict[str, Any]) -> list[str]:

@@ -191,6 +191,27 @@ def _chunked_loss(graph: TensorGraph, tape: Tape, logits: int, labels: int,
     return producer
 
 
+def chunkable_logits_bytes(graph: TensorGraph, kid: int) -> int | None:
+    """The bytes of a training graph's logits where its plain loss could be chunked (a softmax
+    cross-entropy over the last axis of a Linear's output) and kernel `kid` holds a tensor of
+    their shape (the logits, their log-probabilities, their gradient); else None. Where such a
+    kernel sets the smallest budget, `--loss-chunks` lowers it."""
+    meta = graph.meta.get("training") or {}
+    if "loss_kernel" not in meta or int(meta.get("loss_chunks", 1)) > 1:
+        return None
+    loss = graph.kernels[int(meta["loss_kernel"])]
+    if loss.op_type != "SoftmaxCrossEntropy":
+        return None
+    logits = graph.tensors[loss.inputs[0]]
+    made_by = None if logits.producer is None else graph.kernels[logits.producer].op_type
+    last = int(loss.attr("axis", -1)) % len(logits.shape) == len(logits.shape) - 1
+    held = (*graph.kernels[kid].inputs, *graph.kernels[kid].outputs)
+    if made_by != LINEAR or not last or \
+            not any(graph.tensors[t].shape == logits.shape for t in held):
+        return None
+    return logits.nbytes
+
+
 # ---- which tensors get gradients ----------------------------------------------------------
 @dataclass(frozen=True)
 class _Flow:

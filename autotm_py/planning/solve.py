@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.errors import SolverError
-from autotm_py.ir.rules.fused import LINEAR
+from autotm_py.ir.training import chunkable_logits_bytes
 from autotm_py.plan import Plan, SolverStats
 from autotm_py.planning.baselines import BaselineResult, all_fast
 from autotm_py.planning.control import SolveControl
@@ -453,22 +453,12 @@ def _no_recompute_only_plan(machine: MachineModel, stats: SolverStats, need: int
 
 
 def _logits_cause(graph: TensorGraph, kid: int) -> str:
-    """Where a language model's plain loss sets the smallest budget (the forcing kernel holds a
-    tensor of the logits' shape, made by a Linear), say that `--loss-chunks` lifts it."""
-    meta = graph.meta.get("training") or {}
-    if "loss_kernel" not in meta or int(meta.get("loss_chunks", 1)) > 1:
+    """Where a language model's plain loss sets the smallest budget, say that `--loss-chunks`
+    lifts it."""
+    logits = chunkable_logits_bytes(graph, kid)
+    if logits is None:
         return ""
-    loss = graph.kernels[int(meta["loss_kernel"])]
-    if loss.op_type != "SoftmaxCrossEntropy":
-        return ""
-    logits = graph.tensors[loss.inputs[0]]
-    made_by = None if logits.producer is None else graph.kernels[logits.producer].op_type
-    last = int(loss.attr("axis", -1)) % len(logits.shape) == len(logits.shape) - 1
-    held = (*graph.kernels[kid].inputs, *graph.kernels[kid].outputs)
-    if made_by != LINEAR or not last or \
-            not any(graph.tensors[t].shape == logits.shape for t in held):
-        return ""
-    return (f"; the loss's logits ({format_bytes(logits.nbytes)}) set it: --loss-chunks 16 "
+    return (f"; the loss's logits ({format_bytes(logits)}) set it: --loss-chunks 16 "
             "computes the loss over blocks of tokens and never holds them whole "
             "(docs/training.md)")
 
