@@ -30,20 +30,17 @@ FROM_PLAN = ("Not given: the plan's, for commands that read a plan (simulate, ru
              "--model).")
 
 
-def _remember_loss(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    ctx.meta[LOSS_KEY] = value
-    return value
-
-
-def _remember_loss_chunks(ctx: click.Context, _param: click.Parameter,
-                          value: int | None) -> int | None:
-    ctx.meta[LOSS_CHUNKS_KEY] = value
-    return value
+def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback that keeps the option's value in the context under `key`."""
+    def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+        ctx.meta[key] = value
+        return value
+    return callback
 
 
 loss_option = click.option(
     "--loss", type=click.Choice(LOSSES), default=None, expose_value=False,
-    callback=_remember_loss,
+    callback=_remember(LOSS_KEY),
     help="Loss that --training appends when the model has none: auto (from the output's "
          "shape: N x C classifiers and N x C x H x W per-pixel classes on axis 1, N x T x V "
          "sequence models on the last axis), ce-axis1, ce-last (softmax cross-entropy over "
@@ -53,7 +50,7 @@ loss_option = click.option(
 
 loss_chunks_option = click.option(
     "--loss-chunks", type=click.IntRange(min=1), default=None, expose_value=False,
-    callback=_remember_loss_chunks, metavar="N",
+    callback=_remember(LOSS_CHUNKS_KEY), metavar="N",
     help="With --training: a language model's output layer and its softmax cross-entropy as "
          "one kernel that goes through the tokens in N blocks, so the logits (tokens x "
          "vocabulary) never exist whole: what lets BERT-base or GPT-2 small train in a "

@@ -234,16 +234,16 @@ def linear_grad(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
 
 
 # ---- LinearCrossEntropy: the loss over X op(W) + B a block of rows at a time ------------------
-def _ce_operands(kernel: Kernel, args: Tensors
+def _ce_operands(args: Tensors, trans: bool
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(rows of X, op(W) as (K, V), the bias as (V,) or None, labels as one int64 row)."""
     x, w, labels = args[0], args[1], args[-1]
     bias = args[2].reshape(-1) if len(args) > 3 else None
-    return _rows(x), w.t() if kernel.attr("transB", 0) else w, bias, labels.reshape(-1).long()
+    return _rows(x), w.t() if trans else w, bias, labels.reshape(-1).long()
 
 
-def _blocks(kernel: Kernel, rows: int) -> list[slice]:
-    step = block_rows(rows, int(kernel.attr("chunks", 1)))
+def _blocks(rows: int, chunks: int) -> list[slice]:
+    step = block_rows(rows, chunks)
     return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
@@ -258,10 +258,11 @@ def _block_logits(buf: torch.Tensor, rows: torch.Tensor, w: torch.Tensor,
     return logits
 
 
-def _ce_forward(kernel: Kernel, args: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, w, bias, labels = _ce_operands(kernel, args)
+def _ce_forward(args: Tensors, trans: bool, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, logsumexp of each row); args X, W[, B], labels."""
+    rows, w, bias, labels = _ce_operands(args, trans)
     n = rows.shape[0]
-    blocks = _blocks(kernel, n)
+    blocks = _blocks(n, chunks)
     lse = torch.empty(n, dtype=getattr(torch, lse_dtype(str(rows.dtype).split(".")[-1])),
                       device=rows.device)
     buf = torch.empty((blocks[0].stop, w.shape[1]), dtype=rows.dtype, device=rows.device)
@@ -276,18 +277,17 @@ def _ce_forward(kernel: Kernel, args: Tensors) -> tuple[torch.Tensor, torch.Tens
     return total / n, lse.reshape(args[0].shape[:-1])
 
 
-def _ce_backward(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
-    """dX, dW, dB (those `output_mask` asks for) with d(loss) = 1; args X, W[, B], labels,
+def _ce_backward(args: Tensors, trans: bool, chunks: int,
+                 mask: Sequence[int]) -> list[torch.Tensor]:
+    """dX, dW, dB (those `mask` asks for) with d(loss) = 1; args X, W[, B], labels,
     logsumexp. The outputs are allocated first, at their sizes, then the block buffer."""
     inputs, lse = args[:-1], args[-1].reshape(-1)
-    rows, w, bias, labels = _ce_operands(kernel, inputs)
-    mask = kernel.attr("output_mask", (1, 1, 0))
-    trans = bool(kernel.attr("transB", 0))
+    rows, w, bias, labels = _ce_operands(inputs, trans)
     n, classes = rows.shape[0], w.shape[1]
     dx = torch.empty_like(rows) if mask[0] else None
     dw = torch.empty_like(inputs[1]) if mask[1] else None
     db = torch.empty(classes, dtype=rows.dtype, device=rows.device) if mask[2] else None
-    blocks = _blocks(kernel, n)
+    blocks = _blocks(n, chunks)
     buf = torch.empty((blocks[0].stop, classes), dtype=rows.dtype, device=rows.device)
     minus_one = torch.full((blocks[0].stop, 1), -1.0, dtype=rows.dtype, device=rows.device)
     for i, block in enumerate(blocks):
@@ -324,10 +324,10 @@ class _LinearCrossEntropyFn(torch.autograd.Function):
     logsumexp is saved; the backward is `LinearCrossEntropyGrad`'s kernel."""
 
     @staticmethod
-    def forward(ctx, kernel: Kernel, *args: torch.Tensor  # type: ignore[override]
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, lse = _ce_forward(kernel, args)
-        ctx.kernel = kernel
+    def forward(ctx, trans: bool, chunks: int,  # type: ignore[override]
+                *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, lse = _ce_forward(args, trans, chunks)
+        ctx.trans, ctx.chunks = trans, chunks
         ctx.save_for_backward(*args, lse)
         ctx.mark_non_differentiable(lse)
         return loss, lse
@@ -337,35 +337,25 @@ class _LinearCrossEntropyFn(torch.autograd.Function):
                  ) -> tuple[torch.Tensor | None, ...]:
         saved = ctx.saved_tensors
         weighted = len(saved) - 2  # X, W[, B]
-        mask = tuple(int(ctx.needs_input_grad[1 + i]) for i in range(weighted))
-        grad_kernel = _GradKernel(ctx.kernel, (*mask, *([0] * (3 - weighted))))
-        grads = iter(_ce_backward(grad_kernel, saved))  # type: ignore[arg-type]
-        out: list[torch.Tensor | None] = [None]
-        for i in range(weighted):
-            out.append(next(grads) * dloss if mask[i] else None)
-        return (*out, None)
+        mask = [int(ctx.needs_input_grad[2 + i]) for i in range(weighted)]
+        grads = iter(_ce_backward(saved, ctx.trans, ctx.chunks, mask + [0] * (3 - weighted)))
+        out = [next(grads) * dloss if wanted else None for wanted in mask]
+        return (None, None, *out, None)
 
 
-class _GradKernel:
-    """The attributes `_ce_backward` reads, for the autograd form (no IR kernel exists)."""
-
-    def __init__(self, forward: Kernel, mask: tuple[int, ...]) -> None:
-        self._attrs = {"transB": forward.attr("transB", 0), "chunks": forward.attr("chunks", 1),
-                       "output_mask": mask}
-
-    def attr(self, name: str, default: object = None) -> object:
-        value = self._attrs.get(name)
-        return default if value is None else value
+def _trans_chunks(kernel: Kernel) -> tuple[bool, int]:
+    return bool(kernel.attr("transB", 0)), int(kernel.attr("chunks", 1))
 
 
 @register("LinearCrossEntropy")
 def linear_cross_entropy(kernel: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
     """(loss, logsumexp); differentiable by autograd through `_LinearCrossEntropyFn`."""
     if torch.is_grad_enabled() and any(a.requires_grad for a in args):
-        return _LinearCrossEntropyFn.apply(kernel, *args)  # type: ignore[no-any-return]
-    return _ce_forward(kernel, args)
+        return _LinearCrossEntropyFn.apply(*_trans_chunks(kernel),  # type: ignore[no-any-return]
+                                           *args)
+    return _ce_forward(args, *_trans_chunks(kernel))
 
 
 @register("LinearCrossEntropyGrad")
 def linear_cross_entropy_grad(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
-    return _ce_backward(kernel, args)
+    return _ce_backward(args, *_trans_chunks(kernel), kernel.attr("output_mask", (1, 1, 0)))

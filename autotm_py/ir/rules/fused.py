@@ -192,10 +192,7 @@ def linear_ce_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]
     tape.emit(LINEAR_CE_GRAD, [*k.inputs, k.outputs[1]], [g for g in outs if g is not None],
               grad_name(k, "grad"), transB=trans, chunks=int(k.attr("chunks", 1)),
               output_mask=tuple(int(g is not None) for g in outs))
-    x, w = k.inputs[:2]
-    tape.kernels[-1].workspace_bytes = linear_ce_workspace(
-        tape.shape(x), linear_ce_classes(tape.shape(w), trans), int(k.attr("chunks", 1)),
-        tape.dtype(x))
+    tape.kernels[-1].workspace_bytes = k.workspace_bytes  # one block's logits, as the forward's
     return [*outs[: len(weighted)], None]
 
 
