@@ -192,3 +192,24 @@ def test_inspect_says_when_the_logits_set_the_largest_working_set(capsys):
     assert "set by the loss's logits" not in capsys.readouterr().out
     assert main(["inspect", "resnet50", "--training", "--batch", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["max_working_set_logits_bytes"] is None
+
+
+def test_no_hint_where_chunking_would_be_refused():
+    """Logits that another kernel also reads cannot be chunked, so no message points to
+    --loss-chunks there."""
+    from autotm_py.ir.training import chunkable_logits_bytes
+
+    net = Net("head_read_twice")
+    x = net.tensor((2, 8, 6), Role.INPUT, name="x")
+    logits = net.op("MatMul", [x, net.weight(6, 64)], (2, 8, 64))
+    logits = net.op("Add", [logits, net.weight(64)], (2, 8, 64))
+    net.op("Relu", [logits], (2, 8, 64))
+    forward = fuse_graph(net.build(logits))
+    with pytest.raises(ConfigError, match="other kernels read the output"):
+        derive_training(forward, loss_chunks=2)
+    plain = derive_training(forward)
+    grad = next(k for k in plain.kernels if k.op_type == "SoftmaxCrossEntropyGrad")
+    assert chunkable_logits_bytes(plain, grad.id) is None
+    single = derive_training(fuse_graph(biased_head()))
+    grad = next(k for k in single.kernels if k.op_type == "SoftmaxCrossEntropyGrad")
+    assert chunkable_logits_bytes(single, grad.id) == 3 * 5 * 13 * 4

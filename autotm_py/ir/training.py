@@ -206,7 +206,9 @@ def chunkable_logits_bytes(graph: TensorGraph, kid: int) -> int | None:
     made_by = None if logits.producer is None else graph.kernels[logits.producer].op_type
     last = int(loss.attr("axis", -1)) % len(logits.shape) == len(logits.shape) - 1
     held = (*graph.kernels[kid].inputs, *graph.kernels[kid].outputs)
-    if made_by != LINEAR or not last or \
+    # the conditions `_chunked_loss` accepts: a Linear's output over its last axis, read by
+    # the loss alone
+    if made_by != LINEAR or not last or tuple(logits.users) != (loss.id,) or \
             not any(graph.tensors[t].shape == logits.shape for t in held):
         return None
     return logits.nbytes
