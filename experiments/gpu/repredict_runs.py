@@ -33,13 +33,17 @@ def main() -> None:
     args = parser.parse_args()
     target = Fingerprint("cuda", args.device_name, torch="")
     errors = []
+    graphs: dict[tuple[str, int], tuple[object, object]] = {}  # each model loaded and priced once
     print(f"{'plan':<72} {'H100-priced':>11} {'repriced':>9} {'measured':>9} {'error':>7}")
     for item in args.runs:
         model, batch, run_path, plan_path = item.split(":", 3)
         run = json.loads(Path(run_path).read_text())
         plan = Plan.load(plan_path)
-        graph = api.load_model(model, batch=int(batch), training=True)
-        costs = cost_sources("cuda", target, None, None).costs(graph)
+        key = (model, int(batch))
+        if key not in graphs:
+            graph = api.load_model(model, batch=key[1], training=True)
+            graphs[key] = (graph, cost_sources("cuda", target, None, None).costs(graph))
+        graph, costs = graphs[key]
         # not strict: this GPU's cuDNN may pick engines with other workspaces than the plan's
         predicted = api.simulate(graph, plan, costs=costs, strict=False).total_s
         measured = float(run["median_s"])
