@@ -79,11 +79,12 @@ def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike |
 
 def load_costs(graph: TensorGraph, *, device: str = "cuda",
                profiles_dir: PathLike | None = None,
-               shipped_dir: PathLike | None = None) -> KernelCosts:
+               shipped_dir: PathLike | None = None, gpu: str | None = None) -> KernelCosts:
     """Costs from shipped/cached profiles; kernels without one get flagged estimates.
-    `shipped_dir` stands in for the shipped profiles (a bench worker's copy of them)."""
+    `shipped_dir` stands in for the shipped profiles (a bench worker's copy of them). `gpu`
+    (cuda): price for that GPU's profiles ("h200"), not this machine's."""
     return _profiling.load_costs(graph, device=device, profiles_dir=profiles_dir,
-                                 shipped_dir=shipped_dir)
+                                 shipped_dir=shipped_dir, gpu=gpu)
 
 
 def calibrate(*, device: str = "cuda", **options: Any) -> MemorySystem:

@@ -100,6 +100,9 @@ class PlanConfig:
     # Fast memory the runtime keeps for itself (GPU: torch's cuBLAS workspaces), taken out of
     # the budget before the plan's tensors; None: the memory system's `runtime_reserve_bytes`.
     reserve_bytes: int | None = None
+    # GPU mode: price with the profiles of this GPU (a name or a part of one: "h200"), not
+    # the planning machine's (`profiling.load_costs`); the plan records which (`PlanHeader.gpu`).
+    gpu: str | None = None
 
     def __post_init__(self) -> None:
         self._coerce()
@@ -109,9 +112,7 @@ class PlanConfig:
         self._check_recompute()
         if self.ratio is not None and self.fast_mem_bytes is not None:
             raise ConfigError("give either --ratio or --fast-mem, not both")
-        if self.device not in DEFAULT_MEMORY:
-            raise ConfigError(f"--device {self.device!r}: choose cuda (GPU mode) or cpu (host "
-                              "mode)")
+        self._check_device()
         if not 0 <= self.headroom < MAX_HEADROOM:
             raise ConfigError(f"--headroom {self.headroom}: a share of the budget in "
                               f"[0, {MAX_HEADROOM}), e.g. 0.1 to leave 10% for fragmentation")
@@ -133,6 +134,14 @@ class PlanConfig:
         if self.scratch == "windows" and not (self.arena and self.placed):
             raise ConfigError("--scratch windows needs --arena and --placed (the placed "
                               "allocator serves the windows): add --arena, or drop --scratch")
+
+    def _check_device(self) -> None:
+        if self.device not in DEFAULT_MEMORY:
+            raise ConfigError(f"--device {self.device!r}: choose cuda (GPU mode) or cpu (host "
+                              "mode)")
+        if self.gpu and self.device != "cuda":
+            raise ConfigError(f"--gpu {self.gpu!r} picks a GPU's profiles: it needs --device "
+                              "cuda")
 
     def _check_recompute(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:

@@ -72,6 +72,9 @@ class KernelCosts:
     # (in-context CUDA profiles; 0 where unknown, empty where none is). The simulator runs
     # kernels on a GPU clock with it and the host's dispatch on a clock of `times_s`.
     device_s: tuple[float, ...] = ()
+    # the device whose profiles these costs prefer (its name, e.g. "NVIDIA H200"; "" for costs
+    # not from profiles). A GPU plan records it (`PlanHeader.gpu`) to be priced the same later.
+    target: str = ""
 
     @classmethod
     def from_times(cls, device: str, times_s: Sequence[float],

@@ -58,7 +58,8 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
                                        fast_mem_bytes=config.fast_mem_bytes, pinned=pinned,
                                        memory=memory)
     if costs is None:
-        costs = load_costs(graph, device=config.device, profiles_dir=profiles_dir)
+        costs = load_costs(graph, device=config.device, profiles_dir=profiles_dir,
+                           gpu=config.gpu)
     return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights,
                         config.headroom, graph_replay=config.graph, arena=config.arena,
                         placed=config.arena and config.placed,
@@ -274,7 +275,8 @@ def machine_for_plan(graph: TensorGraph, plan: Plan, costs: KernelCosts | None =
     memory = memory.with_budget(plan.header.budget_bytes)
     header = plan.header
     if costs is None:
-        costs = load_costs(graph, device=header.device, profiles_dir=profiles_dir)
+        costs = load_costs(graph, device=header.device, profiles_dir=profiles_dir,
+                           gpu=header.gpu)
     return MachineModel(graph, memory, costs, header.pin_weights, header.headroom,
                         graph_replay=header.graph, arena=plan.arena is not None,
                         placed=plan.arena is not None and plans_placed(plan),

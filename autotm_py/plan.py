@@ -248,6 +248,10 @@ class PlanHeader:
     graph: bool = False
     # the kernel costs it was solved with (None: not recorded, e.g. a plan written before)
     costs: CostsIdentity | None = None
+    # GPU mode: the GPU whose profiles priced it (`optimize --gpu`, else the planning machine's
+    # GPU or the reference H100); simulate and report price it the same. None: a CPU-mode plan,
+    # costs not from profiles, or a plan written before it existed (priced for this machine).
+    gpu: str | None = None
 
     @property
     def reserve_bytes(self) -> int:

@@ -166,7 +166,8 @@ def test_changed_costs_warn_with_how_far_the_prediction_moved(net, tmp_path, cap
     assert "warning" not in capsys.readouterr().err
     slower = costs_for(net)
     slower = replace(slower, times_s=tuple(1.5 * t for t in slower.times_s))
-    monkeypatch.setattr(api, "load_costs", lambda g, device="cuda", profiles_dir=None: slower)
+    monkeypatch.setattr(api, "load_costs",
+                        lambda g, device="cuda", profiles_dir=None, gpu=None: slower)
     assert main(["simulate", "net", "--plan", str(plan)]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("warning: today's kernel costs differ")

@@ -149,7 +149,7 @@ def test_schema_is_valid_draft_2020_12() -> None:
 
 
 # Header fields added within format 2: plans written before them lack them (readers default).
-OPTIONAL_HEADER_FIELDS = {"graph"}
+OPTIONAL_HEADER_FIELDS = {"graph", "gpu"}
 
 
 def test_schema_header_fields_are_the_dataclass_fields() -> None:

@@ -118,7 +118,7 @@ def test_recompute_modes_name_the_plan_and_print_what_moves_and_reruns(monkeypat
 
     graph = small_training(kib=256)
     monkeypatch.setattr(api, "load_model", lambda *a, **k: graph)
-    monkeypatch.setattr(api, "load_costs", lambda g, device="cuda", profiles_dir=None:
+    monkeypatch.setattr(api, "load_costs", lambda g, device="cuda", profiles_dir=None, gpu=None:
                         costs_for(g, device, scale_s=2e-6))  # kernels cheap next to copies
     path = tmp_path / "plan.json"
     assert main(["optimize", "net", "--fast-mem", "1200KiB", *args, "--solver", "highs",

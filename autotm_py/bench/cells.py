@@ -72,7 +72,7 @@ class ModelRunner:
                                         loss_chunks=spec.loss_chunks)
             self.costs = api.load_costs(self.graph, device=spec.device,
                                         profiles_dir=spec.profiles_dir,
-                                        shipped_dir=shipped_dir)
+                                        shipped_dir=shipped_dir, gpu=spec.gpu)
             self.view = PlanView.from_graph(self.graph)
         except AutoTMError as exc:
             self.error = _one_line(exc)

@@ -13,6 +13,7 @@ from autotm_py.errors import ConfigError
 from autotm_py.ir.training import check_loss_chunks
 from autotm_py.memory.tiers import load_memory_system
 from autotm_py.planning.solvers import SOLVERS
+from autotm_py.profiling.fingerprint import Fingerprint
 from autotm_py.units import parse_ratio
 
 ROW_KEY = ("model", "batch", "dims", "training", "device", "memory", "ratio", "strategy",
@@ -91,6 +92,7 @@ class BenchSpec:
     scratch: str = "auto"  # `optimize --scratch`: auto | region | windows
     read_pricing: str = DEFAULT_READ_PRICING  # `optimize --read-pricing`
     loss_chunks: int = 1  # `--loss-chunks`: the models' losses chunked (1: plain)
+    gpu: str | None = None  # `--gpu`: plans priced with this GPU's profiles (GPU mode)
 
     def __post_init__(self) -> None:
         if not self.models or not self.ratios:
@@ -124,7 +126,7 @@ class BenchSpec:
             memory=self.memory, solver=solver, gap=self.gap, time_limit_s=self.time_limit_s,
             pin_weights=self.pin_weights, headroom=self.headroom, threads=self.threads,
             arena=self.arena, graph=self.graph, placed=self.placed, scratch=self.scratch,
-            read_pricing=self.read_pricing)
+            read_pricing=self.read_pricing, gpu=self.gpu)
 
     @property
     def memory_name(self) -> str:
@@ -147,13 +149,16 @@ class BenchSpec:
         """How plans are made and run beyond their strategy, as a row's key names it: None for
         the defaults (eager runs on torch's allocator, step-priced reads; older results have
         no such column), else e.g. ``arena+graph+placed``, ``arena+graph+placed+windows``,
-        ``arena+graph+placed+spread`` or, for graphs with a chunked loss, ``...+loss16``."""
+        ``arena+graph+placed+spread`` or, for graphs with a chunked loss, ``...+loss16``; plans
+        priced for another GPU's profiles end in its name, ``...+gpu-h200``."""
         parts = [name for name, on in (("arena", self.arena), ("graph", self.graph),
                                        ("placed", self.arena and self.placed),
                                        ("windows", self.scratch_mode == "windows"),
                                        (self.read_pricing,
                                         self.read_pricing != DEFAULT_READ_PRICING),
-                                       (f"loss{self.loss_chunks}", self.loss_chunks > 1)) if on]
+                                       (f"loss{self.loss_chunks}", self.loss_chunks > 1),
+                                       (f"gpu-{gpu_slug(self.gpu or '')}", bool(self.gpu)))
+                 if on]
         return "+".join(parts) or None
 
     @property
@@ -190,6 +195,11 @@ class BenchSpec:
                 for strategy in self.strategies:
                     for solver in self.solvers:
                         yield model, ratio, strategy, solver
+
+
+def gpu_slug(name: str) -> str:
+    """How a row's options name the GPU of `--gpu` ("NVIDIA H200" and "h200": h200)."""
+    return Fingerprint("cuda", name, torch="").slug
 
 
 def cell_text(value: Any) -> str:

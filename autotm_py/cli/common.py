@@ -114,6 +114,12 @@ graph_option = click.option(
     help="GPU mode: price the iteration as replayed from a CUDA graph (kernels at their device "
          "times, no host dispatch), as `autotm run --graph` runs it: with --arena at planned "
          "addresses, else with static inputs on torch's allocator (give --headroom).")
+gpu_option = click.option(
+    "--gpu", default=None, metavar="NAME",
+    help="GPU mode: price with the profiles of this GPU (its name, or a part of one that "
+         "names one GPU with shipped or cached profiles: h100, h200), to plan here for the GPU "
+         "that will run the plan [default: this machine's GPU, else the shipped H100 "
+         "profiles]. The plan records it; simulate and report price the plan the same.")
 reserve_option = click.option(
     "--reserve", default=None, metavar="BYTES",
     help="Fast memory the runtime keeps for itself whatever the plan, taken out of the budget "

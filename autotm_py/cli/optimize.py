@@ -20,6 +20,7 @@ from autotm_py.cli.common import (
     budget_parts,
     check_writable,
     fast_peak_line,
+    gpu_option,
     graph_option,
     headroom_option,
     json_option,
@@ -145,6 +146,7 @@ RATIO_HELP = (
                    "(`autotm run --no-placed`, or no C compiler where the plan runs).")
 @scratch_option
 @graph_option
+@gpu_option
 @click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
               help="Profile cache directory (default: $AUTOTM_PROFILES or ~/.cache/autotm).")
 @click.option("--no-baselines", is_flag=True, help="Skip planning the baselines.")
@@ -159,7 +161,7 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
                  recompute_ratio: float, recompute_early: int, read_pricing: str,
                  pin_weights: bool,
                  threads: int | None, headroom: float, reserve: str | None, arena: bool,
-                 placed: bool, scratch: str, graph_replay: bool,
+                 placed: bool, scratch: str, graph_replay: bool, gpu: str | None,
                  profiles_dir: str | None, no_baselines: bool,
                  output: str | None, as_json: bool, no_fuse: bool = False) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
@@ -181,12 +183,12 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         recompute_depth=recompute_depth, recompute_ratio=recompute_ratio,
         recompute_early=recompute_early, read_pricing=read_pricing,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
-        arena=arena, placed=placed, scratch=scratch, graph=graph_replay)
+        arena=arena, placed=placed, scratch=scratch, graph=graph_replay, gpu=gpu)
     control = SolveControl(time_limit_s=time_limit)
     with status.StatusLine(control, status.wanted(as_json)):
         control.report(stage="loading the model")
         graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
-        costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir)
+        costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir, gpu=gpu)
         with handle_signals(control):
             result = api.optimize(graph, config, costs=costs, baselines=not no_baselines,
                                   control=control)
@@ -315,12 +317,16 @@ def _baseline_lines(result: Any) -> list[str]:
               help="Profile cache directory (default: $AUTOTM_PROFILES or ~/.cache/autotm).")
 @click.option("--no-strict", is_flag=True,
               help="Report every rule the plan breaks instead of stopping at the first.")
+@click.option("--gpu", default=None, metavar="NAME",
+              help="Price the plan with this GPU's profiles (h100, h200) to predict it on that "
+                   "GPU [default: the GPU the plan was priced for, `gpu` in its header].")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the timeline (per-kernel and per-move times, memory curve) as JSON.")
 @json_option
 def simulate_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
                  optimizer: str, plan_path: str, profiles_dir: str | None, no_strict: bool,
-                 output: str | None, as_json: bool, no_fuse: bool = False) -> int:
+                 gpu: str | None, output: str | None, as_json: bool,
+                 no_fuse: bool = False) -> int:
     """Predict a plan's timeline on MODEL and verify it (residency, budget, order, steady
     state). Exits 1 naming the first record that breaks a rule."""
     import json
@@ -328,9 +334,12 @@ def simulate_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
     check_writable(output, "-o")
     plan = Plan.load(plan_path)
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)
-    costs = api.load_costs(graph, device=plan.header.device, profiles_dir=profiles_dir)
+    costs = api.load_costs(graph, device=plan.header.device, profiles_dir=profiles_dir,
+                           gpu=gpu or plan.header.gpu)
     sim = api.simulate(graph, plan, costs=costs, strict=not no_strict)
-    drift = costs_drift(plan.header, sim.costs_digest, sim.total_s)
+    # priced on purpose for another GPU than the plan's: its costs differ, that is no drift
+    drift = None if gpu and costs.target != plan.header.gpu else \
+        costs_drift(plan.header, sim.costs_digest, sim.total_s)
     if output:
         atomic_write_text(output, json.dumps(sim.to_dict()) + "\n")
     if as_json:

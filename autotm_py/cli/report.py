@@ -16,6 +16,7 @@ from autotm_py.cli.common import (
     FROM_PLAN,
     budget_parts,
     check_writable,
+    gpu_option,
     headroom_option,
     json_option,
     load_model_from_cli,
@@ -51,7 +52,9 @@ def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple
                            ) -> tuple[Any, dict[str, Any]]:
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)
     dev = device or plan.header.device
-    costs = api.load_costs(graph, device=dev, profiles_dir=profiles)
+    # priced as the plan was: the same GPU's profiles (`optimize --gpu`)
+    gpu = plan.header.gpu if dev == plan.header.device else None
+    costs = api.load_costs(graph, device=dev, profiles_dir=profiles, gpu=gpu)
     return graph, api.simulate(graph, plan, costs=costs, strict=False).to_dict()
 
 
@@ -220,6 +223,7 @@ def _split(text: str) -> tuple[str, ...]:
               help="With --training: the models' output layer and softmax cross-entropy as one "
                    "kernel over N blocks of tokens (`optimize --loss-chunks`; language models "
                    "only); the rows' options name it (loss16).")
+@gpu_option
 @click.option("--plans", "plans_dir", type=click.Path(file_okay=False), default=None,
               help="Keep each solved plan in this folder (gzip-compressed JSON) and reuse "
                    "plans found there (solve on one machine, --execute on another).")
@@ -245,7 +249,7 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
               time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
               execute: bool, iterations: int, warmup: int, headroom: float, fit: bool,
               arena: bool, graph_replay: bool, placed: bool, scratch: str,
-              read_pricing: str, loss_chunks: int, plans_dir: str | None,
+              read_pricing: str, loss_chunks: int, gpu: str | None, plans_dir: str | None,
               output: str, engine: str, workers: int | None,
               address: str | None, threads: int | None,
               no_progress: bool, as_json: bool) -> None:
@@ -269,7 +273,8 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
                      profiles_dir=profiles, execute=execute, iterations=iterations,
                      warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,
                      threads=threads, arena=arena, graph=graph_replay, placed=placed,
-                     scratch=scratch, read_pricing=read_pricing, loss_chunks=loss_chunks)
+                     scratch=scratch, read_pricing=read_pricing, loss_chunks=loss_chunks,
+                     gpu=gpu)
     where = {"engine": engine, "workers": workers, "address": address}
     if no_progress or as_json:
         result = run_bench(spec, output, **where)

@@ -115,6 +115,12 @@ def move_counts(records: tuple[Record, ...], graph: TensorGraph) -> dict[str, in
     return counts
 
 
+def _priced_gpu(machine: MachineModel, device: str) -> str | None:
+    """The GPU whose profiles priced a GPU-mode plan (None in host mode or for costs given
+    without profiles)."""
+    return (machine.profile_costs.target or None) if device == "cuda" else None
+
+
 def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
             config: Mapping[str, Any], solver: SolverStats | None = None,
             notes: tuple[str, ...] = ()) -> Plan:
@@ -126,6 +132,7 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
     if counts.get("recomputes"):
         counts["recompute_s"] = sum(machine.fast_time(r.kernel) for r in records
                                     if isinstance(r, Recompute))
+    device = str(config.get("device") or machine.costs.device)
     header = PlanHeader(
         model_hash=graph.model_hash,
         model_name=graph.name,
@@ -137,11 +144,12 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
         counts=counts,
         config={**config, "pin_weights": machine.pin_weights},
         notes=notes,
-        device=str(config.get("device") or machine.costs.device),
+        device=device,
         pin_weights=machine.pin_weights,
         headroom=machine.headroom,
         model=ModelOptions.of_graph(graph),
         graph=machine.graph_replay,
         costs=CostsIdentity.of(machine.profile_costs),
+        gpu=_priced_gpu(machine, device),
     )
     return Plan(header, dict(builder.initial), records, names_table(graph))

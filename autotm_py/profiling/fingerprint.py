@@ -14,6 +14,7 @@ import platform
 import re
 import shutil
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,24 @@ def target_fingerprint(device: str) -> Fingerprint:
     if kind == "cuda":
         return Fingerprint("cuda", REFERENCE_CUDA_DEVICE, torch="")
     return Fingerprint("cpu", cpu_model_name(), _installed("torch"), threads=_default_threads())
+
+
+def profiled_gpu(name: str, known: Iterable[str]) -> str:
+    """The GPU that `--gpu NAME` means among the GPUs with profiles (`known`): the one whose
+    name equals NAME, else the only one whose name contains it ("h200" for "NVIDIA H200"),
+    ignoring case. Planning for a GPU this machine does not have needs its profiles."""
+    names = sorted(set(known))
+    wanted = name.strip().lower()
+    exact = [n for n in names if n.lower() == wanted]
+    partial = [n for n in names if wanted and wanted in n.lower()]
+    if exact or len(partial) == 1:
+        return (exact or partial)[0]
+    have = ", ".join(repr(n) for n in names) or "none"
+    if partial:
+        raise ConfigError(f"--gpu {name!r} names several GPUs with profiles ({have}): give "
+                          "more of the name")
+    raise ConfigError(f"--gpu {name!r}: no profiles of that GPU (profiles of: {have}); measure "
+                      "them on it with `autotm profile MODEL --device cuda`")
 
 
 def _nvidia_present() -> bool:

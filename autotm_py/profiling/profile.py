@@ -36,6 +36,7 @@ from autotm_py.profiling.fingerprint import (
     Fingerprint,
     check_device,
     current_fingerprint,
+    profiled_gpu,
     target_fingerprint,
 )
 from autotm_py.profiling.progress import ProgressCallback, progress_reporter
@@ -54,22 +55,31 @@ FLUSH_EVERY_N = 8  # ... and every this many kernels
 
 def load_costs(graph: TensorGraph, *, device: str = "cuda",
                profiles_dir: PathLike | None = None,
-               shipped_dir: PathLike | None = None) -> KernelCosts:
+               shipped_dir: PathLike | None = None, gpu: str | None = None) -> KernelCosts:
     """Costs from the user cache and shipped profiles; no kernel is run.
 
-    `device="cuda"` on a machine without a GPU uses the shipped H100 profiles; a machine that
-    differs from every profile uses the closest one of its device kind (logged).
+    `device="cuda"` prefers the profiles of `gpu` (a GPU name, or a part of one that names one
+    GPU with profiles: "h200"), else this machine's GPU, else (no GPU here) the shipped H100
+    profiles; a machine that differs from every profile uses the closest one of its device kind
+    (logged), as does a kernel that the preferred GPU's profiles lack.
     """
     kind = check_device(device)
-    sources = cost_sources(kind, target_fingerprint(kind), profiles_dir, shipped_dir)
+    sources = cost_sources(kind, target_fingerprint(kind), profiles_dir, shipped_dir, gpu=gpu)
     return sources.costs(graph)
 
 
 def cost_sources(kind: str, target: Fingerprint, profiles_dir: PathLike | None,
-                 shipped_dir: PathLike | None) -> CostSources:
-    """The profile sets of the user cache and the shipped profiles, looked up for `target`."""
+                 shipped_dir: PathLike | None, *, gpu: str | None = None) -> CostSources:
+    """The profile sets of the user cache and the shipped profiles, looked up for `target`, or
+    for the GPU `gpu` names (`profiled_gpu`)."""
     shipped = Path(shipped_dir) if shipped_dir is not None else shipped_profiles_dir()
-    return CostSources(kind, target, load_sets(kind, user_profiles_dir(profiles_dir), shipped))
+    sets = load_sets(kind, user_profiles_dir(profiles_dir), shipped)
+    if gpu:
+        if kind != "cuda":
+            raise ConfigError(f"--gpu {gpu!r} picks a GPU's profiles: it needs --device cuda")
+        target = Fingerprint("cuda", profiled_gpu(gpu, (s.fingerprint.name for s in sets)),
+                             torch="")
+    return CostSources(kind, target, sets)
 
 
 def unique_kernels(graph: TensorGraph) -> list[Kernel]:

@@ -231,4 +231,5 @@ class CostSources:
             workspace_bytes=tuple(t.workspace_bytes for t in times),
             device_s=tuple(_device_time(t) for t in times)
             if any(t.device_s for t in times) else (),
+            target=self.target.name,
         )

@@ -13,7 +13,8 @@
 #   bash experiments/gpu/fit_vs_arena.sh OUT_DIR MODEL BATCH RATIOS FIT_PLANS ARENA_PLAN...
 #   e.g. ... $OUT/fva inception_v4 64 1:1,1:2 experiments/plans/gpu_fused \
 #            experiments/plans/bench_arena/inception_v4_64_..._1-1_async_highs_arena+graph+placed.json.gz
-# DIMS (e.g. DIMS=seq=512) binds a symbolic dimension for both.
+# DIMS (e.g. DIMS=seq=512) binds a symbolic dimension for both; EXTRA adds options to the fit
+# rows' bench (EXTRA="--gpu h200": plans priced with the H200's profiles, experiments/gpu/plan_h200.sh).
 set -u
 . experiments/gpu/setup.sh
 out=$1 model=$2 batch=$3 ratios=$4 fit_plans=$5
@@ -22,5 +23,5 @@ mkdir -p "$out"
 echo "== fit rows: $model $ratios $(date -u +%H:%M:%S)"
 python3 -m autotm_py bench --models "$model" --batch "$batch" ${DIMS:+--dim "$DIMS"} --training \
     --device cuda --ratios "$ratios" --strategies sync,async --time-limit 150 \
-    --plans "$fit_plans" --execute --fit --no-progress -o "$out/fit.csv" 2>&1 | tail -n 8
+    --plans "$fit_plans" --execute --fit ${EXTRA:-} --no-progress -o "$out/fit.csv" 2>&1 | tail -n 8
 bash experiments/gpu/replay_plans.sh "$out" "$model" "$batch" "$@"

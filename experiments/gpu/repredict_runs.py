@@ -4,7 +4,8 @@ A plan's header keeps the prediction of the machine it was solved for (the shipp
 profiles here); `autotm run` prints that one. When the runs were made on another GPU whose
 profiles are shipped too (`profiles/h200.json`, measured with `autotm profile ... --in-context
 --profiles profiles` on that GPU), this script simulates each plan on that GPU's costs
-(`--device-name`; its kernels first, the closest profiles for any it lacks) and prints the
+(`--device-name`, as `autotm simulate --gpu` does; its kernels first, the closest profiles
+for any it lacks) and prints the
 prediction next to the measured median of its run (`autotm run -o RUN.json`, e.g. from
 `experiments/gpu/replay_plans.sh`), and the median error.
 
@@ -24,14 +25,11 @@ from pathlib import Path
 def main() -> None:
     from autotm_py import api
     from autotm_py.plan import Plan
-    from autotm_py.profiling.fingerprint import Fingerprint
-    from autotm_py.profiling.profile import cost_sources
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device-name", required=True, help='e.g. "NVIDIA H200"')
     parser.add_argument("runs", nargs="+", metavar="MODEL:BATCH:RUN.json:PLAN")
     args = parser.parse_args()
-    target = Fingerprint("cuda", args.device_name, torch="")
     errors = []
     graphs: dict[tuple[str, int], tuple[object, object]] = {}  # each model loaded and priced once
     print(f"{'plan':<72} {'H100-priced':>11} {'repriced':>9} {'measured':>9} {'error':>7}")
@@ -42,7 +40,7 @@ def main() -> None:
         key = (model, int(batch))
         if key not in graphs:
             graph = api.load_model(model, batch=key[1], training=True)
-            graphs[key] = (graph, cost_sources("cuda", target, None, None).costs(graph))
+            graphs[key] = (graph, api.load_costs(graph, device="cuda", gpu=args.device_name))
         graph, costs = graphs[key]
         # not strict: this GPU's cuDNN may pick engines with other workspaces than the plan's
         predicted = api.simulate(graph, plan, costs=costs, strict=False).total_s

@@ -206,6 +206,7 @@ function _header(x, ctx)
         _req(_optmodel, x, "model", ctx),
         _opt(_bool, x, "graph", false, ctx),
         _req(_optcosts, x, "costs", ctx),
+        _opt(_optstr, x, "gpu", nothing, ctx),
     )
 end
 

@@ -131,6 +131,7 @@ struct PlanHeader
     model::Union{ModelOptions,Nothing}
     graph::Bool
     costs::Union{CostsIdentity,Nothing}
+    gpu::Union{String,Nothing}  # the GPU whose profiles priced it (absent in older plans)
 end
 
 "A row of the plan's tensor table: 0-based id, name, size in bytes, role (e.g. `\"weight\"`)."

@@ -118,8 +118,9 @@ end
         legacy = raw_plan()
         delete!(legacy, "arena")
         delete!(legacy["header"], "graph")
+        delete!(legacy["header"], "gpu")
         old = plan_from_dict(legacy)
-        @test old.arena === nothing && old.header.graph == false
+        @test old.arena === nothing && old.header.graph == false && old.header.gpu === nothing
         @test arena_offset(old, 0, 0) === nothing
     end
 

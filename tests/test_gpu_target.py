@@ -1,0 +1,102 @@
+"""`--gpu NAME`: plan here, on a machine without that GPU, with the profiles of the GPU that
+will run the plan (profiling/profile.py `cost_sources`). The plan records the GPU
+(`PlanHeader.gpu`), so `simulate` and `report` price it the same; `simulate --gpu` predicts it
+on another GPU; bench rows and plan files name it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotm_py import api
+from autotm_py.cli import main
+from autotm_py.errors import ConfigError
+from autotm_py.profiling.fingerprint import REFERENCE_CUDA_DEVICE, profiled_gpu
+
+H200 = "NVIDIA H200"
+KNOWN = (REFERENCE_CUDA_DEVICE, H200, "NVIDIA H200 NVL")
+
+
+def test_a_gpu_is_named_by_its_name_or_a_part_that_names_one():
+    assert profiled_gpu("nvidia h200", KNOWN) == H200  # exact, ignoring case, before parts
+    assert profiled_gpu("h100", KNOWN) == REFERENCE_CUDA_DEVICE
+    assert profiled_gpu("NVL", KNOWN) == "NVIDIA H200 NVL"
+    with pytest.raises(ConfigError, match="several GPUs"):
+        profiled_gpu("nvidia", KNOWN)
+    with pytest.raises(ConfigError, match=r"no profiles of that GPU.*autotm profile"):
+        profiled_gpu("a100", KNOWN)
+
+
+@pytest.fixture(scope="module")
+def resnet50():
+    """ResNet-50 b32 training: profiled on the H100 and (in context) on the H200."""
+    return api.load_model("resnet50", batch=32, training=True)
+
+
+def test_costs_for_another_gpu_come_from_its_profiles(resnet50, tmp_path):
+    here = api.load_costs(resnet50, device="cuda", profiles_dir=tmp_path)
+    h200 = api.load_costs(resnet50, device="cuda", profiles_dir=tmp_path, gpu="h200")
+    assert here.target == REFERENCE_CUDA_DEVICE  # no GPU here: the shipped H100 profiles
+    assert h200.target == H200 and H200 in h200.source
+    assert h200.n_estimated == 0 and h200.digest != here.digest
+    # the H200 runs this model's kernels faster (measured: 27.1 vs 30.3 ms in context)
+    assert h200.total_s < here.total_s
+    with pytest.raises(ConfigError, match=r"--gpu 'h200'.*--device cuda"):
+        api.load_costs(resnet50, device="cpu", gpu="h200")
+
+
+def _optimize(tmp_path, *extra: str) -> tuple[dict, str]:
+    plan = tmp_path / "plan.json"
+    args = ["optimize", "resnet50", "--training", "--batch", "32", "--device", "cuda",
+            "--strategy", "static", "--fast-mem", "40GiB", "--no-baselines", "--profiles",
+            str(tmp_path / "cache"), *extra, "-o", str(plan)]
+    assert main(args) == 0
+    return json.loads(plan.read_text())["header"], str(plan)
+
+
+def test_a_plan_records_its_gpu_and_simulate_prices_it_the_same(tmp_path, capsys):
+    header, plan = _optimize(tmp_path, "--gpu", "h200")
+    assert header["gpu"] == H200
+    capsys.readouterr()
+    simulate = ["simulate", "resnet50", "--plan", plan, "--profiles", str(tmp_path / "cache"),
+                "--json"]
+    assert main(simulate) == 0
+    out = capsys.readouterr()
+    same = json.loads(out.out)
+    assert same["total_s"] == pytest.approx(header["predicted_time_s"], rel=1e-9)
+    assert same["costs_warning"] is None and "differ" not in out.err
+    # on purpose on the H100's profiles: another prediction, and no warning about drift
+    assert main([*simulate, "--gpu", "h100"]) == 0
+    out = capsys.readouterr()
+    other = json.loads(out.out)
+    assert other["total_s"] > same["total_s"] and other["costs_warning"] is None
+    default, _ = _optimize(tmp_path)
+    assert default["gpu"] == REFERENCE_CUDA_DEVICE and default["predicted_time_s"] == \
+        pytest.approx(other["total_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("extra, words", [
+    (("--gpu", "a100"), "--gpu 'a100': no profiles of that GPU"),
+    (("--gpu", "h200", "--device", "cpu"), "needs --device cuda"),
+])
+def test_a_bad_gpu_is_refused_in_one_line(tmp_path, capsys, extra, words):
+    args = ["optimize", "resnet50", "--training", "--batch", "32", "--strategy", "static",
+            "--fast-mem", "40GiB", *extra, "-o", str(tmp_path / "plan.json")]
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_bench_names_the_gpu_in_its_rows_and_plans():
+    from autotm_py.bench.spec import BenchSpec
+
+    spec = BenchSpec(models=("resnet50",), ratios=("1:1",), strategies=("async",),
+                     device="cuda", training=True, arena=True, graph=True, gpu="NVIDIA H200",
+                     plans_dir="plans")
+    assert spec.options is not None and spec.options.endswith("+gpu-h200")
+    assert spec.plan_config("async", "1:1").gpu == "NVIDIA H200"
+    assert "gpu-h200" in str(spec.plan_path("resnet50", "1:1", "async", "highs"))
+    with pytest.raises(ConfigError, match="--gpu"):
+        BenchSpec(models=("resnet50",), ratios=("1:1",), gpu="h200")  # device cpu
