@@ -419,11 +419,13 @@ class Plan:
         return self
 
 
-def costs_drift(header: PlanHeader, digest: str, predicted_now_s: float | None = None
-                ) -> str | None:
+def costs_drift(header: PlanHeader, digest: str, predicted_now_s: float | None = None,
+                gpu_now: str = "") -> str | None:
     """One line when the costs of today (`digest`) are not those the plan was solved with,
     saying how far its prediction moved (`predicted_now_s`: the plan simulated on today's
-    costs); None when they are the same or the plan did not record its costs."""
+    costs); None when they are the same or the plan did not record its costs. `gpu_now`: the
+    GPU whose profiles priced it today, named when it is not the plan's (`autotm run` on
+    another GPU than the plan was priced for)."""
     then = header.costs
     if then is None or not digest or then.digest == digest:
         return None
@@ -432,6 +434,9 @@ def costs_drift(header: PlanHeader, digest: str, predicted_now_s: float | None =
     if predicted_now_s is not None and before:
         moved = (f": its predicted iteration moved from {before * 1e3:.3f} ms to "
                  f"{predicted_now_s * 1e3:.3f} ms ({predicted_now_s / before - 1:+.1%})")
+    if header.gpu and gpu_now and header.gpu != gpu_now:
+        return (f"the plan was priced for the {header.gpu} and runs on the {gpu_now}{moved}; "
+                f"re-plan with `autotm optimize --gpu '{gpu_now}'` to plan for this GPU")
     return (f"today's kernel costs differ from those the plan was solved with (costs "
             f"{then.digest} then, {digest} now; the profiles changed){moved}; re-plan with "
             "`autotm optimize` to plan for today's costs")

@@ -76,6 +76,20 @@ def test_a_plan_records_its_gpu_and_simulate_prices_it_the_same(tmp_path, capsys
         pytest.approx(other["total_s"], rel=1e-9)
 
 
+def test_a_run_on_another_gpu_than_the_plans_says_so_and_how_to_replan():
+    from autotm_py.plan import CostsIdentity, PlanHeader, costs_drift
+
+    header = PlanHeader("hash", "net", "async", 1 << 30, {}, predicted_time_s=0.2,
+                        costs=CostsIdentity("aaaa"), gpu=REFERENCE_CUDA_DEVICE)
+    line = costs_drift(header, "bbbb", 0.19, gpu_now=H200)
+    assert line is not None and f"priced for the {REFERENCE_CUDA_DEVICE} and runs on the " \
+        f"{H200}" in line and "200.000 ms to 190.000 ms (-5.0%)" in line
+    assert f"--gpu '{H200}'" in line
+    same_gpu = costs_drift(header, "bbbb", 0.19, gpu_now=REFERENCE_CUDA_DEVICE)
+    assert same_gpu is not None and "the profiles changed" in same_gpu
+    assert costs_drift(header, "aaaa", 0.19, gpu_now=H200) is None
+
+
 @pytest.mark.parametrize("extra, words", [
     (("--gpu", "a100"), "--gpu 'a100': no profiles of that GPU"),
     (("--gpu", "h200", "--device", "cpu"), "needs --device cuda"),

@@ -83,7 +83,7 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)
     costs = api.load_costs(graph, device=plan.header.device)
     now = api.simulate(graph, plan, costs=costs, strict=False)
-    drift = costs_drift(plan.header, costs.digest, now.total_s)
+    drift = costs_drift(plan.header, costs.digest, now.total_s, gpu_now=costs.target)
     result = api.execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
                          seed=seed, kernel_times=kernel_times, enforce_budget=not no_cap,
                          arena=arena, graph_replay=graph_replay, costs=costs, placed=placed,
