@@ -191,3 +191,18 @@ def test_native_checkpointing_runs_with_relus_made_out_of_place():
     checkpoint_sequential(fixed, 4, x, use_reentrant=False).sum().backward()
     for a, b in zip(eager.parameters(), fixed.parameters(), strict=True):
         assert torch.equal(a.grad, b.grad)
+
+
+def test_prediction_errors_reads_runs_and_bench_rows(capsys, monkeypatch):
+    """docs/gpu.md "Plans priced for the H200": the H200-priced plans' median error comes from
+    these committed run files and bench rows."""
+    errors = _script("prediction_errors")
+    base = ROOT / "experiments" / "results" / "bench_arena" / "2026-11-28g"
+    arena = [base / "calld", base / "callb", base / "callc", *sorted(base.glob("f[id]/*h200.json"))]
+    monkeypatch.setattr(sys, "argv", ["prediction_errors.py", *map(str, arena)])
+    errors.main()
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("median |predicted - measured| / measured: 1.0% over 32 runs")
+    assert last.endswith("allocator retries: 0; reserved peak above the budget: 0 of 32")
+    fit_rows = errors.runs_under(base / "fi", bench_rows=True)
+    assert sum(r[3] for r in fit_rows) == 15 and len(fit_rows) == 6  # 4 rows and 2 arena runs

@@ -114,3 +114,12 @@ def test_bench_names_the_gpu_in_its_rows_and_plans():
     assert "gpu-h200" in str(spec.plan_path("resnet50", "1:1", "async", "highs"))
     with pytest.raises(ConfigError, match="--gpu"):
         BenchSpec(models=("resnet50",), ratios=("1:1",), gpu="h200")  # device cpu
+
+
+def test_inspect_reports_kernel_times_of_the_gpu_asked_for(capsys):
+    args = ["inspect", "resnet50", "--training", "--batch", "32", "--kernels", "--json"]
+    assert main(args) == 0
+    here = json.loads(capsys.readouterr().out)
+    assert main([*args, "--gpu", "h200"]) == 0
+    h200 = json.loads(capsys.readouterr().out)
+    assert h200["total_time_s"] < here["total_time_s"] and h200["estimated_kernels"] == 0

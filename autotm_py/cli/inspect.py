@@ -20,6 +20,7 @@ from autotm_py import api
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
     check_writable,
+    gpu_option,
     json_option,
     load_model_from_cli,
     model_options,
@@ -198,9 +199,9 @@ def write_csv(path: str, report: dict[str, Any]) -> None:
 
 
 def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
-                        as_json: bool, reserve_bytes: int = 0) -> None:
+                        as_json: bool, reserve_bytes: int = 0, gpu: str | None = None) -> None:
     """`autotm inspect MODEL --kernels [DEVICE]`: print the report (and write the CSV)."""
-    report = kernel_report(graph, api.load_costs(graph, device=device),
+    report = kernel_report(graph, api.load_costs(graph, device=device, gpu=gpu),
                            reserve_bytes=reserve_bytes)
     if csv_path:
         atomic_write_text(csv_path, kernel_csv(report))
@@ -228,11 +229,13 @@ def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
               help="Memory system whose runtime reserve the useful budgets include [default: "
                    "h100-pcie5; optane with --kernels cpu] (host-mode presets keep none).")
 @reserve_option
+@gpu_option
 @json_option
 def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], training: bool | None,
                     optimizer: str | None, csv_path: str | None, as_json: bool,
                     kernels_device: str | None = None, no_fuse: bool | None = None,
-                    memory: str | None = None, reserve: str | None = None) -> None:
+                    memory: str | None = None, reserve: str | None = None,
+                    gpu: str | None = None) -> None:
     """Kernels, tensors by role, peak footprint and working sets of MODEL.
 
     MODEL is an ONNX file or a zoo name. The peak live footprint is the memory one iteration
@@ -246,9 +249,9 @@ def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], traini
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
     if kernels_device:  # the kernel table of autotm_py/report/tables.py
         return print_kernel_report(graph, kernels_device, csv_path, as_json,
-                                   system.runtime_reserve_bytes)
+                                   system.runtime_reserve_bytes, gpu)
     device = "cuda" if system.mode == "gpu" else "cpu"
-    report = inspect_report(graph, system, api.load_costs(graph, device=device))
+    report = inspect_report(graph, system, api.load_costs(graph, device=device, gpu=gpu))
     if csv_path:
         write_csv(csv_path, report)
     if as_json:
