@@ -21,6 +21,12 @@ DEFAULT_ASYNC_WINDOW = 15
 DEFAULT_ASYNC_CANDIDATES = 4
 # Which memory system a device plans for unless --memory says otherwise.
 DEFAULT_MEMORY = {"cuda": "h100-pcie5", "cpu": "optane"}
+# The link a plan priced for a GPU (`--gpu NAME`) crosses unless --memory says otherwise: the
+# preset calibrated on that GPU (`memory/tiers.py`). Copies are priced with the link of the GPU
+# that runs them, as kernels are with its profiles: the H200's overlapped copies run 7% faster
+# than the H100's (docs/gpu.md, "The H200's own link"). A GPU with profiles but no preset here
+# keeps DEFAULT_MEMORY["cuda"]: `autotm calibrate` on it, then --memory FILE.
+GPU_MEMORY = {"NVIDIA H100 80GB HBM3": "h100-pcie5", "NVIDIA H200": "h200-pcie5"}
 MAX_HEADROOM = 0.5
 # Recomputation (docs/planning.md section 2b): off = move-only (AutoTM's plans), on = keep,
 # move or recompute (the joint ILP), only = keep or recompute, nothing is copied between tiers;
@@ -61,7 +67,7 @@ class PlanConfig:
     ratio: Ratio | None = None
     fast_mem_bytes: int | None = None
     device: str = "cuda"
-    memory: str | None = None  # preset name or memory-system file; None: DEFAULT_MEMORY[device]
+    memory: str | None = None  # preset name or memory-system file; None: `default_memory`
     solver: str = DEFAULT_SOLVER
     gap: float = DEFAULT_GAP
     time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
@@ -216,7 +222,7 @@ class PlanConfig:
 
     @property
     def memory_name(self) -> str:
-        return self.memory or DEFAULT_MEMORY[self.device]
+        return self.memory or default_memory(self.device, self.gpu)
 
     def with_ratio(self, text: str) -> PlanConfig:
         return replace(self, ratio=parse_ratio(text), fast_mem_bytes=None)
@@ -227,6 +233,19 @@ class PlanConfig:
         d["recompute"] = self.recompute_mode
         d["scratch"] = self.scratch_mode
         return d
+
+
+def default_memory(device: str, gpu: str | None = None) -> str:
+    """The memory system a plan uses when --memory is not given: that of the GPU `gpu` names
+    (`GPU_MEMORY`, matched as `--gpu` matches profiles: the whole name, else the one name that
+    contains it, ignoring case), else the device's default."""
+    if device == "cuda" and gpu:
+        wanted = gpu.strip().lower()
+        exact = [m for name, m in GPU_MEMORY.items() if name.lower() == wanted]
+        partial = [m for name, m in GPU_MEMORY.items() if wanted and wanted in name.lower()]
+        if exact or len(partial) == 1:
+            return (exact or partial)[0]
+    return DEFAULT_MEMORY[device]
 
 
 PLAN_NAMES: tuple[str, ...] = (*STRATEGIES, *(s + RECOMPUTE_SUFFIX for s in STRATEGIES[1:]),

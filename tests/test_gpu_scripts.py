@@ -206,3 +206,18 @@ def test_prediction_errors_reads_runs_and_bench_rows(capsys, monkeypatch):
     assert last.endswith("allocator retries: 0; reserved peak above the budget: 0 of 32")
     fit_rows = errors.runs_under(base / "fi", bench_rows=True)
     assert sum(r[3] for r in fit_rows) == 15 and len(fit_rows) == 6  # 4 rows and 2 arena runs
+
+
+def test_repredict_link_prices_the_same_plans_on_the_h200s_link():
+    """docs/gpu.md "The H200's own link": a committed H200 run's plan, predicted on the link
+    it records (the prediction it ran with) and on the H200's calibrated one (less: its
+    copies beside kernels are faster)."""
+    link = _script("repredict_link")
+    run = (ROOT / "experiments" / "results" / "bench_arena" / "2026-11-28g" / "calld" / "r" /
+           "resnet50_32_True_cuda_h100-pcie5_1-3_async_recompute_highs_arena_graph_placed_"
+           "windows_gpu-h200.json")
+    [(stem, measured)] = link.runs_under(run)
+    plan = link.plan_index(ROOT / "experiments" / "plans" / "bench_arena")[stem]
+    recorded, h200 = link.predictions(plan, "h200-pcie5")
+    assert recorded == pytest.approx(json.loads(run.read_text())["predicted_time_s"], rel=1e-3)
+    assert measured < h200 < 0.99 * recorded  # measured 44.0 ms, predicted 45.3 -> 44.5

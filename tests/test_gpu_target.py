@@ -1,7 +1,8 @@
 """`--gpu NAME`: plan here, on a machine without that GPU, with the profiles of the GPU that
 will run the plan (profiling/profile.py `cost_sources`). The plan records the GPU
 (`PlanHeader.gpu`), so `simulate` and `report` price it the same; `simulate --gpu` predicts it
-on another GPU; bench rows and plan files name it."""
+on another GPU; bench rows and plan files name it. Its copies cross that GPU's calibrated link
+where one is shipped (`config.GPU_MEMORY`)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,28 @@ def test_a_plan_records_its_gpu_and_simulate_prices_it_the_same(tmp_path, capsys
         pytest.approx(other["total_s"], rel=1e-9)
 
 
+def test_a_plan_for_a_gpu_crosses_that_gpus_link_unless_memory_says_otherwise(resnet50,
+                                                                              tmp_path):
+    from autotm_py.config import PlanConfig, default_memory
+    from autotm_py.pipeline import machine_for
+
+    assert default_memory("cuda", "h200") == default_memory("cuda", H200) == "h200-pcie5"
+    assert default_memory("cuda", "H100") == default_memory("cuda") == "h100-pcie5"
+    assert default_memory("cuda", "a100") == "h100-pcie5"  # profiled, never calibrated: default
+    assert default_memory("cpu") == "optane"
+    h200 = machine_for(resnet50, PlanConfig(device="cuda", gpu="h200", ratio="1:1"))
+    h100 = machine_for(resnet50, PlanConfig(device="cuda", gpu="h100", ratio="1:1"))
+    assert h200.memory.name == "h200-pcie5" and h100.memory.name == "h100-pcie5"
+    # calibrated 2026-11-29: the H200's copies beside kernels are 7% faster than the H100's
+    gib = 1 << 30
+    assert h200.memory.copy_time(gib, "fast", "async") < \
+        0.95 * h100.memory.copy_time(gib, "fast", "async")
+    header, _ = _optimize(tmp_path, "--gpu", "h200")
+    assert header["memory_system"]["name"] == "h200-pcie5"
+    header, _ = _optimize(tmp_path, "--gpu", "h200", "--memory", "h100-pcie5")
+    assert header["memory_system"]["name"] == "h100-pcie5" and header["gpu"] == H200
+
+
 def test_a_run_on_another_gpu_than_the_plans_says_so_and_how_to_replan():
     from autotm_py.plan import CostsIdentity, PlanHeader, costs_drift
 
@@ -111,6 +134,7 @@ def test_bench_names_the_gpu_in_its_rows_and_plans():
                      plans_dir="plans")
     assert spec.options is not None and spec.options.endswith("+gpu-h200")
     assert spec.plan_config("async", "1:1").gpu == "NVIDIA H200"
+    assert "cuda_h200-pcie5" in str(spec.plan_path("resnet50", "1:1", "async", "highs"))
     assert "gpu-h200" in str(spec.plan_path("resnet50", "1:1", "async", "highs"))
     with pytest.raises(ConfigError, match="--gpu"):
         BenchSpec(models=("resnet50",), ratios=("1:1",), gpu="h200")  # device cpu

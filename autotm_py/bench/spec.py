@@ -130,7 +130,7 @@ class BenchSpec:
 
     @property
     def memory_name(self) -> str:
-        return PlanConfig(device=self.device, memory=self.memory).memory_name
+        return PlanConfig(device=self.device, memory=self.memory, gpu=self.gpu).memory_name
 
     def key_values(self, model: str, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
         """A row's key columns. Dims (e.g. "seq=512") are part of it: sweeps of one model at

@@ -27,7 +27,7 @@ from autotm_py.cli.common import (
     print_json,
     reserve_option,
 )
-from autotm_py.config import DEFAULT_MEMORY
+from autotm_py.config import DEFAULT_MEMORY, default_memory
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.ir.graph import TensorGraph
@@ -227,7 +227,8 @@ def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
                    "(default cuda).")
 @click.option("--memory", default=None, metavar="PRESET|FILE",
               help="Memory system whose runtime reserve the useful budgets include [default: "
-                   "h100-pcie5; optane with --kernels cpu] (host-mode presets keep none).")
+                   "the --gpu's link, else h100-pcie5; optane with --kernels cpu] (host-mode "
+                   "presets keep none).")
 @reserve_option
 @gpu_option
 @json_option
@@ -243,7 +244,7 @@ def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], traini
     the smallest fast-memory budget any plan can meet.
     """
     check_writable(csv_path, "--csv")
-    system = load_memory_system(memory or DEFAULT_MEMORY[kernels_device or "cuda"])
+    system = load_memory_system(memory or default_memory(kernels_device or "cuda", gpu))
     if reserve is not None:
         system = replace(system, runtime_reserve_bytes=parse_bytes(reserve, flag="--reserve"))
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)

@@ -78,8 +78,9 @@ RATIO_HELP = (
               show_default=True, help="cuda: GPU mode (kernels need fast IO); cpu: host mode "
                                       "(kernels may touch the slow tier). Picks the profiles.")
 @click.option("--memory", default=None, metavar="PRESET|FILE",
-              help="Memory system: optane, cxl, h100-pcie5, or a JSON file (autotm "
-                   "calibrate). Default: h100-pcie5 for cuda, optane for cpu.")
+              help="Memory system: optane, cxl, h100-pcie5, h200-pcie5, or a JSON file "
+                   "(autotm calibrate). Default: the --gpu's link where one is shipped, else "
+                   "h100-pcie5 for cuda; optane for cpu.")
 @click.option("--solver", type=click.Choice(SOLVERS), default=DEFAULT_SOLVER,
               show_default=True,
               help="MILP solver: highs (HiGHS, in-process); cbc (ships with PuLP, much slower "

@@ -180,7 +180,8 @@ def _split(text: str) -> tuple[str, ...]:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cpu: host mode (DRAM + slow tier); cuda: GPU mode.")
 @click.option("--memory", default=None,
-              help="Memory-system preset or file (default: optane for cpu, h100-pcie5 for cuda).")
+              help="Memory-system preset or file (default: optane for cpu; for cuda the --gpu's "
+                   "link where one is shipped, else h100-pcie5).")
 @click.option("--training", is_flag=True, help="One training iteration instead of inference.")
 @click.option("--batch", "-b", type=int, default=None, help="Batch size of every model.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",

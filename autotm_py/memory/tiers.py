@@ -228,6 +228,23 @@ PRESETS: dict[str, MemorySystem] = {
         source="autotm calibrate, NVIDIA H100 80GB HBM3, PCIe Gen5 x16, pinned, 2026-11-26 "
                "(profiles/memory/h100-80gb-hbm3.json)",
     ),
+    # H200 (141 GB HBM3e) over PCIe Gen5 x16, pinned host memory, measured the same way on
+    # 2026-11-29 (profiles/memory/h200.json): 55.6 GB/s host->device and 55.4 GB/s back alone
+    # as on the H100, but 53.5 / 53.6 GB/s while matmuls run (the H100: 50.2 / 49.9), 102.1 GB/s
+    # both ways at once, about 11 us per copy; HBM copies at 4.3 TB/s. One host's measurement.
+    # Runtime reserve: the H100's (the same torch workspaces). `--gpu h200` plans with it
+    # (`config.GPU_MEMORY`).
+    "h200-pcie5": MemorySystem(
+        name="h200-pcie5",
+        mode="gpu",
+        fast=TierSpec("hbm3e", read_bw=4296 * GB, write_bw=4296 * GB, latency_s=0.0),
+        slow=TierSpec("pinned-host", read_bw=55.6 * GB, write_bw=55.4 * GB, latency_s=0.0),
+        link=Link(read_bw=55.6 * GB, write_bw=55.4 * GB, async_read_bw=53.5 * GB,
+                  async_write_bw=53.6 * GB, latency_s=10.8e-6, both_directions_bw=102.1 * GB),
+        runtime_reserve_bytes=68 << 20,
+        source="autotm calibrate, NVIDIA H200, PCIe Gen5 x16, pinned, 2026-11-29 "
+               "(profiles/memory/h200.json)",
+    ),
 }
 
 

@@ -7,6 +7,9 @@
 # 86/90%.
 # Usage (GPU machine): bash experiments/gpu/replay_h200.sh OUT_DIR [GROUP...]
 # GROUP: bert-chunked gpt2-chunked bert gpt2 resnet50 transformer vgg19 (default: all).
+# MEM: the memory system in the plans' names: h200-pcie5 (default; plans solved since
+# 2026-11-29 cross the H200's own link) or h100-pcie5 (the plans of 2026-11-28, which crossed
+# the H100's).
 set -u
 out=$1
 shift
@@ -29,11 +32,12 @@ replay() {  # GROUP MODEL BATCH DIMS KEY SUFFIX RATIO...
   [[ "$groups" == *" $group "* ]] || return 0
   DIMS=$dims bash experiments/gpu/replay_plans.sh "$out" "$model" "$batch" $(plans "$@")
 }
-BERT=bert_base_16_seq-512_True_cuda_h100-pcie5 GPT2=gpt2_small_8_seq-1024_True_cuda_h100-pcie5
+MEM=${MEM:-h200-pcie5}
+BERT=bert_base_16_seq-512_True_cuda_$MEM GPT2=gpt2_small_8_seq-1024_True_cuda_$MEM
 replay bert-chunked bert_base 16 seq=512 $BERT +loss16+gpu-h200 1-1 1-2 1-3
 replay gpt2-chunked gpt2_small 8 seq=1024 $GPT2 +loss16+gpu-h200 1-1 1-2 1-3
 replay bert bert_base 16 seq=512 $BERT +gpu-h200 1-1 1-2
 replay gpt2 gpt2_small 8 seq=1024 $GPT2 +gpu-h200 1-1
-replay resnet50 resnet50 32 "" resnet50_32_True_cuda_h100-pcie5 +gpu-h200 1-1 1-2 1-3
-replay transformer transformer 64 "" transformer_64_True_cuda_h100-pcie5 +gpu-h200 1-1 1-2 1-3
-replay vgg19 vgg19 64 "" vgg19_64_True_cuda_h100-pcie5 +gpu-h200 6-1 9-1
+replay resnet50 resnet50 32 "" resnet50_32_True_cuda_$MEM +gpu-h200 1-1 1-2 1-3
+replay transformer transformer 64 "" transformer_64_True_cuda_$MEM +gpu-h200 1-1 1-2 1-3
+replay vgg19 vgg19 64 "" vgg19_64_True_cuda_$MEM +gpu-h200 6-1 9-1
