@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -235,17 +236,20 @@ class PlanConfig:
         return d
 
 
+def gpus_named(name: str, known: Iterable[str]) -> list[str]:
+    """The GPUs among `known` that `--gpu NAME` may mean: the one whose name equals NAME, else
+    every one whose name contains it ("h200" for "NVIDIA H200"), ignoring case."""
+    names = sorted(set(known))
+    wanted = name.strip().lower()
+    exact = [n for n in names if n.lower() == wanted]
+    return exact or [n for n in names if wanted and wanted in n.lower()]
+
+
 def default_memory(device: str, gpu: str | None = None) -> str:
-    """The memory system a plan uses when --memory is not given: that of the GPU `gpu` names
-    (`GPU_MEMORY`, matched as `--gpu` matches profiles: the whole name, else the one name that
-    contains it, ignoring case), else the device's default."""
-    if device == "cuda" and gpu:
-        wanted = gpu.strip().lower()
-        exact = [m for name, m in GPU_MEMORY.items() if name.lower() == wanted]
-        partial = [m for name, m in GPU_MEMORY.items() if wanted and wanted in name.lower()]
-        if exact or len(partial) == 1:
-            return (exact or partial)[0]
-    return DEFAULT_MEMORY[device]
+    """The memory system a plan uses when --memory is not given: that of the one GPU `gpu`
+    names in `GPU_MEMORY`, else the device's default."""
+    named = gpus_named(gpu, GPU_MEMORY) if device == "cuda" and gpu else []
+    return GPU_MEMORY[named[0]] if len(named) == 1 else DEFAULT_MEMORY[device]
 
 
 PLAN_NAMES: tuple[str, ...] = (*STRATEGIES, *(s + RECOMPUTE_SUFFIX for s in STRATEGIES[1:]),

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from autotm_py.config import gpus_named
 from autotm_py.errors import ConfigError, ProfileError
 
 DEVICE_KINDS = ("cpu", "cuda")
@@ -128,13 +129,11 @@ def profiled_gpu(name: str, known: Iterable[str]) -> str:
     name equals NAME, else the only one whose name contains it ("h200" for "NVIDIA H200"),
     ignoring case. Planning for a GPU this machine does not have needs its profiles."""
     names = sorted(set(known))
-    wanted = name.strip().lower()
-    exact = [n for n in names if n.lower() == wanted]
-    partial = [n for n in names if wanted and wanted in n.lower()]
-    if exact or len(partial) == 1:
-        return (exact or partial)[0]
+    named = gpus_named(name, names)
+    if len(named) == 1:
+        return named[0]
     have = ", ".join(repr(n) for n in names) or "none"
-    if partial:
+    if named:
         raise ConfigError(f"--gpu {name!r} names several GPUs with profiles ({have}): give "
                           "more of the name")
     raise ConfigError(f"--gpu {name!r}: no profiles of that GPU (profiles of: {have}); measure "
