@@ -174,9 +174,7 @@ class BenchSpec:
                   headroom: float = 0.0) -> Path | None:
         if self.plans_dir is None:
             return None
-        key = self.row_key(model, ratio, strategy, solver)
-        stem = "_".join(k.replace(":", "-").replace("/", "-").replace("=", "-").replace(",", "-")
-                        for k in key if k)
+        stem = plan_stem(self.row_key(model, ratio, strategy, solver))
         if headroom:
             stem += f"_h{headroom:.2f}"
         # compressed: a folder of plans for large models is carried to the GPU machine
@@ -200,6 +198,13 @@ class BenchSpec:
 def gpu_slug(name: str) -> str:
     """How a row's options name the GPU of `--gpu` ("NVIDIA H200" and "h200": h200)."""
     return Fingerprint("cuda", name, torch="").slug
+
+
+def plan_stem(key: tuple[str, ...]) -> str:
+    """The file name (without headroom and suffix) that `--plans` gives the plan of a row whose
+    key (`row_key`, cell texts) this is."""
+    return "_".join(k.replace(":", "-").replace("/", "-").replace("=", "-").replace(",", "-")
+                    for k in key if k)
 
 
 def cell_text(value: Any) -> str:

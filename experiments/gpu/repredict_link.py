@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def runs_under(folder: Path) -> list[tuple[str, float]]:
     """(plan stem, measured s) of every measured plan there: run files by their file name,
     bench rows by the name their sweep gave the plan."""
-    from autotm_py.bench.spec import ROW_KEY, cell_text
+    from autotm_py.bench.spec import ROW_KEY, cell_text, plan_stem
 
     out = []
     for path in [folder] if folder.is_file() else sorted(folder.rglob("*.json")):
@@ -40,10 +40,8 @@ def runs_under(folder: Path) -> list[tuple[str, float]]:
         elif isinstance(doc, dict) and "rows" in doc:  # `autotm bench`
             for row in doc["rows"]:
                 if row.get("measured_s") and row.get("predicted_s") and not row.get("headroom"):
-                    stem = "_".join(cell_text(row[k]).replace(":", "-").replace("/", "-")
-                                    .replace("=", "-").replace(",", "-") for k in ROW_KEY
-                                    if cell_text(row[k]))
-                    out.append((stem, row["measured_s"]))
+                    key = tuple(cell_text(row[k]) for k in ROW_KEY)
+                    out.append((plan_stem(key), row["measured_s"]))
     return out
 
 
