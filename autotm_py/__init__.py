@@ -35,6 +35,7 @@ _EXPORTS = {
     "simulate": "autotm_py.api",
     "execute": "autotm_py.api",
     "use_placed_allocator": "autotm_py.api",
+    "prepare_cuda_process": "autotm_py.api",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

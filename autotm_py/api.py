@@ -186,6 +186,33 @@ def use_placed_allocator(plan: Plan, device: str, *, arena: bool = False,
     return install_placed(plan, device, enforce_budget)
 
 
+def use_replay_work_queues(device: str, graph_replay: bool) -> str | None:
+    """Before anything else touches CUDA in this process: where `execute` will replay plans as
+    CUDA graphs on CUDA, run the process with one hardware work queue, at which a replay's
+    copies run as fast as eager ones (`runtime.device.use_replay_work_queues`; it stays so for
+    the process, whose eager runs with copy streams it slows). Returns a note where CUDA was
+    already in use."""
+    if not (graph_replay and device.startswith("cuda")):
+        return None
+    from autotm_py.runtime.device import use_replay_work_queues as use_one_queue
+
+    return use_one_queue()
+
+
+def prepare_cuda_process(plan: Plan, device: str, *, arena: bool = False,
+                         graph_replay: bool = False, enforce_budget: bool = True,
+                         placed: bool = True) -> list[str]:
+    """What a process that runs `plan` (`execute` with the same options) sets up before it
+    first uses CUDA, as `autotm run` and each `autotm bench --arena` run do: one work queue for
+    a replay (`use_replay_work_queues`) and the placed allocator for an arena run
+    (`use_placed_allocator`, where `placed`). Returns the notes of what could not be set."""
+    notes = [use_replay_work_queues(device, graph_replay)]
+    if placed:
+        notes.append(use_placed_allocator(plan, device, arena=arena, graph_replay=graph_replay,
+                                          enforce_budget=enforce_budget))
+    return [note for note in notes if note]
+
+
 def runs_in_arena(plan: Plan, arena: bool, graph_replay: bool, capped: bool) -> bool:
     """Whether `execute` runs `plan` at planned addresses: asked (`arena`), or a capped replay
     of a plan that has an arena (`optimize --arena`)."""

@@ -29,23 +29,18 @@ REPLAY_GAP_S = 1.0e-6
 # arena - replayed with static inputs) / (2 x the bytes copied), same runs: ResNet-200 3.0 TB/s
 # (12.7 GB in 8.4 ms), DenseNet-264 3.5, GPT-2 small 2.6, BERT-base 1.8.
 SLOT_COPY_BYTES_PER_S = 3.0e12
-# Host<->device copies in a replayed graph take longer than the same copies run eagerly, and
-# more so towards the host: per direction, the total copy time of one iteration of the same plan
-# at planned addresses, replay / eager, under the torch profiler
-# (experiments/gpu/replay_profile.py), H100 80GB HBM3, 2026-11-28, on today's executor (placed
-# allocator, foreach updates): ResNet-50 b32 move-only at 50% and 25% and ResNet-200 b32
-# move-only at 50%, to the device 1.036, 1.024, 1.041, to the host 1.134, 1.117, 1.134; the
-# factors are their medians. Profiled on 2026-11-27 on the executor of then (outputs copied into
-# their slots), the host-bound direction was the same (1.09-1.13, six profiles) but copies to
-# the device slowed by 1.09-1.12 in five of them (GPT-2 small twice, BERT-base at 50% and 33%,
-# ResNet-200 at 25%) and 1.025 in one (Inception-v4 at 25%). The kernels take the same time
-# replayed, both directions rarely copy at once (under 2% of the copy time) and a miniature of
-# the pattern copies as fast in a graph (graph_copy_probe.py): the cause is not known, so these
-# are measured factors, applied to every copy of a plan priced for replay
-# (`MachineModel.copying`; until 2026-11-28 one factor, 1.11, both ways, which over-priced
-# ResNet-50's plans by 4-5%).
-REPLAY_TO_FAST_SLOWDOWN = 1.04
-REPLAY_TO_SLOW_SLOWDOWN = 1.13
+# How much longer a host<->device copy takes in a replayed graph than the same copy run eagerly,
+# per direction (`MachineModel.copying` prices a plan priced for replay with them). Measured
+# with the torch profiler (experiments/gpu/replay_profile.py), total copy time of one iteration
+# of the same plan at planned addresses, replay / eager. With CUDA's default 8 hardware work
+# queues every copy of a replay ran slower: to the host 1.12-1.14, to the device 1.02-1.12
+# (H100 and H200, 2026-11-27..29; factors 1.04 / 1.13 until 2026-11-29). With one queue, which
+# `autotm run --graph` and `autotm bench --arena` now set for their replays
+# (`runtime.device.use_replay_work_queues`), they run at their eager speed: 1.009 / 0.998 on
+# Inception-v4's move-only plan (H200, 2026-11-29; docs/gpu.md, "Copies in a replay: the work
+# queues"). experiments/gpu/copy_factor_grid.py predicts measured rows under other factors.
+REPLAY_TO_FAST_SLOWDOWN = 1.0
+REPLAY_TO_SLOW_SLOWDOWN = 1.0
 
 
 @dataclass(frozen=True)

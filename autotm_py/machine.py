@@ -23,7 +23,8 @@ object, so that a plan's predicted time is the same number whoever computes it:
 the host enqueues it at once and no kernel waits for its dispatch: every kernel costs its device
 time (`KernelCosts.replayed`), for the ILP's objective and both clocks of the simulator alike,
 and every copy costs `costs.REPLAY_TO_FAST_SLOWDOWN` or `REPLAY_TO_SLOW_SLOWDOWN` times its
-eager time, by direction (`copying`: copies in a replayed graph measured slower on the H100).
+eager time, by direction (`copying`; 1.0 since replays run with one hardware work queue, with
+which their copies run at eager speed).
 With `arena` the replay also copies the outputs torch allocates into their slots; without, it
 replays with static inputs on torch's caching allocator (under the cap when the budget is set)
 and copies nothing, and like an eager plan on that allocator it needs `headroom` for

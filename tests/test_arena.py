@@ -282,10 +282,13 @@ def test_graph_replay_prices_device_times():
             == pytest.approx(2e-3 * n)
 
 
-def test_graph_replay_prices_copies_slower_and_records_the_measured_link(monkeypatch):
+def test_graph_replay_prices_copies_by_their_replay_factors_and_records_the_measured_link(
+        monkeypatch):
     """A plan priced for replay charges each copy its direction's replay factor times its eager
     time (in the ILP's objective and the simulator alike), while its header keeps the link as
-    measured, so a re-simulation applies the factor once."""
+    measured, so a re-simulation applies the factor once. The factors were 1.04 / 1.13 while
+    replays ran on CUDA's 8 work queues; with one queue (what replays now run with) they are
+    1.0 and a replay's copies cost their eager time."""
     from autotm_py.costs import REPLAY_TO_FAST_SLOWDOWN, REPLAY_TO_SLOW_SLOWDOWN
     graph = small_training()
     n = len(graph.kernels)
@@ -293,14 +296,18 @@ def test_graph_replay_prices_copies_slower_and_records_the_measured_link(monkeyp
     budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
     memory = preset("h100-pcie5").with_budget(budget)
     eager = MachineModel(graph, memory, costs)
-    replayed = MachineModel(graph, memory, costs, graph_replay=True)
     tid = max(range(len(graph.tensors)), key=lambda t: graph.tensors[t].nbytes)
+    assert (REPLAY_TO_FAST_SLOWDOWN, REPLAY_TO_SLOW_SLOWDOWN) == (1.0, 1.0)
+    at_eager_speed = MachineModel(graph, memory, costs, graph_replay=True)
+    assert at_eager_speed.copy_time(tid, SLOW, "async") == eager.copy_time(tid, SLOW, "async")
+    monkeypatch.setattr("autotm_py.machine.REPLAY_TO_FAST_SLOWDOWN", 1.04)
+    monkeypatch.setattr("autotm_py.machine.REPLAY_TO_SLOW_SLOWDOWN", 1.13)
+    replayed = MachineModel(graph, memory, costs, graph_replay=True)
     for mode in ("sync", "async"):
-        for tier, factor in ((FAST, REPLAY_TO_FAST_SLOWDOWN), (SLOW, REPLAY_TO_SLOW_SLOWDOWN)):
+        for tier, factor in ((FAST, 1.04), (SLOW, 1.13)):
             moved = replayed.copy_time(tid, tier, mode) - memory.link.latency_s
             assert moved == pytest.approx(
                 factor * (eager.copy_time(tid, tier, mode) - memory.link.latency_s))
-    assert REPLAY_TO_SLOW_SLOWDOWN > REPLAY_TO_FAST_SLOWDOWN > 1.0
     assert replayed.step_time(0.0, [(tid, SLOW)]) > eager.step_time(0.0, [(tid, SLOW)])
     config = PlanConfig(device="cuda", graph=True, fast_mem_bytes=budget, reserve_bytes=0,
                         strategy="sync")

@@ -129,6 +129,42 @@ def test_replay_profile_sums_streams_idle_time_and_copies():
         {"name": "gemm", "eager_ms": 0.02, "replay_ms": 0.03}]
 
 
+def test_replay_profile_matches_each_copy_of_a_plan_between_eager_and_replay():
+    """`--copies`: the k-th copy of a direction in time order is the plan's k-th move that
+    way, with its bytes and offsets; groups give the median replay/eager ratio."""
+    import sys
+
+    sys.path.insert(0, str(Path("experiments/gpu").resolve()))
+    from recompute_check import graph_of
+
+    from autotm_py.plan import Move, Plan
+
+    profile = _script("replay_profile")
+    plan = Plan.load(Path("experiments/plans/bench_arena/densenet264_32_True_cuda_h200-pcie5_"
+                          "1-2_async_highs_arena+graph+placed+windows+gpu-h200.json.gz"))
+    graph = graph_of(plan)
+    moves = {d: profile.plan_moves(plan, graph, d) for d in ("h2d", "d2h")}
+    to_fast = [r.to == "fast" for r in plan.records if isinstance(r, Move)]
+    assert (len(moves["h2d"]), len(moves["d2h"])) == (sum(to_fast), len(to_fast) - sum(to_fast))
+    assert all(m["device_mod_4096"] % 512 == 0 for d in moves for m in moves[d])
+
+    def events(direction, scale, stream):
+        name = "Memcpy HtoD (Pinned -> Device)" if direction == "h2d" else "Memcpy DtoH"
+        return [{"name": name, "start": i, "dur": int(m["bytes"] / 55 * scale),
+                 "stream": stream + i % 2} for i, m in enumerate(moves[direction])]
+
+    eager = events("h2d", 1.0, 7) + events("d2h", 1.0, 9)
+    replay = events("h2d", 1.1, 100) + events("d2h", 1.0, 200)
+    out = profile.per_copy(plan, graph, eager, replay)
+    assert out["h2d"]["by"]["stream"]["100"][1] == pytest.approx(1.1, abs=1e-3)
+    assert out["d2h"]["by"]["mode"]["async"][1] == pytest.approx(1.0, abs=1e-3)
+    assert out["d2h"]["by"]["mode"]["async"][2] == pytest.approx(55.0, rel=1e-3)  # GB/s
+    n = len(moves["h2d"])
+    assert profile.per_copy(plan, graph, eager[:10], replay)["h2d"] == {"unmatched": [10, n, n]}
+    assert [profile.size_bucket(n) for n in (1, 2**20, 5 << 20, 16 << 20)] == [
+        "<1 MiB", "<4 MiB", "<16 MiB", "<64 MiB"]
+
+
 def test_summarize_reads_the_committed_arena_benchmark():
     """The tables of docs/gpu.md "The benchmark at planned addresses" come from this file."""
     summarize = _script("summarize")
@@ -208,10 +244,13 @@ def test_prediction_errors_reads_runs_and_bench_rows(capsys, monkeypatch):
     assert sum(r[3] for r in fit_rows) == 15 and len(fit_rows) == 6  # 4 rows and 2 arena runs
 
 
-def test_repredict_link_prices_the_same_plans_on_the_h200s_link():
+def test_repredict_link_prices_the_same_plans_on_the_h200s_link(monkeypatch):
     """docs/gpu.md "The H200's own link": a committed H200 run's plan, predicted on the link
-    it records (the prediction it ran with) and on the H200's calibrated one (less: its
-    copies beside kernels are faster)."""
+    it records (the prediction it ran with, replayed copies priced with the factors of then,
+    `--replay-factors 1.04,1.13`) and on the H200's calibrated one (less: its copies beside
+    kernels are faster)."""
+    monkeypatch.setattr("autotm_py.machine.REPLAY_TO_FAST_SLOWDOWN", 1.04)
+    monkeypatch.setattr("autotm_py.machine.REPLAY_TO_SLOW_SLOWDOWN", 1.13)
     link = _script("repredict_link")
     run = (ROOT / "experiments" / "results" / "bench_arena" / "2026-11-28g" / "calld" / "r" /
            "resnet50_32_True_cuda_h100-pcie5_1-3_async_recompute_highs_arena_graph_placed_"

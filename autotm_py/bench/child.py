@@ -87,14 +87,13 @@ def _last_error_line(stderr: str) -> str:
 
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:
-    """The child's work: install the placed allocator where asked (before anything uses
-    CUDA), load the model and the plan, run, and return the `RunResult` as a dict."""
+    """The child's work: set the process up for the run before anything uses CUDA (one work
+    queue for a replay, the placed allocator where asked), load the model and the plan, run,
+    and return the `RunResult` as a dict."""
     plan = Plan.load(request.pop("plan"))
     req = RunRequest(**request)
-    if req.placed:
-        api.use_placed_allocator(plan, req.device, arena=req.arena,
-                                 graph_replay=req.graph_replay,
-                                 enforce_budget=req.enforce_budget)
+    api.prepare_cuda_process(plan, req.device, arena=req.arena, graph_replay=req.graph_replay,
+                             enforce_budget=req.enforce_budget, placed=req.placed)
     graph = api.load_model(req.model, batch=req.batch, dims=dict(req.dims),
                            training=req.training, loss_chunks=req.loss_chunks)
     result = api.execute(graph, plan, device=req.device, iterations=req.iterations,

@@ -77,9 +77,9 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     require("torch", "autotm run")
     check_writable(output, "-o")
     plan = Plan.load(plan_path)
-    if placed:  # before the costs' lookup first uses CUDA
-        api.use_placed_allocator(plan, device, arena=arena, graph_replay=graph_replay,
-                                 enforce_budget=not no_cap)
+    # before the costs' lookup first uses CUDA (what could not be set, the run's notes say)
+    api.prepare_cuda_process(plan, device, arena=arena, graph_replay=graph_replay,
+                             enforce_budget=not no_cap, placed=placed)
     graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)
     costs = api.load_costs(graph, device=plan.header.device)
     now = api.simulate(graph, plan, costs=costs, strict=False)

@@ -6,6 +6,7 @@ timing one region of work. torch is imported by this module.
 from __future__ import annotations
 
 import gc
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -19,6 +20,16 @@ from autotm_py.runtime import placed
 # Expandable segments let the caching allocator unmap free pages when it meets the cap (less
 # fragmentation, though plans still need `--headroom`: docs/gpu.md).
 DEFAULT_ALLOCATOR_SETTINGS = "expandable_segments:True"
+
+# The hardware work queues a CUDA context spreads its streams over (CUDA's default is 8). With
+# 8, a plan replayed as a CUDA graph copies 9-14% slower than the same plan run eagerly (every
+# copy alike, whatever its size, alignment or the graph's internal stream; torch profiler, an
+# H200 and H100s); with 1 its copies run at their eager speed and copy-bound plans 6-7% faster
+# (docs/gpu.md, "Copies in a replay: the work queues"). Eager runs need several: with one, the
+# copy streams queue behind the compute stream (a move-only plan ran 327 ms eagerly instead of
+# 255). The driver reads the variable when the process first uses CUDA.
+WORK_QUEUES_VARIABLE = "CUDA_DEVICE_MAX_CONNECTIONS"
+REPLAY_WORK_QUEUES = "1"
 
 
 def check_device(device: str) -> str:
@@ -55,6 +66,29 @@ def configure_cuda(deterministic: bool,
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+
+
+def use_replay_work_queues() -> str | None:
+    """One hardware work queue for this process (`REPLAY_WORK_QUEUES`), which will replay plans
+    as CUDA graphs, unless the environment chose a number. Only before the process first uses
+    CUDA: afterwards it returns `replay_work_queues_note()` instead."""
+    if WORK_QUEUES_VARIABLE in os.environ:
+        return None
+    if torch.cuda.is_initialized():
+        return replay_work_queues_note()
+    os.environ[WORK_QUEUES_VARIABLE] = REPLAY_WORK_QUEUES
+    return None
+
+
+def replay_work_queues_note() -> str | None:
+    """What a replay says when its process runs with more than one work queue (None if not)."""
+    value = os.environ.get(WORK_QUEUES_VARIABLE)
+    if value == REPLAY_WORK_QUEUES:
+        return None
+    now = f"is {value}" if value is not None else "was unset (8 work queues) when CUDA started"
+    return (f"{WORK_QUEUES_VARIABLE} {now} in this process: a replay's copies run up to 14% "
+            f"slower than with {REPLAY_WORK_QUEUES}, which `autotm run --graph` sets before "
+            "CUDA starts (from Python: `prepare_cuda_process` first; docs/gpu.md)")
 
 
 def set_allocator_settings(settings: str) -> None:

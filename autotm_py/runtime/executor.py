@@ -63,6 +63,7 @@ from autotm_py.runtime.device import (
     prime_blas_workspaces,
     release_blas_workspaces,
     release_cap,
+    replay_work_queues_note,
     reset_peaks,
     set_cap,
     time_region,
@@ -836,6 +837,9 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations:
             release_cap(dev)
     if not_placed is not None and executor.arena is not None:
         timed.notes.append(not_placed)
+    queues = replay_work_queues_note() if timed.replayed else None
+    if queues is not None:
+        timed.notes.append(queues)
     if executor.spills:
         timed.notes.append(spill_note(executor.spills))
     if executor._placed is not None:

@@ -10,6 +10,13 @@ copies beside it. Prints a table and writes OUT/graph_copy_probe.json.
 
     python3 experiments/gpu/graph_copy_probe.py [--out DIR] [--mib 256] [--chunks 8]
         [--matmuls 16] [--size 2048]     (the defaults balance compute and copies on an H100)
+        [--copy-bytes N] [--pool [--host-offset B] [--device-offset B]] [--d2d K]
+        [--name FILE_STEM]
+
+With --pool each side's buffers are views of one allocation, at an offset past a page boundary:
+the executor's pinned pool and arena place tensors at 256- and 512-byte multiples, and most of
+a plan's copies start off a page (the offsets of Inception-v4's copies: replay_profile.py
+--copies).
 """
 
 from __future__ import annotations
@@ -38,6 +45,17 @@ def median_event_ms(fn, repeats: int, stream: torch.cuda.Stream | None = None,
     return statistics.median(times[warmup:])
 
 
+def views(n: int, args: argparse.Namespace, offset: int, device: torch.device | None = None
+          ) -> list[torch.Tensor]:
+    """`args.chunks` buffers of `n` bytes in one allocation (pinned host memory unless a device
+    is given), as the executor's pinned pool and arena hold tensors: the i-th at `offset` bytes
+    past a 4096-byte boundary."""
+    stride = -(-(n + offset) // 4096) * 4096
+    pool = torch.empty(stride * args.chunks, dtype=torch.uint8, device=device,
+                       pin_memory=device is None)
+    return [pool[i * stride + offset:i * stride + offset + n] for i in range(args.chunks)]
+
+
 class Probe:
     """Buffers and streams of the miniature iteration."""
 
@@ -46,14 +64,23 @@ class Probe:
         self.args = args
         self.compute = torch.cuda.Stream()
         self.h2d, self.d2h = torch.cuda.Stream(), torch.cuda.Stream()
-        n = args.mib * 2**20 // args.chunks
-        pinned = [torch.empty(n, dtype=torch.uint8, pin_memory=True)
-                  for _ in range(2 * args.chunks)]
-        self.host_in, self.host_out = pinned[:args.chunks], pinned[args.chunks:]
-        self.dev_in = [torch.empty(n, dtype=torch.uint8, device=dev) for _ in range(args.chunks)]
-        self.dev_out = [torch.empty(n, dtype=torch.uint8, device=dev)
-                        for _ in range(args.chunks)]
+        n = args.copy_bytes or args.mib * 2**20 // args.chunks
+        if args.pool:
+            self.host_in, self.host_out = (views(n, args, args.host_offset)
+                                           for _ in range(2))
+            self.dev_in, self.dev_out = (views(n, args, args.device_offset, device=dev)
+                                         for _ in range(2))
+        else:
+            pinned = [torch.empty(n, dtype=torch.uint8, pin_memory=True)
+                      for _ in range(2 * args.chunks)]
+            self.host_in, self.host_out = pinned[:args.chunks], pinned[args.chunks:]
+            self.dev_in = [torch.empty(n, dtype=torch.uint8, device=dev)
+                           for _ in range(args.chunks)]
+            self.dev_out = [torch.empty(n, dtype=torch.uint8, device=dev)
+                            for _ in range(args.chunks)]
         self.a = torch.randn(args.size, args.size, device=dev)
+        self.small_in = torch.zeros(2**14, device=dev)  # 64 KiB, for --d2d
+        self.small_out = torch.empty_like(self.small_in)
         self.c = torch.empty_like(self.a)
 
     def body(self, matmuls: bool, up: bool, down: bool) -> None:
@@ -69,6 +96,8 @@ class Probe:
             with torch.cuda.stream(self.compute):
                 for _ in range(per if matmuls else 0):
                     torch.mm(self.a, self.a, out=self.c)
+                for _ in range(self.args.d2d):
+                    self.small_out.copy_(self.small_in)
                 for done in joins:
                     self.compute.wait_event(done)
 
@@ -113,6 +142,19 @@ def main() -> int:
     parser.add_argument("--matmuls", type=int, default=16, help="matmuls per iteration")
     parser.add_argument("--size", type=int, default=2048, help="of the square matmuls")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--copy-bytes", type=int, default=0,
+                        help="bytes per copy (default: --mib split into --chunks)")
+    parser.add_argument("--pool", action="store_true",
+                        help="each side's buffers in one allocation, as the executor's are")
+    parser.add_argument("--host-offset", type=int, default=0,
+                        help="with --pool: each host buffer this far past a 4096-byte boundary")
+    parser.add_argument("--device-offset", type=int, default=0,
+                        help="with --pool: each device buffer this far past a 4096-byte "
+                             "boundary")
+    parser.add_argument("--d2d", type=int, default=0,
+                        help="small device-to-device copies on the compute stream per copy "
+                             "(a plan's replay has ~8 per move)")
+    parser.add_argument("--name", default="graph_copy_probe", help="of the output file")
     args = parser.parse_args()
     probe = Probe(args)
     rows = {}
@@ -122,15 +164,15 @@ def main() -> int:
         rows[name] = {"eager_ms": eager, "graph_ms": replayed}
         print(f"{name:14s} eager {eager:8.3f} ms  graph {replayed:8.3f} ms  "
               f"graph/eager {replayed / eager:5.3f}", flush=True)
-    gb = args.mib * 2**20 / 1e9
+    gb = (args.copy_bytes * args.chunks if args.copy_bytes else args.mib * 2**20) / 1e9
     for name in ("h2d", "d2h"):
         for mode in ("eager", "graph"):
             rows[name][f"{mode}_gb_per_s"] = gb / (rows[name][f"{mode}_ms"] / 1e3)
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "mib_per_direction": args.mib, "chunks": args.chunks, "matmuls": args.matmuls,
-              "size": args.size, "rows": rows}
+    options = {k: v for k, v in vars(args).items() if k not in ("out", "name")}
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, **options,
+              "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "graph_copy_probe.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     return 0
 
 

@@ -11,9 +11,14 @@ median duration), how long both directions copy at once and how long copies run 
 kernels, and the kernels whose summed time differs most. (A replay's nodes run on the graph's
 own internal streams, so its "compute stream" is the busiest of those.)
 
-    python3 experiments/gpu/replay_profile.py PLAN [PLAN...] [--out DIR] [--top 12]
+    python3 experiments/gpu/replay_profile.py PLAN [PLAN...] [--out DIR] [--top 12] [--copies]
 
-Writes OUT/replay_profile.json.
+Writes OUT/replay_profile.json. With --copies, each row also gets `per_copy`: the plan's copies
+matched one to one between the eager iteration and the replay (the k-th copy of a direction in
+time order is the k-th move in that direction in the plan), each with its bytes, its host and
+device offsets modulo 4096, both durations and the replay's internal stream, and the median
+replay/eager ratio grouped by those (is the slowdown uniform, or tied to sizes, alignments or
+to the streams the graph runs its copies on?).
 """
 
 from __future__ import annotations
@@ -85,6 +90,73 @@ def copy_overlaps(events: list[dict]) -> dict[str, float]:
             "any_direction": copying / 1e6, "copies_beside_kernels": beside / 1e6}
 
 
+def copy_events(events: list[dict], direction: str) -> list[dict]:
+    return sorted((e for e in events if kind(e["name"]) == direction), key=lambda e: e["start"])
+
+
+def plan_moves(plan, graph, direction: str) -> list[dict]:
+    """The plan's moves in one direction, in record order, with what might decide a copy's
+    speed: its bytes and where its two ends lie (host pool offset, arena offset)."""
+    from autotm_py.memory.tiers import FAST
+    from autotm_py.plan import INITIAL, Move
+    from autotm_py.runtime.pinned import slow_tier_layout
+
+    host, _ = slow_tier_layout(graph, plan)
+    created: dict[int, dict[int, int]] = defaultdict(dict)  # record -> tensor -> offset
+    for (index, tid), offset in (plan.arena.offsets() if plan.arena is not None else {}).items():
+        created[index][tid] = offset
+    fast_at = dict(created[INITIAL])  # where each tensor's fast copy is now
+    out = []
+    for index, rec in enumerate(plan.records):
+        fast_at.update(created.get(index, {}))
+        if not isinstance(rec, Move):
+            continue
+        if ("h2d" if rec.to == FAST else "d2h") != direction:
+            continue
+        out.append({"bytes": graph.tensors[rec.tensor].nbytes, "mode": rec.mode,
+                    "host_mod_4096": host.get(rec.tensor, -1) % 4096,
+                    "device_mod_4096": fast_at.get(rec.tensor, -1) % 4096})
+    return out
+
+
+def per_copy(plan, graph, eager: list[dict], replay: list[dict]) -> dict:
+    """Each copy's replay/eager ratio beside what might explain it (see the module docstring)."""
+    out: dict = {}
+    for direction in ("h2d", "d2h"):
+        a, b = copy_events(eager, direction), copy_events(replay, direction)
+        moves = plan_moves(plan, graph, direction)
+        if not (len(a) == len(b) == len(moves)):
+            out[direction] = {"unmatched": [len(a), len(b), len(moves)]}
+            continue
+        rows = [{**m, "eager_us": x["dur"] / 1e3, "replay_us": y["dur"] / 1e3,
+                 "stream": y["stream"], "ratio": y["dur"] / max(x["dur"], 1)}
+                for m, x, y in zip(moves, a, b, strict=True)]
+        out[direction] = {"copies": rows, "by": {key: grouped(rows, key) for key in (
+            "mode", "host_mod_4096", "device_mod_4096", "size", "stream")}}
+    return out
+
+
+def size_bucket(nbytes: int) -> str:
+    """The power of 4 MiB above `nbytes`: '<1 MiB', '<4 MiB', '<16 MiB', ..."""
+    mib = 1
+    while nbytes >= mib << 20:
+        mib *= 4
+    return f"<{mib} MiB"
+
+
+def grouped(rows: list[dict], key: str, most: int = 12) -> dict[str, list[float]]:
+    """[count, median ratio, GB/s eager, GB/s replayed] per value of `key` (size: a power-of-4
+    bucket of MiB), the `most` largest groups."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[str(r[key] if key != "size" else size_bucket(r["bytes"]))].append(r)
+    largest = sorted(groups.items(), key=lambda kv: -len(kv[1]))[:most]
+    return {k: [len(v), round(statistics.median(r["ratio"] for r in v), 4),
+                round(sum(r["bytes"] for r in v) / sum(r["eager_us"] for r in v) / 1e3, 2),
+                round(sum(r["bytes"] for r in v) / sum(r["replay_us"] for r in v) / 1e3, 2)]
+            for k, v in largest}
+
+
 def gpu_events(prof) -> list[dict]:
     """The device-side events (kernels, copies, memsets) of a finished profile."""
     out = []
@@ -114,7 +186,7 @@ def differences(eager: dict, replay: dict, top: int) -> list[dict]:
     return rows[:top]
 
 
-def run(path: Path, top: int) -> dict:
+def run(path: Path, top: int, copies: bool = False) -> dict:
     from recompute_check import graph_of
 
     from autotm_py.plan import Plan
@@ -128,7 +200,8 @@ def run(path: Path, top: int) -> dict:
         executor.prepare()
         executor.run()
     executor.prepare()
-    eager = summarize(profiled(executor.run))
+    eager_events = profiled(executor.run)
+    eager = summarize(eager_events)
     release_blas_workspaces(executor.device)
     executor.warm_up()
     failed = executor.capture()
@@ -138,9 +211,13 @@ def run(path: Path, top: int) -> dict:
         executor.prepare()
         executor.replay()
     executor.prepare()
-    replay = summarize(profiled(executor.replay))
+    replay_events = profiled(executor.replay)
+    replay = summarize(replay_events)
     row = {"plan": path.name, "eager": eager, "replay": replay,
            "largest_differences": differences(eager, replay, top)}
+    if copies:
+        row["per_copy"] = per_copy(plan, graph, eager_events, replay_events)
+        print(json.dumps({d: v.get("by", v) for d, v in row["per_copy"].items()}), flush=True)
     for part in (eager, replay):
         part.pop("by_name_ms", None)
     print(json.dumps({"plan": path.name,
@@ -156,12 +233,14 @@ def main() -> int:
     parser.add_argument("plans", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")))
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--copies", action="store_true",
+                        help="match each copy between eager and replay (module docstring)")
     args = parser.parse_args()
     configure_cuda(deterministic=False)
     rows = []
     for path in args.plans:
         try:
-            rows.append(run(path, args.top))
+            rows.append(run(path, args.top, args.copies))
         except Exception as exc:  # keep the other plans' rows
             rows.append({"plan": path.name, "error": f"{type(exc).__name__}: {exc}"})
             print(rows[-1], flush=True)

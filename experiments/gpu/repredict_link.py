@@ -9,10 +9,14 @@ the GPU that priced it (`load_costs(gpu=)`) with the header's link and with `--m
 prints both predictions beside the measurement with the median errors. The plans themselves are
 not solved again: what the ILP would choose on the other link needs `--gpu` solves and runs.
 
+`--replay-factors TO_FAST,TO_SLOW` prices replayed copies with the factors the runs were
+priced with (`costs.REPLAY_TO_FAST_SLOWDOWN` / `REPLAY_TO_SLOW_SLOWDOWN`; 1.04,1.13 until
+2026-11-29, 1.0,1.0 since replays run with one work queue).
+
 Runs on the CPU from committed files:
   B=experiments/results/bench_arena/2026-11-28g
-  python experiments/gpu/repredict_link.py --memory h200-pcie5 $B/calld $B/callb $B/callc \\
-      $B/fi/*gpu-h200.json $B/fd/*gpu-h200.json
+  python experiments/gpu/repredict_link.py --memory h200-pcie5 --replay-factors 1.04,1.13 \\
+      $B/calld $B/callb $B/callc $B/fi/*gpu-h200.json $B/fd/*gpu-h200.json
 """
 
 from __future__ import annotations
@@ -90,7 +94,15 @@ def main() -> None:
     parser.add_argument("folders", nargs="+", type=Path, metavar="FOLDER|FILE")
     parser.add_argument("--memory", required=True, help="preset or memory-system file")
     parser.add_argument("--plans", type=Path, default=ROOT / "experiments/plans/bench_arena")
+    parser.add_argument("--replay-factors", metavar="TO_FAST,TO_SLOW",
+                        help="replayed copies' factors the runs were priced with (module "
+                             "docstring; default: today's)")
     args = parser.parse_args()
+    if args.replay_factors:
+        from autotm_py import machine
+
+        machine.REPLAY_TO_FAST_SLOWDOWN, machine.REPLAY_TO_SLOW_SLOWDOWN = (
+            float(x) for x in args.replay_factors.split(","))
     index = plan_index(args.plans)
     runs = [r for f in args.folders for r in runs_under(f)]
     missing = [stem for stem, _ in runs if stem not in index]

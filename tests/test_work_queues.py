@@ -1,0 +1,111 @@
+"""One hardware work queue for processes that replay plans as CUDA graphs (docs/gpu.md, "Copies
+in a replay: the work queues"): set before the process first uses CUDA, by `autotm run --graph`
+and each `autotm bench --arena` run, never over the environment's own choice, and a replay in a
+process that runs with more says so. The speed-up itself is measured on the GPU
+(experiments/gpu/connections_ab.sh); these tests run on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotm_py import api
+from autotm_py.cli import main
+from autotm_py.errors import ConfigError
+from autotm_py.runtime.device import (
+    REPLAY_WORK_QUEUES,
+    WORK_QUEUES_VARIABLE,
+    replay_work_queues_note,
+    use_replay_work_queues,
+)
+from tests.test_cli_newuser import mlp_onnx
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """A process whose environment sets no work queues and that has not used CUDA yet."""
+    monkeypatch.delenv(WORK_QUEUES_VARIABLE, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    return monkeypatch
+
+
+def test_a_replaying_process_gets_one_work_queue_before_cuda_starts(fresh_process):
+    import os
+
+    assert replay_work_queues_note() is not None  # unset: CUDA's 8
+    assert use_replay_work_queues() is None
+    assert os.environ[WORK_QUEUES_VARIABLE] == REPLAY_WORK_QUEUES == "1"
+    assert replay_work_queues_note() is None
+
+
+def test_the_environments_choice_stands_and_a_replay_under_it_says_so(fresh_process):
+    import os
+
+    fresh_process.setenv(WORK_QUEUES_VARIABLE, "8")
+    assert use_replay_work_queues() is None
+    assert os.environ[WORK_QUEUES_VARIABLE] == "8"
+    note = replay_work_queues_note()
+    assert note.startswith(f"{WORK_QUEUES_VARIABLE} is 8 in this process: a replay's copies run")
+    assert "autotm run --graph" in note
+
+
+def test_too_late_once_cuda_is_in_use(fresh_process):
+    import os
+
+    fresh_process.setattr(torch.cuda, "is_initialized", lambda: True)
+    note = use_replay_work_queues()
+    assert WORK_QUEUES_VARIABLE not in os.environ  # the running context would not see it
+    assert note is not None and "was unset (8 work queues) when CUDA started" in note
+
+
+def test_only_replays_on_cuda_ask_for_it(fresh_process):
+    import os
+
+    assert api.use_replay_work_queues("cpu", graph_replay=True) is None
+    assert api.use_replay_work_queues("cuda", graph_replay=False) is None
+    assert WORK_QUEUES_VARIABLE not in os.environ  # eager runs need several queues
+    assert api.use_replay_work_queues("cuda:0", graph_replay=True) is None
+    assert os.environ[WORK_QUEUES_VARIABLE] == "1"
+
+
+def test_autotm_run_sets_it_before_anything_uses_cuda(fresh_process, tmp_path, capsys):
+    """The CLI sets the variable before the model and its costs are loaded (a costs lookup
+    may start CUDA): what `execute` sees."""
+    import os
+
+    model = mlp_onnx(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.json"
+    assert main(["optimize", model, "--ratio", "1:0", "--no-baselines", "-o", str(plan)]) == 0
+    seen: list[str | None] = []
+
+    def execute(*args, **kwargs):
+        seen.append(os.environ.get(WORK_QUEUES_VARIABLE))
+        raise ConfigError("stopped by the test")
+
+    fresh_process.setattr(api, "execute", execute)
+    assert main(["run", model, "--plan", str(plan), "--device", "cuda"]) == 2  # a ConfigError
+    assert main(["run", model, "--plan", str(plan), "--device", "cuda", "--graph"]) == 2
+    assert seen == [None, "1"]
+    assert "stopped by the test" in capsys.readouterr().err
+
+
+def test_a_bench_child_sets_it_for_its_replay(fresh_process, tmp_path):
+    import os
+
+    from autotm_py.bench import child
+
+    model = mlp_onnx(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.json"
+    assert main(["optimize", model, "--ratio", "1:0", "--no-baselines", "-o", str(plan)]) == 0
+    seen: list[str | None] = []
+
+    def execute(*args, **kwargs):
+        seen.append(os.environ.get(WORK_QUEUES_VARIABLE))
+        raise ConfigError("stopped by the test")
+
+    fresh_process.setattr(api, "execute", execute)
+    for replay in (False, True):
+        with pytest.raises(ConfigError):
+            child.run_request({"model": model, "plan": str(plan), "device": "cuda",
+                               "graph_replay": replay, "placed": False})
+    assert seen == [None, "1"]
