@@ -109,3 +109,37 @@ def test_a_bench_child_sets_it_for_its_replay(fresh_process, tmp_path):
             child.run_request({"model": model, "plan": str(plan), "device": "cuda",
                                "graph_replay": replay, "placed": False})
     assert seen == [None, "1"]
+
+
+def _replay_notes(tmp_path, env_value: str | None) -> dict:
+    """`autotm run --graph --json` of a small plan in a fresh process (as a user runs it), with
+    the work-queue variable unset or set to `env_value`."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model = mlp_onnx(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.json"
+    assert main(["optimize", model, "--ratio", "1:0", "--no-baselines", "-o", str(plan)]) == 0
+    env = {k: v for k, v in os.environ.items() if k != WORK_QUEUES_VARIABLE}
+    if env_value is not None:
+        env[WORK_QUEUES_VARIABLE] = env_value
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(root), env.get("PYTHONPATH"))))
+    done = subprocess.run([sys.executable, "-m", "autotm_py", "run", model, "--plan", str(plan),
+                           "--device", "cuda", "--graph", "--no-cap", "--iterations", "2",
+                           "--json"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.gpu
+def test_a_replay_on_the_gpu_gets_one_queue_or_says_why(tmp_path):
+    """On the device machine (`bash experiments/gpu/test_gpu.sh`): `autotm run --graph` in a
+    fresh process replays with one queue (no note), and under the environment's 8 it says so."""
+    ran = _replay_notes(tmp_path, None)
+    assert ran["graph"] and not any(WORK_QUEUES_VARIABLE in n for n in ran["notes"])
+    ran = _replay_notes(tmp_path, "8")
+    assert ran["graph"] and any(n.startswith(f"{WORK_QUEUES_VARIABLE} is 8") for n in ran["notes"])
