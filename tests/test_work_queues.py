@@ -68,45 +68,47 @@ def test_only_replays_on_cuda_ask_for_it(fresh_process):
     assert os.environ[WORK_QUEUES_VARIABLE] == "1"
 
 
-def test_autotm_run_sets_it_before_anything_uses_cuda(fresh_process, tmp_path, capsys):
-    """The CLI sets the variable before the model and its costs are loaded (a costs lookup
-    may start CUDA): what `execute` sees."""
-    import os
-
+def _mlp_and_plan(tmp_path) -> tuple[str, str]:
+    """A small ONNX model and an all-fast plan of it."""
     model = mlp_onnx(tmp_path / "mlp.onnx")
     plan = tmp_path / "plan.json"
     assert main(["optimize", model, "--ratio", "1:0", "--no-baselines", "-o", str(plan)]) == 0
+    return model, str(plan)
+
+
+def _queues_execute_sees(monkeypatch) -> list[str | None]:
+    """`api.execute` replaced by a stub that notes the variable it finds, then stops the run."""
+    import os
+
     seen: list[str | None] = []
 
     def execute(*args, **kwargs):
         seen.append(os.environ.get(WORK_QUEUES_VARIABLE))
         raise ConfigError("stopped by the test")
 
-    fresh_process.setattr(api, "execute", execute)
-    assert main(["run", model, "--plan", str(plan), "--device", "cuda"]) == 2  # a ConfigError
-    assert main(["run", model, "--plan", str(plan), "--device", "cuda", "--graph"]) == 2
+    monkeypatch.setattr(api, "execute", execute)
+    return seen
+
+
+def test_autotm_run_sets_it_before_anything_uses_cuda(fresh_process, tmp_path, capsys):
+    """The CLI sets the variable before the model and its costs are loaded (a costs lookup
+    may start CUDA): what `execute` sees."""
+    model, plan = _mlp_and_plan(tmp_path)
+    seen = _queues_execute_sees(fresh_process)
+    assert main(["run", model, "--plan", plan, "--device", "cuda"]) == 2  # a ConfigError
+    assert main(["run", model, "--plan", plan, "--device", "cuda", "--graph"]) == 2
     assert seen == [None, "1"]
     assert "stopped by the test" in capsys.readouterr().err
 
 
 def test_a_bench_child_sets_it_for_its_replay(fresh_process, tmp_path):
-    import os
-
     from autotm_py.bench import child
 
-    model = mlp_onnx(tmp_path / "mlp.onnx")
-    plan = tmp_path / "plan.json"
-    assert main(["optimize", model, "--ratio", "1:0", "--no-baselines", "-o", str(plan)]) == 0
-    seen: list[str | None] = []
-
-    def execute(*args, **kwargs):
-        seen.append(os.environ.get(WORK_QUEUES_VARIABLE))
-        raise ConfigError("stopped by the test")
-
-    fresh_process.setattr(api, "execute", execute)
+    model, plan = _mlp_and_plan(tmp_path)
+    seen = _queues_execute_sees(fresh_process)
     for replay in (False, True):
         with pytest.raises(ConfigError):
-            child.run_request({"model": model, "plan": str(plan), "device": "cuda",
+            child.run_request({"model": model, "plan": plan, "device": "cuda",
                                "graph_replay": replay, "placed": False})
     assert seen == [None, "1"]
 
@@ -120,15 +122,13 @@ def _replay_notes(tmp_path, env_value: str | None) -> dict:
     import sys
     from pathlib import Path
 
-    model = mlp_onnx(tmp_path / "mlp.onnx")
-    plan = tmp_path / "plan.json"
-    assert main(["optimize", model, "--ratio", "1:0", "--no-baselines", "-o", str(plan)]) == 0
+    model, plan = _mlp_and_plan(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != WORK_QUEUES_VARIABLE}
     if env_value is not None:
         env[WORK_QUEUES_VARIABLE] = env_value
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(root), env.get("PYTHONPATH"))))
-    done = subprocess.run([sys.executable, "-m", "autotm_py", "run", model, "--plan", str(plan),
+    done = subprocess.run([sys.executable, "-m", "autotm_py", "run", model, "--plan", plan,
                            "--device", "cuda", "--graph", "--no-cap", "--iterations", "2",
                            "--json"], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
