@@ -143,3 +143,13 @@ def test_a_replay_on_the_gpu_gets_one_queue_or_says_why(tmp_path):
     assert ran["graph"] and not any(WORK_QUEUES_VARIABLE in n for n in ran["notes"])
     ran = _replay_notes(tmp_path, "8")
     assert ran["graph"] and any(n.startswith(f"{WORK_QUEUES_VARIABLE} is 8") for n in ran["notes"])
+
+
+def test_an_eager_run_in_a_process_set_up_for_replays_says_its_copies_overlap_less(
+        fresh_process):
+    """A capture that fails leaves the run eager, under the one queue set for the replay."""
+    from autotm_py.runtime.device import eager_work_queues_note
+
+    assert eager_work_queues_note() == ""
+    fresh_process.setenv(WORK_QUEUES_VARIABLE, "1")
+    assert eager_work_queues_note().startswith(f" with one work queue ({WORK_QUEUES_VARIABLE}=1")

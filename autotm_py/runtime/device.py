@@ -91,6 +91,15 @@ def replay_work_queues_note() -> str | None:
             "CUDA starts (from Python: `prepare_cuda_process` first; docs/gpu.md)")
 
 
+def eager_work_queues_note() -> str:
+    """What an eager run in a process set up for replays adds to its notes ('' if nothing):
+    with one work queue its copy streams queue behind the compute stream."""
+    if os.environ.get(WORK_QUEUES_VARIABLE) != REPLAY_WORK_QUEUES:
+        return ""
+    return (f" with one work queue ({WORK_QUEUES_VARIABLE}={REPLAY_WORK_QUEUES}, set for the "
+            "replay), at which its copies overlap kernels less than eager runs usually do")
+
+
 def set_allocator_settings(settings: str) -> None:
     # torch >= 2.11 moved the setter to the accelerator API and deprecated the CUDA one.
     setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)

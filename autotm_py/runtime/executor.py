@@ -59,6 +59,7 @@ from autotm_py.runtime.device import (
     check_device,
     configure_cuda,
     device_name,
+    eager_work_queues_note,
     peaks,
     prime_blas_workspaces,
     release_blas_workspaces,
@@ -1049,7 +1050,8 @@ def _timed_iterations(executor: Executor, iterations: int, warmup: int,
             failed, timed.capture_reserved = _capture(executor, cap)
             timed.replayed = failed is None
             if failed is not None:
-                timed.notes.append(f"no CUDA graph: capture failed at {failed}; ran eagerly")
+                timed.notes.append(f"no CUDA graph: capture failed at {failed}; ran eagerly"
+                                   + eager_work_queues_note())
         executor.prepare()  # untimed: placing the iteration's inputs, like a data loader
         executor.state.copied = executor.state.placed = 0
         # eager until the capture (the warm-up iterations), replays after it
