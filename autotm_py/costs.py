@@ -36,9 +36,10 @@ SLOT_COPY_BYTES_PER_S = 3.0e12
 # queues every copy of a replay ran slower: to the host 1.12-1.14, to the device 1.02-1.12
 # (H100 and H200, 2026-11-27..29; factors 1.04 / 1.13 until 2026-11-29). With one queue, which
 # `autotm run --graph` and `autotm bench --arena` now set for their replays
-# (`runtime.device.use_replay_work_queues`), they run at their eager speed: 1.009 / 0.998 on
-# Inception-v4's move-only plan (H200, 2026-11-29; docs/gpu.md, "Copies in a replay: the work
-# queues"). experiments/gpu/copy_factor_grid.py predicts measured rows under other factors.
+# (`runtime.device.use_replay_work_queues`), they run at their eager speed: 0.992-1.009 on the
+# move-only plans of Inception-v4 (50%), DenseNet-264 (33%) and ResNet-50 (50%, 25%) (H200,
+# 2026-11-29; docs/gpu.md, "Copies in a replay: the work queues").
+# experiments/gpu/copy_factor_grid.py predicts measured rows under other factors.
 REPLAY_TO_FAST_SLOWDOWN = 1.0
 REPLAY_TO_SLOW_SLOWDOWN = 1.0
 
