@@ -13,6 +13,11 @@ own internal streams, so its "compute stream" is the busiest of those.)
 
     python3 experiments/gpu/replay_profile.py PLAN [PLAN...] [--out DIR] [--top 12] [--copies]
 
+Both iterations run in this process, under the work queues the environment gives it
+(`CUDA_DEVICE_MAX_CONNECTIONS`; unset, CUDA's 8, under which a replay's copies ran 9-14% slower
+than eager ones; set it to 1 to profile what `autotm run --graph` runs: docs/gpu.md, "Copies in
+a replay: the work queues").
+
 Writes OUT/replay_profile.json. With --copies, each row also gets `per_copy`: the plan's copies
 matched one to one between the eager iteration and the replay (the k-th copy of a direction in
 time order is the k-th move in that direction in the plan), each with its bytes, its host and
