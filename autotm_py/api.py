@@ -16,6 +16,7 @@ from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.frontend.onnx import import_onnx as _import_onnx
 from autotm_py.frontend.zoo import ZOO, build_graph
+from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.training import derive_training as _derive_training
 from autotm_py.planning.baselines import BASELINES, BaselineResult
 from autotm_py.profiling import profile as _profiling
@@ -54,10 +55,11 @@ def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
 def load_model(model: PathLike, *, batch: int | None = None,
                dims: Mapping[str, int] | None = None, training: bool = False,
                optimizer: str = "sgd", fuse: bool = True, loss: str = "auto",
-               loss_chunks: int = 1) -> TensorGraph:
+               loss_chunks: int = 1, channels_last: bool = False) -> TensorGraph:
     """An ONNX file path, or the name of a zoo model (built in memory), as a `TensorGraph`.
     `fuse=False` keeps attention and GELU unfused (`--no-fuse`); `loss` picks the derived
-    training loss (`--loss`), `loss_chunks` chunks it (`--loss-chunks`)."""
+    training loss (`--loss`), `loss_chunks` chunks it (`--loss-chunks`); `channels_last`
+    stores the convolutions' images N, H, W, C (`--channels-last`, docs/layout.md)."""
     path = Path(model)
     if path.exists() or path.suffix == ".onnx" or os.sep in str(model):
         graph = import_onnx(path, batch=batch, dims=dims, fuse=fuse)
@@ -66,9 +68,9 @@ def load_model(model: PathLike, *, batch: int | None = None,
             raise ConfigError(f"model {str(model)!r} is neither an existing file nor a zoo model "
                               f"({', '.join(sorted(ZOO))}); see `autotm zoo list`")
         graph = build_graph(str(model), batch=batch, dims=dims, fuse=fuse)
-    if not training:
-        return graph
-    return derive_training(graph, optimizer=optimizer, loss=loss, loss_chunks=loss_chunks)
+    if training:
+        graph = derive_training(graph, optimizer=optimizer, loss=loss, loss_chunks=loss_chunks)
+    return to_channels_last(graph) if channels_last else graph
 
 
 def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike | None = None,

@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotm_py.errors import PlanError
 from autotm_py.fileio import atomic_write_bytes
+from autotm_py.ir.layout import CHANNELS_LAST
+from autotm_py.ir.layout import META_KEY as LAYOUT_KEY
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -182,6 +184,7 @@ class ModelOptions:
     fuse: bool = True  # attention/GELU fused (docs/fusion.md)
     loss: str | None = None  # the --loss rule of a training graph
     loss_chunks: int = 1  # --loss-chunks: blocks of the chunked loss (1: the plain loss)
+    channels_last: bool = False  # --channels-last: images stored N, H, W, C (`ir.layout`)
 
     @classmethod
     def of_graph(cls, graph: TensorGraph) -> ModelOptions:
@@ -192,12 +195,14 @@ class ModelOptions:
                    optimizer=None if training is None else training.get("optimizer"),
                    fuse="fusion" in meta,
                    loss=None if training is None else training.get("loss_rule", "auto"),
-                   loss_chunks=1 if training is None else int(training.get("loss_chunks", 1)))
+                   loss_chunks=1 if training is None else int(training.get("loss_chunks", 1)),
+                   channels_last=meta.get(LAYOUT_KEY) == CHANNELS_LAST)
 
     def differences(self, other: ModelOptions) -> list[str]:
         """In words, the options where `other` differs from this one."""
         out = []
-        for name in ("batch", "dims", "training", "optimizer", "fuse", "loss", "loss_chunks"):
+        for name in ("batch", "dims", "training", "optimizer", "fuse", "loss", "loss_chunks",
+                     "channels_last"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if dict(mine or {}) != dict(theirs or {}) if name == "dims" else mine != theirs:
                 out.append(f"{name} {theirs!r} (the plan's: {mine!r})")

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.gpu
 STEPS = 3
 
 
-@pytest.fixture(scope="module", params=["cnn", "decoder", "cnn-fused", "decoder-fused"])
+@pytest.fixture(scope="module", params=["cnn", "decoder", "cnn-fused", "decoder-fused",
+                                        "cnn-cl"])
 def arena_plans(request):
     graph = _graph(request.param)
     return graph, _arena_plans(graph)

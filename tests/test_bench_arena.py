@@ -148,3 +148,20 @@ def test_a_plan_read_back_is_priced_against_the_same_all_fast(onnx_path, tmp_pat
     assert read["all_fast_s"] == pytest.approx(solved["all_fast_s"])
     assert read["slowdown"] == pytest.approx(solved["slowdown"])
     assert read["all_fast_s"] < read["oracle_s"]  # replayed: no launch overhead in it
+
+
+def test_an_arena_row_says_when_its_plan_has_no_arena(onnx_path, tmp_path):
+    # a packing that never fits leaves the plan without an arena (`pipeline.fit_arena`): it
+    # runs on torch's caching allocator, and the row, whose options say arena, says so
+    plans = tmp_path / "plans"
+    spec = arena_spec(onnx_path, plans_dir=str(plans))
+    first = _run_bench(spec, tmp_path / "a.csv", workers=1).rows[0]
+    assert first["status"] == "optimal" and not (first.get("notes") or "").startswith("no arena")
+    saved, = plans.iterdir()
+    data = json.loads(gzip.decompress(saved.read_bytes()))
+    data["arena"] = None
+    data["header"]["notes"].append("no arena: with the packing's holes held back the budget "
+                                   "is infeasible; the plan runs on torch's caching allocator")
+    saved.write_bytes(gzip.compress(json.dumps(data).encode()))
+    row = _run_bench(spec, tmp_path / "b.csv", workers=1).rows[0]
+    assert row["notes"].startswith("no arena: with the packing's holes held back")

@@ -9,6 +9,7 @@ import torch
 from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.frontend.fuse import fuse_graph
+from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.training import derive_training
 from autotm_py.pipeline import machine_for, optimize, run_baselines, with_arena
 from autotm_py.runtime.executor import Executor, execute, run_steps
@@ -21,11 +22,13 @@ STEPS = 3
 
 def _graph(name: str):
     forward = small_cnn() if name.startswith("cnn") else tiny_decoder()
+    # cnn-cl: the images stored channels-last (`ir.layout`)
     if name.endswith(("-fused", "-chunked")):  # Linear, LinearGrad, ConvGrad, attention
         forward = fuse_graph(forward)
     # -chunked: the head and loss as one LinearCrossEntropy over 3 blocks (--loss-chunks 3)
-    return derive_training(forward, optimizer="sgd",
-                           loss_chunks=3 if name.endswith("-chunked") else 1)
+    graph = derive_training(forward, optimizer="sgd",
+                            loss_chunks=3 if name.endswith("-chunked") else 1)
+    return to_channels_last(graph) if name.startswith("cnn-cl") else graph
 
 
 def _plans(graph, reserve: int = 0):
@@ -46,7 +49,7 @@ def _plans(graph, reserve: int = 0):
     return plans
 
 
-@pytest.mark.parametrize("name", ["cnn", "decoder", "decoder-chunked"])
+@pytest.mark.parametrize("name", ["cnn", "cnn-cl", "decoder", "decoder-chunked"])
 def test_every_plan_matches_the_reference_bitwise(name):
     graph = _graph(name)
     reference = train_steps(graph, steps=STEPS, seed=3)
@@ -76,7 +79,7 @@ def _arena_plans(graph):
 
 
 @pytest.mark.parametrize("name", ["cnn", "decoder", "cnn-fused", "decoder-fused",
-                                  "decoder-chunked"])
+                                  "decoder-chunked", "cnn-cl", "cnn-cl-fused"])
 def test_every_plan_in_an_arena_matches_the_reference_bitwise(name):
     # the CPU arena: one uint8 tensor, every fast copy a view at its planned offset
     graph = _graph(name)

@@ -163,8 +163,9 @@ def test_schema_header_fields_are_the_dataclass_fields() -> None:
     for name, cls in (("modelOptions", ModelOptions), ("costsIdentity", CostsIdentity)):
         fields = {f.name for f in dataclasses.fields(cls)}
         assert set(defs[name]["properties"]) == fields
-        # loss_chunks came later: plans written before it lack it (read as 1)
-        optional = {"loss_chunks"} if name == "modelOptions" else set()
+        # loss_chunks and channels_last came later: plans written before them lack them (read
+        # as 1 and false)
+        optional = {"loss_chunks", "channels_last"} if name == "modelOptions" else set()
         assert set(defs[name]["required"]) == fields - optional
 
 

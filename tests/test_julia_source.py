@@ -185,7 +185,7 @@ def test_reader_reads_exactly_the_schema_fields() -> None:
         f"({sorted(schema_fields(schema, required=False) - read)})"
     assert keys["_req"] == schema_fields(schema, required=True)
     assert keys["_opt"] == {"overlaps", "tensors", "kernels", "kernel_io", "graph", "arena",
-                            "loss_chunks", "gpu"}
+                            "loss_chunks", "channels_last", "gpu"}
 
 
 def test_reader_accesses_json_only_through_the_accessors() -> None:

@@ -18,7 +18,7 @@ from tests.test_executor_gpu import in_own_process
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("name", ["cnn", "decoder-fused"])
+@pytest.mark.parametrize("name", ["cnn", "decoder-fused", "cnn-cl"])
 def test_outputs_at_their_slots_compute_what_copies_compute(name):
     placed = in_own_process("tests.test_placed_gpu", "digests", name, True)
     copied = in_own_process("tests.test_placed_gpu", "digests", name, False)

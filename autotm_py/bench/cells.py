@@ -35,6 +35,7 @@ T = TypeVar("T")
 # Baselines run for real with --execute. all-slow is left out: it copies every tensor in and
 # out around every use, which costs minutes of GPU time per model and tells nothing new.
 EXECUTED_BASELINES = ("all-fast", "first-touch", "lru", "offload")
+NO_ARENA = "no arena: the plan has none; it runs on torch's caching allocator"
 
 
 def _column(baseline: str) -> str:
@@ -69,7 +70,8 @@ class ModelRunner:
         try:
             self.graph = api.load_model(self.source, batch=spec.batch,
                                         dims=dict(spec.dims), training=spec.training,
-                                        loss_chunks=spec.loss_chunks)
+                                        loss_chunks=spec.loss_chunks,
+                                        channels_last=spec.channels_last)
             self.costs = api.load_costs(self.graph, device=spec.device,
                                         profiles_dir=spec.profiles_dir,
                                         shipped_dir=shipped_dir, gpu=spec.gpu)
@@ -280,6 +282,10 @@ class ModelRunner:
             row["notes"] = result.message
             return row
         row["mode"] = result.plan.header.memory_system.get("mode")
+        if self.spec.arena and result.plan.arena is None:
+            # the row's options say arena: say that this plan has none, and why
+            row["notes"] = next((n for n in result.plan.header.notes if
+                                 n.startswith("no arena")), NO_ARENA)
         row.update(plan_metrics(result.plan, self.view).to_dict())
         sim = api.simulate(self.graph, result.plan, costs=self.costs, strict=False)
         row["peak_fast_bytes"] = sim.fast_peak_bytes
@@ -306,7 +312,7 @@ class ModelRunner:
             return self._run(plan, graph_replay=s.graph)
         request = child.RunRequest(model=self.source, batch=s.batch, dims=dict(s.dims),
                                    training=s.training, loss_chunks=s.loss_chunks,
-                                   device=self._device,
+                                   channels_last=s.channels_last, device=self._device,
                                    iterations=s.iterations, warmup=s.warmup, arena=True,
                                    graph_replay=s.graph, placed=s.placed,
                                    device_busy=s.graph)

@@ -39,6 +39,7 @@ class RunRequest:
     dims: dict[str, int] = field(default_factory=dict)
     training: bool = False
     loss_chunks: int = 1
+    channels_last: bool = False
     device: str = "cuda"
     iterations: int = 5
     warmup: int = 2
@@ -95,7 +96,8 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     api.prepare_cuda_process(plan, req.device, arena=req.arena, graph_replay=req.graph_replay,
                              enforce_budget=req.enforce_budget, placed=req.placed)
     graph = api.load_model(req.model, batch=req.batch, dims=dict(req.dims),
-                           training=req.training, loss_chunks=req.loss_chunks)
+                           training=req.training, loss_chunks=req.loss_chunks,
+                           channels_last=req.channels_last)
     result = api.execute(graph, plan, device=req.device, iterations=req.iterations,
                          warmup=req.warmup, enforce_budget=req.enforce_budget, arena=req.arena,
                          graph_replay=req.graph_replay, placed=req.placed,

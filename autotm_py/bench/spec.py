@@ -92,6 +92,7 @@ class BenchSpec:
     scratch: str = "auto"  # `optimize --scratch`: auto | region | windows
     read_pricing: str = DEFAULT_READ_PRICING  # `optimize --read-pricing`
     loss_chunks: int = 1  # `--loss-chunks`: the models' losses chunked (1: plain)
+    channels_last: bool = False  # `--channels-last`: convolution images N, H, W, C
     gpu: str | None = None  # `--gpu`: plans priced with this GPU's profiles (GPU mode)
 
     def __post_init__(self) -> None:
@@ -157,6 +158,7 @@ class BenchSpec:
                                        (self.read_pricing,
                                         self.read_pricing != DEFAULT_READ_PRICING),
                                        (f"loss{self.loss_chunks}", self.loss_chunks > 1),
+                                       ("nhwc", self.channels_last),
                                        (f"gpu-{gpu_slug(self.gpu or '')}", bool(self.gpu)))
                  if on]
         return "+".join(parts) or None

@@ -23,6 +23,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # --loss is read by `load_model_from_cli` from the click context rather than passed through
 # every command's signature: every command that loads a model takes it, none uses it otherwise.
 LOSS_KEY, LOSS_CHUNKS_KEY = "autotm.loss", "autotm.loss_chunks"
+CHANNELS_LAST_KEY = "autotm.channels_last"
 # Model options a command leaves unset (None) take these values, or, for a command that reads
 # a plan (simulate, run, report --model), the plan's (`PlanHeader.model`).
 DEFAULT_OPTIMIZER, DEFAULT_LOSS = "sgd", "auto"
@@ -58,6 +59,15 @@ loss_chunks_option = click.option(
          f"the last axis of a Linear layer's output. {FROM_PLAN} See docs/training.md.")
 
 
+channels_last_option = click.option(
+    "--channels-last", is_flag=True, default=None, expose_value=False,
+    callback=_remember(CHANNELS_LAST_KEY),
+    help="Store the convolutions' images N, H, W, C (torch's channels_last) instead of N, C, "
+         "H, W: cuDNN's fastest convolutions on tensor cores, with smaller workspaces. Same "
+         "bytes, so the same plans; its own kernel profiles (`autotm profile --channels-last`). "
+         f"Models without convolutions are unchanged. {FROM_PLAN} See docs/layout.md.")
+
+
 no_fuse_option = click.option(
     "--no-fuse", is_flag=True, default=None,
     help="Keep attention and GELU unfused, as the file has them (by default scaled dot-product "
@@ -66,7 +76,7 @@ no_fuse_option = click.option(
 
 def model_options(func: F) -> F:
     """MODEL argument plus --batch, --dim, --training, --optimizer, --loss, --loss-chunks,
-    --no-fuse. Unset
+    --channels-last, --no-fuse. Unset
     options are None, so that a command reading a plan can take them from it."""
     decorators = [
         click.argument("model"),
@@ -83,6 +93,7 @@ def model_options(func: F) -> F:
                      help=f"Weight update used with --training [default: sgd]. {FROM_PLAN}"),
         loss_option,
         loss_chunks_option,
+        channels_last_option,
         no_fuse_option,
     ]
     for deco in reversed(decorators):
@@ -187,6 +198,7 @@ def load_model_from_cli(model: str, batch: int | None, dims: Sequence[str] | Non
     ctx = click.get_current_context(silent=True)
     loss = ctx.meta.get(LOSS_KEY) if ctx is not None else None
     chunks = ctx.meta.get(LOSS_CHUNKS_KEY) if ctx is not None else None
+    channels_last = ctx.meta.get(CHANNELS_LAST_KEY) if ctx is not None else None
     bound = parse_dims(dims)
     recorded = plan.header.model if plan is not None else None
     if recorded is not None:
@@ -196,10 +208,12 @@ def load_model_from_cli(model: str, batch: int | None, dims: Sequence[str] | Non
         optimizer = optimizer or recorded.optimizer
         loss = loss or recorded.loss
         chunks = chunks or recorded.loss_chunks
+        channels_last = recorded.channels_last if channels_last is None else channels_last
         no_fuse = (not recorded.fuse) if no_fuse is None else no_fuse
     graph = api.load_model(model, batch=batch, dims=bound, training=bool(training),
                            optimizer=optimizer or DEFAULT_OPTIMIZER, fuse=not no_fuse,
-                           loss=loss or DEFAULT_LOSS, loss_chunks=chunks or 1)
+                           loss=loss or DEFAULT_LOSS, loss_chunks=chunks or 1,
+                           channels_last=bool(channels_last))
     check_footprint(graph)
     if plan is not None:
         plan.validate(graph)

@@ -224,6 +224,9 @@ def _split(text: str) -> tuple[str, ...]:
               help="With --training: the models' output layer and softmax cross-entropy as one "
                    "kernel over N blocks of tokens (`optimize --loss-chunks`; language models "
                    "only); the rows' options name it (loss16).")
+@click.option("--channels-last", is_flag=True,
+              help="The models' convolution images stored N, H, W, C (`optimize "
+                   "--channels-last`, docs/layout.md); the rows' options name it (nhwc).")
 @gpu_option
 @click.option("--plans", "plans_dir", type=click.Path(file_okay=False), default=None,
               help="Keep each solved plan in this folder (gzip-compressed JSON) and reuse "
@@ -250,7 +253,8 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
               time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
               execute: bool, iterations: int, warmup: int, headroom: float, fit: bool,
               arena: bool, graph_replay: bool, placed: bool, scratch: str,
-              read_pricing: str, loss_chunks: int, gpu: str | None, plans_dir: str | None,
+              read_pricing: str, loss_chunks: int, channels_last: bool, gpu: str | None,
+              plans_dir: str | None,
               output: str, engine: str, workers: int | None,
               address: str | None, threads: int | None,
               no_progress: bool, as_json: bool) -> None:
@@ -275,7 +279,7 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
                      warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,
                      threads=threads, arena=arena, graph=graph_replay, placed=placed,
                      scratch=scratch, read_pricing=read_pricing, loss_chunks=loss_chunks,
-                     gpu=gpu)
+                     channels_last=channels_last, gpu=gpu)
     where = {"engine": engine, "workers": workers, "address": address}
     if no_progress or as_json:
         result = run_bench(spec, output, **where)

@@ -80,6 +80,8 @@ class Tensor:
     role: Role
     producer: int | None
     users: tuple[int, ...]
+    # stored N, H, W, C (torch's channels_last) rather than row-major: `ir.layout`
+    channels_last: bool = False
 
     @property
     def numel(self) -> int:
@@ -109,6 +111,8 @@ class Kernel:
     outputs: tuple[int, ...]
     signature: str
     workspace_bytes: int = 0
+    # positions in `outputs` of the tensors stored channels-last (`ir.layout`)
+    channels_last: tuple[int, ...] = ()
 
     def attr(self, name: str, default: Any = None) -> Any:
         for key, value in self.attrs:
@@ -272,7 +276,8 @@ class TensorGraph:
         for k in self.kernels:
             h.update(f"{k.op_type}|{k.inputs}|{k.outputs}|{k.signature}\n".encode())
         for t in self.tensors:
-            h.update(f"{t.name}|{t.shape}|{t.dtype}|{t.role.value}\n".encode())
+            layout = "|nhwc" if t.channels_last else ""
+            h.update(f"{t.name}|{t.shape}|{t.dtype}|{t.role.value}{layout}\n".encode())
         return h.hexdigest()[:16]
 
     @cached_property

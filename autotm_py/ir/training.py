@@ -89,6 +89,9 @@ def _check_arguments(graph: TensorGraph, optimizer: str, learning_rate: float) -
     if "training" in graph.meta:
         raise GraphError(f"graph {graph.name!r} is already a training graph; derive training "
                          "from the forward graph")
+    if "layout" in graph.meta:
+        raise GraphError(f"graph {graph.name!r} is stored channels-last; derive training from "
+                         "the row-major graph, then convert (`ir.layout.to_channels_last`)")
     bad = [k for k in graph.kernels
            if k.op_type not in RULES or k.domain not in ("", BACKWARD_DOMAIN)]
     if bad:

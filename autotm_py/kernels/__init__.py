@@ -43,10 +43,15 @@ __all__ = ["INTO", "KERNELS", "SUPPORTED_KERNELS", "TORCH_DTYPES", "run_kernel",
 
 def run_kernel(kernel: Kernel, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run one kernel; `args` in `kernel.inputs` order, outputs in `kernel.outputs` order."""
-    # Outputs are materialized in the standard layout: a strided view (a transpose, a split
-    # slice) would make its readers' numerics depend on whether a plan copied it (a copy is
-    # contiguous), and the IR accounts every output as its own bytes anyway.
-    return [o.contiguous() for o in run_kernel_raw(kernel, args)]
+    # Outputs are materialized in the graph's layout (row-major, or channels-last for the
+    # images of `ir.layout`): a strided view (a transpose, a split slice) would make its
+    # readers' numerics depend on whether a plan copied it (a copy is dense), and the IR
+    # accounts every output as its own bytes anyway.
+    outs = run_kernel_raw(kernel, args)
+    if not kernel.channels_last:
+        return [o.contiguous() for o in outs]
+    return [o.contiguous(memory_format=torch.channels_last if i in kernel.channels_last
+                         else torch.contiguous_format) for i, o in enumerate(outs)]
 
 
 def run_kernel_raw(kernel: Kernel, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:

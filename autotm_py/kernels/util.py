@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from autotm_py.errors import UnsupportedOpError
-from autotm_py.ir.graph import Kernel
+from autotm_py.ir.graph import Kernel, Tensor
 
 Impl = Callable[[Kernel, Sequence[torch.Tensor]], Any]
 REGISTRY: dict[str, Impl] = {}
@@ -95,3 +95,29 @@ def expanded_like(ref: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """A stand-in tensor of `shape` whose values are never read (aten backward APIs take one
     only for its size), as torch.nn.grad does; it allocates one element."""
     return ref.new_empty(1).expand(tuple(shape))
+
+
+# ---- storage layout (`ir.layout`) ----------------------------------------------------------
+def memory_format(tensor: Tensor) -> torch.memory_format:
+    """How the IR tensor's values are stored: channels-last or row-major."""
+    return torch.channels_last if tensor.channels_last else torch.contiguous_format
+
+
+def typed_view(region: torch.Tensor, tensor: Tensor) -> torch.Tensor:
+    """`region` (bytes, exactly `tensor.nbytes`) seen as the IR tensor, in its layout: the
+    slots, pinned buffers and static inputs that hold it."""
+    flat = region.view(TORCH_DTYPES[tensor.dtype])
+    if not tensor.channels_last:
+        return flat.view(tensor.shape)
+    n, c, h, w = tensor.shape
+    return flat.view(n, h, w, c).permute(0, 3, 1, 2)
+
+
+def in_layout(value: torch.Tensor, tensor: Tensor) -> torch.Tensor:
+    """`value` stored the way the IR tensor is (a copy only where it is not)."""
+    return value.contiguous(memory_format=memory_format(tensor))
+
+
+def empty_like_tensor(tensor: Tensor, device: torch.device | str) -> torch.Tensor:
+    return torch.empty(tensor.shape, dtype=TORCH_DTYPES[tensor.dtype], device=device,
+                       memory_format=memory_format(tensor))

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.ir.graph import DTYPE_SIZES
+from autotm_py.ir.layout import CHANNELS_LAST
 from autotm_py.ir.rules.fused import heads_first
 
 if TYPE_CHECKING:
@@ -47,14 +48,16 @@ class OpShape:
     attrs: Mapping[str, Any]
     inputs: tuple[Slot, ...]
     outputs: tuple[Slot, ...]
+    layout: str = ""  # "channels-last" where it reads or writes such images (`ir.layout`)
 
     @classmethod
     def of_kernel(cls, graph: TensorGraph, kernel: Kernel) -> OpShape:
         def slots(ids: tuple[int, ...]) -> tuple[Slot, ...]:
             return tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in ids)
 
+        layout = CHANNELS_LAST if any(graph.tensors[t].channels_last for t in kernel.io) else ""
         return cls(kernel.op_type, kernel.domain, kernel.attrs_dict, slots(kernel.inputs),
-                   slots(kernel.outputs))
+                   slots(kernel.outputs), layout)
 
     @classmethod
     def of_signature(cls, signature: str) -> OpShape:
@@ -65,7 +68,7 @@ class OpShape:
             return tuple((tuple(int(d) for d in shape), str(dtype)) for shape, dtype in items)
 
         return cls(op, domain, {k: _tuples(v) for k, v in body["attrs"]}, slots(body["in"]),
-                   slots(body["out"]))
+                   slots(body["out"]), body.get("layout", ""))
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)

@@ -1,12 +1,12 @@
 """Batch scaling: serve a kernel from a profile of the same kernel measured at another batch.
 
-Two kernels *match up to batch* when they have the same op, domain, dtypes, ranks and
-structural attributes, and every dimension that differs (in any input or output, or in a
-shape-like attribute such as Reshape's target) differs by one common ratio r (batch and
-batch*sequence dims both scale by B_target/B_measured). When both batches are known, r must
-equal their ratio. Of several matches, the one differing in the fewest dims wins (the same layer
-at another batch, not a layer whose spatial size happens to scale by the same ratio), then the
-nearest in size. Weight-only kernels (optimizer updates) have no batch dimension: their
+Two kernels *match up to batch* when they have the same op, domain, dtypes, ranks, layout
+(`ir.layout`) and structural attributes, and every dimension that differs (in any input or
+output, or in a shape-like attribute such as Reshape's target) differs by one common ratio r
+(batch and batch*sequence dims both scale by B_target/B_measured). When both batches are known,
+r must equal their ratio. Of several matches, the one differing in the fewest dims wins (the
+same layer at another batch, not a layer whose spatial size happens to scale by the same ratio),
+then the nearest in size. Weight-only kernels (optimizer updates) have no batch dimension: their
 signatures match exactly and are never scaled.
 
 The measured time is split into a fixed per-kernel cost and a part that grows with the work:
@@ -50,7 +50,7 @@ def skeleton(shape: OpShape) -> tuple[Any, ...]:
         (k, ("#", len(v)) if _scalable(k, v) else repr(v)) for k, v in shape.attrs.items()))
     ins = tuple((len(s), d) for s, d in shape.inputs)
     outs = tuple((len(s), d) for s, d in shape.outputs)
-    return (shape.domain, shape.op, ins, outs, attrs)
+    return (shape.domain, shape.op, ins, outs, attrs, shape.layout)
 
 
 def _int_pairs(target: OpShape, source: OpShape) -> Iterable[tuple[int, int]]:

@@ -102,8 +102,11 @@ def index_bound(graph: TensorGraph, kernel: Kernel, slot: int) -> int:
 
 def make_inputs(graph: TensorGraph, kernel: Kernel, device: str,
                 seed: int = 0) -> list[torch.Tensor]:
-    """Random tensors for the kernel's inputs, on `device`, with valid integer values."""
+    """Random tensors for the kernel's inputs, on `device`, with valid integer values, stored
+    as the graph stores them (channels-last images: `ir.layout`)."""
     import torch
+
+    from autotm_py.kernels.util import in_layout
 
     gen = torch.Generator(device=device).manual_seed(seed)
     args = []
@@ -121,7 +124,7 @@ def make_inputs(graph: TensorGraph, kernel: Kernel, device: str,
         else:
             high = index_bound(graph, kernel, slot)
             value = torch.randint(0, high, t.shape, generator=gen, device=device, dtype=dtype)
-        args.append(value)
+        args.append(in_layout(value, t))
     return args
 
 

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from autotm_py.kernels.util import empty_like_tensor, typed_view
 from autotm_py.plan import INITIAL
 from autotm_py.runtime.device import cuda_index
-from autotm_py.runtime.pinned import TORCH_DTYPES
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import Tensor
@@ -71,8 +71,7 @@ class DeviceArena:
         if key not in self._views:
             offset = self.offsets.get(key)
             self._views[key] = None if offset is None or tensor.nbytes == 0 else \
-                self.buffer[offset:offset + tensor.nbytes].view(
-                    TORCH_DTYPES[tensor.dtype]).view(tensor.shape)
+                typed_view(self.buffer[offset:offset + tensor.nbytes], tensor)
         return self._views[key]
 
 
@@ -92,8 +91,8 @@ class StaticInputs:
         if record > INITIAL:
             return None
         if tensor.id not in self._views:
-            self._views[tensor.id] = None if tensor.nbytes == 0 else torch.empty(
-                tensor.shape, dtype=TORCH_DTYPES[tensor.dtype], device=self.device)
+            self._views[tensor.id] = None if tensor.nbytes == 0 else \
+                empty_like_tensor(tensor, self.device)
         return self._views[tensor.id]
 
 

@@ -48,6 +48,7 @@ import torch
 from autotm_py.errors import ConfigError, ExecutionError
 from autotm_py.interpreter import PlanInterpreter
 from autotm_py.kernels import run_kernel, run_kernel_into, run_kernel_raw
+from autotm_py.kernels.util import in_layout, memory_format
 from autotm_py.memory.scratch import OVERWRITES
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import INITIAL, Compute, Free, Move, Plan, Recompute
@@ -430,7 +431,7 @@ class Executor(PlanInterpreter):
             if slot is not None:
                 value = self._in_slot(value, slot)
             elif self.arena is not None:
-                value = value.contiguous()
+                value = in_layout(value, self.graph.tensors[tid])
             if tier == SLOW and self.cuda:
                 raise ExecutionError(f"kernel {kernel.name!r} writes {self.graph.name_of(tid)!r} "
                                      "to the slow tier; on a GPU every output is in fast memory")
@@ -460,7 +461,8 @@ class Executor(PlanInterpreter):
         a copy to the slow tier still reading it finishes first."""
         # every alias of a fast tensor comes from a kernel returning a view of (or the same
         # tensor as) its input, which `_note_shared` records: the other inputs are apart
-        if tid in self.state.shared or arg._base is not None or not arg.is_contiguous():
+        if tid in self.state.shared or arg._base is not None or \
+                not arg.is_contiguous(memory_format=memory_format(self.graph.tensors[tid])):
             return False
         self._wait_for_copy_out(tid)
         return True

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from autotm_py.kernels.util import typed_view
 from autotm_py.memory.tiers import SLOW
 from autotm_py.plan import Compute, Move, Plan
 
@@ -19,11 +20,6 @@ if TYPE_CHECKING:
     from autotm_py.ir.graph import Tensor, TensorGraph
 
 ALIGN = 256
-TORCH_DTYPES = {
-    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
-    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
-}
 
 
 def slow_tensors(graph: TensorGraph, plan: Plan) -> list[int]:
@@ -72,6 +68,5 @@ class PinnedPool:
         view = self._views.get(tid)
         if view is None:
             start = self.offsets[tid]
-            region = self.buffer[start:start + tensor.nbytes]
-            view = self._views[tid] = region.view(TORCH_DTYPES[tensor.dtype]).view(tensor.shape)
+            view = self._views[tid] = typed_view(self.buffer[start:start + tensor.nbytes], tensor)
         return view

@@ -21,7 +21,7 @@ from autotm_py.errors import ExecutionError
 from autotm_py.ir.graph import Role, Tensor, TensorGraph
 from autotm_py.ir.rules.fused import LINEAR_CE, linear_ce_classes
 from autotm_py.kernels import run_kernel
-from autotm_py.kernels.util import torch_dtype
+from autotm_py.kernels.util import in_layout, torch_dtype
 
 Values = dict[int, torch.Tensor]
 
@@ -114,7 +114,7 @@ def init_values(graph: TensorGraph, seed: int = 0, device: str | torch.device = 
     """Values of every tensor that no kernel produces, drawn on the CPU (so every device gets
     the same numbers) in tensor-id order from one seeded generator."""
     gen = torch.Generator().manual_seed(seed)
-    return {t.id: _init_leaf(graph, t, gen).to(device) for t in graph.tensors
+    return {t.id: in_layout(_init_leaf(graph, t, gen), t).to(device) for t in graph.tensors
             if t.producer is None}
 
 

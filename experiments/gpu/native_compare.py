@@ -16,9 +16,13 @@ For each model (same shapes, fp32, SGD, one training iteration):
   the same cap (each try compiles anew: minutes for ResNet-200);
 - per aten op: self CUDA time of one iteration under the torch profiler, native vs executor.
 
+`--channels-last`: the CNNs' images and weights stored N, H, W, C on both sides (the native
+model `.to(memory_format=torch.channels_last)` with channels-last inputs, as PyTorch's
+performance guide advises; our graph loaded with `channels_last=True`, docs/layout.md).
+
     python3 experiments/gpu/native_compare.py OUT_DIR [--models resnet200,bert_base]
         [--shares 0.5,0.25] [--iterations 10] [--no-fuse] [--small] [--no-ops]
-        [--compile 0.5,0.2] [--no-native-checkpoint] [--no-ours]
+        [--compile 0.5,0.2] [--no-native-checkpoint] [--no-ours] [--channels-last]
 
 Writes OUT_DIR/native_compare.json (rows and op tables) and prints a summary. `--small` runs
 tiny shapes (a smoke test of the script itself; its times mean nothing).
@@ -58,6 +62,7 @@ SEGMENTS = (2, 3, 4, 6, 8, 12, 16, 24, 33, 48)
 CNNS = ("resnet200", "densenet264", "vgg19", "resnet50")
 SLACK = 64 << 20
 DEV = "cuda:0"
+CHANNELS_LAST = False  # --channels-last: the CNNs stored N, H, W, C on both sides
 
 
 # ---- native models -------------------------------------------------------------------------
@@ -77,8 +82,11 @@ def native_model(name: str, batch: int, dims: dict[str, int]):
             net = torchvision.models.DenseNet(growth_rate=32, block_config=(6, 12, 64, 48),
                                               num_init_features=64)
 
+        layout = torch.channels_last if CHANNELS_LAST else torch.contiguous_format
+        net = net.to(memory_format=layout)
+
         def make():
-            return (torch.randn(batch, 3, 224, 224, device=DEV),
+            return (torch.randn(batch, 3, 224, 224, device=DEV).contiguous(memory_format=layout),
                     torch.randint(0, 1000, (batch,), device=DEV))
 
         def loss(m, b):
@@ -360,10 +368,14 @@ def main() -> int:
                              "with these activation_memory_budget values, first that fits "
                              "(e.g. 0.5,0.2; minutes of compiling each)")
     parser.add_argument("--no-native-checkpoint", action="store_true")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="the CNNs' images and weights stored N, H, W, C, native and ours")
     parser.add_argument("--no-ours", action="store_true",
                         help="skip our executor's runs (e.g. torch.compile beside plans "
                              "replayed by replay_busy.py in the same call)")
     args = parser.parse_args()
+    global CHANNELS_LAST
+    CHANNELS_LAST = args.channels_last
     configure_cuda(deterministic=False)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -371,7 +383,7 @@ def main() -> int:
         batch, dims = (SMALL if args.small else SHAPES)[name]
         started = time.perf_counter()
         graph = api.load_model(name, batch=batch, dims=dims, training=True,
-                               fuse=not args.no_fuse)
+                               fuse=not args.no_fuse, channels_last=args.channels_last)
         budgets = {}
         for share in filter(None, args.shares.split(",")):  # --shares "": no budgets
             frac = float(share)
@@ -379,6 +391,7 @@ def main() -> int:
             budgets[share] = pipeline.machine_for(
                 graph, PlanConfig(ratio=ratio), api.load_costs(graph)).user_budget
         row = {"model": name, "batch": batch, "dims": dims, "fused": not args.no_fuse,
+               "channels_last": args.channels_last,
                "budgets": budgets, "device": torch.cuda.get_device_name(0),
                "native_eager": measure_native(name, batch, dims, args.iterations),
                "native_checkpoint": {} if args.no_native_checkpoint else
