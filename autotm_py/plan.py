@@ -44,8 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotm_py.errors import PlanError
 from autotm_py.fileio import atomic_write_bytes
-from autotm_py.ir.layout import CHANNELS_LAST
-from autotm_py.ir.layout import META_KEY as LAYOUT_KEY
+from autotm_py.ir.layout import is_channels_last
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -196,7 +195,7 @@ class ModelOptions:
                    fuse="fusion" in meta,
                    loss=None if training is None else training.get("loss_rule", "auto"),
                    loss_chunks=1 if training is None else int(training.get("loss_chunks", 1)),
-                   channels_last=meta.get(LAYOUT_KEY) == CHANNELS_LAST)
+                   channels_last=is_channels_last(graph))
 
     def differences(self, other: ModelOptions) -> list[str]:
         """In words, the options where `other` differs from this one."""

@@ -19,6 +19,7 @@ import json
 from dataclasses import replace
 
 from autotm_py.ir.graph import Kernel, TensorGraph
+from autotm_py.ir.rules.base import FLOAT_DTYPES
 
 CHANNELS_LAST = "channels-last"
 META_KEY = "layout"  # graph.meta[META_KEY] == CHANNELS_LAST on a converted graph
@@ -35,7 +36,6 @@ LAYOUT_FREE = frozenset({
     "GlobalMaxPool", "GlobalMaxPoolGrad", "Concat", "ConcatGrad", "SGDUpdate", "AdamUpdate",
     "AdamStep",
 })
-FLOATS = frozenset({"float64", "float32", "float16", "bfloat16"})
 
 
 def is_channels_last(graph: TensorGraph) -> bool:
@@ -44,7 +44,7 @@ def is_channels_last(graph: TensorGraph) -> bool:
 
 def channels_last_tensors(graph: TensorGraph) -> frozenset[int]:
     """The rank-4 floating tensors joined to a convolution's images by layout-free kernels."""
-    parent = {t.id: t.id for t in graph.tensors if len(t.shape) == 4 and t.dtype in FLOATS}
+    parent = {t.id: t.id for t in graph.tensors if len(t.shape) == 4 and t.dtype in FLOAT_DTYPES}
 
     def root(t: int) -> int:
         while parent[t] != t:

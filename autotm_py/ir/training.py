@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from autotm_py.errors import ConfigError, GraphError, UnsupportedOpError, unsupported_summary
 from autotm_py.ir.builder import GraphBuilder
 from autotm_py.ir.graph import Role, TensorGraph
+from autotm_py.ir.layout import is_channels_last
 from autotm_py.ir.loss import LOSSES, LossChoice, choose_loss
 from autotm_py.ir.rules import RULES, TRAINING_OPS, KernelDraft, Tape, TensorDraft
 from autotm_py.ir.rules.base import BACKWARD_DOMAIN, FLOAT_DTYPES
@@ -89,7 +90,7 @@ def _check_arguments(graph: TensorGraph, optimizer: str, learning_rate: float) -
     if "training" in graph.meta:
         raise GraphError(f"graph {graph.name!r} is already a training graph; derive training "
                          "from the forward graph")
-    if "layout" in graph.meta:
+    if is_channels_last(graph):
         raise GraphError(f"graph {graph.name!r} is stored channels-last; derive training from "
                          "the row-major graph, then convert (`ir.layout.to_channels_last`)")
     bad = [k for k in graph.kernels
