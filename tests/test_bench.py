@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from autotm_py import api
-from autotm_py.bench import COLUMNS, BenchSpec, read_rows
+from autotm_py.bench import COLUMNS, BenchSpec, read_result, read_rows, typed_cell
 from autotm_py.bench import run_bench as _run_bench
 from autotm_py.cli import main
 from autotm_py.errors import ConfigError
@@ -67,6 +67,23 @@ def test_resume_skips_done_rows_and_retries_errors(onnx_path, tmp_path):
     assert bad.failed == 1 and "no_such_model" in bad.rows[-1]["error"]
     retried = run_bench(spec("no_such_model", ratios=("1:1",)), out)
     assert retried.ran == 1 and len(retried.rows) == 3  # replaced, not duplicated
+
+
+def test_a_csv_alone_reads_back_as_the_typed_rows(onnx_path, tmp_path):
+    """The GPU machine may send back the CSV without the JSON: summaries read it typed."""
+    out = tmp_path / "b.csv"
+    rows = run_bench(spec(onnx_path), out).rows
+    (tmp_path / "b.json").unlink()
+    again = read_result(out)
+    for before, after in zip(rows, again, strict=True):
+        for key in ("predicted_s", "budget_bytes", "variables", "hit_time_limit", "ratio",
+                    "gap", "measured_s", "model", "batch"):
+            assert after[key] == before.get(key), key
+    assert typed_cell("1:4") == "1:4" and typed_cell("1e-05") == 1e-05
+    assert typed_cell("-3") == -3 and typed_cell("False") is False and typed_cell("") is None
+    assert typed_cell("inf") == "inf" and typed_cell("12 segments") == "12 segments"
+    with pytest.raises(ConfigError, match="no such `autotm bench` result"):
+        read_result(tmp_path / "missing.csv")
 
 
 def test_execute_records_measured_times(onnx_path, tmp_path, monkeypatch):

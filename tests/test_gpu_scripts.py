@@ -143,7 +143,7 @@ def test_replay_profile_matches_each_copy_of_a_plan_between_eager_and_replay():
     plan = Plan.load(Path("experiments/plans/bench_arena/densenet264_32_True_cuda_h200-pcie5_"
                           "1-2_async_highs_arena+graph+placed+windows+gpu-h200.json.gz"))
     graph = graph_of(plan)
-    moves = {d: profile.plan_moves(plan, graph, d) for d in ("h2d", "d2h")}
+    moves = profile.plan_moves(plan, graph)
     to_fast = [r.to == "fast" for r in plan.records if isinstance(r, Move)]
     assert (len(moves["h2d"]), len(moves["d2h"])) == (sum(to_fast), len(to_fast) - sum(to_fast))
     assert all(m["device_mod_4096"] % 512 == 0 for d in moves for m in moves[d])
@@ -260,3 +260,35 @@ def test_repredict_link_prices_the_same_plans_on_the_h200s_link(monkeypatch):
     recorded, h200 = link.predictions(plan, "h200-pcie5")
     assert recorded == pytest.approx(json.loads(run.read_text())["predicted_time_s"], rel=1e-3)
     assert measured < h200 < 0.99 * recorded  # measured 44.0 ms, predicted 45.3 -> 44.5
+
+
+def test_plan_by_plan_scripts_run_each_spec_under_each_setting(tmp_path):
+    """eager_vs_replay.sh and connections_ab.sh share run_spec.sh: one `autotm run` process per
+    spec and setting, its output kept, one line printed. A stand-in python3 records how it was
+    called (the real runs need the GPU)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text('#!/bin/sh\necho "measured $CUDA_DEVICE_MAX_CONNECTIONS $*"\n')
+    fake.chmod(0o755)
+    env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    spec = "vgg19:64:plans/vgg19_1-1+gpu.json.gz:seq=8"
+
+    def run(*args: str) -> list[str]:
+        done = subprocess.run(["bash", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    lines = run("experiments/gpu/eager_vs_replay.sh", str(tmp_path / "e"), spec)
+    assert [line.split(" rc=")[0] for line in lines] == ["eager vgg19_1-1_gpu",
+                                                         "graph vgg19_1-1_gpu"]
+    graph = (tmp_path / "e" / "vgg19_1-1_gpu_graph.txt").read_text()
+    assert "--batch 64 --dim seq=8 --plan plans/vgg19_1-1+gpu.json.gz" in graph
+    assert "--arena --graph -o" in graph and "--graph" not in \
+        (tmp_path / "e" / "vgg19_1-1_gpu_eager.txt").read_text()
+    lines = run("experiments/gpu/connections_ab.sh", str(tmp_path / "c"), "1 8", spec)
+    assert [line.split(" rc=")[0] for line in lines] == [
+        "connections=1 vgg19_1-1_gpu round 1", "connections=8 vgg19_1-1_gpu round 1"]
+    assert lines[1].split(" rc=")[1].startswith("0 measured 8 -m autotm_py run vgg19")
+    assert (tmp_path / "c" / "vgg19_1-1_gpu_c8_r1.txt").exists()

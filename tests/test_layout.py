@@ -120,3 +120,16 @@ def test_training_in_either_layout_computes_the_same_values():
         assert a.keys() == b.keys()
         for tid in a:
             torch.testing.assert_close(a[tid], b[tid], rtol=1e-4, atol=1e-5)
+
+
+def test_optimize_names_the_layout_of_a_cnn_on_the_gpu():
+    from types import SimpleNamespace
+
+    from autotm_py.cli.optimize import _layout_lines
+    gpu, cpu = SimpleNamespace(device="cuda"), SimpleNamespace(device="cpu")
+    [row_major] = _layout_lines(_cnn(False), gpu)
+    assert "N, C, H, W" in row_major and "--channels-last is faster on a GPU" in row_major
+    [converted] = _layout_lines(_cnn(), gpu)
+    assert "N, H, W, C (--channels-last)" in converted
+    assert _layout_lines(_cnn(False), cpu) == []
+    assert _layout_lines(derive_training(tiny_decoder(), optimizer="sgd"), gpu) == []

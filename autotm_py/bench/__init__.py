@@ -4,7 +4,14 @@
 `env` (where a row was made), `runner` (`run_bench`, the sweep itself).
 """
 
-from autotm_py.bench.rows import key_of, output_paths, read_rows, write_results
+from autotm_py.bench.rows import (
+    key_of,
+    output_paths,
+    read_result,
+    read_rows,
+    typed_cell,
+    write_results,
+)
 from autotm_py.bench.runner import BenchResult, run_bench
 from autotm_py.bench.spec import COLUMNS, ROW_KEY, BenchSpec
 
@@ -15,7 +22,9 @@ __all__ = [
            "BenchSpec",
            "key_of",
            "output_paths",
+           "read_result",
            "read_rows",
            "run_bench",
+           "typed_cell",
            "write_results",
 ]

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ def output_paths(output: str | os.PathLike[str]) -> tuple[Path, Path]:
 
 
 def read_rows(csv_path: Path, json_path: Path) -> list[dict[str, Any]]:
-    """Rows already written: the JSON document (typed) when present, else the CSV."""
+    """Rows already written: the JSON document when present, else the CSV, its cells read back
+    as the numbers, booleans and blanks they were written from (a sweep whose JSON did not come
+    back from the GPU machine is summarized from its CSV alone)."""
     if json_path.exists():
         try:
             doc = json.loads(json_path.read_text())
@@ -42,8 +45,36 @@ def read_rows(csv_path: Path, json_path: Path) -> list[dict[str, Any]]:
         return list(doc.get("rows", []))
     if csv_path.exists():
         with csv_path.open(newline="") as fh:
-            return [dict(r) for r in csv.DictReader(fh)]
+            return [{k: typed_cell(v) for k, v in r.items()} for r in csv.DictReader(fh)]
     return []
+
+
+def read_result(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of one sweep's result, named by its CSV or its JSON (the JSON is preferred)."""
+    csv_path, json_path = output_paths(path)
+    if not csv_path.exists() and not json_path.exists():
+        raise ConfigError(f"{path}: no such `autotm bench` result (neither {csv_path.name} nor "
+                          f"{json_path.name}); pass the CSV or JSON that `autotm bench -o` wrote")
+    return read_rows(csv_path, json_path)
+
+
+_INT = re.compile(r"-?\d+")
+_FLOAT = re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?")
+_BOOLS = {"True": True, "False": False}
+
+
+def typed_cell(text: str) -> Any:
+    """A CSV cell as the value `cell_text` wrote it from: blank -> None, True/False, integers
+    and decimals as numbers, anything else (names, ratios like 1:4, notes) as text."""
+    if text == "":
+        return None
+    if text in _BOOLS:
+        return _BOOLS[text]
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    return text
 
 
 def write_results(rows: Sequence[Mapping[str, Any]], csv_path: Path, json_path: Path,

@@ -48,6 +48,7 @@ from autotm_py.config import (
 )
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
+from autotm_py.ir import layout
 from autotm_py.machine import working_sets
 from autotm_py.plan import Plan, costs_drift
 from autotm_py.planning.control import SolveControl, handle_signals
@@ -243,6 +244,7 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
     if costs.n_estimated:
         lines.append(f"costs      {costs.n_estimated} of {len(costs.times_s)} kernel times "
                      "are roofline estimates (no profile)")
+    lines += _layout_lines(graph, config)
     budget = "none (all fast)" if result.budget_bytes is None else \
         format_bytes(result.budget_bytes)
     how = f" (ratio {config.ratio})" if config.ratio is not None else ""
@@ -259,6 +261,18 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
     lines += _plan_lines(result)
     lines += _baseline_lines(result)
     return lines
+
+
+def _layout_lines(graph: Any, config: Any) -> list[str]:
+    """GPU mode, a CNN: which layout its convolutions run in. Row-major stays the default (a
+    plan needs the profiles of its layout, and the shipped H100 set has only row-major ones),
+    so the line names the flag that is faster on a GPU (docs/layout.md)."""
+    if config.device != "cuda" or not layout.has_convolutions(graph):
+        return []
+    if layout.is_channels_last(graph):
+        return ["layout     convolution images stored N, H, W, C (--channels-last)"]
+    return ["layout     convolution images stored N, C, H, W; --channels-last is faster on a "
+            "GPU once profiled (docs/layout.md)"]
 
 
 def _plan_lines(result: Any) -> list[str]:

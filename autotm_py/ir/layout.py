@@ -42,6 +42,10 @@ def is_channels_last(graph: TensorGraph) -> bool:
     return graph.meta.get(META_KEY) == CHANNELS_LAST
 
 
+def has_convolutions(graph: TensorGraph) -> bool:
+    return any(k.op_type in CONVOLUTIONS for k in graph.kernels)
+
+
 def channels_last_tensors(graph: TensorGraph) -> frozenset[int]:
     """The rank-4 floating tensors joined to a convolution's images by layout-free kernels."""
     parent = {t.id: t.id for t in graph.tensors if len(t.shape) == 4 and t.dtype in FLOAT_DTYPES}

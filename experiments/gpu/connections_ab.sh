@@ -9,6 +9,7 @@
 # ROUNDS=N (default 1) repeats the whole sweep, values in reverse order every other round.
 set -u
 . experiments/gpu/setup.sh
+. experiments/gpu/run_spec.sh
 out=$1 values=$2
 shift 2
 mkdir -p "$out"
@@ -16,14 +17,11 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
   order=$values
   [ $((round % 2)) = 0 ] && order=$(echo "$values" | tr ' ' '\n' | tac | tr '\n' ' ')
   for spec in "$@"; do
-    IFS=: read -r model batch plan dims <<<"$spec"
-    name=$(basename "$plan" .json.gz | tr "+" "_")  # the device tool returns no name with "+"
+    IFS=: read -r _ _ plan _ <<<"$spec"
+    name=$(plan_name "$plan")
     for v in $order; do
-      file="$out/${name}_c${v}_r$round"
-      CUDA_DEVICE_MAX_CONNECTIONS=$v python3 -m autotm_py run "$model" --training \
-          --batch "$batch" ${dims:+--dim "$dims"} --plan "$plan" --device cuda --iterations 7 \
-          --arena --graph -o "$file.json" >"$file.txt" 2>&1
-      echo "connections=$v $name round $round rc=$? $(grep -E 'median|measured' "$file.txt" | head -2 | tr '\n' ' ')"
+      CUDA_DEVICE_MAX_CONNECTIONS=$v run_spec "$out/${name}_c${v}_r$round" \
+          "connections=$v $name round $round" "$spec" --arena --graph
     done
   done
 done

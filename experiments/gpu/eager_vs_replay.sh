@@ -6,18 +6,16 @@
 #   bash experiments/gpu/eager_vs_replay.sh OUT_DIR MODEL:BATCH:PLAN[:DIMS] ...
 set -u
 . experiments/gpu/setup.sh
+. experiments/gpu/run_spec.sh
 out=$1
 shift
 mkdir -p "$out"
 for spec in "$@"; do
-  IFS=: read -r model batch plan dims <<<"$spec"
-  name=$(basename "$plan" .json.gz | tr "+" "_")  # the device tool returns no name with "+"
+  IFS=: read -r _ _ plan _ <<<"$spec"
+  name=$(plan_name "$plan")
   for mode in eager graph; do
     flags=(--arena)
     [ "$mode" = graph ] && flags+=(--graph)
-    python3 -m autotm_py run "$model" --training --batch "$batch" ${dims:+--dim "$dims"} \
-        --plan "$plan" --device cuda --iterations 7 "${flags[@]}" \
-        -o "$out/${name}_$mode.json" >"$out/${name}_$mode.txt" 2>&1
-    echo "$mode $name rc=$? $(grep -E 'median|measured' "$out/${name}_$mode.txt" | head -2 | tr '\n' ' ')"
+    run_spec "$out/${name}_$mode" "$mode $name" "$spec" "${flags[@]}"
   done
 done

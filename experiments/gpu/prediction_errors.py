@@ -1,7 +1,8 @@
 """Predicted against measured for every run under the given folders or files.
 
 Runs are the files of `autotm run -o` (`replay_plans.sh`) and the rows of `autotm bench
---execute` documents (`bench_arena.json`, `fit.json`; rows with a measured plan). Prints each
+--execute` documents (`bench_arena.json`, `fit.json`, or a sweep's CSV named as a file where
+its JSON did not come back; rows with a measured plan). Prints each
 run, the median error, allocator retries and how many runs reserved more than their budget.
 
 Runs on the CPU from committed files:
@@ -15,13 +16,16 @@ import json
 import statistics
 from pathlib import Path
 
+from autotm_py.bench import read_result
+
 
 def runs_under(folder: Path, *, bench_rows: bool) -> list[tuple[str, float, float, int, bool]]:
     """(name, predicted s, measured s, retries, reserved above budget) of every run there (or
     of the one file `folder`)."""
     out = []
-    for path in [folder] if folder.is_file() else sorted(folder.rglob("*.json")):
-        doc = json.loads(path.read_text())
+    for path in [folder] if folder.is_file() else _result_files(folder):
+        doc = ({"rows": read_result(path)} if path.suffix == ".csv"
+               else json.loads(path.read_text()))
         if isinstance(doc, dict) and "median_s" in doc:  # `autotm run -o`
             out.append((path.stem, doc["predicted_time_s"], doc["median_s"],
                         doc.get("alloc_retries") or 0,
@@ -35,6 +39,12 @@ def runs_under(folder: Path, *, bench_rows: bool) -> list[tuple[str, float, floa
                                 int(r.get("measured_alloc_retries") or 0),
                                 (r.get("measured_reserved_peak_bytes") or 0) > r["budget_bytes"]))
     return out
+
+
+def _result_files(folder: Path) -> list[Path]:
+    """The JSON files under `folder`, and the sweeps' CSVs whose JSON is not beside them."""
+    return sorted([*folder.rglob("*.json"),
+                   *(p for p in folder.rglob("*.csv") if not p.with_suffix(".json").exists())])
 
 
 def main() -> None:

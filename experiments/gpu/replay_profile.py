@@ -99,9 +99,9 @@ def copy_events(events: list[dict], direction: str) -> list[dict]:
     return sorted((e for e in events if kind(e["name"]) == direction), key=lambda e: e["start"])
 
 
-def plan_moves(plan, graph, direction: str) -> list[dict]:
-    """The plan's moves in one direction, in record order, with what might decide a copy's
-    speed: its bytes and where its two ends lie (host pool offset, arena offset)."""
+def plan_moves(plan, graph) -> dict[str, list[dict]]:
+    """The plan's moves by direction ("h2d", "d2h"), in record order, with what might decide a
+    copy's speed: its bytes and where its two ends lie (host pool offset, arena offset)."""
     from autotm_py.memory.tiers import FAST
     from autotm_py.plan import INITIAL, Move
     from autotm_py.runtime.pinned import slow_tier_layout
@@ -111,25 +111,24 @@ def plan_moves(plan, graph, direction: str) -> list[dict]:
     for (index, tid), offset in (plan.arena.offsets() if plan.arena is not None else {}).items():
         created[index][tid] = offset
     fast_at = dict(created[INITIAL])  # where each tensor's fast copy is now
-    out = []
+    out: dict[str, list[dict]] = {"h2d": [], "d2h": []}
     for index, rec in enumerate(plan.records):
         fast_at.update(created.get(index, {}))
         if not isinstance(rec, Move):
             continue
-        if ("h2d" if rec.to == FAST else "d2h") != direction:
-            continue
-        out.append({"bytes": graph.tensors[rec.tensor].nbytes, "mode": rec.mode,
-                    "host_mod_4096": host.get(rec.tensor, -1) % 4096,
-                    "device_mod_4096": fast_at.get(rec.tensor, -1) % 4096})
+        out["h2d" if rec.to == FAST else "d2h"].append({
+            "bytes": graph.tensors[rec.tensor].nbytes, "mode": rec.mode,
+            "host_mod_4096": host.get(rec.tensor, -1) % 4096,
+            "device_mod_4096": fast_at.get(rec.tensor, -1) % 4096})
     return out
 
 
 def per_copy(plan, graph, eager: list[dict], replay: list[dict]) -> dict:
     """Each copy's replay/eager ratio beside what might explain it (see the module docstring)."""
     out: dict = {}
-    for direction in ("h2d", "d2h"):
+    by_direction = plan_moves(plan, graph)
+    for direction, moves in by_direction.items():
         a, b = copy_events(eager, direction), copy_events(replay, direction)
-        moves = plan_moves(plan, graph, direction)
         if not (len(a) == len(b) == len(moves)):
             out[direction] = {"unmatched": [len(a), len(b), len(moves)]}
             continue

@@ -3,6 +3,8 @@ the GPU issue, as the Markdown tables of docs/gpu.md:
 
     python experiments/gpu/summarize.py experiments/results/gpu_h100.json
 
+(or its CSV, where the JSON did not come back from the GPU machine).
+
 Per row: predicted and measured time of the plan, against our all-fast iteration (replayed
 where the sweep ran with --graph), native eager (torch.autograd of the same graph, uncapped),
 PyTorch activation checkpointing under the same cap, the capped baselines, the transfer lower
@@ -15,10 +17,10 @@ prediction error, and the peaks.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from pathlib import Path
 
+from autotm_py.bench import read_result
+from autotm_py.errors import ConfigError
 from autotm_py.units import parse_ratio
 
 # Measured baselines that run under the same cap as the plans (torch's own run uncapped, so
@@ -28,9 +30,11 @@ CAPPED_BASELINES = ("first_touch", "lru", "offload")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path)
-    rows = [r for r in json.loads(parser.parse_args().results.read_text())["rows"]
-            if r.get("measured_s")]
+    parser.add_argument("results", help="the CSV or JSON that `autotm bench -o` wrote")
+    try:
+        rows = [r for r in read_result(parser.parse_args().results) if r.get("measured_s")]
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
     print(table(rows))
     print()
     print(targets(rows))
