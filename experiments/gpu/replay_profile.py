@@ -126,8 +126,7 @@ def plan_moves(plan, graph) -> dict[str, list[dict]]:
 def per_copy(plan, graph, eager: list[dict], replay: list[dict]) -> dict:
     """Each copy's replay/eager ratio beside what might explain it (see the module docstring)."""
     out: dict = {}
-    by_direction = plan_moves(plan, graph)
-    for direction, moves in by_direction.items():
+    for direction, moves in plan_moves(plan, graph).items():
         a, b = copy_events(eager, direction), copy_events(replay, direction)
         if not (len(a) == len(b) == len(moves)):
             out[direction] = {"unmatched": [len(a), len(b), len(moves)]}
