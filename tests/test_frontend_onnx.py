@@ -23,9 +23,12 @@ def ops(graph):
 @pytest.mark.parametrize("opset", [9, 13, 17])
 def test_torch_cnn(tmp_path, opset):
     path = M.torch_cnn(tmp_path / "cnn.onnx", opset)
-    g = import_onnx(path, batch=5)
+    g = import_onnx(path, batch=5, fuse=False)  # the file's own ops
     assert_canonical(g)
     assert {"Conv", "Relu", "MaxPool", "GlobalAveragePool", "Gemm"} <= set(ops(g))
+    fused = import_onnx(path, batch=5)  # the exporter folded the batch norm: Conv -> Relu
+    assert_canonical(fused)
+    assert fused.meta["fusion"]["conv_relu"] == ops(fused)["ConvRelu"] == ops(g)["Conv"] == 2
     assert g.tensors[g.outputs[0]].shape == (5, 10)
     assert ort_output_shapes(path, g) == [(5, 10)]
     assert g.tensors[g.inputs[0]].role is Role.INPUT

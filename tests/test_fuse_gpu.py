@@ -112,3 +112,40 @@ def test_the_chunked_loss_trains_on_cuda_like_on_cpu(chunks):
         for tid in graph.outputs:
             assert_close(b[tid].cpu(), a[tid], graph.name_of(tid), rtol=1e-4)
             assert torch.equal(b[tid], c[tid]), graph.name_of(tid)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize(("cin", "cout", "side"), [(3, 64, 224), (64, 64, 56), (512, 512, 14)])
+def test_conv_relu_is_one_cudnn_call_bitwise_the_pair(channels_last, cin, cout, side,
+                                                      monkeypatch):
+    """ConvRelu on CUDA calls cuDNN's fused convolution + bias + ReLU once, and its output is
+    the unfused Conv's then Relu's bit for bit (VGG19's shapes, both layouts)."""
+    from autotm_py.ir.graph import Kernel, freeze_attrs
+    from autotm_py.ir.rules.fused import CONV_RELU
+    from autotm_py.kernels import run_kernel
+
+    calls = []
+    fused_call = torch.cudnn_convolution_relu
+    monkeypatch.setattr(torch, "cudnn_convolution_relu",
+                        lambda *a: calls.append(1) or fused_call(*a))
+    attrs = freeze_attrs({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1), "strides": (1, 1),
+                          "dilations": (1, 1), "group": 1})
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(8, cin, side, side, device="cuda", generator=gen).contiguous(memory_format=fmt)
+    w = (torch.randn(cout, cin, 3, 3, device="cuda", generator=gen) * 0.05
+         ).contiguous(memory_format=fmt)
+    b = torch.randn(cout, device="cuda", generator=gen)
+    out = (0,) if channels_last else ()
+
+    def kernel(op, n_in, domain=""):
+        return Kernel(id=0, name=op, op_type=op, domain=domain,
+                      attrs=attrs if op != "Relu" else (), inputs=tuple(range(n_in)),
+                      outputs=(n_in,), signature="", channels_last=out)
+
+    (z,) = run_kernel(kernel("Conv", 3), [x, w, b])
+    (want,) = run_kernel(kernel("Relu", 1), [z])
+    (got,) = run_kernel(kernel(CONV_RELU, 3, "autotm"), [x, w, b])
+    assert calls == [1]
+    assert got.is_contiguous(memory_format=fmt) and torch.equal(got, want)

@@ -302,6 +302,12 @@ CASES: list[Case] = [
     Case("Linear", [W(3, 4), W(5, 4)], {"transB": 1}, "transB-no-bias"),
     Case("Linear", [In((2, 3, 4), Role.INPUT), W(5, 4), W(1, 1, 5)], {"transB": 1},
          "input-rows-bias-leading-ones"),
+    Case("ConvRelu", [W(2, 3, 7, 7), W(4, 3, 3, 3), W(4)], {"pads": (1, 1, 1, 1),
+         "strides": (2, 2)}, "stride-pad-bias"),
+    Case("ConvRelu", [In((2, 3, 7, 7), Role.INPUT), W(4, 3, 3, 3)], {"pads": (1, 1, 2, 0)},
+         "filter-only-asymmetric"),
+    Case("ConvRelu", [W(1, 4, 6, 6), W(4, 2, 3, 3)], {"group": 2, "dilations": (2, 1)},
+         "grouped-dilated"),
     # the derived loss on an output without a head (ir/loss.py): per-pixel classes on axis 1,
     # a pooled N x C x 1 x 1 classifier (labels (N,)), mean squared error on one channel
     Case("Conv", [W(2, 3, 5, 5), W(4, 3, 3, 3)], id="loss-per-pixel-axis1", head=False),

@@ -2,7 +2,7 @@
 fused kernel each.
 
     fused = fuse_graph(graph)            # import_onnx/import_model call it unless fuse=False
-    fused.meta["fusion"]                 # {"attention": 12, "gelu": 13, "linear": 74}
+    fused.meta["fusion"]     # {"attention": 12, "gelu": 13, "linear": 74, "conv_relu": 0}
 
 Patterns (each in its own module; docs/fusion.md has the exact forms):
 - scaled dot-product attention (`fuse_attention`): MatMul(Q, K^T) -> scale -> mask ->
@@ -12,7 +12,10 @@ Patterns (each in its own module; docs/fusion.md has the exact forms):
   `Gelu` (approximate "none" / "tanh"), whose backward saves only its input;
 - Linear (`fuse_linear`): MatMul(X, W) with a 2-d W plus the Add of a bias per output
   column, or MatMul(X, Transpose(W)), becomes `Linear` (domain "autotm"): one addmm, and one
-  backward kernel for dX, dW and dB.
+  backward kernel for dX, dW and dB;
+- convolution + ReLU (`fuse_conv_relu`): a Conv whose output only a Relu reads becomes
+  `ConvRelu` (domain "autotm"): on CUDA one cuDNN call with the bias and the ReLU in its
+  epilogue.
 
 A pattern matches only when the fused op computes the same function (constants checked,
 softmax over the last axis, K^T really the transpose of K, intermediate tensors read by
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from autotm_py.errors import GraphError
 from autotm_py.frontend.fuse_attention import match_attention
 from autotm_py.frontend.fuse_base import Matcher, NewKernel, Ref, Rewrite
+from autotm_py.frontend.fuse_conv_relu import match_conv_relu
 from autotm_py.frontend.fuse_gelu import match_gelu
 from autotm_py.frontend.fuse_linear import match_linear
 from autotm_py.ir.builder import GraphBuilder
@@ -41,17 +45,18 @@ from autotm_py.ir.graph import TensorGraph
 log = logging.getLogger(__name__)
 
 FUSION_META_KEY = "fusion"
-KINDS = ("attention", "gelu", "linear")
+KINDS = ("attention", "gelu", "linear", "conv_relu")
 
 
 # ---- the pass ---------------------------------------------------------------------------------
 def find_rewrites(graph: TensorGraph) -> list[Rewrite]:
-    """Every accepted, mutually disjoint rewrite of the graph: attention, GELU, then Linear."""
+    """Every accepted, mutually disjoint rewrite of the graph: attention, GELU, Linear, then
+    convolution + ReLU."""
     m = Matcher(graph)
     accepted: list[Rewrite] = []
     removed: set[int] = set()
     produced: set[int] = set()  # existing tensors that accepted rewrites produce again
-    for matcher in (match_attention, match_gelu, match_linear):
+    for matcher in (match_attention, match_gelu, match_linear, match_conv_relu):
         for k in graph.kernels:
             rewrite = matcher(m, k)
             if rewrite is not None and _disjoint(graph, rewrite, removed, produced):

@@ -25,7 +25,7 @@ CHANNELS_LAST = "channels-last"
 META_KEY = "layout"  # graph.meta[META_KEY] == CHANNELS_LAST on a converted graph
 
 # kernels whose rank-4 tensors are the convolution's images (inputs, outputs, gradients)
-CONVOLUTIONS = frozenset({"Conv", "ConvGrad", "ConvGradData", "ConvGradFilter"})
+CONVOLUTIONS = frozenset({"Conv", "ConvRelu", "ConvGrad", "ConvGradData", "ConvGradFilter"})
 # kernels that compute the same values whatever the layout of their rank-4 operands, and
 # whose outputs torch gives the layout of their inputs: they carry it from one to the next
 LAYOUT_FREE = frozenset({
@@ -84,11 +84,21 @@ def to_channels_last(graph: TensorGraph) -> TensorGraph:
                    meta={**graph.meta, META_KEY: CHANNELS_LAST})
 
 
+def labelled_signature(signature: str) -> str:
+    """A kernel signature (`ir.graph.kernel_signature`) with the channels-last layout in it."""
+    body = json.loads(signature)
+    body["layout"] = CHANNELS_LAST
+    return json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def signature_layout(signature: str) -> str | None:
+    """The layout a kernel signature names, None for row-major."""
+    layout = json.loads(signature).get("layout")
+    return None if layout is None else str(layout)
+
+
 def _relabelled(kernel: Kernel, chosen: frozenset[int]) -> Kernel:
     """The kernel with the layout in its signature (the profile's key, in the same JSON) and
     the positions of its channels-last outputs (`kernels.run_kernel` stores them so)."""
-    body = json.loads(kernel.signature)
-    body["layout"] = CHANNELS_LAST
-    return replace(kernel, signature=json.dumps(body, separators=(",", ":"), sort_keys=True,
-                                                default=str),
+    return replace(kernel, signature=labelled_signature(kernel.signature),
                    channels_last=tuple(i for i, t in enumerate(kernel.outputs) if t in chosen))

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from autotm_py.errors import ConfigError
 
 LOSSES = ("auto", "ce-axis1", "ce-last", "mse")
-CHANNEL_FIRST_OPS = frozenset({"Conv", "ConvTranspose"})
+CHANNEL_FIRST_OPS = frozenset({"Conv", "ConvRelu", "ConvTranspose"})
 
 
 @dataclass(frozen=True)

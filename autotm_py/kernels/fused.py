@@ -31,6 +31,12 @@ each row's logsumexp and the label's logit, the backward computes the block's lo
 turns them into the block's gradient in place and adds its products into dX, dW and dB. Under
 torch.autograd (the eager baselines, `runtime.eager`) the forward is an autograd Function whose
 backward is that gradient kernel, so autograd saves no logits either.
+
+`ConvRelu` (Conv + Relu) runs on CUDA as one cuDNN call that adds the bias and applies the
+ReLU in its epilogue (`torch.cudnn_convolution_relu`: 2-d, ungrouped, symmetric pads, float;
+on an H200 bitwise the unfused pair's for every VGG19 shape in both layouts,
+`experiments/gpu/conv_relu_probe.py`); elsewhere, and under torch.autograd (that op has no
+derivative), the convolution and then the ReLU, in place unless autograd records it.
 """
 
 from __future__ import annotations
@@ -41,8 +47,10 @@ import torch
 import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
-from autotm_py.ir.rules.fused import BLHE, block_rows, lse_dtype
-from autotm_py.kernels.util import register
+from autotm_py.ir.rules.fused import BLHE, CONV_RELU, block_rows, lse_dtype
+from autotm_py.ir.rules.geometry import window
+from autotm_py.kernels.nn import conv
+from autotm_py.kernels.util import attrs, register
 
 Tensors = Sequence[torch.Tensor]
 FLASH_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -359,3 +367,27 @@ def linear_cross_entropy(kernel: Kernel, args: Tensors) -> tuple[torch.Tensor, .
 @register("LinearCrossEntropyGrad")
 def linear_cross_entropy_grad(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     return _ce_backward(args, *_trans_chunks(kernel), kernel.attr("output_mask", (1, 1, 0)))
+
+
+# ---- ConvRelu: the convolution with its bias and ReLU in cuDNN's epilogue -------------------
+def _cudnn_fusable(kernel: Kernel, x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Where `torch.cudnn_convolution_relu` computes exactly what Conv + Relu compute."""
+    if not (x.is_cuda and torch.backends.cudnn.enabled and x.dim() == 4
+            and int(kernel.attr("group", 1)) == 1
+            and x.dtype in (torch.float32, torch.float16, torch.bfloat16)):
+        return False
+    geo = window(attrs(kernel), x.shape[2:], w.shape[2:])
+    return geo.begins == geo.ends
+
+
+@register(CONV_RELU)
+def conv_relu(kernel: Kernel, args: Tensors) -> torch.Tensor:
+    x, w = args[0], args[1]
+    if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+        return torch.relu(conv(kernel, args))
+    if _cudnn_fusable(kernel, x, w):
+        geo = window(attrs(kernel), x.shape[2:], w.shape[2:])
+        return torch.cudnn_convolution_relu(x, w, args[2] if len(args) > 2 else None,
+                                            list(geo.strides), list(geo.begins),
+                                            list(geo.dilations), 1)
+    return conv(kernel, args).relu_()

@@ -60,6 +60,7 @@ PLACED_OPS = frozenset({
     "GlobalAveragePoolGrad", "AveragePoolGrad", "Gemm", "GemmGradA", "GemmGradB",
     "ScaledDotProductAttention", "ScaledDotProductAttentionGrad", "LayerNormalization",
     "LinearCrossEntropyGrad",  # allocates dX, dW, dB at their sizes before its block buffer
+    "ConvRelu",  # cuDNN's fused call allocates Y (elsewhere: the convolution's, ReLU'd in place)
 })
 # Ops whose torch kernels return a view of an input: the executor copies the view into the
 # output's slot and nothing is allocated.

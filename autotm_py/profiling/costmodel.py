@@ -141,7 +141,7 @@ def conv_flops(out_like: Shape, weight: Shape) -> float:
     return 2.0 * numel(out_like) * (numel(weight) / max(weight[0], 1) if weight else 1)
 
 
-@_rule("Conv")
+@_rule("Conv", "ConvRelu")  # ConvRelu: the bias and the ReLU ride in the epilogue
 def _conv(s: OpShape) -> float:
     return conv_flops(s.outputs[0][0], s.inputs[1][0])
 

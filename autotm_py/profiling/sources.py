@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from autotm_py.costs import KernelCosts
 from autotm_py.ir.graph import kernel_signature
+from autotm_py.ir.layout import CHANNELS_LAST, labelled_signature, signature_layout
+from autotm_py.ir.rules.fused import CONV_RELU
 from autotm_py.profiling.cache import ESTIMATED, ProfileEntry, ProfileSet
 from autotm_py.profiling.costmodel import CPU_REFERENCE, H100_SXM, OpShape, Roofline
 from autotm_py.profiling.fingerprint import Fingerprint, closeness
@@ -83,7 +85,10 @@ def kernel_parts(graph: TensorGraph, kernel: Kernel) -> tuple[tuple[str, str], .
     """(signature, placement) of the kernels whose work `kernel` does in one call, as the
     training derivation emits them where only one gradient is needed (`ir/rules/nn.py`): for
     ConvGrad (dY, X, W -> dX, dW[, dB]), ConvGradData (dY, W -> dX), ConvGradFilter
-    (dY, X -> dW) and, with a bias, ConvGradBias (dY -> dB). Empty for other kernels."""
+    (dY, X -> dW) and, with a bias, ConvGradBias (dY -> dB); for the fusion pass's ConvRelu,
+    the Conv and the Relu it replaced. Empty for other kernels."""
+    if kernel.op_type == CONV_RELU and kernel.domain == "autotm":
+        return _conv_relu_parts(graph, kernel)
     if kernel.op_type not in PARTS or kernel.domain != "autotm":
         return ()
     data_op, filter_op = PARTS[kernel.op_type]
@@ -101,6 +106,22 @@ def kernel_parts(graph: TensorGraph, kernel: Kernel) -> tuple[tuple[str, str], .
         parts.append((kernel_signature("ConvGradBias", kernel.domain, (("shape", db[0]),),
                                        [dy], [db]), "FF"))
     return tuple(parts)
+
+
+def _conv_relu_parts(graph: TensorGraph, kernel: Kernel) -> tuple[tuple[str, str], ...]:
+    """The unfused pair's entries, Conv (X, W[, B] -> Z) then Relu (Z -> Y), in the kernel's
+    layout: a profile measured before the fusion prices ConvRelu at their sum, which is
+    what the pair cost (the fused call is faster: its own entry, once profiled, wins)."""
+    spec = [(graph.tensors[t].shape, graph.tensors[t].dtype) for t in kernel.io]
+    ins, out = spec[:-1], spec[-1]
+    layout = signature_layout(kernel.signature)
+
+    def sig(op: str, attrs: tuple, inputs: list, outputs: list) -> str:
+        s = kernel_signature(op, "", attrs, inputs, outputs)
+        return labelled_signature(s) if layout == CHANNELS_LAST else s
+
+    return ((sig("Conv", kernel.attrs, ins, [out]), "F" * len(kernel.io)),
+            (sig("Relu", (), [out], [out]), "FF"))
 
 
 def _composed(s: ProfileSet, parts: Sequence[tuple[str, str]], rank: int) -> KernelTime | None:

@@ -42,7 +42,7 @@ def _fan_in(graph: TensorGraph, t: Tensor) -> int:
         return max(shape[-1] if shape else 1, 1)
     k = graph.kernels[t.users[0]]
     slot = k.inputs.index(t.id)
-    if k.op_type == "Conv" and slot == 1:
+    if k.op_type in ("Conv", "ConvRelu") and slot == 1:
         return math.prod(shape[1:])
     if k.op_type == "ConvTranspose" and slot == 1:
         return shape[0] * math.prod(shape[2:])

@@ -43,6 +43,17 @@ MatMul(X, Transpose(W)) with or without the bias (a tied output embedding):
 Saved for the backward: X and W, as the unfused MatMul's; the product X W before the bias is
 no tensor any more.
 
+`ConvRelu` (domain "autotm") replaces Conv(X, W[, B]) -> Relu whose convolution output only the
+ReLU reads (the pattern of VGG-style networks, where no normalization sits between them):
+
+    inputs   X, W[, B] as Conv's; attrs Conv's (dilations group kernel_shape pads strides)
+    outputs  Y = relu(conv(X, W) + B)        (on CUDA one cuDNN call, bias and ReLU fused)
+
+    backward: ReluGrad(dY, Y) -> dZ, then Conv's own rule on dZ (one ConvGrad, or its parts)
+
+Saved for the backward: X, W and Y, as the unfused pair's; the convolution's output before the
+ReLU is no tensor any more, and on the GPU the bias and the ReLU are no passes of their own.
+
 `LinearCrossEntropy` (domain "autotm") is made by the training derivation, not the fusion pass:
 with `--loss-chunks N` (N > 1) a softmax cross-entropy over the last axis of a `Linear`'s
 output (a language model's vocabulary head) becomes one kernel that never holds the whole
@@ -69,6 +80,7 @@ from collections.abc import Sequence
 
 from autotm_py.ir.graph import DTYPE_SIZES, Role
 from autotm_py.ir.rules.base import KernelDraft, Rule, Tape, grad_name
+from autotm_py.ir.rules.nn import conv_backward
 
 SDPA = "ScaledDotProductAttention"
 BLHE = "blhe"  # the `layout` of Q, K, V, O as (batch, sequence, heads, head size)
@@ -77,6 +89,7 @@ LINEAR = "Linear"
 LINEAR_GRAD = "LinearGrad"
 LINEAR_CE = "LinearCrossEntropy"
 LINEAR_CE_GRAD = "LinearCrossEntropyGrad"
+CONV_RELU = "ConvRelu"
 
 # op type -> "inputs -> outputs: meaning" (the forward ops of ours a fused graph may contain)
 FUSED_OPS: dict[str, str] = {
@@ -84,6 +97,7 @@ FUSED_OPS: dict[str, str] = {
           "(attrs scale, is_causal, layout)",
     LINEAR: "X, W[, B] -> Y = X W + B, or X W^T + B with transB = 1 (one addmm over the "
             "rows of X)",
+    CONV_RELU: "X, W[, B] -> Y = relu(conv(X, W) + B) (Conv's attrs; one cuDNN call on CUDA)",
 }
 FUSED_TRAINING_OPS: dict[str, str] = {
     SDPA_GRAD: "dO, Q, K, V, O, logsumexp[, mask] -> dQ, dK, dV (masked; scores recomputed "
@@ -196,8 +210,21 @@ def linear_ce_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]
     return [*outs[: len(weighted)], None]
 
 
+def conv_relu_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> Grads:
+    """The ReLU's gradient from the saved output Y (as the unfused Relu's rule reads it), then
+    the convolution's rule on it: the same kernels the unfused pair gets."""
+    dy = dys[0]
+    assert dy is not None
+    y = k.outputs[0]
+    dz = tape.new_tensor(f"grad::{tape.name(y)}::conv", tape.shape(y), tape.dtype(y),
+                         Role.GRADIENT)
+    tape.emit("ReluGrad", [dy, y], [dz], grad_name(k, "relu_grad"))
+    return conv_backward(tape, k, [dz], needs)
+
+
 RULES: dict[str, Rule] = {
     SDPA: Rule(sdpa_backward, inputs=(0, 1, 2), prepare=sdpa_prepare),
     LINEAR: Rule(linear_backward),
     LINEAR_CE: Rule(linear_ce_backward),
+    CONV_RELU: Rule(conv_relu_backward),
 }
