@@ -48,9 +48,8 @@ import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.fused import BLHE, CONV_RELU, block_rows, lse_dtype
-from autotm_py.ir.rules.geometry import window
-from autotm_py.kernels.nn import conv
-from autotm_py.kernels.util import attrs, register
+from autotm_py.kernels.nn import conv, cudnn_window
+from autotm_py.kernels.util import register
 
 Tensors = Sequence[torch.Tensor]
 FLASH_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -370,23 +369,13 @@ def linear_cross_entropy_grad(kernel: Kernel, args: Tensors) -> list[torch.Tenso
 
 
 # ---- ConvRelu: the convolution with its bias and ReLU in cuDNN's epilogue -------------------
-def _cudnn_fusable(kernel: Kernel, x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Where `torch.cudnn_convolution_relu` computes exactly what Conv + Relu compute."""
-    if not (x.is_cuda and torch.backends.cudnn.enabled and x.dim() == 4
-            and int(kernel.attr("group", 1)) == 1
-            and x.dtype in (torch.float32, torch.float16, torch.bfloat16)):
-        return False
-    geo = window(attrs(kernel), x.shape[2:], w.shape[2:])
-    return geo.begins == geo.ends
-
-
 @register(CONV_RELU)
 def conv_relu(kernel: Kernel, args: Tensors) -> torch.Tensor:
-    x, w = args[0], args[1]
     if torch.is_grad_enabled() and any(a.requires_grad for a in args):
         return torch.relu(conv(kernel, args))
-    if _cudnn_fusable(kernel, x, w):
-        geo = window(attrs(kernel), x.shape[2:], w.shape[2:])
+    x, w = args[0], args[1]
+    geo = cudnn_window(kernel, x, w)  # where cuDNN's fused call computes what Conv + Relu do
+    if geo is not None:
         return torch.cudnn_convolution_relu(x, w, args[2] if len(args) > 2 else None,
                                             list(geo.strides), list(geo.begins),
                                             list(geo.dilations), 1)

@@ -26,6 +26,7 @@ import torch
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import torch_avg_pool_ok, window
 from autotm_py.kernels.batch_norm import batch_norm_training_into
+from autotm_py.kernels.nn import cudnn_window
 from autotm_py.kernels.util import attrs
 
 Tensors = Sequence[torch.Tensor]
@@ -239,12 +240,8 @@ def conv(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     (then adds the bias in place); elsewhere (CPU, grouped, asymmetric pads) the caller
     copies."""
     x, w = args[0], args[1]
-    if not (x.is_cuda and torch.backends.cudnn.enabled and x.dim() == 4
-            and int(k.attr("group", 1)) == 1 and x.dtype in (torch.float32, torch.float16,
-                                                             torch.bfloat16)):
-        return False
-    geo = window(attrs(k), x.shape[2:], w.shape[2:])
-    if geo.begins != geo.ends:
+    geo = cudnn_window(k, x, w)
+    if geo is None:
         return False
     deterministic = torch.backends.cudnn.deterministic or \
         torch.are_deterministic_algorithms_enabled()

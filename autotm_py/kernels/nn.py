@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import (
+    Window,
     conv_transpose_window,
     pool_output_size,
     torch_avg_pool_ok,
@@ -39,6 +40,18 @@ def conv(k: Kernel, args: Tensors) -> torch.Tensor:
         x = pad_spatial(x, explicit)
     return torch.ops.aten.convolution(x, w, bias, geo.strides, padding, geo.dilations, False,
                                       [0] * geo.nd, int(k.attr("group", 1)))
+
+
+def cudnn_window(k: Kernel, x: torch.Tensor, w: torch.Tensor) -> Window | None:
+    """The window of a Conv-like kernel where cuDNN runs it as aten's convolution does on CUDA
+    (2-d, ungrouped, symmetric pads, a float type cuDNN takes); None elsewhere, where callers
+    fall back to `conv`."""
+    if not (x.is_cuda and torch.backends.cudnn.enabled and x.dim() == 4
+            and int(k.attr("group", 1)) == 1
+            and x.dtype in (torch.float32, torch.float16, torch.bfloat16)):
+        return None
+    geo = window(attrs(k), x.shape[2:], w.shape[2:])
+    return geo if geo.begins == geo.ends else None
 
 
 def transpose_fast(geo_pads: Sequence[int], out_pad: Sequence[int], strides: Sequence[int],
