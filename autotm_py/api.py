@@ -57,7 +57,8 @@ def load_model(model: PathLike, *, batch: int | None = None,
                optimizer: str = "sgd", fuse: bool = True, loss: str = "auto",
                loss_chunks: int = 1, channels_last: bool = False) -> TensorGraph:
     """An ONNX file path, or the name of a zoo model (built in memory), as a `TensorGraph`.
-    `fuse=False` keeps attention and GELU unfused (`--no-fuse`); `loss` picks the derived
+    `fuse=False` keeps the graph unfused (`--no-fuse`: no attention, GELU, Linear or
+    convolution + ReLU fused); `loss` picks the derived
     training loss (`--loss`), `loss_chunks` chunks it (`--loss-chunks`); `channels_last`
     stores the convolutions' images N, H, W, C (`--channels-last`, docs/layout.md)."""
     path = Path(model)

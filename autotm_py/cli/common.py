@@ -70,8 +70,9 @@ channels_last_option = click.option(
 
 no_fuse_option = click.option(
     "--no-fuse", is_flag=True, default=None,
-    help="Keep attention and GELU unfused, as the file has them (by default scaled dot-product "
-         f"attention and GELU patterns become one kernel each; docs/fusion.md). {FROM_PLAN}")
+    help="Keep the graph unfused, as the file has it (by default scaled dot-product attention, "
+         "GELU, Linear layers and convolution + ReLU pairs become one kernel each; "
+         f"docs/fusion.md). {FROM_PLAN}")
 
 
 def model_options(func: F) -> F:

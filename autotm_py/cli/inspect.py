@@ -76,7 +76,7 @@ def inspect_report(graph: TensorGraph, memory: MemorySystem | None = None,
         "batch": graph.meta.get("batch"),
         "kernels": len(graph.kernels),
         "unique_kernels": graph.unique_signatures,
-        "fused": graph.meta.get("fusion"),  # {"attention": n, "gelu": m}; None: --no-fuse
+        "fused": graph.meta.get("fusion"),  # {"attention": n, ...}; None: --no-fuse
         "ops": dict(Counter(k.op_type for k in graph.kernels).most_common()),
         "tensors": len(graph.tensors),
         "roles": roles,
