@@ -7,12 +7,12 @@ The public API (names are imported lazily, so `import autotm_py` stays cheap):
     costs = autotm_py.load_costs(graph, device="cuda")        # shipped or measured profiles
     result = autotm_py.optimize(graph, autotm_py.PlanConfig(ratio=parse_ratio("1:4")))
     timeline = autotm_py.simulate(graph, result.plan, costs=costs)
+    run = autotm_py.execute(graph, result.plan, mode=autotm_py.RunMode(arena=True, replay=True))
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autotm_py.exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -24,6 +24,9 @@ _EXPORTS = {
     "TensorGraph": "autotm_py.ir.graph",
     "Plan": "autotm_py.plan",
     "PlanConfig": "autotm_py.config",
+    "ModelOptions": "autotm_py.options",
+    "RunMode": "autotm_py.options",
+    "Measure": "autotm_py.options",
     "MemorySystem": "autotm_py.memory.tiers",
     "parse_ratio": "autotm_py.units",
     "import_onnx": "autotm_py.api",
@@ -34,15 +37,11 @@ _EXPORTS = {
     "optimize": "autotm_py.api",
     "simulate": "autotm_py.api",
     "execute": "autotm_py.api",
-    "use_placed_allocator": "autotm_py.api",
     "prepare_cuda_process": "autotm_py.api",
+    "Trainer": "autotm_py.trainer",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'autotm_py' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, _ = lazy_exports(__name__, _EXPORTS, globals)

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotm_py import pipeline
 from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.frontend.onnx import import_onnx as _import_onnx
-from autotm_py.frontend.zoo import ZOO, build_graph
-from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.training import derive_training as _derive_training
+from autotm_py.options import Measure, ModelOptions, RunMode
 from autotm_py.planning.baselines import BASELINES, BaselineResult
 from autotm_py.profiling import profile as _profiling
 from autotm_py.profiling.calibrate import calibrate as _calibrate
@@ -29,8 +27,8 @@ if TYPE_CHECKING:
     from autotm_py.plan import Plan
     from autotm_py.planning.control import SolveControl
     from autotm_py.planning.solve import PlanResult
-    from autotm_py.runtime.executor import RunResult
-    from autotm_py.runtime.simulate import SimulationResult
+    from autotm_py.runtime.execute import RunResult
+    from autotm_py.runtime.simulate_result import SimulationResult
 
 PathLike = str | os.PathLike[str]
 
@@ -52,26 +50,16 @@ def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
                             loss_chunks=loss_chunks)
 
 
-def load_model(model: PathLike, *, batch: int | None = None,
-               dims: Mapping[str, int] | None = None, training: bool = False,
-               optimizer: str = "sgd", fuse: bool = True, loss: str = "auto",
-               loss_chunks: int = 1, channels_last: bool = False) -> TensorGraph:
+def load_model(model: PathLike, options: ModelOptions | None = None,
+               **fields: Any) -> TensorGraph:
     """An ONNX file path, or the name of a zoo model (built in memory), as a `TensorGraph`.
-    `fuse=False` keeps the graph unfused (`--no-fuse`: no attention, GELU, Linear or
-    convolution + ReLU fused); `loss` picks the derived
-    training loss (`--loss`), `loss_chunks` chunks it (`--loss-chunks`); `channels_last`
-    stores the convolutions' images N, H, W, C (`--channels-last`, docs/layout.md)."""
-    path = Path(model)
-    if path.exists() or path.suffix == ".onnx" or os.sep in str(model):
-        graph = import_onnx(path, batch=batch, dims=dims, fuse=fuse)
-    else:
-        if str(model) not in ZOO:
-            raise ConfigError(f"model {str(model)!r} is neither an existing file nor a zoo model "
-                              f"({', '.join(sorted(ZOO))}); see `autotm zoo list`")
-        graph = build_graph(str(model), batch=batch, dims=dims, fuse=fuse)
-    if training:
-        graph = derive_training(graph, optimizer=optimizer, loss=loss, loss_chunks=loss_chunks)
-    return to_channels_last(graph) if channels_last else graph
+    `options` (`options.ModelOptions`), or its fields as keywords: `batch`, `dims`, `training`,
+    `optimizer` (sgd or adam), `fuse=False` (`--no-fuse`: no attention, GELU, Linear or
+    convolution + ReLU fused), `loss` (`--loss`), `loss_chunks` (`--loss-chunks`),
+    `channels_last` (`--channels-last`, docs/layout.md)."""
+    if options is not None and fields:
+        raise ConfigError("give load_model either options or their fields, not both")
+    return pipeline.load_graph(model, options or ModelOptions(**fields))
 
 
 def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike | None = None,
@@ -138,94 +126,52 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
                                        iterations=iterations, warmup=warmup)
 
 
-def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda", iterations: int = 5,
-            warmup: int = 2, arena: bool = False, graph_replay: bool = False,
-            costs: KernelCosts | None = None, **options: Any) -> RunResult:
-    """Run a plan for real with torch and measure it. `arena`: every fast copy at its planned
-    offset (a plan without an arena is packed first, `with_arena`); `graph_replay` (CUDA): the
-    timed iterations replay one CUDA graph: in the arena where `arena` is given or a capped
-    run's plan has one (`optimize --arena`), else with static inputs only
-    (`runtime.arena.StaticInputs`), so no kernel output is copied into a slot and the graph's
-    private pool on torch's caching allocator holds the iteration, under the cap when the run
-    is capped (a plan for that leaves headroom for the allocator, more than an eager plan:
-    docs/gpu.md, "Capped replay with static inputs"). Where no arena can serve the plan
-    (`pipeline.arena_for_run`: packed now, it would exceed the capped budget), the run falls
-    back to torch's caching allocator, eagerly, and its notes say why."""
-    from dataclasses import replace
-
-    from autotm_py.runtime.executor import execute as _execute
-
-    capped = runs_capped(plan, device, options.get("enforce_budget", True))
-    arena = runs_in_arena(plan, arena, graph_replay, capped)
-    fallback = None
-    if arena:
-        packed, fallback = pipeline.arena_for_run(graph, plan, costs, capped=capped)
-        if packed is None:
-            arena = graph_replay = False
-        else:
-            plan = packed
-    result = _execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
-                      arena=arena, graph_replay=graph_replay, **options)
-    if arena and device.startswith("cuda") and result.placed_outputs is None and \
-            pipeline.plans_placed(plan):
-        fallback = "; ".join(filter(None, (fallback, (
-            "the plan was made for kernels allocating their outputs at their slots (optimize "
-            "--placed); copied there instead, they may not fit its scratch region: re-plan "
-            "with --no-placed"))))
-    return replace(result, notes=(*result.notes, fallback)) if fallback else result
+def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda",
+            mode: RunMode | None = None, measure: Measure | None = None,
+            costs: KernelCosts | None = None, masters: Mapping[int, Any] | None = None,
+            **fields: Any) -> RunResult:
+    """Run a plan for real with torch and measure it. `mode` (`options.RunMode`): how it runs,
+    e.g. `RunMode(arena=True, replay=True)`: every fast copy at its planned offset (a plan
+    without an arena is packed first, `with_arena`) and the timed iterations replayed from one
+    CUDA graph; a replay without an arena runs with static inputs on torch's caching allocator
+    (docs/gpu.md, "Capped replay with static inputs"). Where no arena can serve the plan
+    (packed now, it would exceed the capped budget), the run falls back to torch's caching
+    allocator, eagerly, and its notes say why. `measure` (`options.Measure`), or its fields
+    as keywords: iterations, warmup, seed, capped, kernel_times, device_busy, ... `masters`:
+    initial values of the tensors without a producer, by tensor id (else seeded random
+    values)."""
+    if measure is not None and fields:
+        raise ConfigError("give execute either measure or its fields, not both")
+    return pipeline.execute(graph, plan, device=device, mode=mode,
+                            measure=measure or Measure(**fields), costs=costs, masters=masters)
 
 
-def use_placed_allocator(plan: Plan, device: str, *, arena: bool = False,
-                         graph_replay: bool = False, enforce_budget: bool = True) -> str | None:
-    """Before anything else touches CUDA in this process: where `execute` will run `plan` in
-    an arena on CUDA, make the placed allocator torch's (kernels allocate their outputs at
-    their slots instead of having them copied there: `runtime.placed`). Returns a note where
-    it could not (no C compiler, CUDA already used); `execute(placed=True)` says so too."""
-    from autotm_py.runtime.executor import install_placed
-
-    capped = runs_capped(plan, device, enforce_budget)
-    if not runs_in_arena(plan, arena, graph_replay, capped):
-        return None
-    return install_placed(plan, device, enforce_budget)
+def prepare_cuda_process(plan: Plan, device: str, mode: RunMode | None = None, *,
+                         capped: bool = True) -> list[str]:
+    """Before anything else touches CUDA in this process: what a run of `plan` in `mode`
+    needs set up first (one hardware work queue for a replay, the placed allocator for an
+    arena run; `pipeline.prepare_cuda_process`). Returns the notes of what could not be set."""
+    return pipeline.prepare_cuda_process(plan, device, mode or RunMode(), capped)
 
 
-def use_replay_work_queues(device: str, graph_replay: bool) -> str | None:
-    """Before anything else touches CUDA in this process: where `execute` will replay plans as
-    CUDA graphs on CUDA, run the process with one hardware work queue, at which a replay's
-    copies run as fast as eager ones (`runtime.device.use_replay_work_queues`; it stays so for
-    the process, whose eager runs with copy streams it slows). Returns a note where CUDA was
-    already in use."""
-    if not (graph_replay and device.startswith("cuda")):
-        return None
-    from autotm_py.runtime.device import use_replay_work_queues as use_one_queue
+def measure_autograd(graph: TensorGraph, *, device: str = "cuda", iterations: int = 5,
+                     warmup: int = 2, save_on_cpu: bool = False, **options: Any) -> RunResult:
+    """The native reference: torch.autograd training iterations of a training graph's forward
+    kernels and `torch.optim` (`save_on_cpu`: with activations offloaded to pinned host
+    memory, as `torch.autograd.graph.save_on_cpu` does), timed (`runtime.eager`)."""
+    from autotm_py.runtime.eager import measure_autograd as measure
 
-    return use_one_queue()
+    return measure(graph, device=device, iterations=iterations, warmup=warmup,
+                   save_on_cpu=save_on_cpu, **options)
 
 
-def prepare_cuda_process(plan: Plan, device: str, *, arena: bool = False,
-                         graph_replay: bool = False, enforce_budget: bool = True,
-                         placed: bool = True) -> list[str]:
-    """What a process that runs `plan` (`execute` with the same options) sets up before it
-    first uses CUDA, as `autotm run` and each `autotm bench --arena` run do: one work queue for
-    a replay (`use_replay_work_queues`) and the placed allocator for an arena run
-    (`use_placed_allocator`, where `placed`). Returns the notes of what could not be set."""
-    notes = [use_replay_work_queues(device, graph_replay)]
-    if placed:
-        notes.append(use_placed_allocator(plan, device, arena=arena, graph_replay=graph_replay,
-                                          enforce_budget=enforce_budget))
-    return [note for note in notes if note]
+def fit_checkpointing(graph: TensorGraph, budget_bytes: int, *, device: str = "cuda",
+                      iterations: int = 5, warmup: int = 2) -> RunResult | None:
+    """The native reference under a cap: PyTorch activation checkpointing of the same graph
+    with the fewest segments that fit `budget_bytes` (None when no count fits)."""
+    from autotm_py.runtime.eager import fit_checkpointing as fit
 
-
-def runs_in_arena(plan: Plan, arena: bool, graph_replay: bool, capped: bool) -> bool:
-    """Whether `execute` runs `plan` at planned addresses: asked (`arena`), or a capped replay
-    of a plan that has an arena (`optimize --arena`)."""
-    return arena or (graph_replay and capped and plan.arena is not None)
-
-
-def runs_capped(plan: Plan, device: str, enforce_budget: bool = True) -> bool:
-    """Whether `execute` holds this run to the plan's budget (a cap on the GPU's allocator),
-    a CUDA-graph replay and its capture included."""
-    return device.startswith("cuda") and enforce_budget and plan.header.budget_bytes is not None
+    return fit(graph, budget_bytes, device=device, iterations=iterations, warmup=warmup)
 
 
 def with_arena(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None, *,

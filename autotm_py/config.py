@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from autotm_py.errors import ConfigError
+from autotm_py.options import RunMode
 from autotm_py.units import Ratio, parse_bytes, parse_ratio
 
 Strategy = Literal["static", "sync", "async"]
@@ -33,7 +34,6 @@ MAX_HEADROOM = 0.5
 # move or recompute (the joint ILP), only = keep or recompute, nothing is copied between tiers;
 # auto = on in GPU mode (where moving over PCIe is slow and compute is fast), off in host mode.
 RECOMPUTE_MODES: tuple[str, ...] = ("auto", "off", "on", "only")
-SCRATCH_MODES: tuple[str, ...] = ("auto", "region", "windows")
 DEFAULT_RECOMPUTE_DEPTH = 2  # regeneration chains: a regenerated input of a regeneration, ...
 # A forward kernel is a recompute candidate when its time is at most this times the time to
 # copy its outputs out and back (both directions, overlapped copies)
@@ -86,24 +86,12 @@ class PlanConfig:
     # (`recompute.recompute_spec`): chains regenerated link by link, as checkpointing does.
     recompute_early: int = DEFAULT_RECOMPUTE_EARLY
     read_pricing: str = DEFAULT_READ_PRICING  # READ_PRICINGS
-    # GPU mode: give every fast-memory buffer a planned offset in one arena (`autotm_py.arena`)
-    # and fit the packed arena in the budget, so that the plan runs without headroom.
-    arena: bool = False
-    # With `arena`: the run serves kernels' outputs at their slots (`autotm run`'s placed
-    # allocator, its default), so the scratch region leaves out the outputs of
-    # `memory.scratch.PLACED_OPS` and no copy into their slots is priced; False plans for runs
-    # that copy them there (`autotm run --no-placed`, a machine without a C compiler).
-    placed: bool = True
-    # With `arena` and `placed`: where kernels' scratch (workspaces, outputs allocated beside
-    # their slots) lives: "region", one region beside the arena as large as the largest
-    # kernel's, for the whole iteration; "windows", a window per kernel inside the arena, live
-    # only while the kernel runs; "auto", windows where the plan has an arena and the placed
-    # allocator, else the region (SCRATCH_MODES, `scratch_mode`; docs/gpu.md, "Scratch
-    # windows").
-    scratch: str = "auto"
-    # GPU mode: price the iteration as a CUDA graph replays it (device times, no host
-    # dispatch: `autotm run --graph`).
-    graph: bool = False
+    # How the plan will run, and is priced for (`options.RunMode`): arena, placed outputs,
+    # scratch windows or region, CUDA-graph replay. With `run.arena` (GPU mode) every
+    # fast-memory buffer gets a planned offset in one arena and the packed arena fits the
+    # budget, so that the plan runs without headroom; `run.replay` prices the iteration as a
+    # CUDA graph replays it (device times, no host dispatch).
+    run: RunMode = field(default_factory=RunMode)
     # Fast memory the runtime keeps for itself (GPU: torch's cuBLAS workspaces), taken out of
     # the budget before the plan's tensors; None: the memory system's `runtime_reserve_bytes`.
     reserve_bytes: int | None = None
@@ -135,12 +123,8 @@ class PlanConfig:
         if self.async_candidates is not None and self.async_candidates < 1:
             raise ConfigError(f"--async-candidates {self.async_candidates}: must be >= 1 "
                               "(or 'all')")
-        if self.scratch not in SCRATCH_MODES:
-            raise ConfigError(f"--scratch {self.scratch!r}: choose one of "
-                              f"{', '.join(SCRATCH_MODES)}")
-        if self.scratch == "windows" and not (self.arena and self.placed):
-            raise ConfigError("--scratch windows needs --arena and --placed (the placed "
-                              "allocator serves the windows): add --arena, or drop --scratch")
+        if not isinstance(self.run, RunMode):
+            raise ConfigError(f"run {self.run!r}: give an autotm_py.options.RunMode")
 
     def _check_device(self) -> None:
         if self.device not in DEFAULT_MEMORY:
@@ -173,18 +157,8 @@ class PlanConfig:
         # with --arena each solve may be repeated to fit the packing (`pipeline.fit_arena`, up
         # to 4 solves) and a joint search takes minutes: auto is off there; --recompute on
         # asks for it (docs/gpu.md)
-        return "on" if self.device == "cuda" and self.strategy != "static" and not self.arena \
-            else "off"
-
-    @property
-    def scratch_mode(self) -> str:
-        """Where kernels' scratch lives in effect: region or windows (auto: windows with an
-        arena and the placed allocator, which measured up to 1.38x faster than the region and
-        never more than 2.1% slower on the benchmark's models: docs/gpu.md, "Scratch windows
-        by default")."""
-        if self.scratch != "auto":
-            return self.scratch
-        return "windows" if self.arena and self.placed else "region"
+        return "on" if self.device == "cuda" and self.strategy != "static" and \
+            not self.run.arena else "off"
 
     @property
     def plan_name(self) -> str:
@@ -232,7 +206,7 @@ class PlanConfig:
         d = asdict(self)
         d["ratio"] = None if self.ratio is None else str(self.ratio)
         d["recompute"] = self.recompute_mode
-        d["scratch"] = self.scratch_mode
+        d["run"] = self.run.resolved().to_dict()
         return d
 
 

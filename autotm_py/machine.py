@@ -19,23 +19,25 @@ object, so that a plan's predicted time is the same number whoever computes it:
 - bytes: `accounting.aligned` sizes; pinned tensors outside the budget; the workspace of a
   kernel counts while it runs.
 
-`graph_replay` (GPU mode): the iteration is replayed as a CUDA graph (`autotm run --graph`), so
+`run` (an `options.RunMode`) says how the plan runs. `run.replay` (GPU mode): the iteration
+is replayed as a CUDA graph (`autotm run --replay`), so
 the host enqueues it at once and no kernel waits for its dispatch: every kernel costs its device
 time (`KernelCosts.replayed`), for the ILP's objective and both clocks of the simulator alike,
 and every copy costs `costs.REPLAY_TO_FAST_SLOWDOWN` or `REPLAY_TO_SLOW_SLOWDOWN` times its
 eager time, by direction (`copying`; 1.0 since replays run with one hardware work queue, with
 which their copies run at eager speed).
-With `arena` the replay also copies the outputs torch allocates into their slots; without, it
+With `run.arena` the replay also copies the outputs torch allocates into their slots; without, it
 replays with static inputs on torch's caching allocator (under the cap when the budget is set)
 and copies nothing, and like an eager plan on that allocator it needs `headroom` for
 fragmentation.
 
-`arena` (GPU mode): the plan runs in an arena (`autotm_py.arena`): its tensors at planned
+`run.arena` (GPU mode): the plan runs in an arena (`autotm_py.arena`): its tensors at planned
 offsets, and what kernels allocate themselves (workspace, outputs they cannot write in place:
 `memory.scratch`) in one scratch region beside it, as large as the largest kernel's scratch
 (`scratch_reserve`). The capacity rows then bound the tensors alone (`workspace` is zero) by the
-budget less the scratch region. `arena_margin`: bytes the planner holds back so that the
-packed arena fits (the pipeline's fit loop). `scratch_windows` (an arena run with the placed
+tensor budget (`tensor_budget`: the user's budget less the runtime reserve, the headroom and
+the scratch region). `arena_margin`: bytes the planner holds back so that the packed arena
+fits (the pipeline's fit loop). `run.scratch` windows (an arena run with the placed
 allocator): each kernel's scratch of at least `WINDOW_MIN_BYTES` gets a window of its own inside
 the arena instead, live only while the kernel runs (`autotm optimize --scratch windows`, the
 default there), and each capacity row counts its kernel's window beside the tensors
@@ -46,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -57,6 +59,7 @@ from autotm_py.errors import ConfigError
 from autotm_py.memory import accounting
 from autotm_py.memory.scratch import allocated_outputs
 from autotm_py.memory.tiers import FAST, SLOW
+from autotm_py.options import RunMode
 
 if TYPE_CHECKING:
     from autotm_py.costs import KernelCosts
@@ -96,14 +99,8 @@ class MachineModel:
     costs: KernelCosts
     pin_weights: bool = False
     headroom: float = 0.0  # share of the budget left free for allocator fragmentation
-    graph_replay: bool = False  # priced for CUDA-graph replay: device times, no host dispatch
-    arena: bool = False  # planned for an arena run (GPU mode): see the module docstring
+    run: RunMode = field(default_factory=RunMode)  # how the plan runs: module docstring
     arena_margin: int = 0  # bytes held back so that the packed arena fits (fit loop)
-    # an arena run with the placed allocator: the outputs of `memory.scratch.PLACED_OPS` are
-    # allocated at their slots, neither scratch nor copied
-    placed: bool = False
-    # with `placed`: each kernel's scratch in a window of its own inside the arena
-    scratch_windows: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_profile_costs", self.costs)
@@ -118,8 +115,8 @@ class MachineModel:
 
     @property
     def replays(self) -> bool:
-        """Priced for CUDA-graph replay: `graph_replay` in GPU mode (the host has no graphs)."""
-        return self.graph_replay and self.gpu
+        """Priced for CUDA-graph replay: `run.replay` in GPU mode (the host has no graphs)."""
+        return self.run.replay and self.gpu
 
     def _io_bytes(self) -> list[int]:
         """Per kernel, the bytes it reads and writes (its distinct inputs and outputs): their
@@ -132,7 +129,7 @@ class MachineModel:
         """Per kernel, the bytes a replay copies into arena slots: a plan with an arena replays
         in it (`api.execute`), where outputs that torch allocates are copied into their slots;
         any other replay, capped or not, uses static inputs (no slots, nothing copied)."""
-        if not self.arena:
+        if not self.run.arena:
             return None
         return self._allocated_bytes([t.nbytes for t in self.graph.tensors]).tolist()
 
@@ -140,18 +137,18 @@ class MachineModel:
         """Per kernel: the `sizes` of its outputs that torch allocates in an arena run
         (`memory.scratch.allocated_outputs`)."""
         return np.array([sum(int(sizes[t]) for t in allocated_outputs(self.graph, k,
-                                                                     self.placed))
+                                                                     self.places_outputs))
                          for k in self.graph.kernels], dtype=np.int64)
 
     @property
     def profile_costs(self) -> KernelCosts:
-        """The costs as given (`costs` holds their graph-replay form when `graph_replay`):
+        """The costs as given (`costs` holds their graph-replay form when `run.replay`):
         what a plan's header records and what today's profiles are compared with."""
         return self._profile_costs  # type: ignore[attr-defined,no-any-return]
 
     # ---- bytes ---------------------------------------------------------------------------
     @property
-    def budget(self) -> int | None:
+    def tensor_budget(self) -> int | None:
         """Bytes the plan's tensors and workspaces may use: the budget minus the runtime's
         own reserve (`MemorySystem.runtime_reserve_bytes`), the fragmentation headroom and the
         arena margin."""
@@ -209,7 +206,13 @@ class MachineModel:
 
     @property
     def arena_mode(self) -> bool:
-        return self.arena and self.gpu
+        return self.run.arena and self.gpu
+
+    @property
+    def places_outputs(self) -> bool:
+        """An arena run with the placed allocator: the outputs of `memory.scratch.PLACED_OPS`
+        are allocated at their slots, neither scratch nor copied."""
+        return self.run.places_outputs
 
     @cached_property
     def kernel_workspace(self) -> np.ndarray:
@@ -222,7 +225,7 @@ class MachineModel:
     @property
     def windowed(self) -> bool:
         """An arena run whose kernels' scratch lies in windows inside the arena."""
-        return self.arena_mode and self.placed and self.scratch_windows
+        return self.arena_mode and self.run.places_outputs and self.run.windows
 
     @cached_property
     def workspace(self) -> np.ndarray:

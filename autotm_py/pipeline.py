@@ -18,31 +18,43 @@ Stages never call each other's wiring; this module does it, once:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from autotm_py import arena
 from autotm_py.costs import KernelCosts
-from autotm_py.errors import AutoTMError, PlanError, SolverError
+from autotm_py.errors import AutoTMError, ConfigError, PlanError, SolverError
+from autotm_py.frontend.onnx import import_onnx
+from autotm_py.frontend.weights import initializer_values
+from autotm_py.frontend.zoo import ZOO, build_graph
+from autotm_py.ir.layout import to_channels_last
+from autotm_py.ir.training import derive_training
 from autotm_py.machine import MachineModel
 from autotm_py.memory import accounting
 from autotm_py.memory.accounting import ALIGN_BYTES
 from autotm_py.memory.tiers import MemorySystem, load_memory_system, preset
+from autotm_py.options import Measure, ModelOptions, RunMode
+from autotm_py.plan import Plan
 from autotm_py.planning import baselines as baseline_plans
 from autotm_py.planning import solve
 from autotm_py.planning.baselines import BASELINES, BaselineResult
+from autotm_py.planning.bounds import transfer_bound
 from autotm_py.planning.control import SolveControl
 from autotm_py.planning.solve import PlanResult
+from autotm_py.profiling.cache import user_profiles_dir
 from autotm_py.profiling.in_context import profile_in_context as _profile
 from autotm_py.profiling.profile import load_costs
-from autotm_py.runtime.simulate import SimulationResult, Simulator
+from autotm_py.profiling.profile import profile as profile_kernels
+from autotm_py.runtime.simulate import Simulator
+from autotm_py.runtime.simulate_result import SimulationResult
 from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
     from autotm_py.config import PlanConfig
     from autotm_py.ir.graph import TensorGraph
-    from autotm_py.plan import Plan
+    from autotm_py.runtime.execute import RunResult
 
 PathLike = str | os.PathLike[str]
 
@@ -50,20 +62,13 @@ PathLike = str | os.PathLike[str]
 def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | None = None, *,
                 profiles_dir: PathLike | None = None) -> MachineModel:
     """The memory system (with its budget), costs and pinning that `config` describes."""
-    memory = load_memory_system(config.memory_name)
-    if config.reserve_bytes is not None:
-        memory = replace(memory, runtime_reserve_bytes=int(config.reserve_bytes))
-    pinned = accounting.pinned_tensors(graph, config.pin_weights)
-    budget = accounting.resolve_budget(graph, ratio=config.ratio,
-                                       fast_mem_bytes=config.fast_mem_bytes, pinned=pinned,
-                                       memory=memory)
+    memory = _memory_system(config)
+    budget = user_budget(graph, config, memory)
     if costs is None:
         costs = load_costs(graph, device=config.device, profiles_dir=profiles_dir,
                            gpu=config.gpu)
     return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights,
-                        config.headroom, graph_replay=config.graph, arena=config.arena,
-                        placed=config.arena and config.placed,
-                        scratch_windows=config.scratch_mode == "windows")
+                        config.headroom, run=config.run)
 
 
 # The fit loop: solves at most this many times; each retry holds back the last packing's excess
@@ -76,7 +81,7 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
              profiles_dir: PathLike | None = None,
              baselines: bool | Sequence[str] = False,
              control: SolveControl | None = None) -> PlanResult:
-    """Plan `graph` under `config` and verify the plan (in GPU mode with `config.arena`, packed
+    """Plan `graph` under `config` and verify the plan (in GPU mode with `config.run.arena`, packed
     into an arena that fits the budget). `baselines`: also plan and simulate these baselines
     (True: all of them) for comparison. `control`: progress reports and stop requests (a stop
     ends the search with the best plan so far and skips the baselines)."""
@@ -107,7 +112,7 @@ def _with_region_instead(graph: TensorGraph, config: PlanConfig, costs: KernelCo
     """A plan with scratch windows whose packing never fitted: planned again with the scratch
     region (windows of huge workspaces among long-lived tensors leave holes the fit loop cannot
     always hold back: VGG19 b64 at 80%). Kept if that one gets an arena, else the first."""
-    region_config = replace(config, scratch="region")
+    region_config = replace(config, run=replace(config.run, scratch="region"))
     region_machine = machine_for(graph, region_config, costs, profiles_dir=profiles_dir)
     result, region_machine = fit_arena(region_machine, region_config, control)
     if result.plan is None or result.plan.arena is None:
@@ -151,7 +156,7 @@ def fit_arena(machine: MachineModel, config: PlanConfig, control: SolveControl |
                 **result.plan.header.counts, "arena_bytes": layout.nbytes,
                 "arena_scratch_bytes": layout.scratch_bytes})
             return _noted(replace(result, plan=plan), machine, notes)
-        assert limit is not None and machine.budget is not None
+        assert limit is not None and machine.tensor_budget is not None
         notes.append(f"arena: packed {format_bytes(layout.nbytes)} over the "
                      f"{format_bytes(limit)} it may use; solved again")
         last = (result, machine)
@@ -160,7 +165,7 @@ def fit_arena(machine: MachineModel, config: PlanConfig, control: SolveControl |
         live = arena.lifetimes(machine, result.plan).live_peak()
         target = live - excess - max(int(limit * ARENA_SLACK), ALIGN_BYTES)
         machine = replace(machine, arena_margin=machine.arena_margin + max(
-            machine.budget - target, excess))
+            machine.tensor_budget - target, excess))
     notes.append(f"no arena: the packing did not fit in {ARENA_SOLVES} solves; the plan runs "
                  "on torch's caching allocator")
     assert last is not None
@@ -192,9 +197,7 @@ def with_arena(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None,
     arena may exceed the budget; the verifier says so."""
     if plan.arena is not None:
         return plan
-    machine = replace(machine_for_plan(graph, plan, costs, profiles_dir=profiles_dir),
-                      arena=True)
-    return plan.with_arena(arena.pack(machine, plan))
+    return plan.with_arena(arena.pack(_arena_machine(graph, plan, costs, profiles_dir), plan))
 
 
 def arena_for_run(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None, *,
@@ -206,8 +209,7 @@ def arena_for_run(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = No
     held to the budget) the packed arena exceeds what the budget leaves."""
     if plan.arena is not None:
         return plan, None
-    machine = replace(machine_for_plan(graph, plan, costs, profiles_dir=profiles_dir),
-                      arena=True)
+    machine = _arena_machine(graph, plan, costs, profiles_dir)
     try:
         layout = arena.pack(machine, plan)
     except arena.ArenaError as exc:
@@ -270,30 +272,26 @@ def run_baselines(machine: MachineModel, names: Sequence[str] = BASELINES,
 
 def machine_for_plan(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None, *,
                      profiles_dir: PathLike | None = None) -> MachineModel:
-    """The `MachineModel` a plan was made for: its memory system, budget and pinning."""
+    """The `MachineModel` a plan was made for: its memory system, budget, pinning and run
+    mode (an arena run where the plan has an arena layout)."""
     memory = MemorySystem.from_dict(dict(plan.header.memory_system), origin="plan header")
     memory = memory.with_budget(plan.header.budget_bytes)
     header = plan.header
     if costs is None:
         costs = load_costs(graph, device=header.device, profiles_dir=profiles_dir,
                            gpu=header.gpu)
-    return MachineModel(graph, memory, costs, header.pin_weights, header.headroom,
-                        graph_replay=header.graph, arena=plan.arena is not None,
-                        placed=plan.arena is not None and plans_placed(plan),
-                        scratch_windows=plans_windows(plan))
+    laid_out = plan.arena is not None
+    run = RunMode(arena=laid_out, placed=laid_out and header.run.placed,
+                  scratch=header.run.scratch_mode if laid_out else "region",
+                  replay=header.run.replay)
+    return MachineModel(graph, memory, costs, header.pin_weights, header.headroom, run=run)
 
 
-def plans_placed(plan: Plan) -> bool:
-    """Whether `plan` was planned for kernels allocating their outputs at their slots (the
-    placed allocator; `PlanConfig.placed`, recorded in the header's config; plans written
-    before it existed: no)."""
-    return bool(plan.header.config.get("placed", False))
-
-
-def plans_windows(plan: Plan) -> bool:
-    """Whether `plan` gives each kernel's scratch a window inside the arena (`PlanConfig.scratch`
-    "windows", recorded in the header's config)."""
-    return plan.header.config.get("scratch") == "windows"
+def _arena_machine(graph: TensorGraph, plan: Plan, costs: KernelCosts | None,
+                   profiles_dir: PathLike | None) -> MachineModel:
+    """The machine of a plan, in an arena run: what packs a plan made without one."""
+    machine = machine_for_plan(graph, plan, costs, profiles_dir=profiles_dir)
+    return replace(machine, run=replace(machine.run, arena=True))
 
 
 def simulate(graph: TensorGraph, plan: Plan, *, costs: KernelCosts | None = None,
@@ -322,3 +320,236 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
 
     return _profile(graph, all_fast_plan(graph), device=device, profiles_dir=profiles_dir,
                     iterations=iterations, warmup=warmup)
+
+
+# ---- models -------------------------------------------------------------------------------
+def load_graph(model: PathLike, options: ModelOptions | None = None) -> TensorGraph:
+    """An ONNX file path, or the name of a zoo model (built in memory), as the `TensorGraph`
+    that `options` describe: bound dimensions, fused or not, derived for training with its
+    optimizer and loss, channels-last or not."""
+    options = options or ModelOptions()
+    path = Path(model)
+    dims = dict(options.dims or {})
+    if path.exists() or path.suffix == ".onnx" or os.sep in str(model):
+        graph = import_onnx(path, batch=options.batch, dims=dims, fuse=options.fuse)
+    elif str(model) in ZOO:
+        graph = build_graph(str(model), batch=options.batch, dims=dims, fuse=options.fuse)
+    else:
+        raise ConfigError(f"model {str(model)!r} is neither an existing file nor a zoo model "
+                          f"({', '.join(sorted(ZOO))}); see `autotm zoo list`")
+    if options.training:
+        graph = derive_training(graph, optimizer=options.optimizer or "sgd",
+                                loss=options.loss or "auto", loss_chunks=options.loss_chunks)
+    return to_channels_last(graph) if options.channels_last else graph
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model built and priced once: its graph and its kernel costs."""
+
+    graph: TensorGraph
+    costs: KernelCosts
+
+
+def load_workload(model: PathLike, options: ModelOptions, *, device: str = "cuda",
+                  gpu: str | None = None, profiles_dir: PathLike | None = None,
+                  shipped_dir: PathLike | None = None) -> Workload:
+    """The graph `options` build of `model`, priced with the profiles of `device` (of the GPU
+    `gpu` names, in GPU mode). `shipped_dir` stands in for the shipped profiles (a bench
+    worker's copy of them)."""
+    graph = load_graph(model, options)
+    return Workload(graph, load_costs(graph, device=device, profiles_dir=profiles_dir,
+                                      shipped_dir=shipped_dir, gpu=gpu))
+
+
+@dataclass(frozen=True)
+class BudgetFacts:
+    """What a budget of `config` means for a graph: the user's budget in bytes, the all-fast
+    iteration and the transfer bound no plan at that budget can beat (seconds)."""
+
+    user_budget: int | None
+    all_fast_s: float
+    transfer_bound_s: float
+
+
+def budget_facts(graph: TensorGraph, config: PlanConfig, costs: KernelCosts) -> BudgetFacts:
+    machine = machine_for(graph, config, costs)
+    return BudgetFacts(machine.user_budget, machine.all_fast_time, transfer_bound(machine))
+
+
+def saved_result(graph: TensorGraph, plan: Plan, config: PlanConfig, costs: KernelCosts,
+                 origin: str) -> PlanResult:
+    """A plan solved before (read from `origin`) as the result `optimize` gave for it."""
+    h = plan.header
+    return PlanResult(status=h.solver.status, plan=plan, message=f"plan from {origin}",
+                      budget_bytes=h.budget_bytes, predicted_time_s=h.predicted_time_s,
+                      stats=h.solver, objective_s=h.solver.objective_s,
+                      all_fast_time_s=budget_facts(graph, config, costs).all_fast_s)
+
+
+# Options that change how long a search may run, not which plan it finds: left out of the key
+# under which `cached_optimize` keeps a plan.
+NOT_IN_PLAN_KEY = ("time_limit_s", "threads")
+
+
+def plan_key(graph: TensorGraph, config: PlanConfig, costs: KernelCosts) -> str:
+    """The key of a plan in a plan cache: the graph, the planning options and the costs."""
+    import hashlib
+    import json
+
+    options = {k: v for k, v in config.to_dict().items() if k not in NOT_IN_PLAN_KEY}
+    text = json.dumps({"graph": graph.model_hash, "config": options, "costs": costs.digest},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def cached_optimize(graph: TensorGraph, config: PlanConfig, costs: KernelCosts,
+                    cache_dir: PathLike, control: SolveControl | None = None) -> PlanResult:
+    """`optimize`, or the plan a previous call solved for the same key (`plan_key`) and kept
+    in `cache_dir` (a verified plan that hit its time limit is kept too; an infeasible result
+    is solved again, in case the costs or the solver changed what fits)."""
+    stem = f"{graph.name.replace('/', '-')}-{plan_key(graph, config, costs)}"
+    path = Path(cache_dir) / f"{stem}.json.gz"
+    if path.is_file():
+        try:
+            plan = Plan.load(path).validate(graph)
+        except PlanError:
+            plan = None  # a damaged or foreign file: solve again and replace it
+        if plan is not None:
+            return saved_result(graph, plan, config, costs, str(path))
+    result = optimize(graph, config, costs=costs, control=control)
+    if result.plan is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        result.plan.save(path)
+    return result
+
+
+# ---- running plans ------------------------------------------------------------------------
+def runs_capped(plan: Plan, device: str, capped: bool = True) -> bool:
+    """Whether a run holds `plan` to its budget (a cap on the GPU's allocator), a CUDA-graph
+    replay and its capture included."""
+    return device.startswith("cuda") and capped and plan.header.budget_bytes is not None
+
+
+def run_mode_for(plan: Plan, mode: RunMode, device: str, capped: bool = True) -> RunMode:
+    """The mode a run of `plan` asked for in `mode` runs in: at planned addresses where asked,
+    or where a capped replay has a plan with an arena (`optimize --arena`) to replay in."""
+    arena = mode.arena or (mode.replay and runs_capped(plan, device, capped) and
+                           plan.arena is not None)
+    return mode if arena == mode.arena else replace(mode, arena=arena)
+
+
+def prepare_cuda_process(plan: Plan, device: str, mode: RunMode, capped: bool = True
+                         ) -> list[str]:
+    """What a process that runs `plan` in `mode` sets up before it first uses CUDA, as
+    `autotm run` and each `autotm bench --arena` run do: one hardware work queue for a replay
+    (at which a replay's copies run as fast as eager ones; it stays so for the process) and
+    the placed allocator for an arena run (kernels allocate their outputs at their slots).
+    Returns the notes of what could not be set."""
+    mode = run_mode_for(plan, mode, device, capped)
+    return prepare_cuda(device, mode, plan.header.budget_bytes if capped else None)
+
+
+def prepare_cuda(device: str, mode: RunMode, budget_bytes: int | None) -> list[str]:
+    """`prepare_cuda_process` for a run in `mode` under a cap of `budget_bytes` (None: no
+    cap), before any plan exists (the Trainer sets the process up before it profiles)."""
+    if not device.startswith("cuda"):
+        return []
+    from autotm_py.runtime.device import use_replay_work_queues
+    from autotm_py.runtime.execute import install_placed
+
+    notes = [use_replay_work_queues() if mode.replay else None]
+    if mode.places_outputs:
+        notes.append(install_placed(budget_bytes, device, budget_bytes is not None))
+    return [note for note in notes if note]
+
+
+def _memory_system(config: PlanConfig) -> MemorySystem:
+    memory = load_memory_system(config.memory_name)
+    if config.reserve_bytes is not None:
+        memory = replace(memory, runtime_reserve_bytes=int(config.reserve_bytes))
+    return memory
+
+
+def user_budget(graph: TensorGraph, config: PlanConfig,
+                memory: MemorySystem | None = None) -> int | None:
+    """The budget `config` gives `graph`, in bytes (its ratio resolved against the graph's
+    peak), without loading any costs."""
+    memory = memory or _memory_system(config)
+    pinned = accounting.pinned_tensors(graph, config.pin_weights)
+    return accounting.resolve_budget(graph, ratio=config.ratio,
+                                     fast_mem_bytes=config.fast_mem_bytes, pinned=pinned,
+                                     memory=memory)
+
+
+def device_costs(graph: TensorGraph, device: str, gpu: str | None = None, *,
+                 measure: bool = False) -> KernelCosts:
+    """The kernel costs of `graph` on `device` ("cuda" prices with `gpu`'s profiles);
+    `measure`: first measure on this machine the kernels no profile has (cached)."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    if measure:
+        return profile_kernels(graph, device=kind, progress=False)
+    return load_costs(graph, device=kind, gpu=gpu if kind == "cuda" else None)
+
+
+def initial_values(graph: TensorGraph, model: PathLike, seed: int = 0
+                   ) -> tuple[dict[int, Any], str]:
+    """The values a run of `graph` starts from, and what they are in words: an ONNX file's own
+    initializers where it has data for them, seeded random values for every other tensor
+    without a producer (all of them for a zoo model, whose weights no file holds)."""
+    from autotm_py.kernels.util import in_layout, torch_dtype
+    from autotm_py.runtime.reference import init_values
+
+    masters = init_values(graph, seed=seed)
+    path = Path(model)
+    if not (path.is_file() and path.suffix == ".onnx"):
+        return masters, (f"seeded random values (--seed {seed}): a zoo model has no weights "
+                         "of its own (times and memory do not depend on them)")
+    found = initializer_values(path, graph)
+    import torch
+
+    for tid, value in found.values.items():
+        t = graph.tensors[tid]
+        masters[tid] = in_layout(torch.from_numpy(value).to(torch_dtype(t.dtype)), t)
+    text = f"the file's own weights ({len(found.values)})"
+    if found.missing:
+        text += (f"; seeded random values (--seed {seed}) for the {len(found.missing)} whose "
+                 "external data is missing")
+    return masters, text
+
+
+def default_plans_dir() -> Path:
+    """Where plans are kept between runs unless told otherwise (beside the profile cache)."""
+    return user_profiles_dir().parent / "plans"
+
+
+def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda",
+            mode: RunMode | None = None, measure: Measure | None = None,
+            costs: KernelCosts | None = None, masters: Mapping[int, Any] | None = None
+            ) -> RunResult:
+    """Run a plan for real in `mode` and measure it (`runtime.execute.execute`). A plan
+    without an arena run at planned addresses is packed first (`arena_for_run`); where no
+    arena can serve it (packed now, it would exceed the capped budget) the run falls back to
+    torch's caching allocator, eagerly, and its notes say why. `masters`: the initial values
+    of the tensors without a producer (else seeded random values)."""
+    from autotm_py.runtime.execute import execute as run_plan
+
+    mode, measure = mode or RunMode(), measure or Measure()
+    capped = runs_capped(plan, device, measure.capped)
+    mode = run_mode_for(plan, mode, device, measure.capped)
+    fallback = None
+    if mode.arena:
+        packed, fallback = arena_for_run(graph, plan, costs, capped=capped)
+        if packed is None:
+            mode = RunMode(placed=mode.placed)
+        else:
+            plan = packed
+    result = run_plan(graph, plan, device=device, mode=mode, measure=measure, masters=masters)
+    if mode.arena and device.startswith("cuda") and result.placed_outputs is None and \
+            plan.header.run.placed:
+        fallback = "; ".join(filter(None, (fallback, (
+            "the plan was made for kernels allocating their outputs at their slots (optimize "
+            "--placed); copied there instead, they may not fit its scratch region: re-plan "
+            "with --no-placed"))))
+    return replace(result, notes=(*result.notes, fallback)) if fallback else result
+

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotm_py.errors import PlanError
 from autotm_py.fileio import atomic_write_bytes
-from autotm_py.ir.layout import is_channels_last
+from autotm_py.options import ModelOptions, RunMode
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -52,8 +52,11 @@ if TYPE_CHECKING:
     from autotm_py.costs import KernelCosts
     from autotm_py.ir.graph import TensorGraph
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 plans are read and given typed fields from `config`
+# 3: the header's run mode is one typed record (`run`, an `options.RunMode`) instead of the
+# `graph` flag and the `arena`/`placed`/`scratch` keys of `config`
+FORMAT_VERSION = 3
+# versions 1 and 2 are read and given the typed fields from what they recorded
+READABLE_VERSIONS = (1, 2, 3)
 TIER_CODES = {"fast": "F", "slow": "S"}
 CODE_TIERS = {v: k for k, v in TIER_CODES.items()}
 MoveMode = Literal["sync", "async"]
@@ -171,44 +174,6 @@ class SolverStats:
 
 
 @dataclass(frozen=True)
-class ModelOptions:
-    """How the planned graph was loaded: the options that rebuild it from its model file or zoo
-    name (`--batch`, `--dim`, `--training`, `--optimizer`, `--no-fuse`, `--loss`,
-    `--loss-chunks`)."""
-
-    batch: int | None = None
-    dims: Mapping[str, int] = field(default_factory=dict)
-    training: bool = False
-    optimizer: str | None = None  # the weight update of a training graph
-    fuse: bool = True  # attention/GELU fused (docs/fusion.md)
-    loss: str | None = None  # the --loss rule of a training graph
-    loss_chunks: int = 1  # --loss-chunks: blocks of the chunked loss (1: the plain loss)
-    channels_last: bool = False  # --channels-last: images stored N, H, W, C (`ir.layout`)
-
-    @classmethod
-    def of_graph(cls, graph: TensorGraph) -> ModelOptions:
-        meta = graph.meta
-        training = meta.get("training")
-        return cls(batch=meta.get("batch"), dims=dict(meta.get("dims") or {}),
-                   training=training is not None,
-                   optimizer=None if training is None else training.get("optimizer"),
-                   fuse="fusion" in meta,
-                   loss=None if training is None else training.get("loss_rule", "auto"),
-                   loss_chunks=1 if training is None else int(training.get("loss_chunks", 1)),
-                   channels_last=is_channels_last(graph))
-
-    def differences(self, other: ModelOptions) -> list[str]:
-        """In words, the options where `other` differs from this one."""
-        out = []
-        for name in ("batch", "dims", "training", "optimizer", "fuse", "loss", "loss_chunks",
-                     "channels_last"):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            if dict(mine or {}) != dict(theirs or {}) if name == "dims" else mine != theirs:
-                out.append(f"{name} {theirs!r} (the plan's: {mine!r})")
-        return out
-
-
-@dataclass(frozen=True)
 class CostsIdentity:
     """The kernel costs a plan was solved with: their digest (`KernelCosts.digest`, a hash of
     every kernel's time, device time, workspace and estimated flag) and counts to say what they
@@ -242,20 +207,23 @@ class PlanHeader:
     format_version: int = FORMAT_VERSION
     # Typed fields (format 2). device: whose profiles priced the plan ("cuda": GPU mode, "cpu":
     # host mode); pin_weights and headroom as planned; model: how the graph was loaded (None
-    # for a version-1 plan, which did not record it); graph: priced for CUDA-graph replay
-    # (absent, false, in plans written before it existed).
+    # for a version-1 plan, which did not record it).
     device: str = "cuda"
     pin_weights: bool = False
     headroom: float = 0.0
     model: ModelOptions | None = None
-    # priced for CUDA-graph replay (device times, no host dispatch: `--graph`)
-    graph: bool = False
+    # how the plan runs and was priced for (format 3; read from `graph` and `config` before),
+    # with its scratch mode in effect (`RunMode.resolved`)
+    run: RunMode = field(default_factory=RunMode)
     # the kernel costs it was solved with (None: not recorded, e.g. a plan written before)
     costs: CostsIdentity | None = None
     # GPU mode: the GPU whose profiles priced it (`optimize --gpu`, else the planning machine's
     # GPU or the reference H100); simulate and report price it the same. None: a CPU-mode plan,
     # costs not from profiles, or a plan written before it existed (priced for this machine).
     gpu: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run", self.run.resolved())
 
     @property
     def reserve_bytes(self) -> int:
@@ -472,12 +440,24 @@ def _header_from_json(h: dict[str, Any], version: int) -> PlanHeader:
         h["device"] = str(config.get("device") or ("cuda" if mode == "gpu" else "cpu"))
         h["pin_weights"] = bool(config.get("pin_weights", False))
         h["headroom"] = float(config.get("headroom") or 0.0)
-        h["format_version"] = FORMAT_VERSION
     elif h.get("model") is not None:
         h["model"] = ModelOptions(**h["model"])
+    h["run"] = RunMode.from_dict(h["run"]) if version >= 3 else _old_run_mode(h)
+    h["format_version"] = FORMAT_VERSION
     if h.get("costs") is not None:
         h["costs"] = CostsIdentity(**h["costs"])
     return PlanHeader(**h)
+
+
+def _old_run_mode(h: dict[str, Any]) -> RunMode:
+    """The run mode of a version 1 or 2 header: its `graph` flag and the `arena`, `placed`
+    and `scratch` its config recorded (absent: a plan for torch's allocator, run eagerly)."""
+    config = h.get("config") or {}
+    arena, placed = bool(config.get("arena", False)), bool(config.get("placed", False))
+    scratch = config.get("scratch") or "region"
+    return RunMode(arena=arena, placed=placed,
+                   scratch=scratch if arena and placed else "region",
+                   replay=bool(h.pop("graph", False)))
 
 
 def _check_record(rec: Record, i: int, graph: TensorGraph, n_k: int, n_t: int) -> None:

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from autotm_py.bench import BenchSpec  # noqa: E402
 from autotm_py.bench.cells import ModelRunner  # noqa: E402
 from autotm_py.cli.common import parse_dims  # noqa: E402
+from autotm_py.options import ModelOptions, RunMode  # noqa: E402
 from autotm_py.plan import Plan  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def main() -> int:
     parser.add_argument("--solver", default="highs")
     parser.add_argument("--time-limit", type=float)
     parser.add_argument("--arena", action="store_true")
-    parser.add_argument("--graph", action="store_true")
+    parser.add_argument("--replay", "--graph", dest="replay", action="store_true")
     parser.add_argument("--no-placed", action="store_true")
     parser.add_argument("--read-pricing", default="step")
     args = parser.parse_args()
@@ -50,9 +51,10 @@ def main() -> int:
     ratios = {str(Plan.load(p).header.config["ratio"]) for p in args.plans}
     spec = BenchSpec(models=(args.model,), ratios=tuple(sorted(ratios)),
                      strategies=(args.strategy,), solvers=(args.solver,), device="cuda",
-                     training=args.training, batch=args.batch, dims=dims,
-                     time_limit_s=args.time_limit, plans_dir=args.plans_dir, arena=args.arena,
-                     graph=args.graph, placed=not args.no_placed,
+                     model=ModelOptions(batch=args.batch, dims=dims, training=args.training),
+                     time_limit_s=args.time_limit, plans_dir=args.plans_dir,
+                     run=RunMode(arena=args.arena, replay=args.replay,
+                                 placed=not args.no_placed),
                      read_pricing=args.read_pricing)
     runner = ModelRunner(spec, args.model)
     if runner.error:

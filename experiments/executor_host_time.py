@@ -18,8 +18,13 @@ from collections.abc import Iterator
 import torch
 
 from autotm_py import api, pipeline
-from autotm_py.runtime import executor as executor_module
-from autotm_py.runtime.executor import new_executor
+
+try:  # where the executor's memory strategies run kernels (`runtime.memory`)
+    from autotm_py.runtime import memory as memory_module
+    from autotm_py.runtime.execute import new_executor
+except ImportError:  # an older checkout on PYTHONPATH (gpu/host_overhead.py runs any)
+    from autotm_py.runtime import executor as memory_module
+    from autotm_py.runtime.executor import new_executor
 
 
 @contextlib.contextmanager
@@ -34,17 +39,17 @@ def stubbed_kernels(device: str = "cpu") -> Iterator[None]:
             cache[kernel.name] = [torch.empty(1, device=device) for _ in kernel.outputs]
         return list(cache[kernel.name])
 
-    saved = (executor_module.run_kernel, executor_module.run_kernel_raw,
-             executor_module.run_kernel_into, torch._foreach_add_)
-    executor_module.run_kernel = stub
-    executor_module.run_kernel_raw = stub
-    executor_module.run_kernel_into = lambda kernel, args, outs: False
+    saved = (memory_module.run_kernel, memory_module.run_kernel_raw,
+             memory_module.run_kernel_into, torch._foreach_add_)
+    memory_module.run_kernel = stub
+    memory_module.run_kernel_raw = stub
+    memory_module.run_kernel_into = lambda kernel, args, outs: False
     torch._foreach_add_ = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        (executor_module.run_kernel, executor_module.run_kernel_raw,
-         executor_module.run_kernel_into, torch._foreach_add_) = saved
+        (memory_module.run_kernel, memory_module.run_kernel_raw,
+         memory_module.run_kernel_into, torch._foreach_add_) = saved
 
 
 def main() -> int:
@@ -57,7 +62,7 @@ def main() -> int:
     plan = pipeline.all_fast_plan(graph)
     times = []
     with stubbed_kernels():
-        _, executor = new_executor(graph, plan, "cpu", 1, True)
+        executor = new_executor(graph, plan, "cpu", 1, True)[1]
         for i in range(args.repeats + 3):
             executor.prepare()
             start = time.perf_counter()

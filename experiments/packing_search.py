@@ -27,7 +27,8 @@ def main(argv: list[str]) -> int:
     graph = api.load_model(model, batch=int(batch), dims=dims or None, training=True)
     for path in plans:
         plan = Plan.load(path)
-        machine = replace(pipeline.machine_for_plan(graph, plan, None), arena=True)
+        machine = pipeline.machine_for_plan(graph, plan, None)
+        machine = replace(machine, run=replace(machine.run, arena=True))
         life = arena.lifetimes(machine, plan)
         peak = life.live_peak()
         greedy = arena.extent(life, arena.greedy_by_size(life))

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autotm_py import api
 from autotm_py.arena import Lifetimes, Span, lifetimes, tightest_packing
 from autotm_py.config import PlanConfig
+from autotm_py.options import RunMode
 from autotm_py.pipeline import machine_for
 from autotm_py.plan import SCRATCH
 from autotm_py.units import parse_ratio
@@ -65,12 +66,14 @@ def main() -> None:
     print(f"{graph.name}: peak {graph.peak_live_bytes / GIB:.2f} GiB")
     for ratio in args.ratios.split(","):
         config = PlanConfig(device="cuda", ratio=parse_ratio(ratio), strategy="async",
-                            recompute="on", graph=True, time_limit_s=args.time_limit)
+                            recompute="on", run=RunMode(replay=True),
+                            time_limit_s=args.time_limit)
         result = api.optimize(graph, config, costs=costs, baselines=False)
         if result.plan is None:
             print(f"{ratio}: no plan without an arena either ({result.message})")
             continue
-        arena_machine = machine_for(graph, replace(config, arena=True), costs)
+        arena_machine = machine_for(graph, replace(config, run=replace(config.run, arena=True)),
+                                    costs)
         life = lifetimes(arena_machine, result.plan)
         usable = arena_machine.user_budget - arena_machine.memory.runtime_reserve_bytes
         top_region = extent(life) + max(life.scratch.values(), default=0)

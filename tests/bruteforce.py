@@ -105,7 +105,7 @@ class BruteForce:
     # ---- the per-step checks and prices ----------------------------------------------------
     def fits(self, k: int, states: dict[int, str]) -> bool:
         used = sum(int(self.machine.sizes[t]) for t, s in states.items() if s in FASTISH)
-        budget = self.machine.budget
+        budget = self.machine.tensor_budget
         return budget is None or used + int(self.machine.workspace[k]) <= budget
 
     def gpu_ok(self, k: int, states: dict[int, str]) -> bool:
@@ -131,8 +131,8 @@ class BruteForce:
                 if i not in machine.pinned and (states.get(i) not in FASTISH or i in arriving):
                     return None
             scratch = sum(int(machine.sizes[o]) for o in kernel.outputs if o not in kept)
-            if machine.budget is not None and \
-                    used + int(machine.workspace[pid]) + scratch > machine.budget:
+            if machine.tensor_budget is not None and \
+                    used + int(machine.workspace[pid]) + scratch > machine.tensor_budget:
                 return None
             seconds += machine.fast_time(pid)
         return seconds

@@ -23,6 +23,7 @@ from autotm_py.errors import ConfigError, PlanError
 from autotm_py.machine import WINDOW_MIN_BYTES, MachineModel
 from autotm_py.memory.scratch import allocated_outputs
 from autotm_py.memory.tiers import FAST, SLOW, preset
+from autotm_py.options import RunMode
 from autotm_py.pipeline import (
     machine_for,
     machine_for_plan,
@@ -42,7 +43,8 @@ BASELINES = ("all-fast", "all-slow", "first-touch", "lru", "offload")
 
 
 def _arena_violations(graph, plan, machine) -> list[str]:
-    sim = Simulator(graph, plan, replace(machine, arena=True), strict=False)
+    arena_run = replace(machine, run=replace(machine.run, arena=True))
+    sim = Simulator(graph, plan, arena_run, strict=False)
     sim.run()
     return [v for v in sim.violations if any(word in v for word in ARENA_RULES[:4])]
 
@@ -75,10 +77,11 @@ def test_packed_offsets_never_overlap(data):
         mib = data.draw(st.lists(st.sampled_from([0, 0, 1.5, 2.5]), min_size=len(graph.kernels),
                                  max_size=len(graph.kernels)))
         costs = replace(costs, workspace_bytes=tuple(int(m * 2**20) for m in mib))
-    budget = _budget(graph, costs, frac, pin, arena=True, placed=True, scratch_windows=windows)
+    budget = _budget(graph, costs, frac, pin,
+                     run=RunMode(True, True, "windows" if windows else "region"))
     config = PlanConfig(strategy="async", device="cuda", fast_mem_bytes=budget,
-                        solver="highs", gap=0.0, async_window=4, pin_weights=pin, arena=True,
-                        scratch="windows" if windows else "region")
+                        solver="highs", gap=0.0, async_window=4, pin_weights=pin,
+                        run=RunMode(True, scratch="windows" if windows else "region"))
     machine = machine_for(graph, config, costs)
     plans = [r.plan for r in run_baselines(machine, BASELINES).values() if r.plan is not None]
     result = optimize(graph, config, costs=costs)
@@ -103,9 +106,9 @@ def test_packed_offsets_never_overlap(data):
 def _training_plan(kib: int = 64, arena_mode: bool = True, strategy: str = "sync"):
     graph = small_training(kib=kib)
     costs = costs_for(graph)
-    budget = _budget(graph, costs, 0.5, False, arena=arena_mode)
+    budget = _budget(graph, costs, 0.5, False, run=RunMode(arena_mode, False))
     config = PlanConfig(strategy=strategy, device="cuda", fast_mem_bytes=budget, solver="highs",
-                        arena=arena_mode)
+                        run=RunMode(arena=arena_mode))
     result = optimize(graph, config, costs=costs)
     assert result.plan is not None and (result.plan.arena is not None) == arena_mode, \
         result.message
@@ -119,7 +122,7 @@ def test_arena_plans_fit_their_budget_and_say_so():
     assert plan.arena.nbytes == plan.header.counts["arena_bytes"]
     assert any(note.startswith("arena: ") for note in plan.header.notes)
     machine = machine_for(graph, PlanConfig(device="cuda", fast_mem_bytes=plan.header.budget_bytes,
-                                            arena=True), costs)
+                                            run=RunMode(arena=True)), costs)
     assert plan.arena.nbytes <= machine.arena_limit
     assert machine.scratch_reserve == plan.arena.scratch_bytes > 0
 
@@ -130,7 +133,7 @@ def test_the_optimizer_update_takes_the_weights_slot_in_place():
     if w_next not in {b.tensor for b in plan.arena.buffers if b.record >= 0}:
         pytest.skip("the weight left fast memory in this plan")
     machine = machine_for(graph, PlanConfig(device="cuda", fast_mem_bytes=plan.header.budget_bytes,
-                                            arena=True), costs)
+                                            run=RunMode(arena=True)), costs)
     life = arena.lifetimes(machine, plan)
     offsets = plan.arena.offsets()
     final = next(s for s in life.spans if s.tensor == w_next)
@@ -147,7 +150,7 @@ def test_the_verifier_rejects_overlapping_offsets():
     graph, costs, plan = _training_plan()
     tensors = [b for b in plan.arena.buffers if b.tensor != SCRATCH and b.nbytes]
     machine = machine_for(graph, PlanConfig(device="cuda", fast_mem_bytes=plan.header.budget_bytes,
-                                            arena=True), costs)
+                                            run=RunMode(arena=True)), costs)
     life = arena.lifetimes(machine, plan)
     spans = {(s.record, s.tensor): s for s in life.spans}
     a, b = next((a, b) for a in tensors for b in tensors
@@ -198,14 +201,16 @@ def test_a_plan_without_an_arena_is_packed_for_the_executor():
     assert plan.arena is None
     packed = with_arena(graph, plan, costs)
     assert packed.arena is not None and with_arena(graph, packed, costs) is packed
-    machine = MachineModel(graph, preset("h100-pcie5").with_budget(None), costs, arena=True)
+    machine = MachineModel(graph, preset("h100-pcie5").with_budget(None), costs,
+                           run=RunMode(True, False))
     assert not _arena_violations(graph, packed, machine)
 
 
 def test_scratch_counts_workspace_and_outputs_torch_allocates():
     graph = small_training(kib=64, workspace_kib=32)
     costs = costs_for(graph)
-    machine = MachineModel(graph, preset("h100-pcie5").with_budget(1 << 30), costs, arena=True)
+    machine = MachineModel(graph, preset("h100-pcie5").with_budget(1 << 30), costs,
+                           run=RunMode(True, False))
     gemm, relu = graph.kernels[0], graph.kernels[1]
     assert gemm.op_type == "Gemm" and relu.op_type == "Relu"
     # Gemm has no direct path: its output is allocated, beside its workspace; Relu writes in
@@ -215,8 +220,8 @@ def test_scratch_counts_workspace_and_outputs_torch_allocates():
     assert machine.scratch[graph.kernels[-1].id] == 0
     assert machine.scratch_reserve == int(machine.scratch.max())
     assert not machine.workspace.any()  # the rows count tensors only
-    plain = replace(machine, arena=False)
-    assert plain.budget - machine.budget == machine.scratch_reserve
+    plain = replace(machine, run=RunMode(placed=False))
+    assert plain.tensor_budget - machine.tensor_budget == machine.scratch_reserve
 
 
 def test_a_replayed_kernel_without_a_device_time_costs_its_bytes_not_its_launch():
@@ -228,7 +233,7 @@ def test_a_replayed_kernel_without_a_device_time_costs_its_bytes_not_its_launch(
     eager_s = 30e-6
     costs = replace(KernelCosts.from_times("cuda", [eager_s] * n), device_s=(0.0,) * n)
     replayed = MachineModel(graph, preset("h100-pcie5").with_budget(None), costs,
-                            graph_replay=True)
+                            run=RunMode(replay=True))
     sizes = [t.nbytes for t in graph.tensors]
     for k in graph.kernels:
         io = sum(sizes[t] for t in {*k.inputs, *k.outputs})
@@ -247,7 +252,7 @@ def test_graph_replay_prices_device_times():
     costs = replace(KernelCosts.from_times("cuda", [2e-3] * n), device_s=(1e-3,) * n)
     memory = preset("h100-pcie5").with_budget(None)
     eager = MachineModel(graph, memory, costs)
-    replayed = MachineModel(graph, memory, costs, graph_replay=True)
+    replayed = MachineModel(graph, memory, costs, run=RunMode(replay=True))
     assert eager.all_fast_time == pytest.approx(2e-3 * n)
     step = 1e-3 + REPLAY_GAP_S  # device time and the graph's gap between kernel nodes
     assert replayed.all_fast_time == pytest.approx(step * n)
@@ -259,9 +264,9 @@ def test_graph_replay_prices_device_times():
     assert sum(copied) > 0
     in_arena = step * n + 2 * sum(copied) / SLOT_COPY_BYTES_PER_S
     budgeted = memory.with_budget(1 << 30)
-    assert MachineModel(graph, budgeted, costs, graph_replay=True, arena=True).all_fast_time \
-        == pytest.approx(in_arena)
-    assert MachineModel(graph, budgeted, costs, graph_replay=True).all_fast_time == \
+    in_arena_run = MachineModel(graph, budgeted, costs, run=RunMode(True, False, replay=True))
+    assert in_arena_run.all_fast_time == pytest.approx(in_arena)
+    assert MachineModel(graph, budgeted, costs, run=RunMode(replay=True)).all_fast_time == \
         pytest.approx(step * n)
     # planned for the placed allocator (the default), the outputs it places are not copied
     placed_copied = [sum(graph.tensors[t].nbytes for t in allocated_outputs(graph, k, True))
@@ -270,15 +275,15 @@ def test_graph_replay_prices_device_times():
     in_placed_arena = step * n + 2 * sum(placed_copied) / SLOT_COPY_BYTES_PER_S
     for packed, placed, want in ((False, True, step * n), (True, False, in_arena),
                                  (True, True, in_placed_arena)):
-        config = PlanConfig(device="cuda", ratio=None, graph=True, arena=packed, placed=placed,
+        config = PlanConfig(device="cuda", ratio=None, run=RunMode(packed, placed, replay=True),
                             fast_mem_bytes=1 << 30)
         result = optimize(graph, config, costs=costs)
-        assert result.plan.header.graph is True
+        assert result.plan.header.run.replay is True
         assert (result.plan.arena is not None) == packed
         assert result.plan.header.costs.digest == costs.digest  # as loaded, not replayed
-        assert Plan.from_json(result.plan.to_json()).header.graph is True
+        assert Plan.from_json(result.plan.to_json()).header.run.replay is True
         assert simulate(graph, result.plan, costs=costs).total_s == pytest.approx(want)
-        assert simulate(graph, result.plan.with_header(graph=False), costs=costs).total_s \
+        assert simulate(graph, result.plan.with_header(run=RunMode()), costs=costs).total_s \
             == pytest.approx(2e-3 * n)
 
 
@@ -298,19 +303,19 @@ def test_graph_replay_prices_copies_by_their_replay_factors_and_records_the_meas
     eager = MachineModel(graph, memory, costs)
     tid = max(range(len(graph.tensors)), key=lambda t: graph.tensors[t].nbytes)
     assert (REPLAY_TO_FAST_SLOWDOWN, REPLAY_TO_SLOW_SLOWDOWN) == (1.0, 1.0)
-    at_eager_speed = MachineModel(graph, memory, costs, graph_replay=True)
+    at_eager_speed = MachineModel(graph, memory, costs, run=RunMode(replay=True))
     assert at_eager_speed.copy_time(tid, SLOW, "async") == eager.copy_time(tid, SLOW, "async")
     monkeypatch.setattr("autotm_py.machine.REPLAY_TO_FAST_SLOWDOWN", 1.04)
     monkeypatch.setattr("autotm_py.machine.REPLAY_TO_SLOW_SLOWDOWN", 1.13)
-    replayed = MachineModel(graph, memory, costs, graph_replay=True)
+    replayed = MachineModel(graph, memory, costs, run=RunMode(replay=True))
     for mode in ("sync", "async"):
         for tier, factor in ((FAST, 1.04), (SLOW, 1.13)):
             moved = replayed.copy_time(tid, tier, mode) - memory.link.latency_s
             assert moved == pytest.approx(
                 factor * (eager.copy_time(tid, tier, mode) - memory.link.latency_s))
     assert replayed.step_time(0.0, [(tid, SLOW)]) > eager.step_time(0.0, [(tid, SLOW)])
-    config = PlanConfig(device="cuda", graph=True, fast_mem_bytes=budget, reserve_bytes=0,
-                        strategy="sync")
+    config = PlanConfig(device="cuda", run=RunMode(replay=True), fast_mem_bytes=budget,
+                        reserve_bytes=0, strategy="sync")
     result = optimize(graph, config, costs=costs)
     plan = result.plan
     assert plan.header.memory_system["link"] == memory.to_dict()["link"]
@@ -325,9 +330,9 @@ def _windowed_plan():
     # the Gemm's 2 MiB of workspace gets a window; the other kernels' KiB share the region
     graph = small_training(kib=64, workspace_kib=2048)
     costs = costs_for(graph)
-    budget = _budget(graph, costs, 0.5, False, arena=True, placed=True, scratch_windows=True)
+    budget = _budget(graph, costs, 0.5, False, run=RunMode(True, True, "windows"))
     config = PlanConfig(strategy="sync", device="cuda", fast_mem_bytes=budget, solver="highs",
-                        arena=True, scratch="windows")
+                        run=RunMode(arena=True, scratch="windows"))
     result = optimize(graph, config, costs=costs)
     assert result.plan is not None and result.plan.arena is not None, result.message
     return graph, costs, config, result.plan
@@ -353,7 +358,7 @@ def test_scratch_windows_lie_among_the_tensors_live_only_while_their_kernel_runs
     assert arena.overlapping(layout, arena.lifetimes(machine, plan)) is None
     sim = simulate(graph, plan, costs=costs)  # strict: windows checked against live tensors
     assert sim.fast_peak_bytes <= plan.header.budget_bytes
-    assert plan.header.config["scratch"] == "windows"
+    assert plan.header.run.scratch == "windows"
     # a window moved onto a tensor live during its kernel is rejected
     life = arena.lifetimes(machine, plan)
     spans = {(s.record, s.tensor): s for s in life.spans}
@@ -366,7 +371,7 @@ def test_scratch_windows_lie_among_the_tensors_live_only_while_their_kernel_runs
     with pytest.raises(PlanError, match=r"scratch window .* overlaps the live copy"):
         simulate(graph, _moved(plan, window, at), costs=costs)
     # a plan that was not made for windows may not have one
-    region = plan.with_header(config={**plan.header.config, "scratch": "region"})
+    region = plan.with_header(run=replace(plan.header.run, scratch="region"))
     with pytest.raises(PlanError, match="not made for scratch windows"):
         simulate(graph, region, costs=costs)
 
@@ -411,13 +416,13 @@ def test_windows_that_never_pack_in_the_budget_give_way_to_the_region(monkeypatc
         return replace(layout, nbytes=10 * layout.nbytes) if machine.windowed else layout
 
     monkeypatch.setattr(pipeline.arena, "pack", windows_never_fit)
-    budget = max(_budget(graph, costs, 0.5, False, arena=True),
-                 _budget(graph, costs, 0.5, False, arena=True, placed=True, scratch_windows=True))
+    budget = max(_budget(graph, costs, 0.5, False, run=RunMode(True, False)),
+                 _budget(graph, costs, 0.5, False, run=RunMode(True, True, "windows")))
     config = PlanConfig(strategy="sync", device="cuda", fast_mem_bytes=budget, solver="highs",
-                        arena=True, scratch="windows")
+                        run=RunMode(arena=True, scratch="windows"))
     result = optimize(graph, config, costs=costs)
     assert result.plan is not None and result.plan.arena is not None, result.message
-    assert result.plan.header.config["scratch"] == "region"
+    assert result.plan.header.run.scratch == "region"
     assert "planned with the scratch region instead" in result.plan.header.notes[-1]
     assert result.plan.arena.scratch_bytes > 0
     monkeypatch.setattr(pipeline.arena, "pack", packed)
@@ -426,11 +431,11 @@ def test_windows_that_never_pack_in_the_budget_give_way_to_the_region(monkeypatc
 
 def test_scratch_windows_need_the_arena_and_the_placed_allocator():
     with pytest.raises(ConfigError, match="--scratch windows needs --arena and --placed"):
-        PlanConfig(device="cuda", scratch="windows")
+        RunMode(scratch="windows")
     with pytest.raises(ConfigError, match="--scratch windows needs"):
-        PlanConfig(device="cuda", arena=True, placed=False, scratch="windows")
+        RunMode(arena=True, placed=False, scratch="windows")
     with pytest.raises(ConfigError, match="--scratch 'window'"):
-        PlanConfig(device="cuda", arena=True, scratch="window")
+        RunMode(arena=True, scratch="window")
 
 
 def test_scratch_buffers_belong_to_computes():
@@ -448,9 +453,10 @@ def test_the_planner_solves_again_until_the_packing_fits():
     graph = derive_training(tiny_decoder(), optimizer="adam")
     costs = costs_for(graph)
     base = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
-    probe = machine_for(graph, PlanConfig(fast_mem_bytes=base, device="cuda", arena=True), costs)
+    probe = machine_for(graph, PlanConfig(fast_mem_bytes=base, device="cuda",
+                                          run=RunMode(arena=True)), costs)
     config = PlanConfig(fast_mem_bytes=base + probe.scratch_reserve, device="cuda",
-                        strategy="sync", solver="highs", arena=True)
+                        strategy="sync", solver="highs", run=RunMode(arena=True))
     result = optimize(graph, config, costs=costs)
     notes = result.plan.header.notes
     assert any("solved again" in n for n in notes), notes  # the first packing did not fit
@@ -464,7 +470,7 @@ def test_a_run_falls_back_to_the_caching_allocator_where_no_arena_fits():
 
     graph, costs, plan = _training_plan(arena_mode=False)
     packed = with_arena(graph, plan, costs)
-    limit = replace(machine_for_plan(graph, plan, costs), arena=True).arena_limit
+    limit = machine_for_plan(graph, plan, costs).arena_limit
     assert packed.arena.nbytes > limit  # the scratch region does not fit beside the tensors
     placed, why = arena_for_run(graph, plan, costs)
     assert placed is None and why.startswith("no arena") and "caching allocator" in why
@@ -478,7 +484,7 @@ def test_the_budget_line_names_the_arena_scratch():
 
     graph, costs, plan = _training_plan()
     config = PlanConfig(strategy="sync", device="cuda", fast_mem_bytes=plan.header.budget_bytes,
-                        solver="highs", arena=True)
+                        solver="highs", run=RunMode(arena=True))
     result = optimize(graph, config, costs=costs, baselines=False)
     machine = machine_for(graph, config, costs)
     assert result.scratch_bytes >= machine.scratch_reserve > 0

@@ -15,8 +15,10 @@ import torch
 from autotm_py.config import PlanConfig
 from autotm_py.kernels import INTO, KERNELS, run_kernel, run_kernel_into
 from autotm_py.memory.tiers import preset
+from autotm_py.options import Measure, RunMode
 from autotm_py.pipeline import machine_for, optimize, with_arena
-from autotm_py.runtime.executor import CAPTURE_ALLOWANCE, execute, run_steps
+from autotm_py.runtime.drivers import CAPTURE_ALLOWANCE
+from autotm_py.runtime.execute import execute, run_steps
 from autotm_py.runtime.reference import init_values
 from tests.graphs import costs_for
 from tests.test_executor import _arena_plans, _graph
@@ -43,7 +45,8 @@ def test_arena_runs_are_bitwise_the_caching_allocator_runs(arena_plans):
     graph, plans = arena_plans
     for name, plan in plans.items():
         plain = run_steps(graph, plan, steps=STEPS, device="cuda", seed=1)
-        placed = run_steps(graph, plan, steps=STEPS, device="cuda", seed=1, arena=True)
+        placed = run_steps(graph, plan, steps=STEPS, device="cuda", seed=1,
+                           mode=RunMode(arena=True, placed=False))
         _equal(placed, plain, f"{name} in an arena", graph)
 
 
@@ -52,26 +55,29 @@ def test_graph_replay_is_bitwise_eager_replay(arena_plans):
     # host); run_steps raises an ExecutionError naming the kernel where a capture fails
     graph, plans = arena_plans
     for name, plan in plans.items():
-        eager = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2, arena=True)
-        replayed = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2, arena=True,
-                             graph_replay=True)
+        eager = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2,
+                          mode=RunMode(arena=True, placed=False))
+        replayed = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2,
+                             mode=RunMode(arena=True, placed=False, replay=True))
         _equal(replayed, eager, f"{name} replayed as a CUDA graph", graph)
         # captured without the arena: outputs from the graph's pool, static inputs only
-        pooled = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2, graph_replay=True)
+        pooled = run_steps(graph, plan, steps=STEPS, device="cuda", seed=2,
+                           mode=RunMode(placed=False, replay=True))
         _equal(pooled, eager, f"{name} replayed as a CUDA graph with static inputs", graph)
 
 
 def test_uncapped_graph_replay_copies_no_output_into_a_slot():
-    """`execute(graph_replay=True, enforce_budget=False)` captures with static inputs: the only
+    """An uncapped replay without an arena captures with static inputs: the only
     copies per iteration are the carried values (weights) written back into their buffers."""
     from autotm_py import api
     graph = _graph("cnn")
     plan = _arena_plans(graph)["async-arena"]
-    pooled = api.execute(graph, plan, device="cuda", iterations=2, warmup=1, graph_replay=True,
-                         enforce_budget=False)
-    placed = api.execute(graph, plan, device="cuda", iterations=2, warmup=1, graph_replay=True,
-                         arena=True, enforce_budget=False)
-    assert pooled.graph and placed.graph, (pooled.notes, placed.notes)
+    pooled = api.execute(graph, plan, device="cuda", mode=RunMode(placed=False, replay=True),
+                         iterations=2, warmup=1, capped=False)
+    placed = api.execute(graph, plan, device="cuda",
+                         mode=RunMode(arena=True, placed=False, replay=True),
+                         iterations=2, warmup=1, capped=False)
+    assert pooled.replayed and placed.replayed, (pooled.notes, placed.notes)
     assert pooled.arena_bytes is None and placed.arena_bytes is not None
     assert pooled.copied_outputs <= len(graph.carried) < placed.copied_outputs
 
@@ -154,13 +160,13 @@ def test_planned_addresses_fit_the_budget_without_retries(replay):
     for run in in_own_process("tests.test_arena_gpu", "fit_runs", replay):
         assert run["plan_arena"], run
         assert run["alloc_retries"] == 0, run
-        assert run["graph"] is replay, run
+        assert run["replayed"] is replay, run
         assert run["arena_bytes"] == run["scratch_offset"], run
         assert run["reserved_peak_bytes"] is not None and run["cap_bytes"] is not None, run
         assert run["reserved_peak_bytes"] <= run["cap_bytes"], run
         # within the cap (budget + 64 MiB slack): the test costs know no real cuDNN workspace
         assert run["peak_fast_bytes"] <= run["cap_bytes"], run
-        # a capture may hold more, once, up to the allowance (executor.CAPTURE_ALLOWANCE)
+        # a capture may hold more, once, up to the allowance (drivers.CAPTURE_ALLOWANCE)
         if replay:
             assert run["capture_reserved_bytes"] is not None, run
             assert run["capture_reserved_bytes"] <= run["cap_bytes"] + CAPTURE_ALLOWANCE, run
@@ -173,24 +179,26 @@ def fit_runs(replay: bool, placed: bool = False) -> list[dict]:
     graph = _graph("cnn")
     costs = costs_for(graph)
     reserve = preset("h100-pcie5").runtime_reserve_bytes
-    probe = machine_for(graph, PlanConfig(fast_mem_bytes=1 << 30, device="cuda", arena=True),
-                        costs)
+    probe = machine_for(graph, PlanConfig(fast_mem_bytes=1 << 30, device="cuda",
+                                          run=RunMode(arena=True)), costs)
     budget = reserve + probe.scratch_reserve + \
         (graph.max_working_set[0] + graph.peak_live_bytes) // 2
     runs = []
     for strategy in ("sync", "async"):
         result = optimize(graph, PlanConfig(fast_mem_bytes=budget, device="cuda",
-                                            strategy=strategy, arena=True, graph=replay),
+                                            strategy=strategy,
+                                            run=RunMode(arena=True, replay=replay)),
                           costs=costs)
         if result.plan is None or result.plan.arena is None:
             runs.append({"strategy": strategy, "plan_arena": False, "message": result.message})
             continue
-        run = execute(graph, result.plan, device="cuda", iterations=3, warmup=1, arena=True,
-                      graph_replay=replay, placed=placed, device_busy=replay)
+        run = execute(graph, result.plan, device="cuda",
+                      mode=RunMode(arena=True, placed=placed, replay=replay),
+                      measure=Measure(iterations=3, warmup=1, device_busy=replay))
         runs.append({"strategy": strategy, "plan_arena": True,
                      "scratch_offset": result.plan.arena.scratch_offset,
                      **{k: getattr(run, k) for k in (
-                         "alloc_retries", "graph", "arena_bytes", "reserved_peak_bytes",
+                         "alloc_retries", "replayed", "arena_bytes", "reserved_peak_bytes",
                          "cap_bytes", "peak_fast_bytes", "capture_reserved_bytes", "notes",
                          "placed_outputs", "device_busy_s", "device_span_s",
                          "device_kernel_s")}})
@@ -203,7 +211,7 @@ def test_capped_replay_with_static_inputs_stays_under_the_cap():
     allowance), reserved peak within the cap, no allocator retries, nothing copied into slots
     but the carried values."""
     for run in in_own_process("tests.test_arena_gpu", "static_runs"):
-        assert run["graph"] and run["arena_bytes"] is None, run
+        assert run["replayed"] and run["arena_bytes"] is None, run
         assert run["alloc_retries"] == 0, run
         assert run["reserved_peak_bytes"] <= run["cap_bytes"], run
         assert run["capture_reserved_bytes"] <= run["cap_bytes"], run
@@ -222,14 +230,14 @@ def static_runs() -> list[dict]:
     runs = []
     for strategy in ("sync", "async"):
         result = optimize(graph, PlanConfig(fast_mem_bytes=budget, device="cuda",
-                                            strategy=strategy, graph=True),
+                                            strategy=strategy, run=RunMode(replay=True)),
                           costs=costs)
         assert result.plan is not None and result.plan.arena is None, result.message
-        run = api.execute(graph, result.plan, device="cuda", iterations=3, warmup=1,
-                          graph_replay=True)
+        run = api.execute(graph, result.plan, device="cuda",
+                          mode=RunMode(placed=False, replay=True), iterations=3, warmup=1)
         runs.append({"strategy": strategy, "carried": len(graph.carried),
                      **{k: getattr(run, k) for k in (
-                         "alloc_retries", "graph", "arena_bytes", "reserved_peak_bytes",
+                         "alloc_retries", "replayed", "arena_bytes", "reserved_peak_bytes",
                          "cap_bytes", "capture_reserved_bytes", "copied_outputs", "notes")}})
     return runs
 
@@ -242,8 +250,8 @@ def test_executors_leave_no_memory_behind_for_the_next_run():
     plan = with_arena(graph, _arena_plans(graph)["all-fast"], costs_for(graph))
     after = []
     for _ in range(3):
-        execute(graph, plan, device="cuda", iterations=2, warmup=1, graph_replay=True,
-                enforce_budget=False)
+        execute(graph, plan, device="cuda", mode=RunMode(placed=False, replay=True),
+                measure=Measure(iterations=2, warmup=1, capped=False))
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         after.append(torch.cuda.memory_allocated())
@@ -292,17 +300,17 @@ def test_a_failed_capture_leaves_nothing_allocated(monkeypatch):
     """The partial iteration of a capture that failed (here at a kernel that synchronizes,
     after every tensor before it was allocated in the graph's pool) is let go at once: the
     eager iterations that follow start from the bytes allocated before the capture."""
-    from autotm_py.runtime.executor import new_executor
+    from autotm_py.runtime.execute import new_executor
 
     graph = _graph("decoder")
     plan = _arena_plans(graph)["all-fast"]
     monkeypatch.setitem(KERNELS, "Erf", _synchronizing(KERNELS["Erf"]))
-    _, executor = new_executor(graph, plan, "cuda", static_inputs=True)
-    executor.warm_up()
+    _, executor, driver = new_executor(graph, plan, "cuda", mode=RunMode(replay=True))
+    driver.warm_up()
     executor.prepare()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    assert "Erf" in (executor.capture() or "")
+    assert "Erf" in (driver.capture() or "")
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() <= before
 
@@ -324,12 +332,12 @@ def test_a_failed_run_gives_its_memory_back(monkeypatch):
         return erf(kernel, args)
 
     # a run that succeeds first: the library workspaces it makes (cuBLAS's, per stream) stay
-    execute(graph, plan, device="cuda", iterations=1, warmup=1, enforce_budget=False)
+    execute(graph, plan, device="cuda", measure=Measure(iterations=1, warmup=1, capped=False))
     monkeypatch.setitem(KERNELS, "Erf", failing_erf)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     with pytest.raises(ExecutionError, match="out of fast memory") as failed:
-        execute(graph, plan, device="cuda", iterations=2, warmup=1, enforce_budget=False)
+        execute(graph, plan, device="cuda", measure=Measure(iterations=2, warmup=1, capped=False))
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() <= before, failed.value
 
@@ -341,7 +349,7 @@ def test_a_capture_that_runs_out_of_memory_gives_its_pool_back(monkeypatch):
     neither `empty_cache` nor its own retries gave anything back and every later capped run of
     the process ran out of memory. (The eager iterations may leave a library workspace of
     their own in the default pool.) This passes with and without `_cuda_endAllocateToPool` in
-    `arena._release_pool` on the H100: the one-process sweep of recompute_check.py, not this
+    `drivers._release_pool` on the H100: the one-process sweep of recompute_check.py, not this
     test, showed that fault (docs/gpu.md)."""
     graph = _graph("decoder")
     plan = _arena_plans(graph)["all-fast"]
@@ -361,9 +369,9 @@ def test_a_capture_that_runs_out_of_memory_gives_its_pool_back(monkeypatch):
             # the capture, which ends the capture with an error
             torch.cuda.set_per_process_memory_fraction(
                 (torch.cuda.memory_reserved() + (512 << 20)) / total)
-            run = execute(graph, plan, device="cuda", iterations=1, warmup=1,
-                          graph_replay=True, enforce_budget=False)
-            assert not run.graph and any("out of memory" in n.lower() for n in run.notes), \
+            run = execute(graph, plan, device="cuda", mode=RunMode(placed=False, replay=True),
+                          measure=Measure(iterations=1, warmup=1, capped=False))
+            assert not run.replayed and any("out of memory" in n.lower() for n in run.notes), \
                 run.notes
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -383,9 +391,9 @@ def test_a_kernel_that_cannot_be_captured_is_named(monkeypatch):
     monkeypatch.setitem(KERNELS, "Erf", _synchronizing(KERNELS["Erf"]))
     reserved = []
     for _ in range(2):
-        run = execute(graph, plan, device="cuda", iterations=2, warmup=1, graph_replay=True,
-                      enforce_budget=False)
-        assert not run.graph
+        run = execute(graph, plan, device="cuda", mode=RunMode(placed=False, replay=True),
+                      measure=Measure(iterations=2, warmup=1, capped=False))
+        assert not run.replayed
         note = next(n for n in run.notes if n.startswith("no CUDA graph"))
         assert "Erf" in note, note
         torch.cuda.synchronize()

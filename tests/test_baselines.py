@@ -105,7 +105,7 @@ def test_offload_overlaps_and_may_break_the_budget():
     unlimited = MachineModel(g, machine.memory.with_budget(None), machine.costs)
     assert verify(unlimited, plan).fast_peak_bytes < unlimited.peak[0]
     res = run_baselines(machine, ["offload"])["offload"]
-    assert res.feasible == (res.fast_peak_bytes <= machine.budget)
+    assert res.feasible == (res.fast_peak_bytes <= machine.tensor_budget)
 
 
 def test_two_level_memory_is_host_only_and_priced_at_raw_bandwidth():

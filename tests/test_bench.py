@@ -10,6 +10,7 @@ from autotm_py.bench import COLUMNS, BenchSpec, read_result, read_rows, typed_ce
 from autotm_py.bench import run_bench as _run_bench
 from autotm_py.cli import main
 from autotm_py.errors import ConfigError
+from autotm_py.options import ModelOptions
 from tests.test_report_support import tiny_onnx
 
 
@@ -26,7 +27,7 @@ def run_bench(spec, output, **kw):
 
 def spec(model, **kw):
     base = dict(models=(model,), ratios=("1:1", "1:2"), strategies=("sync",), device="cuda",
-                training=True)
+                model=ModelOptions(training=True))
     return BenchSpec(**{**base, **kw})
 
 
@@ -305,7 +306,8 @@ def test_dims_are_part_of_the_row_key_and_the_plan_file():
     from autotm_py.bench import key_of as _key
 
     def bench(dims):
-        return BenchSpec(models=("bert_base",), ratios=("1:2",), dims=dims, plans_dir="p")
+        return BenchSpec(models=("bert_base",), ratios=("1:2",), model=ModelOptions(dims=dims),
+                         plans_dir="p")
 
     short, long, none = bench({"seq": 128}), bench({"seq": 512}), bench({})
     cell = ("bert_base", "1:2", "sync", "cbc")

@@ -22,6 +22,7 @@ from autotm_py.bench.engines import LocalEngine, open_engine
 from autotm_py.bench.tasks import MAX_ATTEMPTS, run_task, split
 from autotm_py.cli import main
 from autotm_py.memory.tiers import preset
+from autotm_py.options import ModelOptions
 from tests.test_report_support import tiny_onnx
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ def local_ray():
 def sweep(files, **kw):
     model, memory = files
     base = dict(models=(model,), ratios=("1:1", "2:1", "1:2"), strategies=("sync", "async"),
-                device="cuda", training=True, memory=memory)
+                device="cuda", model=ModelOptions(training=True), memory=memory)
     return BenchSpec(**{**base, **kw})
 
 

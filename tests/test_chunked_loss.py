@@ -155,14 +155,15 @@ def test_inspect_shows_the_smaller_peak_and_working_set(capsys):
 
 def test_bench_names_the_chunked_loss_in_its_rows_and_plans():
     from autotm_py.bench.spec import BenchSpec
+    from autotm_py.options import ModelOptions, RunMode
 
     spec = BenchSpec(models=("gpt2_small",), ratios=("1:1",), strategies=("async",),
-                     device="cuda", training=True, loss_chunks=16, arena=True, graph=True,
-                     plans_dir="plans")
+                     device="cuda", model=ModelOptions(training=True, loss_chunks=16),
+                     run=RunMode(arena=True, replay=True), plans_dir="plans")
     assert spec.options is not None and spec.options.endswith("+loss16")
     assert "loss16" in str(spec.plan_path("gpt2_small", "1:1", "async", "highs"))
     with pytest.raises(ConfigError, match="--loss-chunks"):
-        BenchSpec(models=("gpt2_small",), ratios=("1:1",), loss_chunks=0)
+        BenchSpec(models=("gpt2_small",), ratios=("1:1",), model=ModelOptions(loss_chunks=0))
 
 
 def test_an_infeasible_budget_set_by_the_logits_points_to_the_option():

@@ -98,4 +98,4 @@ def test_optimize_records_where_the_scratch_lives_in_the_plan(net, tmp_path, cap
     assert main(["optimize", "net", "--fast-mem", "8MiB", "--device", "cuda", "--arena",
                  *flags, "--no-baselines", "--recompute", "off", "-o", str(out)]) == 0
     plan = json.loads(out.read_text())
-    assert plan["header"]["config"]["scratch"] == want
+    assert plan["header"]["run"]["scratch"] == want

@@ -50,11 +50,11 @@ def test_device_busy_needs_a_gpu(model_and_plan, capsys):
     assert code != 0 and len(err) == 1 and "--device-busy" in err[0]
 
 
-def test_the_package_exports_the_placed_allocator_for_api_runs(model_and_plan):
-    """`at.use_placed_allocator` (docs/user-guide.md, Python API) is exported; off CUDA it
+def test_the_package_exports_the_cuda_process_setup_for_api_runs(model_and_plan):
+    """`at.prepare_cuda_process` (docs/user-guide.md, Python API) is exported; off CUDA it
     installs nothing and says nothing."""
     import autotm_py as at
 
     _, _, plan, _ = model_and_plan
-    assert "use_placed_allocator" in at.__all__
-    assert at.use_placed_allocator(plan, "cpu", arena=True, graph_replay=True) is None
+    assert "prepare_cuda_process" in at.__all__ and "RunMode" in at.__all__
+    assert at.prepare_cuda_process(plan, "cpu", at.RunMode(arena=True, replay=True)) == []

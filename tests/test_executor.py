@@ -11,13 +11,16 @@ from autotm_py.errors import ConfigError
 from autotm_py.frontend.fuse import fuse_graph
 from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.training import derive_training
+from autotm_py.options import Measure, RunMode
 from autotm_py.pipeline import machine_for, optimize, run_baselines, with_arena
-from autotm_py.runtime.executor import Executor, execute, run_steps
+from autotm_py.runtime.execute import execute, run_steps
+from autotm_py.runtime.executor import Executor
 from autotm_py.runtime.reference import train_steps
 from tests.graphs import costs_for
 from tests.test_training_models import small_cnn, tiny_decoder
 
 STEPS = 3
+ARENA = RunMode(arena=True)
 
 
 def _graph(name: str):
@@ -68,10 +71,11 @@ def _arena_plans(graph):
     plans = {name: with_arena(graph, plan, costs) for name, plan in _plans(graph).items()}
     budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
     for strategy in ("sync", "async"):
-        config = PlanConfig(fast_mem_bytes=budget, device="cuda", strategy=strategy, arena=True)
+        config = PlanConfig(fast_mem_bytes=budget, device="cuda", strategy=strategy,
+                            run=ARENA)
         machine = machine_for(graph, config, costs)
         result = optimize(graph, PlanConfig(fast_mem_bytes=budget + machine.scratch_reserve,
-                                            device="cuda", strategy=strategy, arena=True),
+                                            device="cuda", strategy=strategy, run=ARENA),
                           costs=costs)
         assert result.plan is not None and result.plan.arena is not None, result.message
         plans[f"{strategy}-arena"] = result.plan
@@ -85,7 +89,7 @@ def test_every_plan_in_an_arena_matches_the_reference_bitwise(name):
     graph = _graph(name)
     reference = train_steps(graph, steps=STEPS, seed=3)
     for plan_name, plan in _arena_plans(graph).items():
-        steps = run_steps(graph, plan, steps=STEPS, seed=3, arena=True)
+        steps = run_steps(graph, plan, steps=STEPS, seed=3, mode=ARENA)
         for step, (got, want) in enumerate(zip(steps, reference, strict=True)):
             for tid in graph.outputs:
                 assert torch.equal(got[tid], want[tid].cpu()), (
@@ -95,24 +99,28 @@ def test_every_plan_in_an_arena_matches_the_reference_bitwise(name):
 def test_arena_run_reports_the_arena():
     graph = _graph("cnn")
     plan = _arena_plans(graph)["async-arena"]
-    result = execute(graph, plan, device="cpu", iterations=2, warmup=1, arena=True)
+    result = execute(graph, plan, device="cpu", mode=ARENA,
+                     measure=Measure(iterations=2, warmup=1))
     assert result.arena_bytes == plan.arena.scratch_offset
     assert result.copied_outputs is not None and result.copied_outputs > 0  # Conv, on the CPU
-    assert not result.graph and result.reserved_peak_bytes is None
-    with pytest.raises(ConfigError, match="--graph"):
-        execute(graph, plan, device="cpu", arena=True, graph_replay=True)
+    assert not result.replayed and result.reserved_peak_bytes is None
+    assert result.mode == ARENA.to_dict()
+    with pytest.raises(ConfigError, match="--replay"):
+        execute(graph, plan, device="cpu", mode=RunMode(arena=True, replay=True))
 
 
 def test_static_inputs_keep_their_addresses_and_the_results():
-    """What a CUDA graph without an arena needs (`runtime.arena.StaticInputs`): every tensor
+    """What a CUDA graph without an arena needs (`runtime.memory.StaticInputs`): every tensor
     an iteration starts with at the same address in every iteration, each carried value copied
     back into it, and results bitwise those of the reference runner."""
-    from autotm_py.runtime.executor import new_executor
+    from autotm_py.runtime.memory import CachingMemory
+    from autotm_py.runtime.reference import init_values
     graph = _graph("cnn")
     plan = _plans(graph)["sync"]
     reference = train_steps(graph, steps=STEPS, seed=5)
-    _, executor = new_executor(graph, plan, "cpu", seed=5, deterministic=True,
-                               static_inputs=True)
+    memory = CachingMemory(graph, plan, torch.device("cpu"), static_inputs=True)
+    executor = Executor(graph, plan, device="cpu", masters=init_values(graph, seed=5),
+                        memory=memory)
     addresses = []
     for step in range(STEPS):
         executor.prepare()
@@ -135,7 +143,7 @@ def test_plans_with_moves_exist():
 def test_execute_reports_times_on_cpu():
     graph = _graph("cnn")
     plan = _plans(graph)["sync"]
-    result = execute(graph, plan, device="cpu", iterations=2, warmup=1)
+    result = execute(graph, plan, device="cpu", measure=Measure(iterations=2, warmup=1))
     assert result.iterations == 2 and len(result.iteration_times_s) == 2
     assert all(t > 0 for t in result.iteration_times_s)
     # on the CPU the host does the work, so enqueueing is the iteration; no allocator retries
@@ -222,10 +230,10 @@ def test_plans_that_recompute_run_at_planned_addresses(name, monkeypatch):
              for k, p in _recompute_plans(graph).items() if any(True for _ in p.recomputes())}
     for strategy in ("sync", "async"):
         budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
-        probe = machine_for(graph, PlanConfig(fast_mem_bytes=budget, device="cuda", arena=True),
+        probe = machine_for(graph, PlanConfig(fast_mem_bytes=budget, device="cuda", run=ARENA),
                             costs)
         result = optimize(graph, PlanConfig(fast_mem_bytes=budget + probe.scratch_reserve,
-                                            device="cuda", strategy=strategy, arena=True,
+                                            device="cuda", strategy=strategy, run=ARENA,
                                             recompute="on", solver="highs"), costs=costs)
         assert result.plan is not None and result.plan.arena is not None, result.message
         assert result.plan.header.strategy == f"{strategy}+recompute"
@@ -237,13 +245,13 @@ def test_plans_that_recompute_run_at_planned_addresses(name, monkeypatch):
     def checked(self, record):
         real(self, record)
         for tid in record.outputs:
-            slot = self.arena.view(self.index, graph.tensors[tid])
+            slot = self.memory.arena.view(self.index, graph.tensors[tid])
             assert self.state.fast[tid].data_ptr() == slot.data_ptr(), graph.name_of(tid)
             placed.append(tid)
 
     monkeypatch.setattr(Executor, "recompute", checked)
     for plan_name, plan in plans.items():
-        steps = run_steps(graph, plan, steps=STEPS, seed=6, arena=True)
+        steps = run_steps(graph, plan, steps=STEPS, seed=6, mode=ARENA)
         for step, (got, want) in enumerate(zip(steps, reference, strict=True)):
             for tid in graph.outputs:
                 assert torch.equal(got[tid], want[tid].cpu()), (
@@ -272,19 +280,20 @@ def test_steady_pairs_live_at_once_are_copied_at_the_boundary():
     for share in (0.6, 0.7, 0.8, 0.5):
         budget = int(graph.max_working_set[0] + share * (graph.peak_live_bytes
                                                          - graph.max_working_set[0]))
-        probe = machine_for(graph, PlanConfig(fast_mem_bytes=budget, device="cuda", arena=True),
+        probe = machine_for(graph, PlanConfig(fast_mem_bytes=budget, device="cuda", run=ARENA),
                             costs)
         plan = optimize(graph, PlanConfig(fast_mem_bytes=budget + probe.scratch_reserve,
-                                          device="cuda", strategy="async", arena=True,
+                                          device="cuda", strategy="async", run=ARENA,
                                           recompute="on", solver="highs"), costs=costs).plan
         assert plan is not None and plan.arena is not None, plan and plan.header.notes
-        life = arena.lifetimes(replace(machine_for_plan(graph, plan, costs), arena=True), plan)
+        machine = machine_for_plan(graph, plan, costs)
+        life = arena.lifetimes(replace(machine, run=replace(machine.run, arena=True)), plan)
         if life.boundary:
             break
     assert life.boundary, "the case needs a pair copied at the boundary"
     simulate(graph, plan, costs=costs)  # strict: the verifier accepts the boundary copies
     reference = train_steps(graph, steps=STEPS, seed=7)
-    steps = run_steps(graph, plan, steps=STEPS, seed=7, arena=True)
+    steps = run_steps(graph, plan, steps=STEPS, seed=7, mode=ARENA)
     for step, (got, want) in enumerate(zip(steps, reference, strict=True)):
         for tid in graph.outputs:
             assert torch.equal(got[tid], want[tid].cpu()), f"step {step}: {graph.name_of(tid)}"
@@ -294,20 +303,21 @@ def test_run_help_gives_the_capture_allowance():
     """`autotm run --help` states the executor's allowance (the CLI does not import torch to
     print it, so the number is written there too)."""
     from autotm_py.cli.run import run_cmd
-    from autotm_py.runtime.executor import CAPTURE_ALLOWANCE
+    from autotm_py.runtime.drivers import CAPTURE_ALLOWANCE
 
-    (graph,) = [p for p in run_cmd.params if p.name == "graph_replay"]
-    assert f"up to {CAPTURE_ALLOWANCE >> 20} MiB" in graph.help
+    (replay,) = [p for p in run_cmd.params if p.name == "replay"]
+    assert f"up to {CAPTURE_ALLOWANCE >> 20} MiB" in replay.help
+    assert "--graph" in replay.opts  # the older name still works
 
 
 def test_out_of_memory_names_the_request_and_the_record():
     """An out-of-memory under the cap says how much was asked for and at which record: what a
     re-plan has to leave room for (torch's own first sentence says neither)."""
     from autotm_py.plan import Compute
-    from autotm_py.runtime.executor import _out_of_memory, new_executor
+    from autotm_py.runtime.execute import _out_of_memory, new_executor
     graph = _graph("cnn")
     plan = _plans(graph)["sync"]
-    _, executor = new_executor(graph, plan, "cpu")
+    _, executor, _ = new_executor(graph, plan, "cpu")
     executor.index = next(i for i, r in enumerate(plan.records) if isinstance(r, Compute))
     exc = RuntimeError("CUDA out of memory. Tried to allocate 76.00 MiB. GPU 0 has a total "
                        "capacity of 79.19 GiB of which 1.00 GiB is free.")
@@ -316,22 +326,27 @@ def test_out_of_memory_names_the_request_and_the_record():
 
 
 def test_graph_replay_runs_in_the_arena_only_under_the_cap():
-    """`api.execute(graph_replay=True)` replays in the arena where the run is capped (the arena
-    keeps the capture in the budget), with static inputs where it is not (no slot copies)."""
-    from autotm_py.api import runs_capped
+    """A replay runs in the plan's arena where the run is capped (the arena keeps the capture
+    in the budget), with static inputs where it is not (no slot copies)."""
+    from autotm_py.pipeline import run_mode_for, runs_capped
     graph = _graph("cnn")
     plans = _plans(graph)
     budgeted, unlimited = plans["sync"], plans["all-fast"]
     assert budgeted.header.budget_bytes is not None and unlimited.header.budget_bytes is None
     assert runs_capped(budgeted, "cuda")
-    assert not runs_capped(budgeted, "cuda", enforce_budget=False)  # --no-cap
+    assert not runs_capped(budgeted, "cuda", capped=False)  # --no-cap
     assert not runs_capped(budgeted, "cpu")
     assert not runs_capped(unlimited, "cuda")
+    laid_out = _arena_plans(graph)["sync-arena"]
+    replay = RunMode(replay=True)
+    assert run_mode_for(laid_out, replay, "cuda").arena
+    assert not run_mode_for(laid_out, replay, "cuda", capped=False).arena
+    assert not run_mode_for(laid_out, RunMode(), "cuda").arena  # eager: as asked
 
 
 def test_a_slot_freed_while_copied_out_is_written_only_after_the_copy():
     """At planned addresses the free of a fast copy that an async write still reads does not
-    wait; whoever writes the slot next does (`Executor._claim`): the compute stream joins the
+    wait; whoever writes the slot next does (`Executor.claim`): the compute stream joins the
     copy's event, a copy stream waits for it on its own; slots that do not meet are not held
     back. (On the GPU, `test_arena_gpu` runs such plans bitwise against torch's allocator.)"""
     from autotm_py.runtime.executor import Executor
@@ -356,10 +371,10 @@ def test_a_slot_freed_while_copied_out_is_written_only_after_the_copy():
         def wait_event(self, event):
             waited.append(event)
 
-    ex._claim(arena[128:384], Stream())  # a prefetch lands on part of the first slot
+    ex.claim(arena[128:384], Stream())  # a prefetch lands on part of the first slot
     assert (waited, joined) == (["copy of first"], [])
-    ex._claim(arena[300:400], None)  # a kernel writes between the two: nothing to wait for
+    ex.claim(arena[300:400], None)  # a kernel writes between the two: nothing to wait for
     assert joined == []
-    ex._claim(arena[700:900], None)  # a kernel's output over the second slot
+    ex.claim(arena[700:900], None)  # a kernel's output over the second slot
     assert joined == ["copy of second"]
     assert ex.state.busy == [(first, "copy of first")]  # the compute stream never joined it

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from autotm_py.memory.tiers import preset
-from autotm_py.runtime.executor import Executor, execute, run_steps
+from autotm_py.options import Measure, RunMode
+from autotm_py.runtime.execute import compose, execute, run_steps
+from autotm_py.runtime.executor import Executor
 from autotm_py.runtime.reference import init_values
 from tests.test_executor import _graph, _plans
 
@@ -57,7 +59,7 @@ def run_without_synchronizing(graph, plans, names, *, arena: bool = False) -> No
     for name in names:
         if name not in plans:
             continue
-        ex = Executor(graph, plans[name], device="cuda", masters=masters, arena=arena)
+        ex, _ = compose(graph, plans[name], "cuda", RunMode(arena=arena), masters)
         ex.prepare()  # untimed placement may copy from pageable memory
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
@@ -93,7 +95,8 @@ def peak_runs() -> list[dict]:
     plans = _plans(graph, reserve=preset("h100-pcie5").runtime_reserve_bytes)
     runs = []
     for name in ("sync", "async"):
-        result = execute(graph, plans[name], device="cuda", iterations=2, warmup=1)
+        result = execute(graph, plans[name], device="cuda",
+                         measure=Measure(iterations=2, warmup=1))
         runs.append({k: getattr(result, k) for k in (
             "cap_bytes", "peak_fast_bytes", "budget_bytes", "alloc_retries", "host_median_s")})
     return runs
@@ -136,7 +139,7 @@ def test_copies_are_joined_where_their_tensors_are_used():
         updates run ahead with it in one foreach (`reuse.update_runs`), a move's or free's
         tensor."""
         out: set[int] = set()
-        for i in ex._updates.get(index, (index,)):
+        for i in ex.memory._updates.get(index, (index,)):
             record = records[i]
             if isinstance(record, (Compute, Recompute)):
                 out |= set(graph.kernels[record.kernel].inputs)

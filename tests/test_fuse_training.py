@@ -184,7 +184,7 @@ def test_fused_attention_backward_reads_q_k_v_output_and_logsumexp(bert_b16_s512
 
 # ---- executor, cost model, CLI ------------------------------------------------------------------
 def test_plans_of_a_fused_graph_match_the_reference_bitwise():
-    from autotm_py.runtime.executor import run_steps
+    from autotm_py.runtime.execute import run_steps
     from tests.test_executor import _plans
 
     graph = derive_training(fuse_graph(tiny_decoder()))

@@ -15,6 +15,7 @@ import pytest
 
 from autotm_py import api
 from autotm_py.config import PlanConfig
+from autotm_py.options import RunMode
 from autotm_py.pipeline import optimize
 from autotm_py.units import parse_ratio
 
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_recompute_check_runs_joint_plans_and_merges_their_rows(tmp_path):
     graph = api.load_model("transformer", batch=1, dims={"seq": 8}, training=True)
     config = PlanConfig(device="cuda", ratio=parse_ratio("1:1"), strategy="async",
-                        recompute="on", arena=True, graph=True, time_limit_s=10)
+                        recompute="on", run=RunMode(arena=True, replay=True), time_limit_s=10)
     plan = optimize(graph, config).plan
     assert plan is not None and plan.arena is not None
     plans = tmp_path / "plans"

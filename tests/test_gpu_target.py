@@ -128,10 +128,11 @@ def test_a_bad_gpu_is_refused_in_one_line(tmp_path, capsys, extra, words):
 
 def test_bench_names_the_gpu_in_its_rows_and_plans():
     from autotm_py.bench.spec import BenchSpec
+    from autotm_py.options import ModelOptions, RunMode
 
     spec = BenchSpec(models=("resnet50",), ratios=("1:1",), strategies=("async",),
-                     device="cuda", training=True, arena=True, graph=True, gpu="NVIDIA H200",
-                     plans_dir="plans")
+                     device="cuda", model=ModelOptions(training=True),
+                     run=RunMode(arena=True, replay=True), gpu="NVIDIA H200", plans_dir="plans")
     assert spec.options is not None and spec.options.endswith("+gpu-h200")
     assert spec.plan_config("async", "1:1").gpu == "NVIDIA H200"
     assert "cuda_h200-pcie5" in str(spec.plan_path("resnet50", "1:1", "async", "highs"))

@@ -115,10 +115,11 @@ def test_kernel_ranges_wrap_every_kernel():
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from autotm_py.runtime.executor import KERNEL_RANGE, new_executor
+    from autotm_py.runtime.execute import new_executor
+    from autotm_py.runtime.executor import KERNEL_RANGE
 
     graph = _graph("cnn")
-    _, executor = new_executor(graph, all_fast_plan(graph), "cpu", seed=0,
+    _, executor, _ = new_executor(graph, all_fast_plan(graph), "cpu", seed=0,
                                 deterministic=False, kernel_ranges=True)
     executor.prepare()
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -22,11 +22,11 @@ import pytest
 
 from autotm_py.fileio import atomic_write_text
 from autotm_py.ir import Role
+from autotm_py.options import ModelOptions, RunMode
 from autotm_py.plan import (
     Compute,
     CostsIdentity,
     Free,
-    ModelOptions,
     Move,
     Plan,
     PlanHeader,
@@ -127,7 +127,8 @@ def fixture_expected(plan: Plan) -> dict[str, Any]:
         "initial": plan.to_dict()["initial"],
         "placements": [list(r.placement) for r in plan.computes()],
         "recomputes": [[r.kernel, list(r.outputs), r.before] for r in plan.recomputes()],
-        "graph": plan.header.graph,
+        "replay": plan.header.run.replay,
+        "run_arena": plan.header.run.arena,
         "arena_bytes": plan.arena.nbytes if plan.arena else None,
         "arena_scratch_offset": plan.arena.scratch_offset if plan.arena else None,
         "arena_offsets": [[b.record, b.tensor, b.offset] for b in plan.arena.buffers]
@@ -149,7 +150,7 @@ def test_schema_is_valid_draft_2020_12() -> None:
 
 
 # Header fields added within format 2: plans written before them lack them (readers default).
-OPTIONAL_HEADER_FIELDS = {"graph", "gpu"}
+OPTIONAL_HEADER_FIELDS = {"gpu"}
 
 
 def test_schema_header_fields_are_the_dataclass_fields() -> None:
@@ -160,7 +161,8 @@ def test_schema_header_fields_are_the_dataclass_fields() -> None:
     assert set(defs["header"]["required"]) == header_fields - OPTIONAL_HEADER_FIELDS
     assert set(defs["solver"]["properties"]) == solver_fields
     assert set(defs["solver"]["required"]) == solver_fields
-    for name, cls in (("modelOptions", ModelOptions), ("costsIdentity", CostsIdentity)):
+    for name, cls in (("modelOptions", ModelOptions), ("costsIdentity", CostsIdentity),
+                      ("runMode", RunMode)):
         fields = {f.name for f in dataclasses.fields(cls)}
         assert set(defs[name]["properties"]) == fields
         # loss_chunks and channels_last came later: plans written before them lack them (read
@@ -234,7 +236,8 @@ def _break(path: list[Any], value: Any = None, *, delete: bool = False):
 
 BROKEN = {
     "wrong format": _break(["format"], "other"),
-    "future version": _break(["format_version"], 2),
+    "other version": _break(["format_version"], 2),
+    "run scratch not a mode": _break(["header", "run", "scratch"], "auto"),
     "missing header field": _break(["header", "model_hash"], delete=True),
     "unknown header field": _break(["header", "surprise"], 1),
     "solver status not a string": _break(["header", "solver", "status"], 3),

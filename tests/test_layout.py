@@ -13,7 +13,7 @@ from autotm_py.ir.layout import CHANNELS_LAST, channels_last_tensors, to_channel
 from autotm_py.ir.training import derive_training
 from autotm_py.kernels import run_kernel
 from autotm_py.kernels.util import typed_view
-from autotm_py.plan import ModelOptions
+from autotm_py.options import ModelOptions
 from autotm_py.profiling.costmodel import OpShape
 from autotm_py.profiling.scaling import skeleton
 from autotm_py.profiling.torch_profiler import make_inputs

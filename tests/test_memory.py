@@ -133,7 +133,7 @@ def test_runtime_reserve_comes_out_of_the_budget():
     costs = KernelCosts.from_times("cuda", [1e-3] * 3)
     budget = h100.runtime_reserve_bytes + (16 << 20)
     machine = machine_for(g, PlanConfig(fast_mem_bytes=budget, device="cuda"), costs)
-    assert machine.budget == 16 << 20 and machine.user_budget == budget
+    assert machine.tensor_budget == 16 << 20 and machine.user_budget == budget
     result = optimize(g, PlanConfig(fast_mem_bytes=budget, device="cuda"), costs=costs)
     assert result.plan is not None and result.plan.header.budget_bytes == budget
     tight = optimize(g, PlanConfig(fast_mem_bytes=h100.runtime_reserve_bytes, device="cuda"),
@@ -157,7 +157,7 @@ def test_headroom_leaves_a_share_of_the_budget_free():
     plain = machine_for(g, PlanConfig(fast_mem_bytes=budget, device="cuda"), costs)
     roomy = machine_for(g, PlanConfig(fast_mem_bytes=budget, device="cuda", headroom=0.2),
                           costs)
-    assert plain.budget - roomy.budget == int(budget * 0.2)
+    assert plain.tensor_budget - roomy.tensor_budget == int(budget * 0.2)
     assert roomy.user_budget == budget
     tight = optimize(g, PlanConfig(fast_mem_bytes=h100.runtime_reserve_bytes + (8 << 20),
                                    device="cuda", headroom=0.2), costs=costs)

@@ -8,10 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autotm_py.options import Measure, RunMode
 from autotm_py.runtime import placed
-from autotm_py.runtime.executor import run_steps
+from autotm_py.runtime.execute import run_steps
 from autotm_py.runtime.reference import train_steps
 from tests.test_executor import _arena_plans, _graph
+
+ARENA = RunMode(arena=True)
+ONE = Measure(iterations=1, warmup=1)
 
 BASE = 1 << 40  # made-up addresses: the shim never touches the memory it hands out
 MIB = 1 << 20
@@ -194,7 +198,7 @@ def test_the_executor_offers_slots_and_keeps_the_results(name, monkeypatch):
     monkeypatch.setattr(placed, "active", lambda: recorder)
     reference = train_steps(graph, steps=2, seed=3)
     plan = _arena_plans(graph)["async-arena"]
-    steps = run_steps(graph, plan, steps=2, seed=3, arena=True)
+    steps = run_steps(graph, plan, steps=2, seed=3, mode=ARENA)
     for got, want in zip(steps, reference, strict=True):
         for tid in graph.outputs:
             assert torch.equal(got[tid], want[tid].cpu()), graph.name_of(tid)
@@ -222,8 +226,8 @@ def _windowed_plan(graph):
                                                  for i in range(len(graph.kernels))))
     budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2 + \
         2 * (workspace + WINDOW_SLACK_BYTES)
-    config = PlanConfig(fast_mem_bytes=budget, device="cuda", strategy="async", arena=True,
-                        scratch="windows")
+    config = PlanConfig(fast_mem_bytes=budget, device="cuda", strategy="async",
+                        run=RunMode(arena=True, scratch="windows"))
     result = optimize(graph, config, costs=costs)
     assert result.plan is not None and result.plan.arena is not None, result.message
     return result.plan, machine_for(graph, config, costs)
@@ -239,7 +243,7 @@ def test_the_executor_opens_each_kernels_scratch_window_and_keeps_the_results(na
     monkeypatch.setattr(placed, "active", lambda: recorder)
     reference = train_steps(graph, steps=2, seed=3)
     plan, machine = _windowed_plan(graph)
-    steps = run_steps(graph, plan, steps=2, seed=3, arena=True)
+    steps = run_steps(graph, plan, steps=2, seed=3, mode=ARENA)
     for got, want in zip(steps, reference, strict=True):
         for tid in graph.outputs:
             assert torch.equal(got[tid], want[tid].cpu()), graph.name_of(tid)
@@ -267,7 +271,7 @@ def test_a_kernel_waits_for_copies_out_of_freed_tensors_under_its_window(monkeyp
     compute = Executor.compute
 
     def compute_with_copies_out(self, record):
-        window = self.arena.window(self.index)
+        window = self.memory.arena.window(self.index)
         if window is not None:  # a copy out of these bytes, and one out of a tensor elsewhere
             elsewhere = torch.empty(4, dtype=torch.uint8)
             self.state.busy += [(window[:8], f"under #{self.index}"), (elsewhere, "elsewhere")]
@@ -279,7 +283,7 @@ def test_a_kernel_waits_for_copies_out_of_freed_tensors_under_its_window(monkeyp
 
     monkeypatch.setattr(Executor, "compute", compute_with_copies_out)
     monkeypatch.setattr(Executor, "_join", join)
-    run_steps(graph, plan, steps=1, seed=3, arena=True)
+    run_steps(graph, plan, steps=1, seed=3, mode=ARENA)
     assert joined and all(event == f"under #{index}" for index, event in joined)
 
 
@@ -300,13 +304,13 @@ def test_an_allocation_that_outlives_its_window_stops_the_run(monkeypatch):
     plan, _ = _windowed_plan(graph)
     with pytest.raises(ExecutionError, match=r"kernel '.+': 1 allocation\(s\) made in a "
                                              r"scratch window outlived their kernel"):
-        run_steps(graph, plan, steps=1, seed=3, arena=True)
+        run_steps(graph, plan, steps=1, seed=3, mode=ARENA)
 
 
 def test_a_run_names_the_kernels_whose_scratch_did_not_fit_their_windows(monkeypatch):
     import contextlib
 
-    from autotm_py.runtime.executor import execute
+    from autotm_py.runtime.execute import execute
 
     class Spilling(_Recorder):
         @contextlib.contextmanager
@@ -323,7 +327,7 @@ def test_a_run_names_the_kernels_whose_scratch_did_not_fit_their_windows(monkeyp
     plan, _ = _windowed_plan(graph)
     first = next(i for i, r in enumerate(plan.records) if isinstance(r, Compute))
     spilling.missed = [(first, 98 * MIB), (-1, MIB)]
-    result = execute(graph, plan, device="cpu", iterations=1, warmup=1, arena=True)
+    result = execute(graph, plan, device="cpu", mode=ARENA, measure=ONE)
     (note,) = [n for n in result.notes if n.startswith("scratch beyond its window")]
     assert "largest requests: '" in note and "profile on this GPU" in note
     name = graph.kernels[plan.records[first].kernel].name
@@ -332,7 +336,7 @@ def test_a_run_names_the_kernels_whose_scratch_did_not_fit_their_windows(monkeyp
     computes = {i for i, r in enumerate(plan.records) if isinstance(r, Compute | Recompute)}
     assert computes <= set(spilling.tags) and -1 in spilling.tags  # every record is named
     monkeypatch.setattr(placed, "active", lambda: _Recorder())  # every request fitted
-    result = execute(graph, plan, device="cpu", iterations=1, warmup=1, arena=True)
+    result = execute(graph, plan, device="cpu", mode=ARENA, measure=ONE)
     assert not any(n.startswith("scratch beyond") for n in result.notes)
 
 
@@ -347,7 +351,7 @@ def test_the_gpu_test_digests_every_output():
 def test_the_run_installs_it_for_arena_runs_on_cuda_with_the_cap_as_region(monkeypatch):
     from autotm_py import api
     from autotm_py.cli.run import run_cmd
-    from autotm_py.runtime.executor import CAP_SLACK_BYTES
+    from autotm_py.options import CAP_SLACK_BYTES
 
     asked: list[int | None] = []
 
@@ -359,14 +363,16 @@ def test_the_run_installs_it_for_arena_runs_on_cuda_with_the_cap_as_region(monke
     graph = _graph("cnn")
     plan = _arena_plans(graph)["async-arena"]
     budget = plan.header.budget_bytes
-    note = api.use_placed_allocator(plan, "cuda", arena=True)
-    assert note == "outputs copied into their slots: no placed allocator (no GPU in this test)"
+    monkeypatch.setattr("autotm_py.runtime.device.use_replay_work_queues", lambda: None)
+    notes = api.prepare_cuda_process(plan, "cuda", ARENA)
+    assert notes == ["outputs copied into their slots: no placed allocator (no GPU in this test)"]
     assert asked == [budget + CAP_SLACK_BYTES]
-    api.use_placed_allocator(plan, "cuda", graph_replay=True)  # a capped replay of an arena plan
-    api.use_placed_allocator(plan, "cuda", arena=True, enforce_budget=False)
+    api.prepare_cuda_process(plan, "cuda", RunMode(replay=True))  # a capped replay: its arena
+    api.prepare_cuda_process(plan, "cuda", ARENA, capped=False)
     assert asked[1:] == [budget + CAP_SLACK_BYTES, None]  # uncapped: the device's free memory
-    api.use_placed_allocator(plan, "cuda")  # eager on the caching allocator: not needed
-    api.use_placed_allocator(plan, "cpu", arena=True)
+    api.prepare_cuda_process(plan, "cuda", RunMode())  # eager on the caching allocator
+    api.prepare_cuda_process(plan, "cuda", RunMode(arena=True, placed=False))  # --no-placed
+    api.prepare_cuda_process(plan, "cpu", ARENA)
     assert len(asked) == 3
     (option,) = [p for p in run_cmd.params if p.name == "placed"]
     assert option.default is True and "--no-placed" in option.secondary_opts
@@ -375,7 +381,7 @@ def test_the_run_installs_it_for_arena_runs_on_cuda_with_the_cap_as_region(monke
 def test_plans_for_the_placed_allocator_leave_placed_outputs_out_of_scratch():
     from autotm_py.config import PlanConfig
     from autotm_py.memory.scratch import PLACED_OPS, allocated_outputs
-    from autotm_py.pipeline import machine_for, machine_for_plan, optimize, plans_placed
+    from autotm_py.pipeline import machine_for, machine_for_plan, optimize
     from tests.graphs import costs_for
 
     graph = _graph("cnn")
@@ -388,20 +394,22 @@ def test_plans_for_the_placed_allocator_leave_placed_outputs_out_of_scratch():
         else:
             assert placed_ == copied, kernel.name
     budget = (graph.max_working_set[0] + graph.peak_live_bytes) // 2
-    config = {"fast_mem_bytes": budget, "device": "cuda", "strategy": "async", "arena": True}
-    machines = {p: machine_for(graph, PlanConfig(**config, placed=p), costs) for p in (0, 1)}
+    config = {"fast_mem_bytes": budget, "device": "cuda", "strategy": "async"}
+    machines = {p: machine_for(graph, PlanConfig(**config, run=RunMode(True, placed=bool(p))),
+                               costs) for p in (0, 1)}
     assert machines[1].scratch_reserve < machines[0].scratch_reserve  # ConvGrad's outputs
     assert machines[1].scratch.sum() < machines[0].scratch.sum()
     for placed_ in (False, True):
-        plan = optimize(graph, PlanConfig(**config, placed=placed_), costs=costs).plan
+        plan = optimize(graph, PlanConfig(**config, run=RunMode(True, placed=placed_)),
+                        costs=costs).plan
         assert plan is not None and plan.arena is not None
-        assert plans_placed(plan) is placed_
-        assert machine_for_plan(graph, plan, costs).placed is placed_
+        assert plan.header.run.placed is placed_
+        assert machine_for_plan(graph, plan, costs).places_outputs is placed_
 
 
 def test_run_summary_counts_placed_outputs_and_names_overflow(capsys):
     from autotm_py.cli.run import _print_summary
-    from autotm_py.runtime.executor import RunResult
+    from autotm_py.runtime.execute import RunResult
 
     result = RunResult(
         device="cuda", device_name="GPU", iterations=1, warmup=0, iteration_times_s=(0.1,),

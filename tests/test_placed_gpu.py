@@ -34,7 +34,7 @@ def test_capped_runs_allocate_outputs_at_their_slots_within_the_cap(replay):
         assert run["placed_outputs"] > 0, run
         assert run["alloc_retries"] == 0, run  # nothing overflowed the region (the cap)
         assert run["reserved_peak_bytes"] <= run["cap_bytes"], run
-        assert run["graph"] is replay, run
+        assert run["replayed"] is replay, run
         assert not any(n.startswith("outputs copied") for n in run["notes"]), run
         if replay:  # one more replay profiled: the GPU's busy time in it (issue 14 item 4)
             assert run["device_kernel_s"] > 0 and run["device_busy_s"] > 0, run
@@ -81,8 +81,9 @@ def windowed_digests(name: str, use_placed: bool) -> dict:
     import torch
 
     from autotm_py.memory import tiers
+    from autotm_py.options import RunMode
     from autotm_py.runtime import placed
-    from autotm_py.runtime.executor import run_steps
+    from autotm_py.runtime.execute import run_steps
     from tests.test_placed import _windowed_plan
 
     tiers.PRESETS = {n: replace(m, runtime_reserve_bytes=0) for n, m in tiers.PRESETS.items()}
@@ -90,8 +91,8 @@ def windowed_digests(name: str, use_placed: bool) -> dict:
     plan, _ = _windowed_plan(graph)
     out: dict[str, list[str]] = {}
     for replay in (False, True):
-        steps = run_steps(graph, plan, steps=3, device="cuda", seed=4, arena=True,
-                          graph_replay=replay, placed=use_placed)
+        steps = run_steps(graph, plan, steps=3, device="cuda", seed=4,
+                          mode=RunMode(arena=True, placed=use_placed, replay=replay))
         out[f"replay={replay}"] = [
             hashlib.sha256(b"".join(s[t].reshape(-1).view(torch.uint8).numpy().tobytes()
                                     for t in graph.outputs)).hexdigest() for s in steps]
@@ -110,8 +111,9 @@ def digests(name: str, use_placed: bool, device: str = "cuda") -> dict:
     import torch
 
     from autotm_py.memory import tiers
+    from autotm_py.options import RunMode
     from autotm_py.runtime import placed
-    from autotm_py.runtime.executor import run_steps
+    from autotm_py.runtime.execute import run_steps
     from tests.test_executor import _arena_plans, _graph
 
     # as tests/conftest.py does in the test process: tiny graphs, no runtime reserve
@@ -121,8 +123,8 @@ def digests(name: str, use_placed: bool, device: str = "cuda") -> dict:
     out: dict[str, list[str]] = {}
     for plan_name, plan in plans.items():
         for replay in (False, True) if device == "cuda" else (False,):
-            steps = run_steps(graph, plan, steps=3, device=device, seed=4, arena=True,
-                              graph_replay=replay, placed=use_placed)
+            steps = run_steps(graph, plan, steps=3, device=device, seed=4,
+                              mode=RunMode(arena=True, placed=use_placed, replay=replay))
             out[f"{plan_name} replay={replay}"] = [
                 hashlib.sha256(b"".join(s[t].reshape(-1).view(torch.uint8).numpy().tobytes()
                                         for t in graph.outputs)).hexdigest() for s in steps]

@@ -11,6 +11,7 @@ from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError, PlanError
 from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW, preset
+from autotm_py.options import RunMode
 from autotm_py.pipeline import optimize, simulate
 from autotm_py.plan import Move, Plan
 from autotm_py.planning import formulation
@@ -226,7 +227,7 @@ def test_sync_solution_is_a_feasible_start_of_the_async_model(device):
         assert (activity <= 1e-6 if c.sense == pulp.LpConstraintLE else
                 activity >= -1e-6 if c.sense == pulp.LpConstraintGE else abs(activity) < 1e-6)
     assert pulp.value(asyn.prob.objective) == pytest.approx(first.objective, rel=1e-9)
-    res = optimize(g, config(strategy="async", device=device, fast_mem_bytes=machine.budget,
+    res = optimize(g, config(strategy="async", device=device, fast_mem_bytes=machine.tensor_budget,
                              async_candidates=2, recompute="off"), costs=costs)
     assert any("started from the sync plan" in n for n in res.plan.header.notes)
     assert res.objective_s <= first.objective / formulation.MS * (1 + 1e-9)
@@ -324,7 +325,7 @@ def test_host_chain_is_monotone_and_falls_back(monkeypatch):
 
 def test_plan_header_records_how_the_graph_was_made(tmp_path):
     from autotm_py import api
-    from autotm_py.plan import ModelOptions
+    from autotm_py.options import ModelOptions
 
     g = api.load_model(str(FIXTURES / "tiny_gpt_opset17.onnx"), batch=2, dims={"seq": 16},
                        training=True, optimizer="adam")
@@ -350,7 +351,8 @@ def test_version_1_plans_are_read_with_typed_fields_from_their_config():
     doc = json.loads(gzip.decompress(kept.read_bytes()))
     assert doc["format_version"] == 1
     header = Plan.load(kept).header
-    assert header.format_version == 2 and header.model is None
+    assert header.format_version == 3 and header.model is None
+    assert header.run == RunMode(placed=False, scratch="region")  # eager, caching allocator
     assert header.device == doc["header"]["config"]["device"]
     assert header.headroom == (doc["header"]["config"].get("headroom") or 0.0)
     assert header.pin_weights == doc["header"]["config"].get("pin_weights", False)

@@ -131,7 +131,7 @@ def test_small_tensors_share_of_the_budget():
     assert g.by_name("loss").id in small  # 1 KiB
     assert g.by_name("h").id not in small  # 64 KiB of a ~200 KiB budget
     live = sum(int(machine.sizes[t]) for t in small)
-    assert live <= 0.2 * machine.budget
+    assert live <= 0.2 * machine.tensor_budget
     assert small_tensors(machine, 0.0) == frozenset()
 
 

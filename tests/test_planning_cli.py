@@ -76,7 +76,6 @@ def test_read_pricing_option(net, tmp_path, capsys):
 
 
 def test_placed_option_sizes_the_scratch_for_the_placed_allocator(net, tmp_path, capsys):
-    from autotm_py.pipeline import plans_placed
     from autotm_py.plan import Plan
 
     plans = {}
@@ -86,7 +85,7 @@ def test_placed_option_sizes_the_scratch_for_the_placed_allocator(net, tmp_path,
                      flag, "--no-baselines", "-o", str(path)]) == 0
         plans[flag] = Plan.load(path)
     capsys.readouterr()
-    assert plans_placed(plans["--placed"]) and not plans_placed(plans["--no-placed"])
+    assert plans["--placed"].header.run.placed and not plans["--no-placed"].header.run.placed
     assert plans["--placed"].arena is not None and plans["--no-placed"].arena is not None
 
 

@@ -11,9 +11,10 @@ from autotm_py.config import PlanConfig
 from autotm_py.ir import Role
 from autotm_py.ir.training import derive_training
 from autotm_py.memory.scratch import OVERWRITES
+from autotm_py.options import RunMode
 from autotm_py.pipeline import machine_for, run_baselines
 from autotm_py.plan import Compute, Free, Move, Recompute
-from autotm_py.runtime.executor import new_executor, run_steps
+from autotm_py.runtime.execute import new_executor, run_steps
 from autotm_py.runtime.reference import train_steps
 from autotm_py.runtime.reuse import overwritable_inputs, update_runs
 from tests.graphs import costs_for
@@ -53,7 +54,7 @@ def test_outputs_written_over_dying_inputs_match_the_reference(name):
     graph = _graph(name)
     reference = train_steps(graph, steps=STEPS, seed=7)
     for plan_name, plan in _plans(graph).items():
-        _, executor = new_executor(graph, plan, "cpu", seed=7, deterministic=True)
+        _, executor, _ = new_executor(graph, plan, "cpu", seed=7, deterministic=True)
         for step in range(STEPS):
             executor.prepare()
             executor.run()
@@ -109,7 +110,7 @@ def test_an_output_written_over_its_input_may_itself_be_written_over():
     chained = [i for i in chosen if kernel_of[i].inputs[chosen[i]] in written]
     assert chained, "the plan has an input to write over that was itself written over"
     reference = train_steps(graph, steps=STEPS, seed=3)
-    _, executor = new_executor(graph, plan, "cpu", seed=3, deterministic=True)
+    _, executor, _ = new_executor(graph, plan, "cpu", seed=3, deterministic=True)
     for step in range(STEPS):
         executor.prepare()
         executor.run()
@@ -154,15 +155,14 @@ def test_a_tensor_seen_through_a_view_is_never_written_over():
 def test_writing_over_dying_inputs_on_cuda_changes_no_bit(monkeypatch, graph_replay):
     """On the GPU (deterministic algorithms), eager and replayed with static inputs: the
     all-fast plan with outputs written over dying inputs equals the same plan without."""
-    from autotm_py.runtime import executor as executor_module
+    from autotm_py.runtime import memory as memory_module
 
     graph = _graph("cnn")
     plan = _all_fast(graph)
-    written_over = run_steps(graph, plan, steps=STEPS, device="cuda", seed=4,
-                             graph_replay=graph_replay)
-    monkeypatch.setattr(executor_module, "overwritable_inputs", lambda g, p: {})
-    out_of_place = run_steps(graph, plan, steps=STEPS, device="cuda", seed=4,
-                             graph_replay=graph_replay)
+    mode = RunMode(replay=graph_replay)
+    written_over = run_steps(graph, plan, steps=STEPS, device="cuda", seed=4, mode=mode)
+    monkeypatch.setattr(memory_module, "overwritable_inputs", lambda g, p: {})
+    out_of_place = run_steps(graph, plan, steps=STEPS, device="cuda", seed=4, mode=mode)
     for step, (a, b) in enumerate(zip(written_over, out_of_place, strict=True)):
         for tid in graph.outputs:
             assert torch.equal(a[tid], b[tid]), (step, graph.name_of(tid))

@@ -58,13 +58,17 @@ def test_too_late_once_cuda_is_in_use(fresh_process):
     assert note is not None and "was unset (8 work queues) when CUDA started" in note
 
 
-def test_only_replays_on_cuda_ask_for_it(fresh_process):
+def test_only_replays_on_cuda_ask_for_it(fresh_process, tmp_path):
     import os
 
-    assert api.use_replay_work_queues("cpu", graph_replay=True) is None
-    assert api.use_replay_work_queues("cuda", graph_replay=False) is None
+    from autotm_py.options import RunMode
+    from autotm_py.plan import Plan
+
+    plan = Plan.load(_mlp_and_plan(tmp_path)[1])
+    assert api.prepare_cuda_process(plan, "cpu", RunMode(replay=True)) == []
+    assert api.prepare_cuda_process(plan, "cuda", RunMode()) == []
     assert WORK_QUEUES_VARIABLE not in os.environ  # eager runs need several queues
-    assert api.use_replay_work_queues("cuda:0", graph_replay=True) is None
+    assert api.prepare_cuda_process(plan, "cuda:0", RunMode(replay=True)) == []
     assert os.environ[WORK_QUEUES_VARIABLE] == "1"
 
 
@@ -109,7 +113,7 @@ def test_a_bench_child_sets_it_for_its_replay(fresh_process, tmp_path):
     for replay in (False, True):
         with pytest.raises(ConfigError):
             child.run_request({"model": model, "plan": plan, "device": "cuda",
-                               "graph_replay": replay, "placed": False})
+                               "mode": {"replay": replay, "placed": False}})
     assert seen == [None, "1"]
 
 
@@ -140,9 +144,10 @@ def test_a_replay_on_the_gpu_gets_one_queue_or_says_why(tmp_path):
     """On the device machine (`bash experiments/gpu/test_gpu.sh`): `autotm run --graph` in a
     fresh process replays with one queue (no note), and under the environment's 8 it says so."""
     ran = _replay_notes(tmp_path, None)
-    assert ran["graph"] and not any(WORK_QUEUES_VARIABLE in n for n in ran["notes"])
+    assert ran["replayed"] and not any(WORK_QUEUES_VARIABLE in n for n in ran["notes"])
     ran = _replay_notes(tmp_path, "8")
-    assert ran["graph"] and any(n.startswith(f"{WORK_QUEUES_VARIABLE} is 8") for n in ran["notes"])
+    assert ran["replayed"]
+    assert any(n.startswith(f"{WORK_QUEUES_VARIABLE} is 8") for n in ran["notes"])
 
 
 def test_an_eager_run_in_a_process_set_up_for_replays_says_its_copies_overlap_less(

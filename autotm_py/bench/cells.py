@@ -20,14 +20,13 @@ from autotm_py.bench import child
 from autotm_py.bench.ship import PlanBox
 from autotm_py.config import PlanConfig
 from autotm_py.errors import AutoTMError
+from autotm_py.options import RunMode
 from autotm_py.plan import Plan
-from autotm_py.planning.bounds import transfer_bound
-from autotm_py.planning.solve import PlanResult
-from autotm_py.report.metrics import plan_metrics
-from autotm_py.report.residency import PlanView
+from autotm_py.report import PlanView, plan_metrics
 
 if TYPE_CHECKING:
     from autotm_py.bench.spec import BenchSpec
+    from autotm_py.planning import PlanResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -68,13 +67,10 @@ class ModelRunner:
         self._model_columns: tuple[dict[str, Any], list[str]] | None = None
         self._failures: list[str] = []  # runs that failed while making the current row
         try:
-            self.graph = api.load_model(self.source, batch=spec.batch,
-                                        dims=dict(spec.dims), training=spec.training,
-                                        loss_chunks=spec.loss_chunks,
-                                        channels_last=spec.channels_last)
-            self.costs = api.load_costs(self.graph, device=spec.device,
-                                        profiles_dir=spec.profiles_dir,
-                                        shipped_dir=shipped_dir, gpu=spec.gpu)
+            work = pipeline.load_workload(self.source, spec.model, device=spec.device,
+                                          gpu=spec.gpu, profiles_dir=spec.profiles_dir,
+                                          shipped_dir=shipped_dir)
+            self.graph, self.costs = work.graph, work.costs
             self.view = PlanView.from_graph(self.graph)
         except AutoTMError as exc:
             self.error = _one_line(exc)
@@ -116,7 +112,7 @@ class ModelRunner:
                                                                  s.solvers[0]),
                                          costs=self.costs, names=("all-fast",))["all-fast"]
                 if all_fast.feasible:
-                    run = self._run(all_fast.plan, cap=False, graph_replay=s.graph)
+                    run = self._run(all_fast.plan, cap=False, replay=s.run.replay)
                     measured = _median_and_peak(run)
                     cols["measured_all_fast_s"] = measured[0]
                     cols["measured_all_fast_peak_bytes"] = measured[1]
@@ -139,8 +135,8 @@ class ModelRunner:
     def _baseline_columns(self, ratio: str, config: PlanConfig) -> dict[str, Any]:
         if ratio not in self._ratio_columns:
             results = api.baselines(self.graph, config, costs=self.costs)
-            cols: dict[str, Any] = {"transfer_bound_s": transfer_bound(
-                pipeline.machine_for(self.graph, config, self.costs))}
+            facts = pipeline.budget_facts(self.graph, config, self.costs)
+            cols: dict[str, Any] = {"transfer_bound_s": facts.transfer_bound_s}
             for name, res in results.items():
                 cols[f"{_column(name)}_s"] = res.time_s if res.feasible else None
                 if self.spec.execute and res.feasible and name in EXECUTED_BASELINES \
@@ -156,14 +152,13 @@ class ModelRunner:
 
     def _eager_columns(self) -> dict[str, Any]:
         """torch.autograd without and with `save_on_cpu` (training only)."""
-        if not self.spec.training:
+        if not self.spec.model.training:
             return {}
-        from autotm_py.runtime.eager import measure_autograd
 
         eager: dict[str, Any] = {}
         for column, offload in (("torch_autograd", False), ("save_on_cpu", True)):
             try:
-                run = measure_autograd(self.graph, device=self._device,
+                run = api.measure_autograd(self.graph, device=self._device,
                                        iterations=self.spec.iterations,
                                        warmup=self.spec.warmup, save_on_cpu=offload)
             except (AutoTMError, RuntimeError) as exc:
@@ -176,15 +171,13 @@ class ModelRunner:
     def _checkpoint_columns(self, config: PlanConfig) -> dict[str, Any]:
         """PyTorch activation checkpointing of the same graph under the same cap, with the
         fewest segments that fit the budget (`runtime.eager.fit_checkpointing`)."""
-        if not (self.spec.execute and self.spec.training):
+        if not (self.spec.execute and self.spec.model.training):
             return {}
-        from autotm_py.runtime.eager import fit_checkpointing
-
-        budget = pipeline.machine_for(self.graph, config, self.costs).user_budget
+        budget = pipeline.budget_facts(self.graph, config, self.costs).user_budget
         if budget is None:
             return {}
         try:
-            run = fit_checkpointing(self.graph, budget, device=self._device,
+            run = api.fit_checkpointing(self.graph, budget, device=self._device,
                                     iterations=self.spec.iterations, warmup=self.spec.warmup)
         except (AutoTMError, RuntimeError) as exc:
             self._failures.append(f"checkpoint failed: {_one_line(exc)[:160]}")
@@ -212,12 +205,7 @@ class ModelRunner:
                      self.model)
             plan = None
         if plan is not None:
-            h = plan.header
-            return PlanResult(status=h.solver.status, plan=plan, message=f"plan from {name}",
-                              budget_bytes=h.budget_bytes, predicted_time_s=h.predicted_time_s,
-                              stats=h.solver, all_fast_time_s=pipeline.machine_for(
-                                  self.graph, config, self.costs).all_fast_time,
-                              objective_s=h.solver.objective_s)
+            return pipeline.saved_result(self.graph, plan, config, self.costs, str(name))
         result = api.optimize(self.graph, config, costs=self.costs)
         if name is not None and result.plan is not None:
             self.plans.put(name, result.plan)
@@ -282,7 +270,7 @@ class ModelRunner:
             row["notes"] = result.message
             return row
         row["mode"] = result.plan.header.memory_system.get("mode")
-        if self.spec.arena and result.plan.arena is None:
+        if self.spec.run.arena and result.plan.arena is None:
             # the row's options say arena: say that this plan has none, and why
             row["notes"] = next((n for n in result.plan.header.notes if
                                  n.startswith("no arena")), NO_ARENA)
@@ -308,14 +296,12 @@ class ModelRunner:
         installed before CUDA is used, and the sweep's other runs keep torch's allocator);
         else in this process, as the baselines run."""
         s = self.spec
-        if not s.arena:
-            return self._run(plan, graph_replay=s.graph)
-        request = child.RunRequest(model=self.source, batch=s.batch, dims=dict(s.dims),
-                                   training=s.training, loss_chunks=s.loss_chunks,
-                                   channels_last=s.channels_last, device=self._device,
-                                   iterations=s.iterations, warmup=s.warmup, arena=True,
-                                   graph_replay=s.graph, placed=s.placed,
-                                   device_busy=s.graph)
+        if not s.run.arena:
+            return self._run(plan, replay=s.run.replay)
+        request = child.RunRequest(model=self.source, options=s.model.to_dict(),
+                                   mode=s.run.to_dict(), device=self._device,
+                                   iterations=s.iterations, warmup=s.warmup,
+                                   device_busy=s.run.replay)
         return self._guarded_run(plan, lambda: child.run_isolated(request, plan))
 
     def _measure_baseline(self, name: str, plan: Plan | None, config: PlanConfig
@@ -334,14 +320,14 @@ class ModelRunner:
         return _median_and_peak(self._fit(f"{name} at ", attempt, _run_misfit,
                                           lambda run: None if run is None else run.median_s))
 
-    def _run(self, plan: Plan | None, *, cap: bool = True, graph_replay: bool = False):
-        """A real run of `plan` in this process (None when there is no plan or the run
-        fails); `graph_replay`: replayed as a CUDA graph with static inputs, and then one
-        more replay profiled for the device's busy time (issue 14 item 4's measure)."""
+    def _run(self, plan: Plan | None, *, cap: bool = True, replay: bool = False):
+        """A real run of `plan` in this process, on torch's caching allocator (None when
+        there is no plan or the run fails); `replay`: replayed as a CUDA graph with static
+        inputs, and then one more replay profiled for the device's busy time."""
         return self._guarded_run(plan, lambda: api.execute(
-            self.graph, plan, device=self._device, iterations=self.spec.iterations,
-            warmup=self.spec.warmup, enforce_budget=cap, graph_replay=graph_replay,
-            device_busy=graph_replay))
+            self.graph, plan, device=self._device, mode=RunMode(placed=False, replay=replay),
+            iterations=self.spec.iterations, warmup=self.spec.warmup, capped=cap,
+            device_busy=replay))
 
     def _guarded_run(self, plan: Plan | None, run_it: Callable[[], Any]):
         """`run_it()`, or None when there is no plan or the run fails (noted in the row)."""
@@ -384,7 +370,7 @@ def _run_columns(run) -> dict[str, Any]:
     return {"measured_host_s": run.host_median_s,
             "measured_alloc_retries": run.alloc_retries,
             "measured_reserved_peak_bytes": getattr(run, "reserved_peak_bytes", None),
-            "measured_replayed": getattr(run, "graph", None),
+            "measured_replayed": getattr(run, "replayed", None),
             "measured_placed_outputs": getattr(run, "placed_outputs", None),
             "measured_copied_outputs": getattr(run, "copied_outputs", None),
             "measured_device_busy_s": getattr(run, "device_busy_s", None),

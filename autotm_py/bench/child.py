@@ -23,6 +23,7 @@ from typing import Any
 from autotm_py import api
 from autotm_py.errors import AutoTMError, ExecutionError
 from autotm_py.fileio import atomic_write_text
+from autotm_py.options import ModelOptions, RunMode
 from autotm_py.plan import Plan
 
 # A child that runs longer than this is stopped and its run reported as failed: a capture or
@@ -32,21 +33,16 @@ CHILD_TIMEOUT_S = 900.0
 
 @dataclass(frozen=True)
 class RunRequest:
-    """What the child runs: the model as `api.load_model` takes it and `execute`'s options."""
+    """What the child runs: the model and its options (`options.ModelOptions`, as a dict), the
+    run mode (`options.RunMode`, as a dict) and what to measure."""
 
     model: str
-    batch: int | None = None
-    dims: dict[str, int] = field(default_factory=dict)
-    training: bool = False
-    loss_chunks: int = 1
-    channels_last: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    mode: dict[str, Any] = field(default_factory=dict)
     device: str = "cuda"
     iterations: int = 5
     warmup: int = 2
-    enforce_budget: bool = True
-    arena: bool = False
-    graph_replay: bool = False
-    placed: bool = False
+    capped: bool = True
     device_busy: bool = False
 
 
@@ -93,14 +89,11 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     and return the `RunResult` as a dict."""
     plan = Plan.load(request.pop("plan"))
     req = RunRequest(**request)
-    api.prepare_cuda_process(plan, req.device, arena=req.arena, graph_replay=req.graph_replay,
-                             enforce_budget=req.enforce_budget, placed=req.placed)
-    graph = api.load_model(req.model, batch=req.batch, dims=dict(req.dims),
-                           training=req.training, loss_chunks=req.loss_chunks,
-                           channels_last=req.channels_last)
-    result = api.execute(graph, plan, device=req.device, iterations=req.iterations,
-                         warmup=req.warmup, enforce_budget=req.enforce_budget, arena=req.arena,
-                         graph_replay=req.graph_replay, placed=req.placed,
+    mode = RunMode.from_dict(req.mode)
+    api.prepare_cuda_process(plan, req.device, mode, capped=req.capped)
+    graph = api.load_model(req.model, ModelOptions(**req.options))
+    result = api.execute(graph, plan, device=req.device, mode=mode,
+                         iterations=req.iterations, warmup=req.warmup, capped=req.capped,
                          device_busy=req.device_busy)
     return result.to_dict()
 

@@ -92,5 +92,6 @@ def write_results(rows: Sequence[Mapping[str, Any]], csv_path: Path, json_path: 
 
 
 def _spec_dict(spec: BenchSpec) -> dict[str, Any]:
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.__dict__.items()
-            if k != "dims"} | {"dims": dict(spec.dims)}
+    plain = {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.__dict__.items()
+             if k not in ("model", "run")}
+    return plain | {"model": spec.model.to_dict(), "run": spec.run.to_dict()}

@@ -25,7 +25,7 @@ from typing import Any
 from autotm_py.bench.spec import BenchSpec
 from autotm_py.fileio import atomic_write_bytes
 from autotm_py.plan import Plan
-from autotm_py.profiling.cache import shipped_profiles_dir, user_profiles_dir
+from autotm_py.profiling import shipped_profiles_dir, user_profiles_dir
 
 GZIP_MAGIC = b"\x1f\x8b"
 

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autotm_py.config import DEFAULT_READ_PRICING, DEFAULT_SOLVER, PlanConfig
 from autotm_py.errors import ConfigError
-from autotm_py.ir.training import check_loss_chunks
-from autotm_py.memory.tiers import load_memory_system
-from autotm_py.planning.solvers import SOLVERS
-from autotm_py.profiling.fingerprint import Fingerprint
+from autotm_py.memory import load_memory_system
+from autotm_py.options import ModelOptions, RunMode
+from autotm_py.planning import SOLVERS
+from autotm_py.profiling import Fingerprint
 from autotm_py.units import parse_ratio
 
 ROW_KEY = ("model", "batch", "dims", "training", "device", "memory", "ratio", "strategy",
@@ -60,9 +60,8 @@ class BenchSpec:
     solvers: tuple[str, ...] = (DEFAULT_SOLVER,)
     device: str = "cpu"
     memory: str | None = None
-    training: bool = False
-    batch: int | None = None
-    dims: Mapping[str, int] = field(default_factory=dict)
+    # how every model is built (`options.ModelOptions`: batch, dims, training, loss, ...)
+    model: ModelOptions = field(default_factory=ModelOptions)
     time_limit_s: float | None = None
     gap: float = 0.01
     # Solver threads per ILP (None: the solver's default); a parallel sweep gives each cell
@@ -81,18 +80,14 @@ class BenchSpec:
     # runs out of memory under its cap or makes the allocator retry (when every headroom
     # retries, the fastest run is kept).
     fit: bool = False
-    # How the plans are made and run (GPU mode): `arena` plans every fast buffer at an offset
-    # in one arena (`optimize --arena`) and runs each plan there, in a process of its own
-    # (`bench/child.py`); `graph` prices and runs the iteration as a CUDA-graph replay (the
-    # all-fast reference too, with static inputs); `placed` (with `arena`) plans for and runs
-    # with the placed allocator. Baselines and native runs are the same either way.
-    arena: bool = False
-    graph: bool = False
-    placed: bool = True
-    scratch: str = "auto"  # `optimize --scratch`: auto | region | windows
+    # How the plans are made and run (GPU mode, `options.RunMode`): `run.arena` plans every
+    # fast buffer at an offset in one arena (`optimize --arena`) and runs each plan there, in a
+    # process of its own (`bench/child.py`); `run.replay` prices and runs the iteration as a
+    # CUDA-graph replay (the all-fast reference too, with static inputs); `run.placed` (with
+    # an arena) plans for and runs with the placed allocator; `run.scratch` as `optimize
+    # --scratch`. Baselines and native runs are the same either way.
+    run: RunMode = field(default_factory=RunMode)
     read_pricing: str = DEFAULT_READ_PRICING  # `optimize --read-pricing`
-    loss_chunks: int = 1  # `--loss-chunks`: the models' losses chunked (1: plain)
-    channels_last: bool = False  # `--channels-last`: convolution images N, H, W, C
     gpu: str | None = None  # `--gpu`: plans priced with this GPU's profiles (GPU mode)
 
     def __post_init__(self) -> None:
@@ -103,11 +98,10 @@ class BenchSpec:
             parse_ratio(r, flag="--ratios")
         for s in self.strategies:  # validates strategy, device, gap, limit, headroom up front
             self.plan_config(s)
-        if (self.arena or self.graph) and self.device != "cuda":
-            raise ConfigError(f"--{'arena' if self.arena else 'graph'} is for the GPU mode "
-                              "(plans at planned addresses or replayed as CUDA graphs): add "
-                              "--device cuda")
-        check_loss_chunks(self.loss_chunks)
+        if (self.run.arena or self.run.replay) and self.device != "cuda":
+            raise ConfigError(f"--{'arena' if self.run.arena else 'replay'} is for the GPU "
+                              "mode (plans at planned addresses or replayed as CUDA graphs): "
+                              "add --device cuda")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads}: at least 1")
         if self.fit and not self.execute:
@@ -126,8 +120,7 @@ class BenchSpec:
             strategy, ratio=None if ratio is None else parse_ratio(ratio), device=self.device,
             memory=self.memory, solver=solver, gap=self.gap, time_limit_s=self.time_limit_s,
             pin_weights=self.pin_weights, headroom=self.headroom, threads=self.threads,
-            arena=self.arena, graph=self.graph, placed=self.placed, scratch=self.scratch,
-            read_pricing=self.read_pricing, gpu=self.gpu)
+            run=self.run, read_pricing=self.read_pricing, gpu=self.gpu)
 
     @property
     def memory_name(self) -> str:
@@ -136,8 +129,8 @@ class BenchSpec:
     def key_values(self, model: str, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
         """A row's key columns. Dims (e.g. "seq=512") are part of it: sweeps of one model at
         two sequence lengths into one output are two rows, and two plans in `plans_dir`."""
-        return {"model": model, "batch": self.batch, "dims": self.dims_text,
-                "training": self.training, "device": self.device, "memory": self.memory_name,
+        return {"model": model, "batch": self.model.batch, "dims": self.dims_text,
+                "training": self.model.training, "device": self.device, "memory": self.memory_name,
                 "ratio": ratio, "strategy": strategy, "solver": solver,
                 "options": self.options}
 
@@ -149,28 +142,33 @@ class BenchSpec:
     def options(self) -> str | None:
         """How plans are made and run beyond their strategy, as a row's key names it: None for
         the defaults (eager runs on torch's allocator, step-priced reads; older results have
-        no such column), else e.g. ``arena+graph+placed``, ``arena+graph+placed+windows``,
-        ``arena+graph+placed+spread`` or, for graphs with a chunked loss, ``...+loss16``; plans
-        priced for another GPU's profiles end in its name, ``...+gpu-h200``."""
-        parts = [name for name, on in (("arena", self.arena), ("graph", self.graph),
-                                       ("placed", self.arena and self.placed),
-                                       ("windows", self.scratch_mode == "windows"),
+        no such column), else e.g. ``arena+replay+placed``, ``arena+replay+placed+windows``,
+        ``arena+replay+placed+spread`` or, for graphs with a chunked loss, ``...+loss16``;
+        plans priced for another GPU's profiles end in its name, ``...+gpu-h200``. (Rows and
+        plan files written before 2026-12-01 name replay ``graph``.)"""
+        run, model = self.run, self.model
+        parts = [name for name, on in (("arena", run.arena), ("replay", run.replay),
+                                       ("placed", run.places_outputs),
+                                       ("windows", run.windows),
                                        (self.read_pricing,
                                         self.read_pricing != DEFAULT_READ_PRICING),
-                                       (f"loss{self.loss_chunks}", self.loss_chunks > 1),
-                                       ("nhwc", self.channels_last),
-                                       (f"gpu-{gpu_slug(self.gpu or '')}", bool(self.gpu)))
+                                       (f"loss{model.loss_chunks}", model.loss_chunks > 1),
+                                       ("nhwc", model.channels_last),
+                                       (f"gpu-{gpu_slug(self.gpu or '')}", bool(self.gpu)),
+                                       *self._model_parts())
                  if on]
         return "+".join(parts) or None
 
-    @property
-    def scratch_mode(self) -> str:
-        """Where the plans' kernel scratch lives in effect (`PlanConfig.scratch_mode`)."""
-        return self.plan_config(self.strategies[0]).scratch_mode
+    def _model_parts(self) -> tuple[tuple[str, bool], ...]:
+        """The model options beyond the defaults that no other key column names."""
+        model = self.model
+        return ((f"opt-{model.optimizer}", model.optimizer not in (None, "sgd")),
+                (f"loss-{model.loss}", model.loss not in (None, "auto")),
+                ("unfused", not model.fuse))
 
     @property
     def dims_text(self) -> str | None:
-        return ",".join(f"{k}={v}" for k, v in sorted(self.dims.items())) or None
+        return ",".join(f"{k}={v}" for k, v in sorted(dict(self.model.dims).items())) or None
 
     def plan_path(self, model: str, ratio: str, strategy: str, solver: str,
                   headroom: float = 0.0) -> Path | None:

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 import click
 
 from autotm_py.errors import AutoTMError, MissingDependencyError
-from autotm_py.planning.control import Terminated
+from autotm_py.planning import Terminated
 
-COMMAND_MODULES = ("inspect", "zoo", "optimize", "device", "run", "report")
+COMMAND_MODULES = ("inspect", "zoo", "optimize", "device", "run", "train", "report")
 
 
 @click.group(

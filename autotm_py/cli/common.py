@@ -2,85 +2,70 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
 
 from autotm_py import api
-from autotm_py.config import MAX_FOOTPRINT_BYTES, MAX_HEADROOM, SCRATCH_MODES
+from autotm_py.config import MAX_FOOTPRINT_BYTES, MAX_HEADROOM
 from autotm_py.errors import ConfigError, MissingDependencyError
 from autotm_py.fileio import write_problem
-from autotm_py.ir.loss import LOSSES
+from autotm_py.ir import LOSSES
+from autotm_py.options import OPTIMIZERS, SCRATCH_MODES, ModelOptions, RunMode
 from autotm_py.plan import Plan
 from autotm_py.units import format_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# --loss is read by `load_model_from_cli` from the click context rather than passed through
-# every command's signature: every command that loads a model takes it, none uses it otherwise.
-LOSS_KEY, LOSS_CHUNKS_KEY = "autotm.loss", "autotm.loss_chunks"
-CHANNELS_LAST_KEY = "autotm.channels_last"
-# Model options a command leaves unset (None) take these values, or, for a command that reads
-# a plan (simulate, run, report --model), the plan's (`PlanHeader.model`).
-DEFAULT_OPTIMIZER, DEFAULT_LOSS = "sgd", "auto"
+# Model options a command leaves unset (None) take the defaults of `options.ModelOptions`, or,
+# for a command that reads a plan (simulate, run, report --model), the plan's
+# (`PlanHeader.model`).
 FROM_PLAN = ("Not given: the plan's, for commands that read a plan (simulate, run, report "
              "--model).")
+# The model flags' parameters, and the `ModelOptions` field each one sets.
+MODEL_FLAGS = {"batch": "batch", "dims": "dims", "training": "training",
+               "optimizer": "optimizer", "loss": "loss", "loss_chunks": "loss_chunks",
+               "channels_last": "channels_last", "no_fuse": "fuse"}
 
 
-def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
-    """A click callback that keeps the option's value in the context under `key`."""
-    def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
-        ctx.meta[key] = value
-        return value
-    return callback
+@dataclass(frozen=True)
+class ModelArgs:
+    """MODEL and its options as the command line gave them, built once per command: the
+    options given (`given`, field names) and the defaults for the others."""
+
+    model: str | None
+    options: ModelOptions
+    given: frozenset[str]
+
+    def for_plan(self, plan: Plan | None) -> ModelOptions:
+        """The options with those not given taken from `plan`'s header (its model options)."""
+        return self.options.filled_from(plan.header.model if plan is not None else None,
+                                        self.given)
 
 
-loss_option = click.option(
-    "--loss", type=click.Choice(LOSSES), default=None, expose_value=False,
-    callback=_remember(LOSS_KEY),
-    help="Loss that --training appends when the model has none: auto (from the output's "
-         "shape: N x C classifiers and N x C x H x W per-pixel classes on axis 1, N x T x V "
-         "sequence models on the last axis), ce-axis1, ce-last (softmax cross-entropy over "
-         f"that axis) or mse (mean squared error) [default: auto]. {FROM_PLAN} See "
-         "docs/training.md.")
+def _model_args(model: str | None, flags: dict[str, Any]) -> ModelArgs:
+    given = frozenset(MODEL_FLAGS[name] for name, value in flags.items()
+                      if value not in (None, ()))
+    options = ModelOptions(batch=flags["batch"], dims=parse_dims(flags["dims"]),
+                           training=bool(flags["training"]), optimizer=flags["optimizer"],
+                           fuse=not flags["no_fuse"], loss=flags["loss"],
+                           loss_chunks=flags["loss_chunks"] or 1,
+                           channels_last=bool(flags["channels_last"]))
+    return ModelArgs(model, options, given)
 
 
-loss_chunks_option = click.option(
-    "--loss-chunks", type=click.IntRange(min=1), default=None, expose_value=False,
-    callback=_remember(LOSS_CHUNKS_KEY), metavar="N",
-    help="With --training: a language model's output layer and its softmax cross-entropy as "
-         "one kernel that goes through the tokens in N blocks, so the logits (tokens x "
-         "vocabulary) never exist whole: what lets BERT-base or GPT-2 small train in a "
-         "quarter of their memory. 1 keeps the plain loss [default: 1]. Only for a loss over "
-         f"the last axis of a Linear layer's output. {FROM_PLAN} See docs/training.md.")
-
-
-channels_last_option = click.option(
-    "--channels-last", is_flag=True, default=None, expose_value=False,
-    callback=_remember(CHANNELS_LAST_KEY),
-    help="Store the convolutions' images N, H, W, C (torch's channels_last) instead of N, C, "
-         "H, W: cuDNN's fastest convolutions on tensor cores, with smaller workspaces. Same "
-         "bytes, so the same plans; its own kernel profiles (`autotm profile --channels-last`). "
-         f"Models without convolutions are unchanged. {FROM_PLAN} See docs/layout.md.")
-
-
-no_fuse_option = click.option(
-    "--no-fuse", is_flag=True, default=None,
-    help="Keep the graph unfused, as the file has it (by default scaled dot-product attention, "
-         "GELU, Linear layers and convolution + ReLU pairs become one kernel each; "
-         f"docs/fusion.md). {FROM_PLAN}")
-
-
-def model_options(func: F) -> F:
-    """MODEL argument plus --batch, --dim, --training, --optimizer, --loss, --loss-chunks,
-    --channels-last, --no-fuse. Unset
-    options are None, so that a command reading a plan can take them from it."""
-    decorators = [
-        click.argument("model"),
+def _model_flags(argument: bool) -> list[Callable[[F], F]]:
+    model = click.argument("model") if argument else click.option(
+        "--model", default=None,
+        help="Re-simulate the plan on this model (ONNX file or zoo name) for a time axis.")
+    return [
+        model,
         click.option("--batch", "-b", type=int, default=None,
                      help="Bind the first dimension of every input (the batch size). --batch "
                           "and --dim go together: given neither, a command that reads a plan "
@@ -90,16 +75,104 @@ def model_options(func: F) -> F:
         click.option("--training", is_flag=True, default=None,
                      help="One training iteration (forward, loss, backward, optimizer update) "
                           f"instead of inference. {FROM_PLAN}"),
-        click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default=None,
+        click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None,
                      help=f"Weight update used with --training [default: sgd]. {FROM_PLAN}"),
-        loss_option,
-        loss_chunks_option,
-        channels_last_option,
-        no_fuse_option,
+        click.option(
+            "--loss", type=click.Choice(LOSSES), default=None,
+            help="Loss that --training appends when the model has none: auto (from the "
+                 "output's shape: N x C classifiers and N x C x H x W per-pixel classes on "
+                 "axis 1, N x T x V sequence models on the last axis), ce-axis1, ce-last "
+                 "(softmax cross-entropy over that axis) or mse (mean squared error) [default: "
+                 f"auto]. {FROM_PLAN} See docs/training.md."),
+        click.option(
+            "--loss-chunks", type=click.IntRange(min=1), default=None, metavar="N",
+            help="With --training: a language model's output layer and its softmax "
+                 "cross-entropy as one kernel that goes through the tokens in N blocks, so the "
+                 "logits (tokens x vocabulary) never exist whole: what lets BERT-base or GPT-2 "
+                 "small train in a quarter of their memory. 1 keeps the plain loss [default: "
+                 f"1]. {FROM_PLAN} See docs/training.md."),
+        click.option(
+            "--channels-last", is_flag=True, default=None,
+            help="Store the convolutions' images N, H, W, C (torch's channels_last) instead of "
+                 "N, C, H, W: cuDNN's fastest convolutions on tensor cores, with smaller "
+                 "workspaces. Same bytes, so the same plans; its own kernel profiles (`autotm "
+                 "profile --channels-last`). Models without convolutions are unchanged. "
+                 f"{FROM_PLAN} See docs/layout.md."),
+        click.option(
+            "--no-fuse", is_flag=True, default=None,
+            help="Keep the graph unfused, as the file has it (by default scaled dot-product "
+                 "attention, GELU, Linear layers and convolution + ReLU pairs become one "
+                 f"kernel each; docs/fusion.md). {FROM_PLAN}"),
     ]
-    for deco in reversed(decorators):
-        func = deco(func)
-    return func
+
+
+def model_options(func: F | None = None, *, argument: bool = True) -> Any:
+    """MODEL (an argument, or with `argument=False` an optional --model) and --batch, --dim,
+    --training, --optimizer, --loss, --loss-chunks, --channels-last, --no-fuse, given to the
+    command as one `ModelArgs` in its `model` parameter."""
+
+    def wrap(command: F) -> F:
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            flags = {name: kwargs.pop(name) for name in MODEL_FLAGS}
+            kwargs["model"] = _model_args(kwargs.pop("model"), flags)
+            return command(*args, **kwargs)
+
+        for deco in reversed(_model_flags(argument)):
+            wrapper = deco(wrapper)
+        return wrapper  # type: ignore[return-value]
+
+    return wrap if func is None else wrap(func)
+
+
+def run_mode_options(*, scratch: bool) -> Callable[[F], F]:
+    """--arena, --placed/--no-placed, --scratch (where `scratch`: commands that plan) and
+    --replay (alias --graph), given to the command as one `options.RunMode` in its `mode`
+    parameter: how a plan runs, and is priced for."""
+    flags = [
+        click.option(
+            "--arena", is_flag=True,
+            help="GPU: every fast-memory tensor at a planned offset in one arena. optimize "
+                 "packs it into the budget (re-solving tighter where it does not fit), so the "
+                 "plan needs no --headroom; run serves it (a plan without one is packed "
+                 "first and may need more than its budget)."),
+        click.option(
+            "--placed/--no-placed", default=True, show_default=True,
+            help="With --arena on CUDA: kernels allocate their outputs at their planned slots "
+                 "(a C allocator compiled at first use); --no-placed copies them there (plan "
+                 "and run alike: a plan for one runs best the same way)."),
+        click.option(
+            "--replay", "--graph", "replay", is_flag=True,
+            help="CUDA: capture the steady-state iteration once as a CUDA graph and replay it "
+                 "(optimize prices it so: kernels at their device times, no host dispatch). "
+                 "With an arena it replays there, and under a cap its capture may hold up to "
+                 "256 MiB more, once (reported); without one it replays with static inputs on "
+                 "torch's allocator and needs --headroom, as an eager plan does. A kernel that "
+                 "cannot be captured makes the run eager, with a note naming it. --graph is "
+                 "its older name."),
+    ]
+    if scratch:
+        flags.append(click.option(
+            "--scratch", type=click.Choice(SCRATCH_MODES), default="auto", show_default=True,
+            help="With --arena and --placed: where kernels' workspaces and the outputs they "
+                 "allocate beside their slots live. windows: a window inside the arena for "
+                 "each kernel with 1 MiB of scratch or more, live only while it runs; region: "
+                 "one region beside the arena, as large as the largest kernel's, for the whole "
+                 "iteration; auto: windows with --arena and --placed, else the region."))
+
+    def wrap(command: F) -> F:
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            kwargs["mode"] = RunMode(arena=kwargs.pop("arena"), placed=kwargs.pop("placed"),
+                                     scratch=kwargs.pop("scratch", "auto"),
+                                     replay=kwargs.pop("replay"))
+            return command(*args, **kwargs)
+
+        for deco in reversed(flags):
+            wrapper = deco(wrapper)
+        return wrapper  # type: ignore[return-value]
+
+    return wrap
 
 
 headroom_option = click.option(
@@ -108,24 +181,6 @@ headroom_option = click.option(
     help="Share of the budget the plan leaves free for the allocator's fragmentation (the ILP "
          "counts live bytes; a real heap needs more). Try 0.1 when `autotm run` reports "
          "allocator retries or runs out of memory under the cap.")
-arena_option = click.option(
-    "--arena", is_flag=True,
-    help="GPU mode: give every fast-memory buffer a planned offset in one arena and fit the "
-         "packed arena in the budget (re-solving tighter where it does not fit), so the plan "
-         "runs at planned addresses without --headroom (`autotm run --arena`).")
-scratch_option = click.option(
-    "--scratch", type=click.Choice(SCRATCH_MODES), default="auto", show_default=True,
-    help="With --arena and --placed: where kernels' workspaces and the outputs they allocate "
-         "beside their slots live. windows: a window inside the arena for each kernel with 1 MiB "
-         "of scratch or more, live only while it runs, so that memory holds tensors the rest "
-         "of the time (smaller scratch shares a region under 1 MiB); region: one region beside "
-         "the arena, as large as the largest kernel's, for the whole iteration; auto: windows "
-         "with --arena and --placed, else the region.")
-graph_option = click.option(
-    "--graph", "graph_replay", is_flag=True,
-    help="GPU mode: price the iteration as replayed from a CUDA graph (kernels at their device "
-         "times, no host dispatch), as `autotm run --graph` runs it: with --arena at planned "
-         "addresses, else with static inputs on torch's allocator (give --headroom).")
 gpu_option = click.option(
     "--gpu", default=None, metavar="NAME",
     help="GPU mode: price with the profiles of this GPU (its name, or a part of one that "
@@ -184,38 +239,22 @@ def parse_dims(values: Sequence[str] | None) -> dict[str, int]:
     return dims
 
 
-def load_model_from_cli(model: str, batch: int | None, dims: Sequence[str] | None,
-                        training: bool | None, optimizer: str | None,
-                        no_fuse: bool | None = None, plan: Plan | None = None) -> Any:
+def load_model_from_cli(args: ModelArgs, plan: Plan | None = None) -> Any:
     """The graph that MODEL (an ONNX file or a zoo name) and the model options describe.
 
-    Options left unset (None, or no --batch and no --dim) take their defaults, or with `plan`
-    the values recorded in its header (`PlanHeader.model`), so that `simulate`, `run` and
-    `report --model` rebuild the graph the plan was made for. With `plan`, the graph is checked
-    against it (`Plan.validate`: a mismatch names the options that differ)."""
-
-    if batch is not None and batch <= 0:
-        raise ConfigError(f"--batch {batch}: must be a positive integer")
-    ctx = click.get_current_context(silent=True)
-    loss = ctx.meta.get(LOSS_KEY) if ctx is not None else None
-    chunks = ctx.meta.get(LOSS_CHUNKS_KEY) if ctx is not None else None
-    channels_last = ctx.meta.get(CHANNELS_LAST_KEY) if ctx is not None else None
-    bound = parse_dims(dims)
-    recorded = plan.header.model if plan is not None else None
-    if recorded is not None:
-        if batch is None and not bound:
-            batch, bound = recorded.batch, dict(recorded.dims)
-        training = recorded.training if training is None else training
-        optimizer = optimizer or recorded.optimizer
-        loss = loss or recorded.loss
-        chunks = chunks or recorded.loss_chunks
-        channels_last = recorded.channels_last if channels_last is None else channels_last
-        no_fuse = (not recorded.fuse) if no_fuse is None else no_fuse
-    graph = api.load_model(model, batch=batch, dims=bound, training=bool(training),
-                           optimizer=optimizer or DEFAULT_OPTIMIZER, fuse=not no_fuse,
-                           loss=loss or DEFAULT_LOSS, loss_chunks=chunks or 1,
-                           channels_last=bool(channels_last))
+    Options left unset take their defaults, or with `plan` the values recorded in its header
+    (`PlanHeader.model`; --batch and --dim together: given neither, both come from the plan),
+    so that `simulate`, `run` and `report --model` rebuild the graph the plan was made for.
+    With `plan`, the graph is checked against it (`Plan.validate`: a mismatch names the
+    options that differ)."""
+    if args.model is None:
+        raise ConfigError("no model given: name an ONNX file or a zoo model")
+    graph = api.load_model(args.model, args.for_plan(plan))
     check_footprint(graph)
+    dropped = (graph.meta.get("training") or {}).get("dropped_output")
+    if dropped and plan is None:  # said once, where the graph is made for a new plan
+        warn(f"training on the logits: the model's final {dropped['op']} "
+             f"{dropped['name']!r} is left out of the training graph (docs/training.md)")
     if plan is not None:
         plan.validate(graph)
     return graph

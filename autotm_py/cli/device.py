@@ -14,6 +14,7 @@ import click
 from autotm_py import api
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
+    ModelArgs,
     json_option,
     load_model_from_cli,
     model_options,
@@ -22,7 +23,7 @@ from autotm_py.cli.common import (
 )
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
-from autotm_py.profiling.calibrate import MiB
+from autotm_py.profiling import MiB
 from autotm_py.units import parse_bytes
 
 DEVICES = click.Choice(["cpu", "cuda"])
@@ -49,18 +50,16 @@ DEVICES = click.Choice(["cpu", "cuda"])
                    "iterations (the graph must fit on the GPU) and keep those times.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @json_option
-def profile_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
-                optimizer: str, device: str, profiles_dir: str | None, repeats: int,
+def profile_cmd(model: ModelArgs, device: str, profiles_dir: str | None, repeats: int,
                 warmup: int, max_seconds: float | None, fresh: bool, threads: int | None,
-                in_context: bool, no_progress: bool, as_json: bool,
-                no_fuse: bool = False) -> None:
+                in_context: bool, no_progress: bool, as_json: bool) -> None:
     """Measure the kernels of MODEL on a device and cache their times.
 
     Identical kernels (repeated blocks) are measured once; kernels already cached for this
     device are not measured again, so an interrupted run resumes where it stopped.
     """
     require("torch", "autotm profile")
-    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
+    graph = load_model_from_cli(model)
     costs = api.profile(graph, device=device, profiles_dir=profiles_dir, repeats=repeats,
                         warmup=warmup, max_seconds=max_seconds, resume=not fresh,
                         threads=threads, progress=not (no_progress or as_json))

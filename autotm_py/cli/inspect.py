@@ -19,6 +19,7 @@ import click
 from autotm_py import api
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
+    ModelArgs,
     check_writable,
     gpu_option,
     json_option,
@@ -30,11 +31,10 @@ from autotm_py.cli.common import (
 from autotm_py.config import DEFAULT_MEMORY, default_memory
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
-from autotm_py.ir.graph import TensorGraph
-from autotm_py.ir.training import chunkable_logits_bytes
+from autotm_py.ir import TensorGraph, chunkable_logits_bytes
 from autotm_py.machine import working_sets
-from autotm_py.memory.tiers import MemorySystem, load_memory_system
-from autotm_py.report.tables import kernel_csv, kernel_report, render_kernel_report
+from autotm_py.memory import MemorySystem, load_memory_system
+from autotm_py.report import kernel_csv, kernel_report, render_kernel_report
 from autotm_py.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ def inspect_report(graph: TensorGraph, memory: MemorySystem | None = None,
         "model": graph.name,
         "source": graph.meta.get("source"),
         "training": "training" in graph.meta,
+        "dropped_output": (graph.meta.get("training") or {}).get("dropped_output"),
         "dims": graph.meta.get("dims", {}),
         "batch": graph.meta.get("batch"),
         "kernels": len(graph.kernels),
@@ -105,6 +106,8 @@ def _text(report: dict[str, Any]) -> str:
         f"kernels      {report['kernels']} ({report['unique_kernels']} unique signatures)",
         f"fused        {_fused(report['fused'])}",
         f"tensors      {report['tensors']}",
+        *([f"loss         on the logits: the final {d['op']} {d['name']!r} dropped"]
+          if (d := report.get("dropped_output")) else []),
         "",
         f"  {'role':<16} {'tensors':>8} {'bytes':>12}",
     ]
@@ -232,11 +235,9 @@ def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
 @reserve_option
 @gpu_option
 @json_option
-def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], training: bool | None,
-                    optimizer: str | None, csv_path: str | None, as_json: bool,
-                    kernels_device: str | None = None, no_fuse: bool | None = None,
-                    memory: str | None = None, reserve: str | None = None,
-                    gpu: str | None = None) -> None:
+def inspect_command(model: ModelArgs, csv_path: str | None, as_json: bool,
+                    kernels_device: str | None = None, memory: str | None = None,
+                    reserve: str | None = None, gpu: str | None = None) -> None:
     """Kernels, tensors by role, peak footprint and working sets of MODEL.
 
     MODEL is an ONNX file or a zoo name. The peak live footprint is the memory one iteration
@@ -247,7 +248,7 @@ def inspect_command(model: str, batch: int | None, dims: tuple[str, ...], traini
     system = load_memory_system(memory or default_memory(kernels_device or "cuda", gpu))
     if reserve is not None:
         system = replace(system, runtime_reserve_bytes=parse_bytes(reserve, flag="--reserve"))
-    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
+    graph = load_model_from_cli(model)
     if kernels_device:  # the kernel table of autotm_py/report/tables.py
         return print_kernel_report(graph, kernels_device, csv_path, as_json,
                                    system.runtime_reserve_bytes, gpu)

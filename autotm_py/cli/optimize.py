@@ -16,19 +16,18 @@ import click
 from autotm_py import api
 from autotm_py.cli import cli, status
 from autotm_py.cli.common import (
-    arena_option,
+    ModelArgs,
     budget_parts,
     check_writable,
     fast_peak_line,
     gpu_option,
-    graph_option,
     headroom_option,
     json_option,
     load_model_from_cli,
     model_options,
     print_json,
     reserve_option,
-    scratch_option,
+    run_mode_options,
     warn,
 )
 from autotm_py.config import (
@@ -48,11 +47,11 @@ from autotm_py.config import (
 )
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
-from autotm_py.ir import layout
+from autotm_py.ir import has_convolutions, is_channels_last
 from autotm_py.machine import working_sets
+from autotm_py.options import RunMode
 from autotm_py.plan import Plan, costs_drift
-from autotm_py.planning.control import SolveControl, handle_signals
-from autotm_py.planning.solvers import SOLVERS
+from autotm_py.planning import SOLVERS, SolveControl, handle_signals
 from autotm_py.units import format_bytes, parse_bytes, parse_ratio
 
 EXIT_INFEASIBLE = 3
@@ -140,14 +139,7 @@ RATIO_HELP = (
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Solver threads.")
 @headroom_option
 @reserve_option
-@arena_option
-@click.option("--placed/--no-placed", default=True, show_default=True,
-              help="With --arena: plan for `autotm run`'s placed allocator (kernels allocate "
-                   "their outputs at their slots), so the scratch region leaves those outputs "
-                   "out and no copy into a slot is priced; --no-placed for runs that copy them "
-                   "(`autotm run --no-placed`, or no C compiler where the plan runs).")
-@scratch_option
-@graph_option
+@run_mode_options(scratch=True)
 @gpu_option
 @click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
               help="Profile cache directory (default: $AUTOTM_PROFILES or ~/.cache/autotm).")
@@ -155,17 +147,15 @@ RATIO_HELP = (
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the plan here (JSON).")
 @json_option
-def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
-                 optimizer: str, ratio: str | None, fast_mem: str | None, strategy: str,
+def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, strategy: str,
                  device: str, memory: str | None, solver: str, gap: float,
                  time_limit: float | None, async_window: int,
                  async_candidates: int | None, recompute: str, recompute_depth: int,
                  recompute_ratio: float, recompute_early: int, read_pricing: str,
                  pin_weights: bool,
-                 threads: int | None, headroom: float, reserve: str | None, arena: bool,
-                 placed: bool, scratch: str, graph_replay: bool, gpu: str | None,
-                 profiles_dir: str | None, no_baselines: bool,
-                 output: str | None, as_json: bool, no_fuse: bool = False) -> int:
+                 threads: int | None, headroom: float, reserve: str | None, mode: RunMode,
+                 gpu: str | None, profiles_dir: str | None, no_baselines: bool,
+                 output: str | None, as_json: bool) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
 
     MODEL is an ONNX file or a zoo name. Prints predicted time against all-fast and the
@@ -185,11 +175,11 @@ def optimize_cmd(model: str, batch: int | None, dims: tuple[str, ...], training:
         recompute_depth=recompute_depth, recompute_ratio=recompute_ratio,
         recompute_early=recompute_early, read_pricing=read_pricing,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
-        arena=arena, placed=placed, scratch=scratch, graph=graph_replay, gpu=gpu)
+        run=mode, gpu=gpu)
     control = SolveControl(time_limit_s=time_limit)
     with status.StatusLine(control, status.wanted(as_json)):
         control.report(stage="loading the model")
-        graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse)
+        graph = load_model_from_cli(model)
         costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir, gpu=gpu)
         with handle_signals(control):
             result = api.optimize(graph, config, costs=costs, baselines=not no_baselines,
@@ -267,9 +257,9 @@ def _layout_lines(graph: Any, config: Any) -> list[str]:
     """GPU mode, a CNN: which layout its convolutions run in. Row-major stays the default (a
     plan needs the profiles of its layout, and the shipped H100 set has only row-major ones),
     so the line names the flag that is faster on a GPU (docs/layout.md)."""
-    if config.device != "cuda" or not layout.has_convolutions(graph):
+    if config.device != "cuda" or not has_convolutions(graph):
         return []
-    if layout.is_channels_last(graph):
+    if is_channels_last(graph):
         return ["layout     convolution images stored N, H, W, C (--channels-last)"]
     return ["layout     convolution images stored N, C, H, W; --channels-last is faster on a "
             "GPU once profiled (docs/layout.md)"]
@@ -338,17 +328,15 @@ def _baseline_lines(result: Any) -> list[str]:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the timeline (per-kernel and per-move times, memory curve) as JSON.")
 @json_option
-def simulate_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
-                 optimizer: str, plan_path: str, profiles_dir: str | None, no_strict: bool,
-                 gpu: str | None, output: str | None, as_json: bool,
-                 no_fuse: bool = False) -> int:
+def simulate_cmd(model: ModelArgs, plan_path: str, profiles_dir: str | None, no_strict: bool,
+                 gpu: str | None, output: str | None, as_json: bool) -> int:
     """Predict a plan's timeline on MODEL and verify it (residency, budget, order, steady
     state). Exits 1 naming the first record that breaks a rule."""
     import json
 
     check_writable(output, "-o")
     plan = Plan.load(plan_path)
-    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)
+    graph = load_model_from_cli(model, plan=plan)
     costs = api.load_costs(graph, device=plan.header.device, profiles_dir=profiles_dir,
                            gpu=gpu or plan.header.gpu)
     sim = api.simulate(graph, plan, costs=costs, strict=not no_strict)

@@ -9,30 +9,27 @@ from typing import Any
 import click
 
 from autotm_py import api
-from autotm_py.bench import BenchSpec, run_bench
-from autotm_py.bench.rows import key_of
+from autotm_py.bench import BenchSpec, key_of, run_bench
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
-    FROM_PLAN,
+    ModelArgs,
     budget_parts,
     check_writable,
     gpu_option,
     headroom_option,
     json_option,
     load_model_from_cli,
-    loss_option,
-    no_fuse_option,
-    parse_dims,
+    model_options,
     print_json,
     require,
-    scratch_option,
+    run_mode_options,
     warn,
 )
 from autotm_py.config import DEFAULT_READ_PRICING, DEFAULT_SOLVER, READ_PRICINGS
 from autotm_py.errors import ConfigError
+from autotm_py.options import RunMode
 from autotm_py.plan import Plan, costs_drift
-from autotm_py.report.build import make_report
-from autotm_py.report.timeline import load_measured
+from autotm_py.report import load_measured, make_report
 from autotm_py.units import format_bytes
 
 
@@ -46,11 +43,9 @@ def read_json(path: str, what: str) -> Any:
         raise ConfigError(f"{what} {path} is not valid JSON ({exc}); was it truncated?") from None
 
 
-def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple[str, ...],
-                           training: bool | None, optimizer: str | None, device: str | None,
-                           profiles: str | None, no_fuse: bool | None = None
-                           ) -> tuple[Any, dict[str, Any]]:
-    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)
+def _simulation_from_model(plan: Any, model: ModelArgs, device: str | None,
+                           profiles: str | None) -> tuple[Any, dict[str, Any]]:
+    graph = load_model_from_cli(model, plan=plan)
     dev = device or plan.header.device
     # priced as the plan was: the same GPU's profiles (`optimize --gpu`)
     gpu = plan.header.gpu if dev == plan.header.device else None
@@ -65,16 +60,7 @@ def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple
 @click.option("--timeline", type=click.Path(dir_okay=False), default=None,
               help="A saved simulation (`autotm simulate ... -o timeline.json`): time axis in "
                    "seconds. Without it (or --model) the report shows plan order.")
-@click.option("--model", default=None,
-              help="Re-simulate the plan on this model (ONNX file or zoo name) for a time axis.")
-@click.option("--batch", "-b", type=int, default=None, help="With --model: the batch size.")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
-              help="With --model: bind a symbolic dimension (repeatable).")
-@click.option("--training", is_flag=True, default=None,
-              help=f"With --model: one training iteration. {FROM_PLAN}")
-@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default=None,
-              help=f"With --model --training: the weight update [default: sgd]. {FROM_PLAN}")
-@loss_option
+@model_options(argument=False)
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="With --model: whose kernel profiles to use (default: the plan's).")
 @click.option("--profiles", type=click.Path(file_okay=False), default=None,
@@ -87,13 +73,10 @@ def _simulation_from_model(plan: Any, model: str, batch: int | None, dims: tuple
               help="Figure formats, comma-separated (any matplotlib can write).")
 @click.option("--max-tensors", type=click.IntRange(min=1), default=300, show_default=True,
               help="Rows of the residency heatmap (moved tensors first, then the largest).")
-@no_fuse_option
 @json_option
-def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: str | None,
-               batch: int | None, dims: tuple[str, ...], training: bool | None,
-               optimizer: str | None, device: str | None, profiles: str | None,
-               measured: str | None, trace_path: str | None, formats: str, max_tensors: int,
-               as_json: bool, no_fuse: bool | None = None) -> None:
+def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: ModelArgs,
+               device: str | None, profiles: str | None, measured: str | None,
+               trace_path: str | None, formats: str, max_tensors: int, as_json: bool) -> None:
     """Figures (memory per tier with the budget, tensor x kernel residency, bytes moved), a
     Markdown summary and optionally a trace of PLAN.
 
@@ -104,15 +87,14 @@ def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: str | 
       autotm report plan.json --timeline timeline.json --measured run.json -o report/
     """
 
-    if timeline and model:
+    if timeline and model.model:
         raise ConfigError("give either --timeline or --model, not both")
     check_writable(out_dir, "-o", directory=True)
     check_writable(trace_path, "--trace")
     plan = Plan.load(plan_path).check_complete()
     graph, simulation = None, None
-    if model:
-        graph, simulation = _simulation_from_model(plan, model, batch, dims, training, optimizer,
-                                                   device, profiles, no_fuse)
+    if model.model:
+        graph, simulation = _simulation_from_model(plan, model, device, profiles)
     elif timeline:
         simulation = read_json(timeline, "timeline")
     drift = _drift(plan, simulation)
@@ -167,6 +149,7 @@ def _split(text: str) -> tuple[str, ...]:
 
 
 @cli.command("bench")
+@model_options(argument=False)
 @click.option("--models", required=True,
               help="Comma-separated ONNX files or zoo names, e.g. resnet50,vgg19.")
 @click.option("--ratios", required=True,
@@ -182,10 +165,6 @@ def _split(text: str) -> tuple[str, ...]:
 @click.option("--memory", default=None,
               help="Memory-system preset or file (default: optane for cpu; for cuda the --gpu's "
                    "link where one is shipped, else h100-pcie5).")
-@click.option("--training", is_flag=True, help="One training iteration instead of inference.")
-@click.option("--batch", "-b", type=int, default=None, help="Batch size of every model.")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
-              help="Bind a symbolic dimension (repeatable).")
 @click.option("--time-limit", type=float, default=None,
               help="Solver time limit per plan, seconds (the best plan found is kept).")
 @click.option("--gap", type=float, default=0.01, show_default=True, help="Relative MIP gap.")
@@ -204,29 +183,10 @@ def _split(text: str) -> tuple[str, ...]:
                    "that runs out of memory under its cap, or makes the allocator retry, is "
                    "solved again with 5% more --headroom (up to 25%); the row records the "
                    "headroom that fit, or the fastest run when every headroom retried.")
-@click.option("--arena", is_flag=True,
-              help="GPU mode: plan every fast buffer at an offset in one arena (`optimize "
-                   "--arena`, no headroom needed) and, with --execute, run each plan there in "
-                   "a process of its own (`autotm run --arena`); baselines and native runs "
-                   "stay on torch's allocator.")
-@click.option("--graph", "graph_replay", is_flag=True,
-              help="GPU mode: price plans as a CUDA graph replays them and, with --execute, "
-                   "replay them (`autotm run --graph`), the all-fast reference too.")
-@click.option("--placed/--no-placed", default=True, show_default=True,
-              help="With --arena: plan and run for the placed allocator (kernels allocate their "
-                   "outputs at their slots: `autotm run --placed`).")
-@scratch_option
+@run_mode_options(scratch=True)
 @click.option("--read-pricing", type=click.Choice(READ_PRICINGS),
               default=DEFAULT_READ_PRICING, show_default=True,
               help="How plans price the reads of moved tensors (`optimize --read-pricing`).")
-@click.option("--loss-chunks", type=click.IntRange(min=1), default=1, show_default=True,
-              metavar="N",
-              help="With --training: the models' output layer and softmax cross-entropy as one "
-                   "kernel over N blocks of tokens (`optimize --loss-chunks`; language models "
-                   "only); the rows' options name it (loss16).")
-@click.option("--channels-last", is_flag=True,
-              help="The models' convolution images stored N, H, W, C (`optimize "
-                   "--channels-last`, docs/layout.md); the rows' options name it (nhwc).")
 @gpu_option
 @click.option("--plans", "plans_dir", type=click.Path(file_okay=False), default=None,
               help="Keep each solved plan in this folder (gzip-compressed JSON) and reuse "
@@ -248,13 +208,11 @@ def _split(text: str) -> tuple[str, ...]:
               help="Solver threads per plan; each cell takes this many CPUs (default 1).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @json_option
-def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: str,
-              memory: str | None, training: bool, batch: int | None, dims: tuple[str, ...],
-              time_limit: float | None, gap: float, pin_weights: bool, profiles: str | None,
-              execute: bool, iterations: int, warmup: int, headroom: float, fit: bool,
-              arena: bool, graph_replay: bool, placed: bool, scratch: str,
-              read_pricing: str, loss_chunks: int, channels_last: bool, gpu: str | None,
-              plans_dir: str | None,
+def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, solvers: str,
+              device: str, memory: str | None, time_limit: float | None, gap: float,
+              pin_weights: bool, profiles: str | None, execute: bool, iterations: int,
+              warmup: int, headroom: float, fit: bool, mode: RunMode, read_pricing: str,
+              gpu: str | None, plans_dir: str | None,
               output: str, engine: str, workers: int | None,
               address: str | None, threads: int | None,
               no_progress: bool, as_json: bool) -> None:
@@ -271,15 +229,15 @@ def bench_cmd(models: str, ratios: str, strategies: str, solvers: str, device: s
         require("torch", "autotm bench --execute")
     check_writable(output, "-o")
     check_writable(plans_dir, "--plans", directory=True)
+    if model.model is not None:
+        raise ConfigError("bench takes its models from --models (comma-separated), not --model")
     spec = BenchSpec(models=_split(models), ratios=_split(ratios),
                      strategies=_split(strategies), solvers=_split(solvers), device=device,
-                     memory=memory, training=training, batch=batch, dims=parse_dims(dims),
-                     time_limit_s=time_limit, gap=gap, pin_weights=pin_weights,
-                     profiles_dir=profiles, execute=execute, iterations=iterations,
-                     warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,
-                     threads=threads, arena=arena, graph=graph_replay, placed=placed,
-                     scratch=scratch, read_pricing=read_pricing, loss_chunks=loss_chunks,
-                     channels_last=channels_last, gpu=gpu)
+                     memory=memory, model=model.options, time_limit_s=time_limit, gap=gap,
+                     pin_weights=pin_weights, profiles_dir=profiles, execute=execute,
+                     iterations=iterations, warmup=warmup, headroom=headroom, fit=fit,
+                     plans_dir=plans_dir, threads=threads, run=mode,
+                     read_pricing=read_pricing, gpu=gpu)
     where = {"engine": engine, "workers": workers, "address": address}
     if no_progress or as_json:
         result = run_bench(spec, output, **where)

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import click
 
-from autotm_py import api
+from autotm_py import api, pipeline
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
+    ModelArgs,
     check_writable,
     json_option,
     load_model_from_cli,
     model_options,
     print_json,
     require,
+    run_mode_options,
     warn,
 )
 from autotm_py.fileio import atomic_write_text
+from autotm_py.options import Measure, RunMode, check_run
 from autotm_py.plan import Plan, costs_drift
 from autotm_py.units import format_bytes
 
@@ -34,37 +37,23 @@ from autotm_py.units import format_bytes
 @click.option("--kernel-times", is_flag=True, help="Also time every kernel (CUDA events).")
 @click.option("--no-cap", is_flag=True,
               help="Do not cap GPU memory at the plan's budget (for the all-fast reference).")
-@click.option("--arena", is_flag=True,
-              help="Serve every fast-memory tensor at its planned offset in one arena (plans "
-                   "from `autotm optimize --arena`; any other plan is packed first and may "
-                   "need more than its budget).")
-@click.option("--graph", "graph_replay", is_flag=True,
-              help="CUDA: capture the steady-state iteration once as a CUDA graph and replay "
-                   "it; a kernel that cannot be captured makes the run eager, with a note "
-                   "naming it. Under the cap a plan with an arena (or --arena) replays in it, and "
-                   "its capture may hold up to 256 MiB more, once (reported). Any other "
-                   "run replays with static inputs: only the iteration's inputs get fixed "
-                   "buffers, kernels write their outputs where torch puts them (the graph's "
-                   "pool, under the cap unless --no-cap), nothing is copied into slots; such a "
-                   "plan needs --headroom, as an eager one does.")
-@click.option("--placed/--no-placed", default=True, show_default=True,
-              help="Arena runs on CUDA: make torch allocate the outputs of kernels without an "
-                   "out= form at their planned slots (a C allocator compiled at first use; "
-                   "without a C compiler the outputs are copied into their slots, as with "
-                   "--no-placed).")
+@run_mode_options(scratch=False)
 @click.option("--device-busy", is_flag=True,
               help="CUDA: profile one more iteration (torch profiler) and report how long the "
                    "GPU worked in it (kernels, copies, memsets on any stream): the iteration "
                    "time over it shows how long the GPU waited for the host.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random values.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the random values of the inputs, and of the weights a file has no "
+                   "data for.")
+@click.option("--random-weights", is_flag=True,
+              help="Seeded random weights even where the ONNX file has its own (times and "
+                   "memory do not depend on the values).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the measurements here (JSON; `autotm report --measured` reads it).")
 @json_option
-def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool,
-            optimizer: str, plan_path: str, device: str, iterations: int, warmup: int,
-            kernel_times: bool, no_cap: bool, arena: bool, graph_replay: bool, placed: bool,
-            device_busy: bool, seed: int,
-            output: str | None, as_json: bool, no_fuse: bool = False) -> int:
+def run_cmd(model: ModelArgs, plan_path: str, device: str, iterations: int, warmup: int,
+            kernel_times: bool, no_cap: bool, mode: RunMode, device_busy: bool, seed: int,
+            random_weights: bool, output: str | None, as_json: bool) -> int:
     """Run PLAN on MODEL (the same model options as `optimize`) and report measured times.
 
     On a GPU the plan's fast budget is enforced as a cap on torch's allocator; the measured
@@ -78,18 +67,20 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
     check_writable(output, "-o")
     plan = Plan.load(plan_path)
     # before the costs' lookup first uses CUDA (what could not be set, the run's notes say)
-    api.prepare_cuda_process(plan, device, arena=arena, graph_replay=graph_replay,
-                             enforce_budget=not no_cap, placed=placed)
-    graph = load_model_from_cli(model, batch, dims, training, optimizer, no_fuse, plan=plan)
+    measure = Measure(iterations=iterations, warmup=warmup, seed=seed, capped=not no_cap,
+                      kernel_times=kernel_times, device_busy=device_busy)
+    check_run(device, mode, measure)
+    api.prepare_cuda_process(plan, device, mode, capped=not no_cap)
+    graph = load_model_from_cli(model, plan=plan)
     costs = api.load_costs(graph, device=plan.header.device)
     now = api.simulate(graph, plan, costs=costs, strict=False)
     drift = costs_drift(plan.header, costs.digest, now.total_s, gpu_now=costs.target)
-    result = api.execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
-                         seed=seed, kernel_times=kernel_times, enforce_budget=not no_cap,
-                         arena=arena, graph_replay=graph_replay, costs=costs, placed=placed,
-                         device_busy=device_busy)
+    masters, weights = (None, f"seeded random values (--seed {seed}, --random-weights)") \
+        if random_weights else pipeline.initial_values(graph, model.model, seed)
+    result = api.execute(graph, plan, device=device, mode=mode, measure=measure, costs=costs,
+                         masters=masters)
     notes = {"estimated_kernels": _estimated(plan, costs), "kernels": len(graph.kernels),
-             "weights": weights_note(graph, seed), "costs_warning": drift}
+             "weights": weights, "costs_warning": drift}
     if output:
         atomic_write_text(output, json.dumps(result.to_dict(), indent=1))
     if as_json:
@@ -104,14 +95,6 @@ def run_cmd(model: str, batch: int | None, dims: tuple[str, ...], training: bool
 def _estimated(plan: Plan, costs) -> int:
     """Kernel times of the plan's prediction that were roofline estimates, not measurements."""
     return plan.header.costs.estimated if plan.header.costs is not None else costs.n_estimated
-
-
-def weights_note(graph, seed: int) -> str:
-    """What values the run computes with: always seeded random weights, never the file's."""
-    missing = graph.meta.get("missing_external_data") or []
-    why = (f"the model's external data {', '.join(missing)} is missing, and autotm run never "
-           "loads weights" if missing else "autotm run never loads the model's own weights")
-    return f"seeded random values (--seed {seed}): {why} (times and memory do not depend on them)"
 
 
 def _print_summary(result, notes) -> None:
@@ -136,8 +119,8 @@ def _print_summary(result, notes) -> None:
             f", {result.placed_outputs} allocated there by their kernels"
         click.echo(f"arena: {size(result.arena_bytes)} of tensors at planned offsets; "
                    f"{result.copied_outputs} outputs per iteration copied into their slots"
-                   + allocated + ("; CUDA graph replayed" if result.graph else ""))
-    elif result.graph:
+                   + allocated + ("; CUDA graph replayed" if result.replayed else ""))
+    elif result.replayed:
         click.echo("CUDA graph replayed with static inputs (no arena): outputs where torch put "
                    f"them; {result.copied_outputs} carried values per iteration copied back "
                    "into the inputs' buffers")

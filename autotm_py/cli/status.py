@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import TextIO
 
-from autotm_py.planning.control import SolveControl
+from autotm_py.planning import SolveControl
 
 HINTS = {"solving": "Ctrl-C keeps the best plan", "stopping": "Ctrl-C again: stop now"}
 

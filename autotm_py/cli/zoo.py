@@ -6,7 +6,7 @@ import click
 
 from autotm_py.cli import cli
 from autotm_py.cli.common import check_writable, json_option, print_json
-from autotm_py.frontend.zoo import ZOO, build_model, count_params, export_model, resolve_dims
+from autotm_py.frontend import ZOO, build_model, count_params, export_model, resolve_dims
 
 
 @cli.group("zoo")

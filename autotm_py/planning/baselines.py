@@ -151,7 +151,7 @@ def _first_touch_homes(machine: MachineModel) -> frozenset[int]:
     """Tensors (carried pairs together) that get a fast home, decided in birth order."""
     graph = machine.graph
     n = len(graph.kernels)
-    budget = machine.budget if machine.budget is not None else 2**62
+    budget = machine.tensor_budget if machine.tensor_budget is not None else 2**62
     reserve = machine.workspace.astype(np.int64).copy()
     if machine.gpu:
         reserve += np.array([machine.io_bytes(k) for k in range(n)], dtype=np.int64)

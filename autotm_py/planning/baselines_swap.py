@@ -48,7 +48,7 @@ class _Cache:
         self.used -= self.size(tid)
 
     def make_room(self, need: int, keep: set[int], kid: int) -> None:
-        budget = self.machine.budget
+        budget = self.machine.tensor_budget
         if budget is None:
             return
         victims = (t for t in list(self.fast) if t not in keep)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def transfer_bound(machine: MachineModel) -> float:
     """Seconds no plan of `model` at its budget can beat (all-fast time when it all fits)."""
     times = np.asarray(machine.costs.times_s, dtype=np.float64)
-    budget = machine.budget
+    budget = machine.tensor_budget
     if budget is None or not machine.gpu or len(times) == 0:
         return float(times.sum())
     # Weights, inputs and survivors may sit in the slow tier without ever being copied out,

@@ -221,7 +221,7 @@ def add_capacity(f: Formulation) -> None:
     residency changes only at its gadgets, births and deaths, so the matrix stays sparse.
     The LP relaxation equals that of the dense rows (the chain is a change of variables)."""
     machine = f.machine
-    if machine.budget is None:
+    if machine.tensor_budget is None:
         return
     n = len(machine.graph.kernels)
     changes: list[Expr] = [{} for _ in range(n + 1)]
@@ -234,7 +234,8 @@ def add_capacity(f: Formulation) -> None:
             start, end = machine.live_ranges[tid][0], last_kernel(f, tid)
             constant[start] += size
             constant[end + 1] -= 0.0 if tid in machine.survivors else size
-    budget = machine.budget // ALIGN_BYTES * ALIGN_BYTES  # sums of aligned sizes are multiples
+    # sums of aligned sizes are multiples
+    budget = machine.tensor_budget // ALIGN_BYTES * ALIGN_BYTES
     prev = None
     for k in range(n):
         room = max(budget - int(machine.workspace[k]), 0) * MIB
@@ -448,7 +449,7 @@ def _regeneration_memory(f: Formulation, pid: int, u: int, z: Expr,
     """(3b): U_u + ws_p z + sum over outputs o of p of size_o (z - x_o) <= budget; skipped
     when it cannot bind (the re-run never needs more than kernel u's workspace)."""
     machine = f.machine
-    if machine.budget is None:
+    if machine.tensor_budget is None:
         return
     outputs = machine.graph.kernels[pid].outputs
     worst = int(machine.workspace[pid]) + sum(int(machine.sizes[o]) for o in outputs
@@ -464,7 +465,7 @@ def _regeneration_memory(f: Formulation, pid: int, u: int, z: Expr,
             _add(row, kept[o], -size)
     for v, c in z.items():
         _add(row, v, float(machine.workspace[pid]) * MIB * c)
-    budget = machine.budget // ALIGN_BYTES * ALIGN_BYTES
+    budget = machine.tensor_budget // ALIGN_BYTES * ALIGN_BYTES
     f.regen_memory.append((u, f.row(row, pulp.LpConstraintLE, budget * MIB)))
 
 

@@ -27,7 +27,7 @@ at once for a candidate, after its last use for a tensor whose range a regenerat
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -110,9 +110,9 @@ def small_tensors(machine: MachineModel, share: float,
     budget, while giving them decision points would add most of the ILP's variables (a
     training graph has thousands of statistics, biases and small weights). Carried pairs are
     kept together. `ranges`: live ranges to count them over (extended by recomputation)."""
-    if machine.budget is None or share <= 0:
+    if machine.tensor_budget is None or share <= 0:
         return frozenset()
-    cap = share * machine.budget
+    cap = share * machine.tensor_budget
     order = sorted((t for t in range(len(machine.graph.tensors)) if t not in machine.pinned),
                    key=lambda t: machine.sizes[t])
     lo, hi = 0, len(order)  # the largest prefix of `order` whose live peak fits in `cap`
@@ -135,56 +135,85 @@ def _live_peak(machine: MachineModel, tensors: list[int],
     return int(machine.live_bytes(tensors, ranges).max()) if machine.graph.kernels else 0
 
 
+@dataclass
+class _Draft:
+    """One tensor's gadgets as `_one` gathers them: the read and write mode at each kernel,
+    the kernels before which it may be regenerated, its conditional uses (kernels before which
+    a regeneration may need it), and those of them that keep an async read besides a sync
+    one."""
+
+    read: dict[int, int]
+    write: dict[int, int]
+    regen: frozenset[int] = frozenset()
+    cond: list[int] = field(default_factory=list)
+    both: set[int] = field(default_factory=set)
+
+
 def _one(machine: MachineModel, tid: int, strategy: str, window: int,
          candidates: int | None, recompute: RecomputeSpec | None) -> TensorGadgets:
     t = machine.graph.tensors[tid]
     birth, end = machine.live_ranges[tid]
     uses = set(t.users) | ({t.producer} if t.producer is not None else set())
-    read: dict[int, int] = {birth: NONE}
-    write: dict[int, int] = {birth: SYNC if t.producer is not None else NONE}
-    regen: frozenset[int] = frozenset()
-    cond: list[int] = []
-    both: set[int] = set()
-    if strategy != "static":
-        if recompute is not None:
-            regen = recompute.regen.get(tid, frozenset())
-            cond = sorted(recompute.needs.get(tid, frozenset()) - uses)
-        for u in t.users:
+    if strategy == "static":  # the birth kernel only, and no moves
+        return _finished(machine, tid, strategy, _Draft({birth: NONE}, {birth: NONE}), end,
+                         recompute, uses)
+    draft = _Draft({birth: NONE}, {birth: SYNC if t.producer is not None else NONE})
+    if recompute is not None:
+        draft.regen = recompute.regen.get(tid, frozenset())
+        draft.cond = sorted(recompute.needs.get(tid, frozenset()) - uses)
+    for u in t.users:
+        draft.read[u] = SYNC
+        draft.write[u] = SYNC
+    if strategy == "async":
+        times = machine.costs.times_s
+        pick = lambda ks: _longest(ks, times, candidates)  # noqa: E731
+        _add_windows(draft.read, draft.write, uses, t.users, (birth, end), window, pick)
+        _add_read_windows(draft.read, draft.write, uses, draft.cond, birth, window, pick)
+    _add_recompute_points(draft, uses)
+    return _finished(machine, tid, strategy, draft, end, recompute, uses)
+
+
+def _add_recompute_points(draft: _Draft, uses: set[int]) -> None:
+    """Gadgets at the conditional uses and at the early regeneration points."""
+    read, write = draft.read, draft.write
+    for u in draft.cond:  # a sync read may bring it back for a regeneration
+        if read.get(u, NONE) == NONE:
             read[u] = SYNC
-            write[u] = SYNC
-        if strategy == "async":
-            times = machine.costs.times_s
-            pick = lambda ks: _longest(ks, times, candidates)  # noqa: E731
-            _add_windows(read, write, uses, t.users, (birth, end), window, pick)
-            _add_read_windows(read, write, uses, cond, birth, window, pick)
-        for u in cond:  # a sync read may bring it back for a regeneration
-            if read.get(u, NONE) == NONE:
-                read[u] = SYNC
-            write.setdefault(u, NONE)
-        for u in regen - uses:  # early regeneration points: a gadget with no move
-            read.setdefault(u, NONE)
-            write.setdefault(u, NONE)
-        both = {u for u in cond if read[u] == ASYNC}  # keeps the async read of move-only plans
-    kernels = tuple(sorted(read.keys() | write.keys()))
-    # GPU static has no moves at all and kernels need fast IO: everything stays fast.
-    may_slow = (t.producer is None or not machine.gpu) and \
-        not (machine.gpu and strategy == "static")
-    if strategy == "static":
-        read, write = {birth: NONE}, {birth: NONE}
+        write.setdefault(u, NONE)
+    for u in draft.regen - uses:  # early regeneration points: a gadget with no move
+        read.setdefault(u, NONE)
+        write.setdefault(u, NONE)
+    # keeps the async read of move-only plans
+    draft.both = {u for u in draft.cond if read[u] == ASYNC}
+
+
+def _finished(machine: MachineModel, tid: int, strategy: str, draft: _Draft, end: int,
+              recompute: RecomputeSpec | None, uses: set[int]) -> TensorGadgets:
+    """The tensor's gadgets from their draft, in kernel order."""
+    kernels = tuple(sorted(draft.read.keys() | draft.write.keys()))
+    read, write, regen, both = draft.read, draft.write, draft.regen, draft.both
     return TensorGadgets(
         tensor=tid,
         kernels=kernels,
         read=tuple(read.get(k, NONE) for k in kernels),
         write=tuple(write.get(k, NONE) for k in kernels),
         io=tuple(k in uses for k in kernels),
-        given=t.producer is None,
+        given=machine.graph.tensors[tid].producer is None,
         survives=tid in machine.survivors,
-        may_start_slow=may_slow,
+        may_start_slow=_may_start_slow(machine, tid, strategy),
         regen=tuple(k in regen for k in kernels),
         sync_read=tuple(k in both for k in kernels) if both else (),
-        discard_from=_discard_from(kernels, end, bool(regen), bool(cond)),
+        discard_from=_discard_from(kernels, end, bool(regen), bool(draft.cond)),
         last=recompute.ends[tid] if recompute is not None else end,
     )
+
+
+def _may_start_slow(machine: MachineModel, tid: int, strategy: str) -> bool:
+    """Whether the tensor may be given in the slow tier or produced straight into it: any
+    tensor in host mode, a given one on a GPU, none with GPU static."""
+    # GPU static has no moves at all and kernels need fast IO: everything stays fast.
+    given = machine.graph.tensors[tid].producer is None
+    return (given or not machine.gpu) and not (machine.gpu and strategy == "static")
 
 
 def _discard_from(kernels: tuple[int, ...], end: int, candidate: bool, extended: bool) -> int:

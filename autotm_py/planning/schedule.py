@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.memory.tiers import FAST, SLOW
+from autotm_py.options import ModelOptions
 from autotm_py.plan import (
     Compute,
     CostsIdentity,
     Free,
-    ModelOptions,
     Move,
     Plan,
     PlanHeader,
@@ -148,7 +148,7 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
         pin_weights=machine.pin_weights,
         headroom=machine.headroom,
         model=ModelOptions.of_graph(graph),
-        graph=machine.graph_replay,
+        run=machine.run.resolved(),
         costs=CostsIdentity.of(machine.profile_costs),
         gpu=_priced_gpu(machine, device),
     )

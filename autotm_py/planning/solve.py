@@ -143,9 +143,9 @@ def plan(machine: MachineModel, config: PlanConfig,
     progress and may ask the search to stop (the best plan so far is kept)."""
     graph = machine.graph
     common = {"budget_bytes": machine.user_budget, "all_fast_time_s": machine.all_fast_time,
-              "reserve_bytes": machine.reserve_bytes, "plannable_bytes": machine.budget,
+              "reserve_bytes": machine.reserve_bytes, "plannable_bytes": machine.tensor_budget,
               "scratch_bytes": machine.scratch_reserve + machine.arena_margin}
-    if machine.budget is None:
+    if machine.tensor_budget is None:
         unbounded = all_fast(machine).with_header(
             strategy=config.plan_name, config=_config(config),
             predicted_time_s=machine.all_fast_time,
@@ -156,10 +156,10 @@ def plan(machine: MachineModel, config: PlanConfig,
     small, spec = _small_and_recompute(machine, config)
     ranges = spec.ranges(machine) if spec is not None else None
     need, kid = min_feasible_budget(machine, config.strategy, small, ranges)
-    if machine.budget < need and small:  # too tight to keep small tensors fast: let them move
+    if machine.tensor_budget < need and small:  # too tight to keep small ones fast: they move
         small, spec = frozenset(), _spec(machine, config, frozenset())
         need, kid = min_feasible_budget(machine, config.strategy)
-    if machine.budget < need:
+    if machine.tensor_budget < need:
         return _infeasible(machine, need, kid, config.strategy, common)
     f, outcome, stats, notes = _search(machine, config, small, spec,
                                        control or SolveControl())
@@ -263,69 +263,147 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
     `warmstart`), so each search starts from a good plan and can only improve on it. If the
     last search finds nothing in time, or a stop request ends the chain early, the best
     earlier plan is returned."""
-    # PuLP comes in here, not with this module: simulating and running plans import the
-    # pipeline but never solve (the GPU machine has no PuLP)
-    import autotm_py.planning.formulation as formulation
+    # PuLP comes in here (and in `_Search._build`), not with this module: simulating and
+    # running plans import the pipeline but never solve (the GPU machine has no PuLP)
     from autotm_py.planning.solvers import SolveOutcome
 
-    started = time.perf_counter()
-    notes: list[str] = []
-    spent = [0.0, 0.0]  # build and solve seconds of every model in the chain
-    best: tuple[formulation.Formulation, SolveOutcome] | None = None
-    f, outcome = None, SolveOutcome("interrupted", None, None, None, 0.0, has_values=False)
-    fixed = False
-    limit = config.time_limit_s
-    if limit is None and config.recompute_mode != "off":
-        limit = RECOMPUTE_TIME_LIMIT_S
     specs = {(spec.depth, config.recompute_early): spec} if spec is not None else {}
+    search = _Search(machine, config, small, control, limit=_search_limit(config), specs=specs,
+                     outcome=SolveOutcome("interrupted", None, None, None, 0.0,
+                                          has_values=False))
     stages = _chain(machine, config)
-    early_dropped = False  # the checkpoint-style start did not pay: no early points from here
     for i, stage in enumerate(stages):
         if control.stop_requested:
             break
-        if early_dropped:
+        if search.early_dropped:
             stage = replace(stage, early=0)
-        elapsed = time.perf_counter() - started
         last = i == len(stages) - 1
-        if last and stage.fixed is False and i and stages[i - 1].fixed and limit is not None \
-                and limit - elapsed < 0.15 * limit and best is not None:
+        if last and search.no_time_for_last(stage, stages[i - 1] if i else None):
             break  # too little time left to search the whole async model
-        key = (stage.depth, stage.early)
-        if stage.mode != "off" and key not in specs:
-            specs[key] = _spec(machine, replace(config, recompute_depth=stage.depth,
-                                                recompute_early=stage.early), small)
+        search.run(stage, last)
+    return search.ended()
+
+
+def _search_limit(config: PlanConfig) -> float | None:
+    """The time limit of the whole search: the configured one, else with recomputation
+    `RECOMPUTE_TIME_LIMIT_S`."""
+    if config.time_limit_s is None and config.recompute_mode != "off":
+        return RECOMPUTE_TIME_LIMIT_S
+    return config.time_limit_s
+
+
+@dataclass
+class _Search:
+    """The search over the stages of `_chain`: what it carries from one stage to the next."""
+
+    machine: MachineModel
+    config: PlanConfig
+    small: frozenset[int]
+    control: SolveControl
+    limit: float | None
+    # the regeneration points of each (depth, early) the stages use
+    specs: dict[tuple[int, int], RecomputeSpec | None]
+    outcome: SolveOutcome  # the last stage's
+    f: formulation.Formulation | None = None  # the last model built
+    started: float = field(default_factory=lambda: time.perf_counter())
+    notes: list[str] = field(default_factory=list)
+    # build and solve seconds of every model in the chain
+    spent: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    best: tuple[formulation.Formulation, SolveOutcome] | None = None
+    fixed: bool = False  # the best plan's search had its regenerations fixed
+    # the checkpoint-style start did not pay: no early points from here
+    early_dropped: bool = False
+
+    def no_time_for_last(self, stage: Stage, previous: Stage | None) -> bool:
+        """The last stage searches the whole async model after the one with regenerations
+        fixed: not worth starting with less than 15% of the time limit left and a plan in
+        hand."""
+        if stage.fixed or previous is None or not previous.fixed:
+            return False
+        if self.limit is None or self.best is None:
+            return False
+        return self.limit - (time.perf_counter() - self.started) < 0.15 * self.limit
+
+    def run(self, stage: Stage, last: bool) -> None:
+        """Build the stage's model, start it from the best plan so far and solve it (a stage
+        that `_start` drops is built, not solved, and drops early points from the rest)."""
+        f = self.f = self._build(stage)
+        warm = _start(f, stage, self.best, self.notes)
+        if warm is None:
+            self.early_dropped = True
+            return
+        self._solve_stage(f, stage, warm, last)
+
+    def _build(self, stage: Stage) -> formulation.Formulation:
+        import autotm_py.planning.formulation as formulation  # PuLP: only where it solves
+
+        config = self.config
         candidates = config.async_candidates if stage.strategy == "async" else None
-        control.report(stage="building", strategy=_stage_name(stage), solver=config.solver)
-        f = formulation.build(machine, stage.strategy, config.async_window, candidates, small,
-                              recompute=specs.get(key) if stage.mode != "off" else None,
-                              moves=stage.mode != "only",
+        recompute = self._recompute(stage)
+        self.control.report(stage="building", strategy=_stage_name(stage), solver=config.solver)
+        f = formulation.build(self.machine, stage.strategy, config.async_window, candidates,
+                              self.small, recompute=recompute, moves=stage.mode != "only",
                               spread_reads=config.read_pricing == "spread")
         log.info("built the %s ILP (depth %d%s): %d variables, %d constraints in %.2f s",
                  f.name, stage.depth, ", regenerations fixed" if stage.fixed else "",
                  f.n_vars, f.n_rows, f.build_s)
-        warm = _start(f, stage, best, notes)
-        if warm is None:
-            early_dropped = True
-            continue
-        left = None if limit is None else max(limit - (time.perf_counter() - started), 1.0)
-        if left is not None and not last:
-            left = min(left, max(stage.share * limit, 1.0))
+        return f
+
+    def _recompute(self, stage: Stage) -> RecomputeSpec | None:
+        """The stage's regeneration points (None for a move-only stage), made once per depth
+        and early window."""
+        if stage.mode == "off":
+            return None
+        key = (stage.depth, stage.early)
+        if key not in self.specs:
+            self.specs[key] = _spec(self.machine, replace(self.config, recompute_depth=stage.depth,
+                                                          recompute_early=stage.early),
+                                    self.small)
+        return self.specs[key]
+
+    def _time_left(self, stage: Stage, last: bool) -> float | None:
+        """The stage's time limit: what is left of the search's, at most the stage's share of
+        it unless it is the last."""
+        if self.limit is None:
+            return None
+        left = max(self.limit - (time.perf_counter() - self.started), 1.0)
+        if not last:
+            left = min(left, max(stage.share * self.limit, 1.0))
+        return left
+
+    def _solve_stage(self, f: formulation.Formulation, stage: Stage, warm: bool,
+                     last: bool) -> None:
+        left = self._time_left(stage, last)
+        best, control = self.best, self.control
         control.report(stage="stopping" if control.stop_requested else "solving",
                        incumbent=best[1].objective if warm and best else None)
-        outcome = _solve(f, config, left, warm=warm, control=control)
-        spent = [spent[0] + f.build_s, spent[1] + outcome.seconds]
-        if warm and f.name == config.plan_name and best[0].name != f.name:
-            notes.append(f"{f.name} search started from the {best[0].name} plan "
-                         f"({best[1].objective:.3f} ms)")
+        outcome = self.outcome = _solve(f, self.config, left, warm=warm, control=control)
+        self.spent = [self.spent[0] + f.build_s, self.spent[1] + outcome.seconds]
+        if warm and f.name == self.config.plan_name and best[0].name != f.name:
+            self.notes.append(f"{f.name} search started from the {best[0].name} plan "
+                              f"({best[1].objective:.3f} ms)")
+        self._keep(f, outcome, stage.fixed and warm)
+
+    def _keep(self, f: formulation.Formulation, outcome: SolveOutcome, fixed: bool) -> None:
+        """Keep the stage's plan if it is the first, of a new model, or no worse than the best
+        of its model."""
+        best = self.best
         if outcome.has_solution and (best is None or best[0].name != f.name or
                                      outcome.objective <= best[1].objective + 1e-9):
-            best = (f, outcome)
-            fixed = stage.fixed and warm
-    if best is None:
-        return f, outcome, _stats(config, f, outcome, spent, limit), notes
-    f, outcome = best
-    outcome = _settled(f, outcome, config, notes, fixed=fixed, stopped=control.stop_requested)
-    return f, outcome, _stats(config, f, outcome, spent, limit), notes
+            self.best = (f, outcome)
+            self.fixed = fixed
+
+    def ended(self) -> tuple[formulation.Formulation | None, SolveOutcome, SolverStats,
+                             list[str]]:
+        """`_search`'s result: the best plan's model and outcome, or the last ones when no
+        stage found a plan."""
+        if self.best is None:
+            return self.f, self.outcome, _stats(self.config, self.f, self.outcome, self.spent,
+                                                self.limit), self.notes
+        f, outcome = self.best
+        outcome = _settled(f, outcome, self.config, self.notes, fixed=self.fixed,
+                           stopped=self.control.stop_requested)
+        return f, outcome, _stats(self.config, f, outcome, self.spent, self.limit), self.notes
 
 
 def _start(f: formulation.Formulation, stage: Stage,

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autotm_py.errors import ProfileError
+from autotm_py.options import Measure
 from autotm_py.profiling.cache import (
     MEASURED,
     ProfileEntry,
@@ -61,16 +62,17 @@ def profile_in_context(graph: TensorGraph, plan: Plan, *, device: str = "cuda",
                        warmup: int = 2) -> KernelCosts:
     """Measure every kernel inside `iterations` iterations of `plan` (the all-fast plan:
     `autotm_py.pipeline.profile_in_context` makes it); cache; return costs."""
-    from autotm_py.runtime.executor import execute
+    from autotm_py.runtime.execute import execute
 
     if not device.startswith("cuda"):
         raise ProfileError("--in-context needs --device cuda: on the CPU a kernel's time does "
                            "not depend on its neighbours, so `autotm profile` already measures it")
     fingerprint = current_fingerprint("cuda")
-    plain = execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
-                    enforce_budget=False)
-    run = execute(graph, plan, device=device, iterations=iterations, warmup=warmup,
-                  kernel_times=True, enforce_budget=False, per_iteration_kernel_times=True)
+    plain = execute(graph, plan, device=device,
+                    measure=Measure(iterations=iterations, warmup=warmup, capped=False))
+    run = execute(graph, plan, device=device,
+                  measure=Measure(iterations=iterations, warmup=warmup, capped=False,
+                                  kernel_times=True, per_iteration_kernel_times=True))
     corrected, overhead = remove_event_overhead(run.kernel_samples_s or (), plain.median_s)
     device_s = per_signature_median(graph, measure_device_times(graph, plan, device))
     samples: dict[str, list[float]] = defaultdict(list)
@@ -102,9 +104,10 @@ def measure_device_times(graph: TensorGraph, plan: Plan, device: str,
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from autotm_py.runtime.executor import new_executor
+    from autotm_py.runtime.drivers import give_back
+    from autotm_py.runtime.execute import new_executor
 
-    dev, executor = new_executor(graph, plan, device)
+    dev, executor, _ = new_executor(graph, plan, device)
     try:
         for _ in range(warmup):
             executor.prepare()
@@ -117,6 +120,7 @@ def measure_device_times(graph: TensorGraph, plan: Plan, device: str,
             torch.cuda.synchronize(dev)
     finally:
         executor.release()
+        give_back(executor.device)
     return kernel_device_times(prof.events(), len(graph.kernels))
 
 

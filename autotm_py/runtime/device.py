@@ -15,11 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from autotm_py.errors import ConfigError
+from autotm_py.options import DEFAULT_ALLOCATOR_SETTINGS
 from autotm_py.runtime import placed
-
-# Expandable segments let the caching allocator unmap free pages when it meets the cap (less
-# fragmentation, though plans still need `--headroom`: docs/gpu.md).
-DEFAULT_ALLOCATOR_SETTINGS = "expandable_segments:True"
 
 # The hardware work queues a CUDA context spreads its streams over (CUDA's default is 8). With
 # 8, a plan replayed as a CUDA graph copies 9-14% slower than the same plan run eagerly (every

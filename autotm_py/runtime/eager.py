@@ -40,7 +40,7 @@ from autotm_py.runtime.device import (
     release_cap,
     time_region,
 )
-from autotm_py.runtime.executor import RunResult
+from autotm_py.runtime.execute import RunResult
 from autotm_py.runtime.reference import init_values
 from autotm_py.runtime.segments import Segment, forward_segments
 

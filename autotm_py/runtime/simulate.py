@@ -37,8 +37,8 @@ budget. Strict mode raises `PlanError` at the first violation, naming the record
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -61,99 +61,18 @@ from autotm_py.plan import (
     Plan,
     Recompute,
 )
+from autotm_py.runtime.simulate_result import (
+    KernelSpan,
+    MoveSpan,
+    RecomputeSpan,
+    SimulationResult,
+)
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import Kernel, TensorGraph
 
 ABSENT, READY, ARRIVING = 0, 1, 2
 TIER_INDEX = {FAST: 0, SLOW: 1}
-
-
-@dataclass(frozen=True)
-class KernelSpan:
-    kernel: int
-    name: str
-    start_s: float
-    end_s: float  # the kernel itself
-    step_end_s: float  # the step's end: the kernel's (with join_at_use off, its copies' too)
-    placement: str  # "FFS": tier of each input then output
-
-
-@dataclass(frozen=True)
-class MoveSpan:
-    record: int
-    tensor: int
-    name: str
-    to: str
-    mode: str
-    start_s: float
-    end_s: float
-    bytes: int
-    overlaps: int | None
-    stream: str
-
-
-@dataclass(frozen=True)
-class RecomputeSpan:
-    record: int
-    kernel: int  # the kernel re-run
-    name: str
-    before: int  # the kernel whose step it belongs to
-    outputs: tuple[int, ...]  # the regenerated tensors it keeps
-    bytes: int  # their bytes
-    start_s: float
-    end_s: float
-
-
-@dataclass(frozen=True)
-class SimulationResult:
-    """What a plan is predicted to do. Times in seconds, memory in bytes (aligned sizes).
-
-    `memory` holds one point per record, as columns: record index, time (when the record takes
-    effect), fast bytes in the budget (workspace included during a kernel), slow bytes."""
-
-    model_name: str
-    strategy: str
-    mode: str
-    total_s: float
-    all_fast_s: float
-    budget_bytes: int | None
-    fast_peak_bytes: int
-    fast_peak_record: int
-    slow_peak_bytes: int
-    pinned_bytes: int
-    kernels: tuple[KernelSpan, ...]
-    moves: tuple[MoveSpan, ...]
-    memory: dict[str, tuple[Any, ...]]
-    bytes_moved: dict[str, int]
-    violations: tuple[str, ...] = ()
-    strict: bool = True
-    notes: tuple[str, ...] = ()
-    recomputes: tuple[RecomputeSpan, ...] = ()
-    # budget_bytes = reserve_bytes (the runtime's own) + headroom + plannable_bytes (tensors)
-    reserve_bytes: int = 0
-    plannable_bytes: int | None = None
-    costs_digest: str = ""  # `KernelCosts.digest` of the costs it was priced with
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    @property
-    def recompute_s(self) -> float:
-        """Seconds the compute stream spends re-running kernels."""
-        return sum(r.end_s - r.start_s for r in self.recomputes)
-
-    @property
-    def slowdown(self) -> float:
-        return self.total_s / self.all_fast_s if self.all_fast_s > 0 else 1.0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["memory"] = {k: list(v) for k, v in self.memory.items()}
-        d["format"] = "autotm-simulation"
-        d["format_version"] = 1
-        return d
 
 
 @dataclass
@@ -201,7 +120,7 @@ class Simulator(PlanInterpreter):
         self.landing: dict[int, float] = {}  # prefetched tensor -> when its copy ends
         self.leaving: dict[int, float] = {}  # tensor written out -> when its copy ends
         # arena: slots freed while a copy out still reads them ([low, high), copy end); the
-        # next tenant waits (the executor's `_claim`); when a new copy may be written there
+        # next tenant waits (the executor's `claim`); when a new copy may be written there
         self.busy: list[tuple[int, int, float]] = []
         self.slot_free: dict[int, float] = {}  # async prefetch -> when its slot is free
 
@@ -293,7 +212,7 @@ class Simulator(PlanInterpreter):
         self.points.append((self.index, time_s, fast, self.bytes[1]))
         if fast > self.peak[0]:
             self.peak = (fast, self.index)
-        budget = self.machine.budget
+        budget = self.machine.tensor_budget
         if budget is not None and fast > budget:
             self.violate(f"fast tier holds {fast} bytes, over the budget of {budget} bytes")
 
@@ -450,7 +369,7 @@ class Simulator(PlanInterpreter):
         """A scratch buffer below the scratch region is a window (`--scratch windows`): no
         live fast copy may meet it while its kernel runs. Where a freed copy there is still
         copied out, the kernel waits for that copy, as the next tenant of a slot does (the
-        executor's `_claim`): the packer holds such a copy only to the join of the step its
+        executor's `claim`): the packer holds such a copy only to the join of the step its
         copy overlaps, and a copy joined at a later use may outlast that."""
         layout, slots = self.plan.arena, self.slots
         assert layout is not None and slots is not None
@@ -611,5 +530,5 @@ class Simulator(PlanInterpreter):
             bytes_moved=dict(self.moved), violations=tuple(self.violations),
             strict=self.strict, notes=tuple(self.plan.header.notes),
             recomputes=tuple(self.recomputes),
-            reserve_bytes=self.machine.reserve_bytes, plannable_bytes=self.machine.budget,
+            reserve_bytes=self.machine.reserve_bytes, plannable_bytes=self.machine.tensor_budget,
             costs_digest=self.machine.profile_costs.digest)

@@ -70,7 +70,7 @@ def check(cell: str, setting: str, headroom: float, iterations: int) -> dict:
 
     from autotm_py import api
     from autotm_py.errors import AutoTMError
-    from autotm_py.runtime.device import DEFAULT_ALLOCATOR_SETTINGS
+    from autotm_py.options import DEFAULT_ALLOCATOR_SETTINGS
 
     # "runtime": the executor's own settings; "runtime:CONF": those; else the environment's
     settings = setting.removeprefix("runtime:") if setting.startswith("runtime:") else \

@@ -35,7 +35,7 @@ experiments/gpu/import_device_times.py reads one model's list). A run that would
 `--device cpu` is a smoke test of the script (no cap, no graphs, no native or profiles; the
 graph rows record the ConfigError), e.g. with tiny plans:
   autotm optimize resnet50 --training --batch 2 --ratio 1:1 --strategy sync --arena \
-      --no-baselines -o /tmp/plans/resnet50_1-1_arena.json.gz   (and ..._arena_graph with --graph)
+      --no-baselines -o /tmp/plans/resnet50_1-1_arena.json.gz   (and ..._arena_graph with --replay)
   python3 experiments/gpu/arena_check.py /tmp/out --plans /tmp/plans --models resnet50 \
       --device cpu --iterations 1 --warmup 1
 """
@@ -63,6 +63,14 @@ SHAPES = {"resnet200": (32, {}), "densenet264": (32, {}), "bert_base": (16, {"se
           "gpt2_small": (8, {"seq": 1024}), "resnet50": (32, {})}
 NATIVE = ("resnet200", "densenet264", "bert_base", "gpt2_small", "resnet50")  # native_compare's
 DEFAULT_MODELS = "resnet200,bert_base,densenet264"
+
+
+def run_mode(arena: bool = False, replay: bool = False):
+    """The row's run mode: `api.execute` without the placed allocator (outputs copied into
+    their slots, as this script has always run them)."""
+    from autotm_py.options import RunMode
+
+    return RunMode(arena=arena, placed=False, replay=replay)
 
 
 class Check:
@@ -171,29 +179,30 @@ def check_model(check: Check, model: str, plans: Path) -> None:
 
     # all-fast on the caching allocator first: the reference the other rows are read against
     check.add(measure(check, graph, costs, reference, {**base, "run": "caching allocator"},
-                      enforce_budget=False))
+                      capped=False))
     if not args.no_native and model in NATIVE and args.device.startswith("cuda"):
         check.add(native(check, model, batch, dims, base))
     if not args.no_profile and args.device.startswith("cuda") and not check.late():
         costs["gpu"] = gpu_costs(check, graph, reference, model, info)
-    for run, extra in (("arena", {"arena": True}),
-                       ("arena graph", {"arena": True, "graph_replay": True}),
-                       ("graph", {"graph_replay": True})):  # static inputs, no slots
-        check.add(measure(check, graph, costs, reference, {**base, "run": run},
-                          enforce_budget=False, **extra))
+    for run, mode in (("arena", run_mode(arena=True)),
+                      ("arena graph", run_mode(arena=True, replay=True)),
+                      ("graph", run_mode(replay=True))):  # static inputs, no slots
+        check.add(measure(check, graph, costs, reference, {**base, "run": run}, mode,
+                          capped=False))
     for ratio, graph_priced, plan, name in loaded:
         row = {"model": model, "ratio": ratio, "plan": name,
                "priced": "graph" if graph_priced else "eager"}
-        runs = [("arena", {"arena": True}), ("arena graph", {"arena": True, "graph_replay": True})]
+        runs = [("arena", run_mode(arena=True)), ("arena graph", run_mode(arena=True, replay=True))]
         if graph_priced:
             runs.reverse()  # what it was priced for first
         else:
-            runs.append(("caching allocator", {}))
-        for run, extra in runs:
-            check.add(measure(check, graph, costs, plan, {**row, "run": run}, **extra))
+            runs.append(("caching allocator", run_mode()))
+        for run, mode in runs:
+            check.add(measure(check, graph, costs, plan, {**row, "run": run}, mode))
 
 
-def measure(check: Check, graph, costs: dict, plan, row: dict, **options) -> dict:
+def measure(check: Check, graph, costs: dict, plan, row: dict, mode=None,
+            capped: bool = True) -> dict:
     """One `api.execute` of `plan` (the row's run) with its predictions; errors are rows."""
     import gc
 
@@ -203,11 +212,12 @@ def measure(check: Check, graph, costs: dict, plan, row: dict, **options) -> dic
     from autotm_py.errors import AutoTMError
 
     args = check.args
+    mode = mode or run_mode()
     if check.late():
         return {**row, "skipped": f"deadline ({args.deadline:.0f} s) passed"}
-    if options.get("arena") and plan.arena is None:  # packed as `api.execute` will pack it,
+    if mode.arena and plan.arena is None:  # packed as `api.execute` will pack it,
         plan = api.with_arena(graph, plan, costs["shipped"])  # so copies into slots are priced
-    row = {**row, **predictions(graph, costs, plan, bool(options.get("graph_replay")))}
+    row = {**row, **predictions(graph, costs, plan, mode.replay)}
     gc.collect()  # the previous run's arena, graph pool and pinned pool
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -217,7 +227,7 @@ def measure(check: Check, graph, costs: dict, plan, row: dict, **options) -> dic
     started = time.perf_counter()
     try:
         run = api.execute(graph, plan, device=args.device, iterations=args.iterations,
-                          warmup=args.warmup, costs=costs["shipped"], **options)
+                          warmup=args.warmup, costs=costs["shipped"], mode=mode, capped=capped)
     except AutoTMError as exc:
         return {**row, "error": str(exc), "wall_s": time.perf_counter() - started}
     except Exception as exc:  # keep the other rows: report and go on
@@ -230,7 +240,7 @@ def measure(check: Check, graph, costs: dict, plan, row: dict, **options) -> dic
                host_median_s=run.host_median_s, peak_bytes=run.peak_fast_bytes,
                reserved_peak_bytes=run.reserved_peak_bytes, cap_bytes=run.cap_bytes,
                alloc_retries=run.alloc_retries, copied_outputs=run.copied_outputs,
-               arena_run_bytes=run.arena_bytes, replayed=run.graph, notes=list(run.notes),
+               arena_run_bytes=run.arena_bytes, replayed=run.replayed, notes=list(run.notes),
                device_name=run.device_name, wall_s=time.perf_counter() - started)
     for key in ("shipped", "gpu"):
         if row.get(f"predicted_{key}_s"):
@@ -243,7 +253,7 @@ def predictions(graph, costs: dict, plan, replayed: bool) -> dict:
     replayed), with the first violations where the simulator found any."""
     from autotm_py import api
 
-    priced = plan.with_header(graph=replayed)
+    priced = plan.with_header(run=replace(plan.header.run, replay=replayed))
     out = {"predicted_at_solve_s": plan.header.predicted_time_s,
            "budget_bytes": plan.header.budget_bytes,
            "arena_bytes": plan.arena.nbytes if plan.arena else None}
@@ -327,9 +337,9 @@ def device_times(graph, plan, device: str) -> list[float]:
     from torch.profiler import ProfilerActivity, profile
 
     from autotm_py.profiling.in_context import kernel_device_times
-    from autotm_py.runtime.executor import new_executor
+    from autotm_py.runtime.execute import new_executor
 
-    _, executor = new_executor(graph, plan, device, seed=0)
+    _, executor, _ = new_executor(graph, plan, device, seed=0)
     for _ in range(2):
         executor.prepare()
         executor.run()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark of issues 13 item 5 and 14 item 3 with `autotm bench --execute`: joint plans
-# made for an arena, the placed allocator and CUDA-graph replay (`--arena --graph`, each plan
+# made for an arena, the placed allocator and CUDA-graph replay (`--arena --replay`, each plan
 # run in a process of its own), beside what the sweep measures in the same run: our all-fast
 # iteration replayed, torch.autograd of the same graph (native eager) and with save_on_cpu,
 # PyTorch activation checkpointing of the same graph under the same cap (fewest segments that
@@ -9,7 +9,11 @@
 # Plans come from experiments/plans/bench_arena (solved on the CPU machine with HiGHS and the
 # shipped H100 profiles: `autotm bench` without --execute and the same options, or adopted from
 # optimize runs with experiments/bench_adopt_plans.py); a cell without its plan there would be
-# solved on the GPU machine, so every cell asked for should have one.
+# solved on the GPU machine, so every cell asked for should have one. Plans are found by the
+# name `autotm bench --plans` gives them, whose options part names replay `replay` since
+# 2026-12-01 (`..._arena+replay+placed+windows.json.gz`); the plans saved there before are named
+# `..._arena+graph+...` and are not found under today's names (their cells would be solved
+# again): rename them (`+graph` -> `+replay` in the options part) to run them with this script.
 #
 # Usage (GPU machine, repository root):
 #   bash experiments/gpu/bench_arena.sh OUT_DIR resnet200/1:1,1:2 resnet200/1:3/spread ...
@@ -17,8 +21,9 @@
 # sweep of its own). Rows go to OUT_DIR/bench_arena.{csv,json}, one row at a time (a sweep cut
 # short keeps its rows; rerun to resume). STRATEGIES (default async+recompute) picks the plan
 # families; EXTRA adds bench options, e.g. EXTRA="--scratch region" for plans with one scratch
-# region (their own rows: options arena+graph+placed; the default since 2026-11-28 evening is
-# scratch windows, options arena+graph+placed+windows, as EXTRA="--scratch windows" asked before).
+# region (their own rows: options arena+replay+placed; the default since 2026-11-28 evening is
+# scratch windows, options arena+replay+placed+windows, as EXTRA="--scratch windows" asked before;
+# rows before 2026-12-01 say graph for replay: arena+graph+placed+windows).
 set -u
 . experiments/gpu/setup.sh
 out=$1
@@ -34,7 +39,7 @@ for cell in "$@"; do
   echo "== $model $ratios ${pricing:-step} $(date -u +%H:%M:%S)"
   python3 -m autotm_py bench --models "$model" --ratios "$ratios" \
       --strategies "${STRATEGIES:-async+recompute}" --device cuda --training --batch "$1" \
-      "${@:2}" --time-limit 180 --arena --graph --read-pricing "${pricing:-step}" ${EXTRA:-} \
+      "${@:2}" --time-limit 180 --arena --replay --read-pricing "${pricing:-step}" ${EXTRA:-} \
       --execute \
       --plans experiments/plans/bench_arena --workers 1 --no-progress \
       -o "$out/bench_arena.csv" 2>&1 | tail -n 8

@@ -119,7 +119,9 @@ def run(graph, plan, name: str, top: int, *, cap: bool, arena: bool, replay: boo
         out: Path) -> dict:
     import torch
 
-    from autotm_py.runtime.executor import Executor, execute
+    from autotm_py.options import Measure, RunMode
+    from autotm_py.runtime.drivers import ReplayDriver
+    from autotm_py.runtime.execute import execute
 
     row: dict = {"plan": name, "capped": cap, "arena": arena, "replayed": replay,
                  "budget_mib": (plan.header.budget_bytes or 0) / MIB}
@@ -128,19 +130,21 @@ def run(graph, plan, name: str, top: int, *, cap: bool, arena: bool, replay: boo
                 "arena_mib": plan.arena.nbytes / MIB}
     seen = attach(out / "oom", top)
     before = len(seen)
-    captured = Executor.capture
+    captured = ReplayDriver.capture
 
-    def capture_and_look(executor):  # what the captured iteration holds once captured
-        failed = captured(executor)
+    def capture_and_look(driver):  # what the captured iteration holds once captured
+        failed = captured(driver)
         torch.cuda.synchronize()
         row["after_capture"] = summarize(torch.cuda.memory._snapshot(), top=top)
         return failed
 
-    Executor.capture = capture_and_look
+    ReplayDriver.capture = capture_and_look
     try:
-        r = execute(graph, plan, device="cuda:0", iterations=2, warmup=2, arena=arena,
-                    graph_replay=replay, enforce_budget=cap)
-        row |= {"median_ms": r.median_s * 1e3, "graph": r.graph, "notes": list(r.notes),
+        # placed=False: the runtime's execute installs no placed allocator (as before)
+        r = execute(graph, plan, device="cuda:0",
+                    mode=RunMode(arena=arena, placed=False, replay=replay),
+                    measure=Measure(iterations=2, warmup=2, capped=cap))
+        row |= {"median_ms": r.median_s * 1e3, "graph": r.replayed, "notes": list(r.notes),
                 "peak_mib": (r.peak_fast_bytes or 0) / MIB,
                 "reserved_mib": (r.reserved_peak_bytes or 0) / MIB}
         # what the allocator still maps once the run's tensors are gone: the holes it kept
@@ -149,7 +153,7 @@ def run(graph, plan, name: str, top: int, *, cap: bool, arena: bool, replay: boo
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-        Executor.capture = captured
+        ReplayDriver.capture = captured
     row["at_first_oom"] = seen[before] if len(seen) > before else None
     torch.cuda.empty_cache()
     print(json.dumps({k: v for k, v in row.items()
@@ -187,7 +191,7 @@ def main() -> int:
         from autotm_py.plan import Plan
         plan = Plan.load(path)
         rows.append(run(graph_of(plan), plan, path.name, args.top, cap=not args.no_cap,
-                        arena=True, replay=bool(plan.header.config.get("graph")), out=args.out))
+                        arena=True, replay=plan.header.run.replay, out=args.out))
     (args.out / "capture_memory.json").write_text(json.dumps(rows, indent=1))
     return 0
 

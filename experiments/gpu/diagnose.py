@@ -50,7 +50,7 @@ def diagnose(cell: str, iterations: int, trace_dir: Path | None) -> dict:
         torch.cuda.reset_peak_memory_stats()
         try:
             run = api.execute(graph, plan, device="cuda", iterations=iterations, warmup=2,
-                              enforce_budget=cap)
+                              capped=cap)
         except AutoTMError as exc:
             row[label] = {"error": str(exc)}
             print(f"{cell:32s} {label:8s} failed: {str(exc)[:300]}", flush=True)
@@ -110,9 +110,11 @@ def _plan_path(model: str, batch: int, dims: dict[str, int], ratio: str, strateg
                headroom: float = 0.0) -> Path:
     """Where `plan_all.sh` (`autotm bench --plans`) kept the cell's plan."""
     from autotm_py.bench import BenchSpec
+    from autotm_py.options import ModelOptions
 
     spec = BenchSpec(models=(model,), ratios=(ratio,), strategies=(strategy,),
-                     solvers=("highs",), device="cuda", training=True, batch=batch, dims=dims,
+                     solvers=("highs",), device="cuda",
+                     model=ModelOptions(batch=batch, dims=dims, training=True),
                      plans_dir=str(PLANS))
     path = spec.plan_path(model, ratio, strategy, "highs", headroom)
     assert path is not None

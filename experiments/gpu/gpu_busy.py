@@ -41,7 +41,8 @@ def busy(cell: str, out: Path) -> dict:
 
     from autotm_py.profiling.in_context import kernel_device_times
     from autotm_py.runtime.device import apply_cap, release_cap, time_region
-    from autotm_py.runtime.executor import KERNEL_RANGE, new_executor
+    from autotm_py.runtime.execute import new_executor
+    from autotm_py.runtime.executor import KERNEL_RANGE
 
     model, batch, ratio, strategy, *rest = cell.split(":")
     dims = dict((k, int(v)) for k, v in (r.split("=") for r in rest if "=" in r))
@@ -55,7 +56,7 @@ def busy(cell: str, out: Path) -> dict:
     else:  # the kept plans of plan_all.sh (unfused graphs, diagnose.load_plan)
         graph, plan = load_plan(model, int(batch), dims, ratio.replace("-", ":"), strategy,
                                 headroom)
-    dev, executor = new_executor(graph, plan, "cuda:0", seed=0, deterministic=False)
+    dev, executor, _ = new_executor(graph, plan, "cuda:0", seed=0, deterministic=False)
     cap = apply_cap(plan.header.budget_bytes, dev, enforce=strategy != "all-fast", slack=64 << 20)
     try:
         for _ in range(3):

@@ -49,8 +49,16 @@ from autotm_py import api, pipeline
 from autotm_py.errors import ExecutionError
 from autotm_py.runtime import eager
 from autotm_py.runtime.device import device_name, time_region
-from autotm_py.runtime.executor import new_executor
 from autotm_py.runtime.reference import init_values, run_graph
+
+try:  # this checkout's API (`runtime.execute`, run options in `autotm_py.options`)
+    from autotm_py.runtime.execute import new_executor as _new_executor
+
+    UNCAPPED = {"capped": False}
+except ImportError:  # an older checkout on PYTHONPATH (module docstring)
+    from autotm_py.runtime.executor import new_executor as _new_executor
+
+    UNCAPPED = {"enforce_budget": False}
 
 DEV = "cuda"
 BATCH = {"resnet200": 32, "densenet264": 32, "inception_v4": 64, "bert_base": 16,
@@ -81,6 +89,12 @@ def measure(prepare, body, iterations: int) -> dict:
 
 def _nothing() -> None:
     """Nothing to place before an iteration (autograd and the loop hold their inputs)."""
+
+
+def new_executor(graph, plan, device: str, seed: int):
+    """The checked device and an eager executor on it (whichever checkout runs)."""
+    made = _new_executor(graph, plan, device, seed)
+    return made[0], made[1]
 
 
 def runners(graph, plan) -> dict:
@@ -212,7 +226,7 @@ def measure_plan(path: Path, iterations: int, native: bool = False) -> dict:
     except ExecutionError:  # its headroom-0 plan needs more room on the caching allocator
         capped = False
         run = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
-                          enforce_budget=False)
+                          **UNCAPPED)
     _, ex = new_executor(graph, plan, DEV, 0)
     uncapped = measure(ex.prepare, ex.run, iterations)  # host CPU time: the cap changes none
     del ex

@@ -18,18 +18,21 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from autotm_py.ir.training import derive_training  # noqa: E402
+from autotm_py.options import Measure  # noqa: E402
 from autotm_py.pipeline import all_fast_plan  # noqa: E402
 from autotm_py.profiling.in_context import remove_event_overhead  # noqa: E402
-from autotm_py.runtime.executor import execute  # noqa: E402
+from autotm_py.runtime.execute import execute  # noqa: E402
 from tests.test_training_models import small_cnn  # noqa: E402
 
 
 def probe(label: str) -> None:
     graph = derive_training(small_cnn(), optimizer="sgd")
     plan = all_fast_plan(graph)
-    plain = execute(graph, plan, device="cuda", iterations=7, warmup=2, enforce_budget=False)
-    run = execute(graph, plan, device="cuda", iterations=7, warmup=2, kernel_times=True,
-                  enforce_budget=False, per_iteration_kernel_times=True)
+    plain = execute(graph, plan, device="cuda",
+                    measure=Measure(iterations=7, warmup=2, capped=False))
+    run = execute(graph, plan, device="cuda",
+                  measure=Measure(iterations=7, warmup=2, kernel_times=True, capped=False,
+                                  per_iteration_kernel_times=True))
     samples = run.kernel_samples_s or ()
     corrected, overhead = remove_event_overhead(samples, plain.median_s)
     sums = [sum(s) for s in samples]

@@ -43,7 +43,8 @@ def trace(cell: str, headroom: float, top: int) -> dict:
     from autotm_py import api
     from autotm_py.pipeline import machine_for_plan
     from autotm_py.plan import Compute
-    from autotm_py.runtime.executor import Executor, new_executor
+    from autotm_py.runtime.execute import new_executor
+    from autotm_py.runtime.executor import Executor
 
     class TracingExecutor(Executor):
         """Records (allocated before, peak during) every kernel, on the host: torch's
@@ -65,7 +66,7 @@ def trace(cell: str, headroom: float, top: int) -> dict:
     modelled: dict[int, int] = {}  # the largest fast bytes at each record (its kernel's run)
     for index, fast in zip(sim.memory["record"], sim.memory["fast_bytes"], strict=True):
         modelled[index] = max(modelled.get(index, 0), int(fast))
-    _, executor = new_executor(graph, plan, "cuda", seed=0, deterministic=False)
+    _, executor, _ = new_executor(graph, plan, "cuda", seed=0, deterministic=False)
     executor.__class__ = TracingExecutor
     for _ in range(2):  # the first iteration warms up (library handles, workspaces)
         executor.samples = []

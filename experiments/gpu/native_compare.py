@@ -7,8 +7,8 @@ For each model (same shapes, fp32, SGD, one training iteration):
   fewest segments that fit: `checkpoint_sequential` over the CNN's blocks, HF
   `gradient_checkpointing_enable()` for the transformers;
 - ours: the all-fast plan through the executor (the graph as imported, fused by default), the
-  same plan replayed as a CUDA graph (`--graph --no-cap`: static inputs, kernels' outputs from
-  the graph's pool) and at planned addresses replayed (`--graph --arena`), our kernels under torch
+  same plan replayed as a CUDA graph (`--replay --no-cap`: static inputs, kernels' outputs from
+  the graph's pool) and at planned addresses replayed (`--replay --arena`), our kernels under torch
   autograd, and our graph with checkpointed segments under the same cap
   (`runtime.eager.fit_checkpointing`);
 - with `--compile F1,F2`: torch.compile of the native model with
@@ -277,28 +277,28 @@ def measure_compiled(name, batch, dims, iterations, budget, fractions):
 # ---- ours ----------------------------------------------------------------------------------
 def measure_ours(graph, iterations, budgets):
     from autotm_py import api, pipeline
+    from autotm_py.options import RunMode
 
     plan = pipeline.all_fast_plan(graph)
-    run = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
-                      enforce_budget=False)
+    run = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2, capped=False)
     auto = eager.measure_autograd(graph, device=DEV, iterations=iterations, warmup=2)
     # its iteration replayed as one CUDA graph (issue 14): uncapped, with static inputs (no
     # output copied into a slot), and at planned addresses in an arena (outputs of kernels
     # that cannot write in place copied into their slots) to show what those copies cost
     replay = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
-                         graph_replay=True, enforce_budget=False)
+                         mode=RunMode(replay=True), capped=False)
     placed = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
-                         graph_replay=True, arena=True, enforce_budget=False)
+                         mode=RunMode(arena=True, placed=False, replay=True), capped=False)
     out = {"executor_all_fast_s": run.median_s, "executor_peak_bytes": run.peak_fast_bytes,
            "executor_host_s": run.host_median_s, "autograd_s": auto.median_s,
            "autograd_peak_bytes": auto.peak_fast_bytes,
-           "graph_s": replay.median_s if replay.graph else None,
+           "graph_s": replay.median_s if replay.replayed else None,
            "graph_peak_bytes": replay.peak_fast_bytes, "graph_notes": list(replay.notes),
            # a replay allocates nothing: the graph's memory is what the allocator holds
            # while it replays (its private pool, the static inputs), and held while capturing
            "graph_reserved_bytes": replay.reserved_peak_bytes,
            "graph_capture_reserved_bytes": replay.capture_reserved_bytes,
-           "graph_arena_s": placed.median_s if placed.graph else None,
+           "graph_arena_s": placed.median_s if placed.replayed else None,
            "graph_arena_copied": placed.copied_outputs,
            "checkpoint": {}}
     for share, budget in budgets.items():
@@ -336,9 +336,9 @@ def profile_ops(name, batch, dims, graph) -> dict[str, dict[str, float]]:
     native = op_table(native_step(name, net, make, loss, None))
     del net
     torch.cuda.empty_cache()
-    from autotm_py.runtime.executor import new_executor
+    from autotm_py.runtime.execute import new_executor
 
-    _, executor = new_executor(graph, pipeline.all_fast_plan(graph), DEV)
+    _, executor, _ = new_executor(graph, pipeline.all_fast_plan(graph), DEV)
 
     def ours():
         executor.prepare()

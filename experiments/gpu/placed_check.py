@@ -94,9 +94,12 @@ def child(job: dict, args) -> dict:
 
 def run_child(job: dict, iterations: int, warmup: int) -> dict:
     """One run in this (fresh) process."""
+    from dataclasses import replace
+
     from prefetch_join_check import load
 
     from autotm_py import api
+    from autotm_py.options import RunMode
     from autotm_py.pipeline import all_fast_plan
 
     arena = job["run"].startswith("arena")
@@ -105,8 +108,9 @@ def run_child(job: dict, iterations: int, warmup: int) -> dict:
         from autotm_py.plan import Plan
 
         plan = Plan.load(Path(job["plan"]))
-        api.use_placed_allocator(plan, "cuda", arena=arena,
-                                 enforce_budget=not job.get("all_fast"))
+        # the placed allocator only (an eager mode: no replay work queue set up here)
+        api.prepare_cuda_process(plan, "cuda", RunMode(arena=arena),
+                                 capped=not job.get("all_fast"))
     graph, plan = load(Path(job["plan"]))
     if job.get("all_fast"):
         plan = all_fast_plan(graph)
@@ -117,11 +121,13 @@ def run_child(job: dict, iterations: int, warmup: int) -> dict:
     try:
         costs = api.load_costs(graph, device="cuda")
         priced = plan if not arena or plan.arena else api.with_arena(graph, plan, costs)
-        row["predicted_now_s"] = api.simulate(graph, priced.with_header(graph=replay),
-                                              costs=costs, strict=False).total_s
+        priced = priced.with_header(run=replace(priced.header.run, replay=replay))
+        row["predicted_now_s"] = api.simulate(graph, priced, costs=costs,
+                                              strict=False).total_s
         result = api.execute(graph, plan, device="cuda", iterations=iterations, warmup=warmup,
-                             graph_replay=replay, arena=arena, enforce_budget=capped,
-                             placed=bool(job.get("placed")), costs=costs)
+                             mode=RunMode(arena=arena, placed=bool(job.get("placed")),
+                                          replay=replay),
+                             capped=capped, costs=costs)
     except Exception as exc:
         return {**row, "error": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(limit=6)}
@@ -131,7 +137,7 @@ def run_child(job: dict, iterations: int, warmup: int) -> dict:
             "reserved_peak_bytes": result.reserved_peak_bytes, "cap_bytes": result.cap_bytes,
             "budget_bytes": result.budget_bytes, "alloc_retries": result.alloc_retries,
             "copied_outputs": result.copied_outputs, "placed_outputs": result.placed_outputs,
-            "replayed": result.graph, "notes": list(result.notes),
+            "replayed": result.replayed, "notes": list(result.notes),
             "device_name": result.device_name}
 
 

@@ -18,18 +18,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main(path: Path) -> None:
     from autotm_py import api
+    from autotm_py.options import RunMode
     from autotm_py.plan import Plan
 
     plan = Plan.load(path)
-    print("placed allocator:", api.use_placed_allocator(plan, "cuda", arena=True) or "installed")
+    mode = RunMode(arena=True, placed=True)
+    print("placed allocator:", "; ".join(api.prepare_cuda_process(plan, "cuda", mode)) or
+          "installed")
     from prefetch_join_check import load
 
-    from autotm_py.runtime import executor as ex
+    from autotm_py.runtime import memory as ex
     from autotm_py.runtime import placed
 
     graph, plan = load(path)
     lib = placed.active()
-    original = ex.Executor._run_placed
+    original = ex.ArenaMemory._run_placed
 
     def traced(self, kernel, args, slots):
         before = lib.stats()
@@ -51,9 +54,8 @@ def main(path: Path) -> None:
                 print("   in ", tuple(a.shape), a.stride(), a.is_contiguous(), a.nbytes >> 10)
         return outputs
 
-    ex.Executor._run_placed = traced
-    run = api.execute(graph, plan, device="cuda", iterations=1, warmup=0, arena=True,
-                      placed=True)
+    ex.ArenaMemory._run_placed = traced
+    run = api.execute(graph, plan, device="cuda", iterations=1, warmup=0, mode=mode)
     print("median", run.median_s, "retries", run.alloc_retries, "reserved",
           (run.reserved_peak_bytes or 0) >> 20, "cap", (run.cap_bytes or 0) >> 20, run.notes)
 

@@ -7,10 +7,13 @@
 #      5%, ... 25% (experiments/plans/h200; `fit_vs_arena.sh` runs them);
 #   3. the joint arena plans of the benchmark cells and the holdouts (experiments/plans/bench_arena).
 # STEPS="1 2 3" picks steps. Each `autotm bench` keeps its plans; a rerun skips solved cells.
+# (Arena plans are named with the bench options, `..._arena+replay+placed+windows+gpu-h200`
+# since 2026-12-01: those solved before, `..._arena+graph+...` in experiments/plans/bench_arena,
+# are not found under that name, and a rerun solves their cells again.)
 set -u
 STEPS=${STEPS:-1 2 3}
 H200="--device cuda --gpu h200 --training --time-limit 180 --no-progress --workers 2"
-ARENA="--arena --graph --plans experiments/plans/bench_arena"
+ARENA="--arena --replay --plans experiments/plans/bench_arena"
 out=${TMPDIR:-/tmp}/plan_h200
 mkdir -p "$out"
 has() { [[ " $STEPS " == *" $1 "* ]]; }

@@ -82,16 +82,19 @@ def load(path: Path):
 def run(graph, plan, row: dict, args, graph_priced: bool = False) -> dict:
     """One replayed run of `plan` with the row's join; errors are rows."""
     import gc
+    from dataclasses import replace
 
     import torch
 
     from autotm_py import api
+    from autotm_py.options import RunMode
     from autotm_py.runtime import executor
 
     row = {**row, "model": graph.name, "predicted_at_solve_s": plan.header.predicted_time_s}
     try:
         costs = api.load_costs(graph, device="cuda")
-        sim = api.simulate(graph, plan.with_header(graph=True), costs=costs, strict=False)
+        replayed = plan.with_header(run=replace(plan.header.run, replay=True))
+        sim = api.simulate(graph, replayed, costs=costs, strict=False)
         row["predicted_now_s"] = sim.total_s
     except Exception as exc:
         row["predicted_now_error"] = f"{type(exc).__name__}: {exc}"
@@ -101,10 +104,12 @@ def run(graph, plan, row: dict, args, graph_priced: bool = False) -> dict:
     torch.cuda.empty_cache()
     started = time.perf_counter()
     try:
+        # placed=False: no placed allocator installed by the run (as before)
+        mode = RunMode(arena=plan.arena is not None and not graph_priced, placed=False,
+                       replay=True)
         result = api.execute(graph, plan, device="cuda", iterations=args.iterations,
-                             warmup=args.warmup, graph_replay=True,
-                             arena=plan.arena is not None and not graph_priced,
-                             enforce_budget=plan.header.budget_bytes is not None)
+                             warmup=args.warmup, mode=mode,
+                             capped=plan.header.budget_bytes is not None)
     except Exception as exc:  # keep the other rows
         return {**row, "error": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(limit=6)}
@@ -114,7 +119,7 @@ def run(graph, plan, row: dict, args, graph_priced: bool = False) -> dict:
     return {**row, "median_s": result.median_s, "times_s": times,
             "spread": (max(times) - min(times)) / statistics.median(times),
             "reserved_peak_bytes": result.reserved_peak_bytes, "cap_bytes": result.cap_bytes,
-            "alloc_retries": result.alloc_retries, "replayed": result.graph,
+            "alloc_retries": result.alloc_retries, "replayed": result.replayed,
             "notes": list(result.notes), "device_name": result.device_name,
             "wall_s": time.perf_counter() - started}
 

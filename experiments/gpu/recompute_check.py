@@ -15,7 +15,7 @@ order of importance (every model's first steps before any model's later ones):
    in increasing headroom under the cap (budget + 64 MiB, as `autotm run`): the first that runs
    without allocator retries is the result (out of memory or retries: the next headroom; every
    attempt is kept). A plan made with `--arena` runs at its planned addresses, and one made
-   with `--arena --graph` is replayed as a CUDA graph (headroom 0: tried first);
+   with `--arena --replay` (`--graph`) is replayed as a CUDA graph (headroom 0: tried first);
 3. per model and budget, activation checkpointing of the native model (torchvision / Hugging
    Face, `native_compare.measure_native`: the fewest segments that fit the same cap) when those
    packages import;
@@ -62,11 +62,12 @@ from autotm_py.frontend.zoo import build_graph  # noqa: E402
 from autotm_py.ir.training import derive_training  # noqa: E402
 from autotm_py.machine import MachineModel  # noqa: E402
 from autotm_py.memory.tiers import MemorySystem, preset  # noqa: E402
+from autotm_py.options import Measure, RunMode  # noqa: E402
 from autotm_py.plan import Plan  # noqa: E402
 from autotm_py.planning.baselines import all_fast  # noqa: E402
 from autotm_py.runtime import eager  # noqa: E402
 from autotm_py.runtime.device import configure_cuda  # noqa: E402
-from autotm_py.runtime.executor import execute  # noqa: E402
+from autotm_py.runtime.execute import execute  # noqa: E402
 from autotm_py.runtime.simulate import Simulator  # noqa: E402
 
 DEV = "cuda:0"  # --device cpu: a smoke test of the script itself (its times mean nothing)
@@ -126,15 +127,17 @@ def predict(graph, plan: Plan, costs: KernelCosts) -> float | None:
 
 def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
     # a plan made with --arena runs at its planned addresses, and one priced for replay
-    # (--graph) is replayed as a CUDA graph, as `autotm run --arena [--graph]` would; with
+    # (--replay) is replayed as a CUDA graph, as `autotm run --arena [--replay]` would; with
     # --static-replay a plan without an arena is replayed under the cap with static inputs
     # (the graph's private pool on torch's caching allocator: no slot copies, no scratch region)
     arena = plan.arena is not None
     replay = DEV.startswith("cuda") and (
-        (arena and bool(plan.header.config.get("graph"))) or (STATIC_REPLAY and not arena))
+        (arena and plan.header.run.replay) or (STATIC_REPLAY and not arena))
     try:
-        r = execute(graph, plan, device=DEV, iterations=iterations, warmup=warmup, arena=arena,
-                    graph_replay=replay, cap_slack_bytes=SLACK_MIB << 20)
+        # placed=False: the runtime's execute installs no placed allocator (as before)
+        r = execute(graph, plan, device=DEV, mode=RunMode(arena=arena, placed=False, replay=replay),
+                    measure=Measure(iterations=iterations, warmup=warmup,
+                                    cap_slack_bytes=SLACK_MIB << 20))
     except Exception as exc:  # (out of memory under the cap, or a bug: recorded)
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         del exc
@@ -147,7 +150,7 @@ def run_row(graph, plan: Plan, iterations: int, warmup: int) -> dict[str, Any]:
             "alloc_retries": r.alloc_retries, "host_median_s": r.host_median_s,
             "reserved_peak_bytes": r.reserved_peak_bytes,
             "capture_reserved_bytes": r.capture_reserved_bytes,
-            "slow_pool_bytes": r.slow_pool_bytes, "arena": arena, "graph": r.graph,
+            "slow_pool_bytes": r.slow_pool_bytes, "arena": arena, "graph": r.replayed,
             "replay_wanted": replay,
             "notes": list(r.notes)}
 
@@ -294,11 +297,11 @@ class Model:
         _, reference = all_fast_plan(graph)
         row: dict[str, Any] = {}
         try:
-            plain = execute(graph, reference, device=DEV, iterations=args.iterations,
-                            warmup=args.warmup, enforce_budget=False)
+            plain = execute(graph, reference, device=DEV, measure=Measure(
+                iterations=args.iterations, warmup=args.warmup, capped=False))
             row |= {"median_s": plain.median_s, "peak_bytes": plain.peak_fast_bytes}
-            timed = execute(graph, reference, device=DEV, iterations=args.iterations,
-                            warmup=1, enforce_budget=False, kernel_times=True)
+            timed = execute(graph, reference, device=DEV, measure=Measure(
+                iterations=args.iterations, warmup=1, capped=False, kernel_times=True))
             if timed.kernel_times_s is not None:
                 self.ctx = KernelCosts.from_times("cuda", timed.kernel_times_s)
                 row |= {"with_kernel_events_s": timed.median_s,
@@ -317,17 +320,18 @@ class Model:
         machine, reference = all_fast_plan(graph)
         if DEV.startswith("cuda"):
             try:
-                packed = reference.with_arena(arena.pack(replace(machine, arena=True),
-                                                         reference))
-                replayed = execute(graph, packed, device=DEV, iterations=args.iterations,
-                                   warmup=args.warmup, enforce_budget=False, arena=True,
-                                   graph_replay=True)
-                row |= {"graph_s": replayed.median_s, "graph_replayed": replayed.graph,
+                # packed for and run without the placed allocator (one scratch region)
+                run = RunMode(arena=True, placed=False)
+                packed = reference.with_arena(arena.pack(replace(machine, run=run), reference))
+                measure = Measure(iterations=args.iterations, warmup=args.warmup, capped=False)
+                replayed = execute(graph, packed, device=DEV, mode=replace(run, replay=True),
+                                   measure=measure)
+                row |= {"graph_s": replayed.median_s, "graph_replayed": replayed.replayed,
                         "graph_peak_bytes": replayed.peak_fast_bytes}
                 # replayed with static inputs: no kernel output copied into a slot
-                pooled = execute(graph, reference, device=DEV, iterations=args.iterations,
-                                 warmup=args.warmup, enforce_budget=False, graph_replay=True)
-                row |= {"graph_pool_s": pooled.median_s if pooled.graph else None,
+                pooled = execute(graph, reference, device=DEV, mode=RunMode(replay=True),
+                                 measure=measure)
+                row |= {"graph_pool_s": pooled.median_s if pooled.replayed else None,
                         "graph_pool_reserved_bytes": pooled.capture_reserved_bytes}
             except Exception as exc:
                 row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"

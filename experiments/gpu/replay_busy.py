@@ -1,9 +1,9 @@
 """Issue 14 item 4 on the benchmark's plans: is a replayed iteration as long as the GPU's own
 work in it, or does the GPU wait?
 
-For every plan given (files of `autotm bench --arena --graph --plans DIR`, whose names say the
+For every plan given (files of `autotm bench --arena --replay --plans DIR`, whose names say the
 model, batch, dims, ratio and strategy) and once per model for its all-fast iteration, one
-process of its own runs it as `autotm bench --arena --graph --execute` does (`bench/child.py`:
+process of its own runs it as `autotm bench --arena --replay --execute` does (`bench/child.py`:
 the placed allocator, the plan's cap, CUDA-graph replay; all-fast uncapped with static inputs)
 and profiles one more replay (`execute(device_busy=True)`, `runtime.device_trace`): median
 iteration time over the device's busy time in the profiled replay (any kernel, copy or memset
@@ -36,6 +36,7 @@ from autotm_py.bench import child  # noqa: E402
 from autotm_py.config import PlanConfig  # noqa: E402
 from autotm_py.errors import AutoTMError  # noqa: E402
 from autotm_py.fileio import atomic_write_text  # noqa: E402
+from autotm_py.options import RunMode  # noqa: E402
 from autotm_py.plan import Plan  # noqa: E402
 
 # model_batch[_dims]_training_device_memory_ratio_strategy_solver_options.json.gz
@@ -68,16 +69,17 @@ def all_fast_cell(text: str) -> dict:
 
 
 def request_for(cell: dict, iterations: int, *, plan_run: bool) -> child.RunRequest:
-    return child.RunRequest(model=cell["model"], batch=cell["batch"], dims=cell["dims"],
-                            training=cell["training"], device="cuda:0", iterations=iterations,
-                            warmup=2, enforce_budget=plan_run, arena=plan_run,
-                            graph_replay=True, placed=plan_run, device_busy=True)
+    options = {"batch": cell["batch"], "dims": cell["dims"], "training": cell["training"]}
+    mode = RunMode(arena=plan_run, placed=plan_run, replay=True)
+    return child.RunRequest(model=cell["model"], options=options, mode=mode.to_dict(),
+                            device="cuda:0", iterations=iterations, warmup=2, capped=plan_run,
+                            device_busy=True)
 
 
 def all_fast_plan(cell: dict) -> Plan:
     graph = api.load_model(cell["model"], batch=cell["batch"], dims=cell["dims"],
                            training=cell["training"])
-    config = PlanConfig(strategy="async", ratio="1:1", device="cuda", graph=True)
+    config = PlanConfig(strategy="async", ratio="1:1", device="cuda", run=RunMode(replay=True))
     return api.baselines(graph, config, names=("all-fast",))["all-fast"].plan
 
 
@@ -86,7 +88,8 @@ def measured(cell: dict, label: str, run) -> dict:
     for key in ("median_s", "device_busy_s", "device_span_s", "device_kernel_s",
                 "predicted_time_s", "reserved_peak_bytes", "budget_bytes", "alloc_retries",
                 "graph", "placed_outputs", "copied_outputs", "device_name", "notes"):
-        row[key] = getattr(run, key, None)
+        # "graph": whether the timed iterations were replays (the result's `replayed`)
+        row[key] = getattr(run, "replayed" if key == "graph" else key, None)
     if row["median_s"] and row["device_busy_s"]:
         row["iteration_over_busy"] = row["median_s"] / row["device_busy_s"]
     return row

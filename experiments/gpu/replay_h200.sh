@@ -15,7 +15,11 @@ out=$1
 shift
 groups=" ${*:-bert-chunked gpt2-chunked bert gpt2 resnet50 transformer vgg19} "
 B=experiments/plans/bench_arena
-W=highs_arena+graph+placed+windows
+# the plans' options as `autotm bench --plans` names them since 2026-12-01; the plans solved
+# before (experiments/plans/bench_arena, 2026-11-28 and 2026-11-29) are named
+# highs_arena+graph+placed+windows... and are not found under this name: rename them, or set W
+# to that spelling here, to replay them
+W=highs_arena+replay+placed+windows
 plans() {  # MODEL_KEY SUFFIX RATIO... -> the plan files that exist
   local key=$1 suffix=$2
   shift 2

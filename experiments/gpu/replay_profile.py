@@ -15,7 +15,7 @@ own internal streams, so its "compute stream" is the busiest of those.)
 
 Both iterations run in this process, under the work queues the environment gives it
 (`CUDA_DEVICE_MAX_CONNECTIONS`; unset, CUDA's 8, under which a replay's copies ran 9-14% slower
-than eager ones; set it to 1 to profile what `autotm run --graph` runs: docs/gpu.md, "Copies in
+than eager ones; set it to 1 to profile what `autotm run --replay` runs: docs/gpu.md, "Copies in
 a replay: the work queues").
 
 Writes OUT/replay_profile.json. With --copies, each row also gets `per_copy`: the plan's copies
@@ -192,13 +192,19 @@ def differences(eager: dict, replay: dict, top: int) -> list[dict]:
 def run(path: Path, top: int, copies: bool = False) -> dict:
     from recompute_check import graph_of
 
+    from autotm_py.options import RunMode
     from autotm_py.plan import Plan
     from autotm_py.runtime.device import release_blas_workspaces
-    from autotm_py.runtime.executor import new_executor
+    from autotm_py.runtime.drivers import ReplayDriver
+    from autotm_py.runtime.execute import new_executor
 
     plan = Plan.load(path)
     graph = graph_of(plan)
-    _, executor = new_executor(graph, plan, "cuda:0", arena=plan.arena is not None)
+    # the eager iterations first, then a replay driver over the same executor (no static
+    # inputs without an arena: the executor is the eager one's)
+    _, executor, _ = new_executor(graph, plan, "cuda:0",
+                                  mode=RunMode(arena=plan.arena is not None))
+    driver = ReplayDriver(executor)
     for _ in range(2):
         executor.prepare()
         executor.run()
@@ -206,15 +212,15 @@ def run(path: Path, top: int, copies: bool = False) -> dict:
     eager_events = profiled(executor.run)
     eager = summarize(eager_events)
     release_blas_workspaces(executor.device)
-    executor.warm_up()
-    failed = executor.capture()
+    driver.warm_up()
+    failed = driver.capture()
     if failed is not None:
         return {"plan": path.name, "error": f"capture failed at {failed}"}
     for _ in range(2):
         executor.prepare()
-        executor.replay()
+        driver.replay()
     executor.prepare()
-    replay_events = profiled(executor.replay)
+    replay_events = profiled(driver.replay)
     replay = summarize(replay_events)
     row = {"plan": path.name, "eager": eager, "replay": replay,
            "largest_differences": differences(eager, replay, top)}

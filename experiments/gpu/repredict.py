@@ -13,8 +13,9 @@ Runs on the CPU from committed files:
   python experiments/gpu/repredict.py experiments/results/gpu_h100.json [MODEL...] [--write]
   python experiments/gpu/repredict.py experiments/results/bench_arena/bench_arena_h100.json \
       --plans experiments/plans/bench_arena
-`--plans DIR`: rows of `autotm bench --plans DIR` (e.g. `--arena --graph`, today's fused
-graphs), each plan read from that folder under the name the sweep gave it.
+`--plans DIR`: rows of `autotm bench --plans DIR` (e.g. `--arena --replay`, today's fused
+graphs), each plan read from that folder under the name the sweep gave it (rows and plans of
+sweeps before 2026-12-01 name replay `graph`: `arena+graph+...`).
 """
 
 from __future__ import annotations
@@ -79,17 +80,28 @@ def bench_plan(row: dict, plans_dir: str):
     from diagnose import row_cell
 
     from autotm_py.bench import BenchSpec
+    from autotm_py.options import ModelOptions, RunMode
     from autotm_py.plan import Plan
 
     model, batch, dims, ratio, strategy = row_cell(row)
     options = (row.get("options") or "").split("+")
+    replay = "replay" in options or "graph" in options  # "graph": rows before 2026-12-01
     spec = BenchSpec(models=(model,), ratios=(ratio,), strategies=(strategy,),
-                     solvers=(row["solver"],), device=row["device"], training=True, batch=batch,
-                     dims=dims, headroom=row.get("headroom") or 0.0, plans_dir=plans_dir,
-                     arena="arena" in options, graph="graph" in options,
-                     placed="placed" in options,
+                     solvers=(row["solver"],), device=row["device"],
+                     model=ModelOptions(batch=batch, dims=dims, training=True),
+                     headroom=row.get("headroom") or 0.0, plans_dir=plans_dir,
+                     run=RunMode(arena="arena" in options, placed="placed" in options,
+                                 replay=replay,
+                                 # as the row says (rows before windows were the default
+                                 # have none: their plans have the scratch region)
+                                 scratch="windows" if "windows" in options else "region"),
                      read_pricing="spread" if "spread" in options else "step")
     path = spec.plan_path(model, ratio, strategy, row["solver"])
+    if not path.exists() and "graph" in options:
+        # a sweep before 2026-12-01 saved the plan under its options of then (`graph`)
+        then = "+".join("graph" if part == "replay" else part
+                        for part in spec.options.split("+"))
+        path = path.with_name(path.name.replace(f"_{spec.options}.json", f"_{then}.json"))
     return fused_graph(model, batch, tuple(sorted(dims.items()))), Plan.load(path)
 
 

@@ -15,6 +15,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,8 +60,8 @@ def repredict_arena(doc: dict, plans: Path) -> None:
             graph = graph_of(plan)
             graphs[plan.header.model_name] = graph, api.load_costs(graph, device="cuda")
         graph, costs = graphs[plan.header.model_name]
-        now = api.simulate(graph, plan.with_header(graph=replayed), costs=costs,
-                           strict=False).total_s
+        priced = plan.with_header(run=replace(plan.header.run, replay=replayed))
+        now = api.simulate(graph, priced, costs=costs, strict=False).total_s
         errors[replayed].append(abs(now - measured) / measured)
         print(f"{label:<52}{1e3 * measured:9.1f}{1e3 * (then or 0):9.1f}{1e3 * now:9.1f}"
               f"{now / measured:9.3f}")

@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from native_compare import SHAPES, measure_native
 
 from autotm_py import api, pipeline
-from autotm_py.runtime import executor as executor_module
+from autotm_py.options import RunMode
+from autotm_py.runtime import memory as memory_module
 from autotm_py.runtime.device import configure_cuda
 from autotm_py.runtime.reuse import overwritable_inputs
 
@@ -36,15 +37,15 @@ DEV = "cuda:0"
 def set_reuse(reuse: bool) -> None:
     """For the executors made from now on (each looks the choice up when it is made): off, no
     input is written over."""
-    executor_module.overwritable_inputs = overwritable_inputs if reuse else (lambda g, p: {})
+    memory_module.overwritable_inputs = overwritable_inputs if reuse else (lambda g, p: {})
     torch.cuda.empty_cache()
 
 
 def run_ours(graph, plan, reuse: bool, replay: bool, iterations: int) -> dict:
     set_reuse(reuse)
     run = api.execute(graph, plan, device=DEV, iterations=iterations, warmup=2,
-                      graph_replay=replay, enforce_budget=False)
-    return {"reuse": reuse, "graph": run.graph, "median_s": run.median_s,
+                      mode=RunMode(replay=replay), capped=False)
+    return {"reuse": reuse, "graph": run.replayed, "median_s": run.median_s,
             "host_s": run.host_median_s, "peak_bytes": run.peak_fast_bytes,
             "reserved_peak_bytes": run.reserved_peak_bytes, "notes": list(run.notes)}
 
@@ -53,10 +54,10 @@ def profile_table(graph, plan, reuse: bool) -> str:
     """Self CPU time per op over one eager iteration (after three warm-ups)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from autotm_py.runtime.executor import new_executor
+    from autotm_py.runtime.execute import new_executor
 
     set_reuse(reuse)
-    _, executor = new_executor(graph, plan, DEV, 1, False)
+    _, executor, _ = new_executor(graph, plan, DEV, 1, False)
 
     def iteration() -> None:
         executor.prepare()

@@ -1,7 +1,7 @@
 """Capped CUDA-graph replays with static inputs, each attempt in a process of its own.
 
 For every model and budget among the plans in PLANS named MODEL_RATIO_async+recompute_graph_hH
-(`GRAPH=1 plan_recompute.sh`), run `autotm run --graph` under the plan's cap in increasing
+(`GRAPH=1 plan_recompute.sh`), run `autotm run --replay` under the plan's cap in increasing
 headroom until one replays with no allocator retries (a capture that does not fit the cap falls
 back to eager iterations or runs out of memory: the next headroom). One process per attempt, as
 a user runs `autotm run`, so that nothing an attempt leaves behind meets the next one's cap.
@@ -23,8 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"^(?P<model>.+)_(?P<ratio>\d+-\d+)_async\+recompute_graph_h(?P<h>[\d.]+)\.json")
+# the run's result fields kept; "graph" (whether it replayed) is the result's "replayed"
 KEYS = ("median_s", "graph", "alloc_retries", "budget_bytes", "cap_bytes", "peak_fast_bytes",
         "reserved_peak_bytes", "capture_reserved_bytes", "predicted_time_s", "notes")
+RENAMED = {"graph": "replayed"}
 
 
 def attempts(plans: Path, models: list[str]) -> dict[tuple[str, str], list[tuple[float, Path]]]:
@@ -38,13 +40,13 @@ def attempts(plans: Path, models: list[str]) -> dict[tuple[str, str], list[tuple
 
 def run(model: str, plan: Path, iterations: int) -> dict:
     proc = subprocess.run([sys.executable, "-m", "autotm_py", "run", model, "--plan", str(plan),
-                           "--device", "cuda", "--graph", "--iterations", str(iterations),
+                           "--device", "cuda", "--replay", "--iterations", str(iterations),
                            "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     if proc.returncode:
         return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:300]}
     doc = json.loads(proc.stdout)
     result = doc.get("result", doc)
-    return {k: result.get(k) for k in KEYS}
+    return {k: result.get(RENAMED.get(k, k)) for k in KEYS}
 
 
 def main() -> int:

@@ -24,8 +24,8 @@ module AutoTMBridge
 import JSON
 
 export Tier, FAST, SLOW, Record, Compute, Move, Free, Recompute, SolverStats, PlanHeader,
-    ModelOptions, CostsIdentity, TensorInfo, ArenaBuffer, ArenaLayout, arena_offset,
-    KernelInfo, Plan, PlanError, RecordError, FORMAT_VERSION,
+    ModelOptions, RunMode, CostsIdentity, TensorInfo, ArenaBuffer, ArenaLayout, arena_offset,
+    KernelInfo, Plan, PlanError, RecordError, FORMAT_VERSION, READABLE_VERSIONS,
     read_plan, parse_plan, plan_from_dict,
     computes, moves, frees, recomputes, bytes_moved, tensor_name, tensor_bytes, kernel_name,
     kernel_io, initial_tiers, tier_code,

@@ -74,9 +74,9 @@ function _plan(d)
     fmt == "autotm-plan" || throw(PlanError(
         "not an autotm plan (\"format\" is $(repr(fmt)), expected \"autotm-plan\"); $_FIX"))
     version = _req(_any, d, "format_version", "")
-    version == FORMAT_VERSION || throw(PlanError(
-        "plan format version $(repr(version)) is not supported (AutoTMBridge reads version " *
-        "$FORMAT_VERSION); re-run `autotm optimize` or update AutoTMBridge"))
+    version in READABLE_VERSIONS || throw(PlanError(
+        "plan format version $(repr(version)) is not supported (AutoTMBridge reads versions " *
+        "$(join(READABLE_VERSIONS, ", "))); re-run `autotm optimize` or update AutoTMBridge"))
     header = _req(_header, d, "header", "")
     initial = _req(_initial, d, "initial", "")
     records = _req(_records, d, "records", "")
@@ -187,8 +187,9 @@ function _solver(x, ctx)
 end
 
 function _header(x, ctx)
+    version = _req(_int, x, "format_version", ctx)
     return PlanHeader(
-        _req(_int, x, "format_version", ctx),
+        version,
         _req(_str, x, "model_hash", ctx),
         _req(_str, x, "model_name", ctx),
         _req(_str, x, "strategy", ctx),
@@ -204,7 +205,7 @@ function _header(x, ctx)
         _req(_bool, x, "pin_weights", ctx),
         _req(_float, x, "headroom", ctx),
         _req(_optmodel, x, "model", ctx),
-        _opt(_bool, x, "graph", false, ctx),
+        version >= 3 ? _req(_runmode, x, "run", ctx) : _old_runmode(x, ctx),
         _req(_optcosts, x, "costs", ctx),
         _opt(_optstr, x, "gpu", nothing, ctx),
     )
@@ -219,6 +220,25 @@ function _optcosts(x, ctx)
         _req(_int, x, "scaled", ctx),
         _req(_float, x, "total_s", ctx),
     )
+end
+
+function _runmode(x, ctx)
+    return RunMode(
+        _req(_bool, x, "arena", ctx),
+        _req(_bool, x, "placed", ctx),
+        _req(_str, x, "scratch", ctx),
+        _req(_bool, x, "replay", ctx),
+    )
+end
+
+# A version 2 header: `graph` (absent: false) and the arena, placed and scratch of `config`.
+function _old_runmode(x, ctx)
+    config = _req(_object, x, "config", ctx)
+    at = _at(ctx, "config")
+    arena = _opt(_bool, config, "arena", false, at)
+    placed = _opt(_bool, config, "placed", false, at)
+    scratch = arena && placed ? _opt(_str, config, "scratch", "region", at) : "region"
+    return RunMode(arena, placed, scratch, _opt(_bool, x, "graph", false, ctx))
 end
 
 _optmodel(x::Nothing, ctx) = nothing

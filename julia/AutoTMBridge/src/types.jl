@@ -1,8 +1,12 @@
 # The plan as Julia values. Field names follow the JSON document
 # (autotm_py/schemas/plan.schema.json), so the Python docs apply unchanged.
 
-"The plan format version this package reads (`format_version` in the JSON)."
-const FORMAT_VERSION = 2
+"The plan format version this package writes its expectations for (`format_version` in the JSON)."
+const FORMAT_VERSION = 3
+
+"The plan format versions this package reads: version 2 recorded the run mode as `graph` and
+`config`'s `arena`, `placed` and `scratch` (read into a `RunMode`)."
+const READABLE_VERSIONS = (2, 3)
 
 """
     Tier
@@ -89,6 +93,17 @@ struct SolverStats
     hit_time_limit::Bool
 end
 
+"""How the plan runs and was priced for (`autotm_py.options.RunMode`): every fast copy at a
+planned offset in one arena (`arena`), kernels allocating their outputs at their slots
+(`placed`), where kernels' scratch lives (`scratch`: \"windows\" or \"region\"), and the
+iteration replayed as a CUDA graph (`replay`)."""
+struct RunMode
+    arena::Bool
+    placed::Bool
+    scratch::String
+    replay::Bool
+end
+
 "How the planned graph was loaded: the options that rebuild it (`--batch`, `--dim`, ...)."
 struct ModelOptions
     batch::Union{Int,Nothing}
@@ -130,7 +145,7 @@ struct PlanHeader
     pin_weights::Bool
     headroom::Float64
     model::Union{ModelOptions,Nothing}
-    graph::Bool
+    run::RunMode
     costs::Union{CostsIdentity,Nothing}
     gpu::Union{String,Nothing}  # the GPU whose profiles priced it (absent in older plans)
 end

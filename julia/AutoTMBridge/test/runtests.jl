@@ -105,7 +105,8 @@ end
     end
 
     @testset "the arena's planned offsets" begin
-        @test plan.header.graph == EXPECTED["graph"]
+        @test plan.header.run.replay == EXPECTED["replay"]
+        @test plan.header.run.arena == EXPECTED["run_arena"]
         @test plan.arena !== nothing
         @test plan.arena.nbytes == EXPECTED["arena_bytes"]
         @test plan.arena.scratch_offset == EXPECTED["arena_scratch_offset"]
@@ -117,10 +118,12 @@ end
         @test arena_offset(plan, 0, 99) === nothing
         legacy = raw_plan()
         delete!(legacy, "arena")
-        delete!(legacy["header"], "graph")
+        delete!(legacy["header"], "run")
         delete!(legacy["header"], "gpu")
+        legacy["format_version"] = legacy["header"]["format_version"] = 2
         old = plan_from_dict(legacy)
-        @test old.arena === nothing && old.header.graph == false && old.header.gpu === nothing
+        @test old.arena === nothing && old.header.run.replay == false && old.header.gpu === nothing
+        @test old.header.run.scratch == "region"
         @test arena_offset(old, 0, 0) === nothing
     end
 

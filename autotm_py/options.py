@@ -1,0 +1,199 @@
+"""Two frozen values that every layer passes whole: how a model is built, how a plan runs.
+
+- `ModelOptions`: what rebuilds a graph from its model file or zoo name (batch, dims,
+  training, optimizer, loss, loss chunks, layout, fusion). The CLI builds it once from its
+  flags (or takes it from a plan's header), `pipeline.load_graph` builds the graph from it, and
+  every plan records the one its graph was built with (`PlanHeader.model`).
+- `RunMode`: how a plan runs on the device and was priced for: torch's caching allocator or
+  one arena at planned addresses (`arena`), kernels allocating their outputs at their slots
+  (`placed`, the placed allocator), where kernels' scratch lives (`scratch`: a window per
+  kernel or one region), and CUDA-graph replay (`replay`). `PlanConfig.run` prices a plan for
+  it, `PlanHeader.run` records it, the executor is composed from it
+  (`runtime.execute.compose`).
+- `Measure`: what a real run measures (iterations, warm-up, the cap, kernel times, ...).
+
+`check_run` is the one place where a run mode and its measurement are checked against the
+device they run on; `RunMode` checks itself when made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotm_py.errors import ConfigError
+
+SCRATCH_MODES: tuple[str, ...] = ("auto", "region", "windows")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
+# graph.meta's layout key and value (`ir.layout` sets them; read here from the meta alone)
+LAYOUT_KEY, CHANNELS_LAST = "layout", "channels-last"
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How a graph is built from its model file or zoo name (`--batch`, `--dim`, `--training`,
+    `--optimizer`, `--no-fuse`, `--loss`, `--loss-chunks`, `--channels-last`). `optimizer` and
+    `loss` are None where a graph has none (inference); loading takes sgd and auto then."""
+
+    batch: int | None = None
+    dims: Mapping[str, int] = field(default_factory=dict)
+    training: bool = False
+    optimizer: str | None = None  # the weight update of a training graph
+    fuse: bool = True  # attention, GELU, Linear, convolution + ReLU fused (docs/fusion.md)
+    loss: str | None = None  # the --loss rule of a training graph
+    loss_chunks: int = 1  # --loss-chunks: blocks of the chunked loss (1: the plain loss)
+    channels_last: bool = False  # --channels-last: images stored N, H, W, C (`ir.layout`)
+
+    def __post_init__(self) -> None:
+        if self.batch is not None and self.batch <= 0:
+            raise ConfigError(f"--batch {self.batch}: must be a positive integer")
+        bad = [f"{k}={v}" for k, v in dict(self.dims or {}).items() if int(v) <= 0]
+        if bad:
+            raise ConfigError(f"--dim {bad[0]}: expected a positive integer, e.g. --dim "
+                              "batch=32")
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer {self.optimizer!r}: choose one of "
+                              f"{', '.join(OPTIMIZERS)}")
+        if self.loss_chunks < 1:
+            raise ConfigError(f"--loss-chunks {self.loss_chunks}: must be >= 1")
+
+    @classmethod
+    def of_graph(cls, graph: Any) -> ModelOptions:
+        """The options a graph was built with, read from its `meta`."""
+        meta = graph.meta
+        training = meta.get("training")
+        return cls(batch=meta.get("batch"), dims=dict(meta.get("dims") or {}),
+                   training=training is not None,
+                   optimizer=None if training is None else training.get("optimizer"),
+                   fuse="fusion" in meta,
+                   loss=None if training is None else training.get("loss_rule", "auto"),
+                   loss_chunks=1 if training is None else int(training.get("loss_chunks", 1)),
+                   channels_last=meta.get(LAYOUT_KEY) == CHANNELS_LAST)
+
+    def differences(self, other: ModelOptions) -> list[str]:
+        """In words, the options where `other` differs from this one."""
+        out = []
+        for name in ("batch", "dims", "training", "optimizer", "fuse", "loss", "loss_chunks",
+                     "channels_last"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if dict(mine or {}) != dict(theirs or {}) if name == "dims" else mine != theirs:
+                out.append(f"{name} {theirs!r} (the plan's: {mine!r})")
+        return out
+
+    def filled_from(self, recorded: ModelOptions | None, given: frozenset[str]) -> ModelOptions:
+        """These options with the ones not in `given` taken from `recorded` (a plan's): what
+        `simulate`, `run` and `report` rebuild. --batch and --dim go together: given neither,
+        both come from the plan."""
+        if recorded is None:
+            return self
+        values = {name: getattr(recorded, name) for name in ModelOptions.__dataclass_fields__
+                  if name not in given}
+        if {"batch", "dims"} & given:
+            values.pop("batch", None)
+            values.pop("dims", None)
+        return ModelOptions(**{**asdict(self), **values})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "dims": dict(self.dims or {})}
+
+
+@dataclass(frozen=True)
+class RunMode:
+    """How a plan runs on the device (and is priced for). Host mode ignores all of it.
+
+    `arena`: every fast copy at a planned offset in one arena (`autotm_py.arena` packs it),
+    else torch's caching allocator; `placed` (with `arena`, on CUDA): kernels without an
+    `out=` form allocate their outputs at their slots (`runtime.placed`), else those are
+    copied there; `scratch` (with `arena` and `placed`): "windows", each kernel's scratch in a
+    window of the arena live only while it runs, or "region", one region beside the arena for
+    the whole iteration ("auto": windows where possible); `replay` (CUDA): one iteration
+    captured as a CUDA graph and replayed."""
+
+    arena: bool = False
+    placed: bool = True
+    scratch: str = "auto"
+    replay: bool = False
+
+    def __post_init__(self) -> None:
+        if self.scratch not in SCRATCH_MODES:
+            raise ConfigError(f"--scratch {self.scratch!r}: choose one of "
+                              f"{', '.join(SCRATCH_MODES)}")
+        if self.scratch == "windows" and not (self.arena and self.placed):
+            raise ConfigError("--scratch windows needs --arena and --placed (the placed "
+                              "allocator serves the windows): add --arena, or drop --scratch")
+
+    @property
+    def places_outputs(self) -> bool:
+        """Kernels allocate their outputs at their arena slots (an arena and `placed`)."""
+        return self.arena and self.placed
+
+    @property
+    def scratch_mode(self) -> str:
+        """Where kernels' scratch lives in effect: windows or region (auto: windows with an
+        arena and the placed allocator, which measured up to 1.38x faster than the region and
+        never more than 2.1% slower on the benchmark's models: docs/gpu.md)."""
+        if self.scratch != "auto":
+            return self.scratch
+        return "windows" if self.places_outputs else "region"
+
+    @property
+    def windows(self) -> bool:
+        return self.scratch_mode == "windows"
+
+    def resolved(self) -> RunMode:
+        """The mode with `scratch` in effect (what a plan header records)."""
+        return RunMode(self.arena, self.placed, self.scratch_mode, self.replay)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunMode:
+        return cls(bool(data.get("arena", False)), bool(data.get("placed", True)),
+                   str(data.get("scratch", "auto")), bool(data.get("replay", False)))
+
+
+# The cap on the device's allocator is the budget and this much for library workspaces.
+CAP_SLACK_BYTES = 64 << 20
+# The CUDA caching allocator's settings for runs (`runtime.device.configure_cuda`; None: the
+# environment's). Expandable segments let the allocator unmap free pages when it meets the cap
+# (less fragmentation, though plans still need `--headroom`: docs/gpu.md).
+DEFAULT_ALLOCATOR_SETTINGS = "expandable_segments:True"
+
+
+@dataclass(frozen=True)
+class Measure:
+    """What a real run measures: `iterations` timed after `warmup` untimed ones; `capped`:
+    the device's allocator held to the plan's budget + `cap_slack_bytes`; `kernel_times`: an
+    event after each kernel (eager only), `per_iteration_kernel_times` every iteration's;
+    `device_busy` (CUDA): one more iteration profiled for the GPU's busy time; `seed`: the
+    random values where no real ones are given; `deterministic`: deterministic algorithms."""
+
+    iterations: int = 5
+    warmup: int = 2
+    seed: int = 0
+    capped: bool = True
+    cap_slack_bytes: int = CAP_SLACK_BYTES
+    kernel_times: bool = False
+    per_iteration_kernel_times: bool = False
+    device_busy: bool = False
+    deterministic: bool = False
+    allocator_settings: str | None = DEFAULT_ALLOCATOR_SETTINGS
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1 or self.warmup < 0:
+            raise ConfigError("--iterations must be >= 1 and --warmup >= 0")
+
+
+def check_run(device: str, mode: RunMode, measure: Measure | None = None) -> None:
+    """The one check of what a run may combine: replay and the busy-time profile need CUDA,
+    and neither goes with per-kernel events (which split the iteration)."""
+    measure = measure or Measure(iterations=1, warmup=0)
+    cuda = str(device).startswith("cuda")
+    if mode.replay and (not cuda or measure.kernel_times):
+        raise ConfigError("--replay captures and replays a CUDA graph: it needs --device cuda, "
+                          "and it does not time single kernels (no --kernel-times)")
+    if measure.device_busy and (not cuda or measure.kernel_times):
+        raise ConfigError("--device-busy profiles what the GPU does: it needs --device cuda, "
+                          "and not --kernel-times (whose events split the iteration)")
