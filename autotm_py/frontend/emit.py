@@ -126,6 +126,9 @@ class Emitter:
     names: dict[str, str] = field(default_factory=dict)  # ONNX name -> tensor name
     weight_uses: set[str] = field(default_factory=set)
     label_uses: set[str] = field(default_factory=set)
+    # whether a static float in a weight slot that no initializer makes is a weight (a file
+    # whose weights are Constant nodes) or a constant (a captured module's zero bias)
+    slot_weights: bool = True
 
     def emit(self) -> TensorGraph:
         self._resolve_names()
@@ -194,7 +197,8 @@ class Emitter:
 
     def _static(self, name: str) -> int:
         floating = self.fold.infos[name].elem_type in FLOAT_TYPES
-        if floating and (name in self.fold.weightlike or name in self.weight_uses):
+        if floating and (name in self.fold.weightlike or
+                         (self.slot_weights and name in self.weight_uses)):
             return self.builder.add_tensor(name, self.ctx.shape(name), self.ctx.dtype(name),
                                            Role.WEIGHT)
         self.ctx.dtype(name)  # reject unsupported dtypes with a clear message
@@ -221,10 +225,11 @@ class Emitter:
 
 
 def build_graph(graph: OnnxGraph, fold: FoldResult, load: Callable[[str], np.ndarray],
-                meta: Mapping[str, Any], hint: str = "") -> TensorGraph:
-    """The forward `TensorGraph` of a folded ONNX graph."""
+                meta: Mapping[str, Any], hint: str = "", slot_weights: bool = True
+                ) -> TensorGraph:
+    """The forward `TensorGraph` of a folded ONNX graph (`slot_weights`: see `Emitter`)."""
     ctx = ImportCtx(graph, fold, load, hint)
     lowered = lower_all(graph, fold, ctx)
     builder = GraphBuilder(graph.name)
     builder.meta.update(meta)
-    return Emitter(graph, fold, ctx, lowered, builder).emit()
+    return Emitter(graph, fold, ctx, lowered, builder, slot_weights=slot_weights).emit()

@@ -72,11 +72,15 @@ def import_onnx(path: str | os.PathLike[str], *, batch: int | None = None,
 def import_model(model: onnx.ModelProto, *, batch: int | None = None,
                  dims: Mapping[str, int] | None = None, name: str | None = None,
                  base_dir: Path | None = None, source: str | None = None,
-                 fuse: bool = True) -> TensorGraph:
+                 fuse: bool = True, initializer_weights: bool = False) -> TensorGraph:
     """Import an in-memory `ModelProto` (the zoo builds these) as a forward `TensorGraph`.
 
     `base_dir` is the folder that external-data locations are relative to (the current
     directory when None). The graph is named `name`, else the ONNX graph's name.
+    `initializer_weights`: only what float initializers make is a weight (trained); a
+    Constant node's value in a weight slot stays a constant (a captured module's zero bias
+    for `bias=False`, a LayerNorm's ones without affine parameters). By default such a value
+    is a weight too, as in files that store their weights as Constant nodes.
     """
     start = time.perf_counter()
     label = source or name or model.graph.name or "<model>"
@@ -95,7 +99,8 @@ def import_model(model: onnx.ModelProto, *, batch: int | None = None,
     meta = _meta(model, graph, binding, batch, source, fold.rounds)
     if base_dir is not None:  # a file: its weights' external data, which nothing here reads
         meta["missing_external_data"] = missing
-    result = build_graph(graph, fold, folder.value_of, meta, hint)
+    result = build_graph(graph, fold, folder.value_of, meta, hint,
+                         slot_weights=not initializer_weights)
     if fuse:
         result = fuse_graph(result)
     log.info("imported %s: %d ONNX nodes -> %d kernels, %d tensors in %.2f s (%d inference "

@@ -12,28 +12,43 @@ new `TensorGraph` with, in execution order:
    `loss_chunks` > 1, a softmax cross-entropy over the last axis of a `Linear`'s output
    replaces that Linear by one `LinearCrossEntropy` kernel, at its place, that works through
    the rows in that many blocks and never holds the whole logits (`ir/rules/fused.py`;
-   the logits tensor's id becomes the loss's);
+   the logits tensor's id becomes the loss's). A softmax cross-entropy on the output of a
+   final Softmax or LogSoftmax (directly or through Reshape/Transpose...) drops that kernel and
+   trains on its input, the logits (`_train_on_logits`, recorded in meta["training"]
+   ["dropped_output"]); where it cannot, a Softmax is refused (cross-entropy on probabilities);
 3. backward kernels in reverse forward order (ops of domain "autotm", see `TRAINING_OPS`),
    with partial gradients of tensors that have several users summed by `GradAccumulate` as
    soon as the next partial arrives (as nGraph's and PyTorch's autodiff do);
-4. one optimizer update per trained weight (`SGDUpdate`, or `AdamStep` then `AdamUpdate`).
+4. one optimizer update per trained weight (`SGDUpdate`, or `AdamStep` then `AdamUpdate`),
+   for `optimizer` "sgd", "adam" or an `ir.optim.Optimizer` (momentum, Nesterov, weight decay,
+   AdamW, a learning rate given as a tensor each iteration: `ir/optim.py`).
 
 Only gradients that reach a trainable weight are computed: weights are float WEIGHT tensors
 without a producer; INPUT, LABEL, CONSTANT and integer tensors get none. `carried` pairs each
-weight, Adam state tensor, BatchNorm running statistic and the Adam step with its next value;
+weight, optimizer state tensor (Adam's moments, SGD's momentum buffers), BatchNorm running
+statistic and the Adam step with its next value;
 the graph outputs are the loss and those next values. Runs in O(kernels).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from autotm_py.errors import ConfigError, GraphError, UnsupportedOpError, unsupported_summary
 from autotm_py.ir.builder import GraphBuilder
 from autotm_py.ir.graph import Role, TensorGraph
 from autotm_py.ir.layout import is_channels_last
-from autotm_py.ir.loss import LOSSES, LossChoice, choose_loss
+from autotm_py.ir.loss import (
+    LOSSES,
+    FinalSoftmax,
+    LossChoice,
+    choose_loss,
+    final_softmax,
+    probabilities_refusal,
+)
+from autotm_py.ir.optim import OPTIMIZERS, Optimizer, optimizer_updates, resolve
 from autotm_py.ir.rules import RULES, TRAINING_OPS, KernelDraft, Tape, TensorDraft
 from autotm_py.ir.rules.base import BACKWARD_DOMAIN, FLOAT_DTYPES
 from autotm_py.ir.rules.fused import (
@@ -44,17 +59,19 @@ from autotm_py.ir.rules.fused import (
     lse_dtype,
 )
 
-OPTIMIZERS = ("sgd", "adam")
 ADAM_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
 
-__all__ = ["ADAM_DEFAULTS", "LOSSES", "OPTIMIZERS", "RULES", "TRAINING_OPS", "derive_training"]
+__all__ = ["ADAM_DEFAULTS", "LOSSES", "OPTIMIZERS", "RULES", "TRAINING_OPS", "Optimizer",
+           "derive_training"]
 
 
-def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
-                    learning_rate: float = 0.01, loss: str = "auto",
+def derive_training(graph: TensorGraph, *, optimizer: str | Optimizer = "sgd",
+                    learning_rate: float | None = None, loss: str = "auto",
                     loss_chunks: int = 1) -> TensorGraph:
-    """The training iteration of a forward graph (see the module docstring)."""
-    _check_arguments(graph, optimizer, learning_rate)
+    """The training iteration of a forward graph (see the module docstring). `optimizer`:
+    "sgd" or "adam" with `learning_rate` (default 0.01), or an `ir.optim.Optimizer` that holds
+    its learning rate (`learning_rate` then unset)."""
+    opt = _check_arguments(graph, optimizer, learning_rate)
     if loss not in LOSSES:
         raise ConfigError(f"loss {loss!r} is not supported; use one of {', '.join(LOSSES)}")
     check_loss_chunks(loss_chunks)
@@ -63,30 +80,32 @@ def derive_training(graph: TensorGraph, *, optimizer: str = "sgd",
         prepare = RULES[k.op_type].prepare
         if prepare is not None:
             prepare(tape, k)
-    loss_kernel, labels = _attach_loss(graph, tape, loss, loss_chunks)
+    loss_kernel, labels, dropped = _attach_loss(graph, tape, loss, loss_chunks)
     n_forward = len(tape.kernels)
     flow = _gradient_flow(tape, loss_kernel)
     tape.expected.update(flow.expected)
     weight_grads = _backward(tape, flow, loss_kernel)
-    _optimizer_updates(tape, weight_grads, optimizer, learning_rate)
+    lr_tensor = optimizer_updates(tape, weight_grads, opt)
     loss_rule, loss = loss, tape.kernels[loss_kernel].outputs[0]
+    opt_meta = opt.meta()
     meta = {
-        "optimizer": optimizer, "learning_rate": learning_rate,
+        "optimizer": opt_meta.pop("optimizer"), "learning_rate": opt_meta.pop("learning_rate"),
         "loss": loss, "labels": labels, "loss_kernel": loss_kernel, "loss_rule": loss_rule,
         **({"loss_chunks": loss_chunks} if loss_chunks > 1 else {}),
+        # the final Softmax/LogSoftmax the loss trains through ({"op", "name", "logits"}),
+        # for the faces to say so
+        **({"dropped_output": dropped} if dropped is not None else {}),
         "forward_kernels": n_forward, "weight_grads": tuple(sorted(weight_grads.items())),
-        **(ADAM_DEFAULTS if optimizer == "adam" else {}),
+        **opt_meta,  # Adam's beta1, beta2, epsilon; the hyper-parameters that are set
+        **({"lr_tensor": lr_tensor} if lr_tensor is not None else {}),
     }
     return _freeze(graph, tape, n_forward, [loss, *(new for _, new in tape.carried)], meta)
 
 
 # ---- checks and set-up ----------------------------------------------------------------------
-def _check_arguments(graph: TensorGraph, optimizer: str, learning_rate: float) -> None:
-    if optimizer not in OPTIMIZERS:
-        raise ConfigError(f"optimizer {optimizer!r} is not supported; use one of "
-                          f"{', '.join(OPTIMIZERS)}")
-    if not (math.isfinite(learning_rate) and learning_rate > 0):
-        raise ConfigError(f"learning rate {learning_rate!r} must be a positive number")
+def _check_arguments(graph: TensorGraph, optimizer: str | Optimizer,
+                     learning_rate: float | None) -> Optimizer:
+    opt = resolve(optimizer, learning_rate)
     if "training" in graph.meta:
         raise GraphError(f"graph {graph.name!r} is already a training graph; derive training "
                          "from the forward graph")
@@ -100,6 +119,7 @@ def _check_arguments(graph: TensorGraph, optimizer: str, learning_rate: float) -
             bad[0].op_type, domain=bad[0].domain, node=bad[0].name, supported=tuple(RULES),
             what="the training derivation (--training)",
             others=unsupported_summary([(k.op_type, k.domain, k.name) for k in bad]))
+    return opt
 
 
 def _forward_drafts(graph: TensorGraph) -> Tape:
@@ -120,8 +140,9 @@ def check_loss_chunks(chunks: object) -> None:
 
 
 def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto",
-                 chunks: int = 1) -> tuple[int, int]:
-    """(loss kernel id, labels tensor id): the graph's own loss, or the one `choice` picks."""
+                 chunks: int = 1) -> tuple[int, int, dict[str, str] | None]:
+    """(loss kernel id, labels tensor id, the dropped final softmax or None): the graph's own
+    loss, or the one `choice` picks."""
     for kid in range(len(tape.kernels) - 1, -1, -1):
         k = tape.kernels[kid]
         if k.op_type == "SoftmaxCrossEntropyLoss":
@@ -135,19 +156,20 @@ def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto",
                 raise ConfigError(f"graph {graph.name!r} has its own loss ({k.name!r}); "
                                   f"--loss-chunks {chunks} applies only to the loss the "
                                   "training derivation adds; use --loss-chunks 1")
-            return kid, k.inputs[1]
-    logits = next((t for t in graph.outputs if tape.dtype(t) in FLOAT_DTYPES), None)
-    if logits is None or not tape.shape(logits):
-        raise GraphError(f"graph {graph.name!r} has no float output of rank >= 1 to put a "
-                         "softmax cross-entropy loss on; add one, or a SoftmaxCrossEntropyLoss")
-    shape, dtype = tape.shape(logits), tape.dtype(logits)
-    producer = graph.tensors[logits].producer
-    spec = choose_loss(choice, tape.name(logits), shape, dtype,
+            return kid, k.inputs[1], None
+    out = next((t for t in graph.outputs if tape.dtype(t) in FLOAT_DTYPES), None)
+    if out is None:  # a scalar is fine for mse; choose_loss refuses it for cross-entropy
+        raise GraphError(f"graph {graph.name!r} has no float output to put a loss on; add one, "
+                         "or a SoftmaxCrossEntropyLoss")
+    shape, dtype = tape.shape(out), tape.dtype(out)
+    producer = graph.tensors[out].producer
+    spec = choose_loss(choice, tape.name(out), shape, dtype,
                        None if producer is None else graph.kernels[producer].op_type)
+    logits, dropped = _train_on_logits(graph, tape, out, spec, choice)
     name = "labels" if spec.labels_dtype == "int64" else "targets"
     labels = tape.new_tensor(name, spec.labels_shape, spec.labels_dtype, Role.LABEL)
     if chunks > 1:
-        return _chunked_loss(graph, tape, logits, labels, spec, chunks), labels
+        return _chunked_loss(graph, tape, logits, labels, spec, chunks), labels, dropped
     loss = tape.new_tensor("loss", (), dtype, Role.OUTPUT)
     outputs = [loss]
     if spec.op_type == "SoftmaxCrossEntropy":
@@ -155,7 +177,53 @@ def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto",
                                        Role.ACTIVATION))
     tape.kernels.append(KernelDraft("loss", spec.op_type, BACKWARD_DOMAIN, dict(spec.attrs),
                                     [logits, labels], outputs))
-    return len(tape.kernels) - 1, labels
+    return len(tape.kernels) - 1, labels, dropped
+
+
+def _train_on_logits(graph: TensorGraph, tape: Tape, out: int, spec: LossChoice,
+                     choice: str) -> tuple[int, dict[str, str] | None]:
+    """(the tensor the loss reads, what was dropped). A softmax cross-entropy on output `out`
+    made by a final Softmax/LogSoftmax (through ops that only move elements,
+    `ir/loss.final_softmax`) whose rows are the loss's: drop that kernel and let its reader
+    (or the loss) read its input; the output then holds the logits, in the same shape. Exact:
+    cross-entropy on logits is what the model's softmax means, and LogSoftmax's input has the
+    same softmax. A Softmax that cannot be dropped is refused (cross-entropy on probabilities:
+    losses near ln(C), vanishing gradients); a LogSoftmax stays (on log-probabilities,
+    cross-entropy is an NLL)."""
+    found = final_softmax(graph, out) if spec.op_type == "SoftmaxCrossEntropy" else None
+    if found is None:
+        return out, None
+    shape, axis = tape.shape(out), int(spec.attrs["axis"])
+    if not (found.private and found.out_axis == axis % len(shape)):
+        if found.op_type == "LogSoftmax":
+            return out, None
+        raise ConfigError(probabilities_refusal(choice, tape.name(out), shape, found, graph,
+                                                axis, _loss_on_axis(graph, out, found, choice)))
+    # forward ids before the softmax stay; the kernels after it (its chain, usually nothing
+    # else) move down by one
+    reader = found.chain[0] if found.chain else None
+    if reader is not None:
+        k = tape.kernels[reader]
+        k.inputs = [found.logits if t == found.probs else t for t in k.inputs]
+    del tape.kernels[found.kernel]
+    dropped = {"op": found.op_type, "name": found.name, "logits": tape.name(found.logits)}
+    return (out if reader is not None else found.logits), dropped
+
+
+def _loss_on_axis(graph: TensorGraph, out: int, found: FinalSoftmax, choice: str) -> str | None:
+    """The --loss, other than `choice`, whose class axis has the softmax's rows, if any."""
+    t = graph.tensors[out]
+    producer = None if t.producer is None else graph.kernels[t.producer].op_type
+    for other in ("ce-axis1", "ce-last"):
+        if other == choice:
+            continue
+        try:
+            spec = choose_loss(other, t.name, t.shape, t.dtype, producer)
+        except ConfigError:
+            continue
+        if found.out_axis == int(spec.attrs["axis"]) % len(t.shape):
+            return other
+    return None
 
 
 def _chunked_loss(graph: TensorGraph, tape: Tape, logits: int, labels: int,
@@ -163,7 +231,8 @@ def _chunked_loss(graph: TensorGraph, tape: Tape, logits: int, labels: int,
     """Replace the Linear that makes `logits` by a LinearCrossEntropy kernel at its place (the
     logits tensor becomes the loss); its id. Refused where the loss is not over the last axis
     of a Linear's output read by nothing else."""
-    producer = graph.tensors[logits].producer
+    # from the tape, not the graph: a dropped final softmax moved the kernels after it
+    producer = next((i for i, d in enumerate(tape.kernels) if logits in d.outputs), None)
     k = None if producer is None else tape.kernels[producer]
     last = len(tape.shape(logits)) - 1
     why = None
@@ -172,8 +241,8 @@ def _chunked_loss(graph: TensorGraph, tape: Tape, logits: int, labels: int,
     elif k is None or k.op_type != LINEAR or k.domain != BACKWARD_DOMAIN:
         what = "an input" if k is None else f"{k.op_type} {k.name!r}"
         why = f"the output is made by {what}, not by a fused Linear layer"
-    elif len(graph.tensors[logits].users) > 0:
-        why = "other kernels read the output"
+    elif any(logits in other.inputs for other in tape.kernels):  # not graph users: a
+        why = "other kernels read the output"  # dropped final softmax reads it no more
     if why is not None:
         raise ConfigError(f"--loss-chunks {chunks}: cannot chunk the loss on output "
                           f"{tape.name(logits)!r} ({why}); chunking applies to language-model "
@@ -316,39 +385,6 @@ def _add_partial(tape: Tape, k: KernelDraft, x: int, g: int | None, pending: dic
     pending[x] = out
 
 
-# ---- optimizer ------------------------------------------------------------------------------
-def _optimizer_updates(tape: Tape, weight_grads: dict[int, int], optimizer: str,
-                       lr: float) -> None:
-    """One update kernel per trained weight, in weight order. Adam first bumps its step and
-    computes the step's two bias-correction coefficients once (`AdamStep`), so each
-    `AdamUpdate` is only elementwise work on its weight."""
-    coef = None
-    if optimizer == "adam" and weight_grads:
-        step = tape.new_tensor("adam::step", (), "float32", Role.OPTIMIZER_STATE)
-        step_next = tape.new_tensor("adam::step::next", (), "float32", Role.OPTIMIZER_STATE)
-        coef = tape.new_tensor("adam::coef", (2,), "float32", Role.ACTIVATION)
-        tape.emit("AdamStep", [step], [step_next, coef], "adam/step", lr=lr, **ADAM_DEFAULTS)
-        tape.carried.append((step, step_next))
-    for w, g in sorted(weight_grads.items()):
-        t = tape.tensors[w]
-        w_next = tape.new_tensor(f"{t.name}::next", t.shape, t.dtype, Role.WEIGHT)
-        tape.carried.append((w, w_next))
-        if coef is None:
-            tape.emit("SGDUpdate", [w, g], [w_next], f"sgd/{t.name}", lr=lr)
-            continue
-        state = []
-        for which in ("m", "v"):
-            s = tape.new_tensor(f"adam::{which}::{t.name}", t.shape, t.dtype,
-                                Role.OPTIMIZER_STATE)
-            s_next = tape.new_tensor(f"adam::{which}::{t.name}::next", t.shape, t.dtype,
-                                     Role.OPTIMIZER_STATE)
-            tape.carried.append((s, s_next))
-            state.append((s, s_next))
-        (m, m_next), (v, v_next) = state
-        tape.emit("AdamUpdate", [w, g, m, v, coef], [w_next, m_next, v_next],
-                  f"adam/{t.name}", lr=lr, **ADAM_DEFAULTS)
-
-
 # ---- pruning and freezing -------------------------------------------------------------------
 def _live_kernels(tape: Tape, n_forward: int, outputs: list[int]) -> list[bool]:
     """Backward kernels none of whose outputs is read (or a graph output) are dropped."""
@@ -382,6 +418,9 @@ def _freeze(graph: TensorGraph, tape: Tape, n_forward: int, outputs: list[int],
                      name=k.name, domain=k.domain, attrs=k.attrs,
                      workspace_bytes=k.workspace_bytes)
     b.constants.update({remap[t]: v for t, v in graph.constants.items() if t in remap})
+    if "lr_tensor" in meta:  # the learning rate as a tensor: its value, in float32
+        b.constants[remap[meta["lr_tensor"]]] = np.asarray(  # type: ignore[index]
+            meta["learning_rate"], dtype=np.float32)
     labels = meta["labels"]
     b.inputs = [remap[t] for t in graph.inputs]
     if remap[labels] not in b.inputs:  # type: ignore[index]
@@ -395,8 +434,9 @@ def _freeze(graph: TensorGraph, tape: Tape, n_forward: int, outputs: list[int],
 
 def _remap_meta(meta: dict[str, object], remap: dict[int, int]) -> dict[str, object]:
     out = dict(meta)
-    for key in ("loss", "labels"):
-        out[key] = remap[meta[key]]  # type: ignore[index]
+    for key in ("loss", "labels", "lr_tensor"):
+        if key in meta:
+            out[key] = remap[meta[key]]  # type: ignore[index]
     out["weight_grads"] = tuple((remap[w], remap[g])
                                 for w, g in meta["weight_grads"])  # type: ignore[attr-defined]
     return out

@@ -253,33 +253,87 @@ def pad_grad(k: Kernel, args: Tensors) -> torch.Tensor:
     return dy
 
 
-# ---- optimizers -------------------------------------------------------------------------
+# ---- optimizers (ir/optim.py) ------------------------------------------------------------
+LearningRate = float | torch.Tensor
+
+
+def learning_rate(k: Kernel, args: Tensors) -> LearningRate:
+    """The kernel's learning rate: its `lr` attribute, else its last input, a float32 scalar
+    tensor (`Optimizer.lr_input`). On the CPU that tensor's value as a Python float: torch's
+    own scalar path, bit for bit. Elsewhere the device tensor itself, used by device
+    arithmetic: reading it back to the host (`.item()`, `float()`) would synchronize with the
+    device and break the capture of a CUDA graph."""
+    lr = k.attr("lr")
+    if lr is not None:
+        return float(lr)
+    t = args[-1]
+    return float(t) if t.device.type == "cpu" else t
+
+
+def descend(w: torch.Tensor, d: torch.Tensor, lr: LearningRate,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """W - lr * d as torch.optim.SGD's `param.add_(d, alpha=-lr)` (one `add`); a device
+    tensor lr multiplies on the device (`addcmul`, one kernel, no synchronization)."""
+    if isinstance(lr, float):
+        return torch.add(w, d, alpha=-lr) if out is None else \
+            torch.add(w, d, alpha=-lr, out=out)
+    return torch.addcmul(w, d, lr, value=-1) if out is None else \
+        torch.addcmul(w, d, lr, value=-1, out=out)
+
+
+def decayed_grad(k: Kernel, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """torch's L2 weight decay, `grad.add(param, alpha=weight_decay)` (SGD, Adam)."""
+    wd = float(k.attr("weight_decay", 0.0))
+    return g.add(w, alpha=wd) if wd else g
+
+
 @register("SGDUpdate")
-def sgd_update(k: Kernel, args: Tensors) -> torch.Tensor:
-    w, g = args
-    return torch.add(w, g, alpha=-float(k.attr("lr")))
+def sgd_update(k: Kernel, args: Tensors) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """W, dW[, buf][, lr] -> W'[, buf'], in torch.optim.SGD's single-tensor order:
+    `grad = grad.add(W, alpha=wd)`; `buf = buf * momentum + grad` (`mul`, `add_` with alpha
+    1 - dampening, dampening being 0); `grad = grad.add(buf, alpha=momentum)` (nesterov) or
+    `grad = buf`; `W' = W.add(grad, alpha=-lr)`. The buffer starts at zero, so the first step
+    gives torch's `buf = grad` exactly. Plain SGD (W, dW, the `lr` attribute) is one `add`."""
+    w, g = args[0], args[1]
+    lr = learning_rate(k, args)
+    g = decayed_grad(k, w, g)
+    momentum = float(k.attr("momentum", 0.0))
+    if not momentum:
+        return descend(w, g, lr)
+    buf = (args[2] * momentum).add_(g, alpha=1.0)
+    step = g.add(buf, alpha=momentum) if k.attr("nesterov", 0) else buf
+    return descend(w, step, lr), buf
 
 
 @register("AdamStep")
 def adam_step(k: Kernel, args: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
-    """step' = step + 1, and torch.optim.Adam's per-step constants (its capturable form, with
-    the bias corrections in double): coef = [sqrt(1 - b2^t) * -lr / (1 - b1^t),
-    eps / (-lr / (1 - b1^t))], computed once for all weights, on the device."""
+    """step[, lr] -> step' = step + 1, and torch.optim.Adam's per-step constants (its
+    capturable form, with the bias corrections in double): coef = [sqrt(1 - b2^t) * -lr /
+    (1 - b1^t), eps / (-lr / (1 - b1^t))], computed once for all weights, on the device (a
+    device-tensor lr too: nothing is read back to the host)."""
     step = args[0] + 1
     t = step.double()
-    lr, eps = float(k.attr("lr")), float(k.attr("epsilon"))
+    lr, eps = learning_rate(k, args), float(k.attr("epsilon"))
     bias1 = 1 - torch.pow(float(k.attr("beta1")), t)
     bias2 = 1 - torch.pow(float(k.attr("beta2")), t)
-    neg_step_size = -(lr / bias1)
+    neg_step_size = -((lr if isinstance(lr, float) else lr.double()) / bias1)
     coef = torch.stack([bias2.sqrt() * neg_step_size, eps / neg_step_size])
     return step, coef.to(args[0].dtype)
 
 
 @register("AdamUpdate")
 def adam_update(k: Kernel, args: Tensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """W' = W - lr * m_hat / (sqrt(v_hat) + eps), as torch.optim.Adam (7 elementwise ops)."""
-    w, g, m, v, coef = args
+    """W, dW, m, v, coef[, lr] -> W', m', v': W' = W - lr * m_hat / (sqrt(v_hat) + eps), as
+    torch.optim.Adam (7 elementwise ops). `weight_decay`: L2, `grad.add(W, alpha=wd)` first
+    (Adam), or with `decoupled_weight_decay` (AdamW) `W * (1 - lr * wd)` first, the factor
+    in double as torch computes it from a float lr (the lr input: its last input)."""
+    w, g, m, v, coef = args[:5]
     beta1, beta2 = float(k.attr("beta1")), float(k.attr("beta2"))
+    if k.attr("decoupled_weight_decay", 0):
+        lr, wd = learning_rate(k, args), float(k.attr("weight_decay"))
+        w = w * (1 - lr * wd if isinstance(lr, float) else 1 - lr.double() * wd)
+    else:
+        g = decayed_grad(k, w, g)
     m_next = torch.lerp(m, g, 1 - beta1)
     v_next = (v * beta2).addcmul_(g, g, value=1 - beta2)
     denom = (v_next.sqrt() / coef[0]).add_(coef[1])

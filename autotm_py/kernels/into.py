@@ -26,6 +26,7 @@ import torch
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import torch_avg_pool_ok, window
 from autotm_py.kernels.batch_norm import batch_norm_training_into
+from autotm_py.kernels.grad_tensor import decayed_grad, descend, learning_rate
 from autotm_py.kernels.nn import cudnn_window
 from autotm_py.kernels.util import attrs
 
@@ -120,8 +121,35 @@ def gelu_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
 
 @into("SGDUpdate")
 def sgd_update(k: Kernel, args: Tensors, outs: Tensors) -> bool:
-    torch.add(args[0], args[1], alpha=-float(k.attr("lr")), out=outs[0])
+    """Every form of `grad_tensor.sgd_update`, its operations in its order. An output may be
+    written over W or dW (`memory.scratch.OVERWRITES`): weight decay and Nesterov take a
+    temporary first, and W' is written last; buf' only over buf (its `mul` writes before its
+    `add_` reads dW)."""
+    w, g = args[0], args[1]
+    lr = learning_rate(k, args)
+    g = decayed_grad(k, w, g)
+    momentum = float(k.attr("momentum", 0.0))
+    if momentum:
+        buf, buf_out = args[2], outs[1]
+        if (_meet(buf_out, buf) and not _same(buf_out, buf)) or \
+                any(_meet(buf_out, t) for t in (w, args[1], outs[0])):
+            return False
+        torch.mul(buf, momentum, out=buf_out).add_(g, alpha=1.0)
+        g = g.add(buf_out, alpha=momentum) if k.attr("nesterov", 0) else buf_out
+    descend(w, g, lr, out=outs[0])
     return True
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.numel() == b.numel() and a.dtype == b.dtype
+
+
+def _meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' bytes meet."""
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 # ---- concatenation and pooling ------------------------------------------------------------

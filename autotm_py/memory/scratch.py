@@ -41,14 +41,16 @@ DIRECT_OPS = frozenset({
 # Elementwise ops whose torch kernels (`kernels.into`) may write their output over the inputs
 # at these positions, each element read before it is written (Sum: the first two only, which
 # its first add reads). Without an arena the executor writes an output over an input that dies
-# at its kernel (`runtime.reuse`).
+# at its kernel (`runtime.reuse`). SGDUpdate (every form, `ir/optim.py`): W' over W or dW, and
+# with momentum buf' over the buffer (position 2; there, in the lr-input form without
+# momentum, the learning rate: a constant, never overwritten).
 OVERWRITES: dict[str, tuple[int, ...]] = {
     "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1), "Max": (0, 1), "Min": (0, 1),
     "Sum": (0, 1), "GradAccumulate": (0, 1), "Relu": (0,), "ReluGrad": (0, 1), "Gelu": (0,),
-    "GeluGrad": (0, 1), "SGDUpdate": (0, 1),
+    "GeluGrad": (0, 1), "SGDUpdate": (0, 1, 2),
 }
-# Of those, the ones whose output the arena packing lets take its input's slot (the update of a
-# carried weight, W -> W'): written directly there.
+# Of those, the ones whose outputs the arena packing lets take their inputs' slots (the update
+# of a carried weight, W -> W', and of SGD's momentum buffer): written directly there.
 IN_PLACE_OPS = frozenset({"SGDUpdate"})
 # Ops whose torch kernels allocate every output at exactly its size, so that the placed
 # allocator gives it its slot: measured on the H100 by op (docs/gpu.md, "Outputs allocated at
@@ -86,6 +88,8 @@ def writes_in_place(graph: TensorGraph, kernel: Kernel) -> bool:
         x = graph.tensors[kernel.inputs[0]].shape
         geo = window(dict(kernel.attrs), x[2:])
         return geo.nd in (2, 3) and torch_avg_pool_ok(geo)
+    if kernel.op_type == "SGDUpdate":  # weight decay and Nesterov allocate a temporary
+        return not (kernel.attr("weight_decay", 0) or kernel.attr("nesterov", 0))
     if kernel.op_type == "Concat":  # one dtype in and out
         return len({graph.tensors[t].dtype for t in (*kernel.inputs, *kernel.outputs)}) == 1
     if kernel.op_type in ("SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad"):

@@ -248,7 +248,7 @@ for _op in ("ReluGrad", "LeakyReluGrad", "AbsGrad", "ClipGrad", "CastGrad", "Dro
             "AdamStep"):
     FLOP_RULES[_op] = per_element(1, of="in")
 for _op in ("MulGrad", "DivGradA", "SigmoidGrad", "TanhGrad", "SqrtGrad", "ReciprocalGrad",
-            "ExpGrad", "MaxMinGrad", "SGDUpdate", "ResizeGrad", "MeanSquaredError",
+            "ExpGrad", "MaxMinGrad", "ResizeGrad", "MeanSquaredError",
             "MeanSquaredErrorGrad"):
     FLOP_RULES[_op] = per_element(2, of="in")
 for _op in ("DivGradB", "LogGrad", "SoftmaxGrad", "LogSoftmaxGrad",
@@ -258,7 +258,17 @@ for _op in ("ErfGrad", "GeluGrad", "PowGradBase", "PowGradExponent", "SoftmaxCro
     FLOP_RULES[_op] = per_element(8, of="in")
 FLOP_RULES["BatchNormGrad"] = per_element(8, of="in")
 FLOP_RULES["LayerNormGrad"] = per_element(10, of="in")
-FLOP_RULES["AdamUpdate"] = per_element(12, of="in")
+
+
+@_rule("SGDUpdate", "AdamUpdate")
+def _optimizer_update(s: OpShape) -> float:
+    """Elementwise on W (ir/optim.py): 2 FLOPs per element for W - lr dW, 12 for Adam, 2 more
+    for each of momentum, weight decay and Nesterov (the bytes: every slot, as for any op)."""
+    base = 12 if s.op == "AdamUpdate" else 2 + (2 if s.attr("momentum", 0) else 0)
+    extra = sum(2 for name in ("weight_decay", "nesterov") if s.attr(name, 0))
+    return float((base + extra) * _in(s))
+
+
 FLOP_RULES["LRNGrad"] = lambda s: 4.0 * _in(s) * float(s.attr("size", 5))
 FLOP_RULES["GradAccumulate"] = lambda s: float(max(len(s.inputs) - 1, 1) * _out(s))
 

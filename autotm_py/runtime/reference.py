@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from autotm_py.errors import ExecutionError
 from autotm_py.ir.graph import Role, Tensor, TensorGraph
+from autotm_py.ir.optim import optimizer_of
 from autotm_py.ir.rules.fused import LINEAR_CE, linear_ce_classes
 from autotm_py.kernels import run_kernel
 from autotm_py.kernels.util import in_layout, torch_dtype
@@ -143,13 +144,21 @@ def run_graph(graph: TensorGraph, values: Mapping[int, torch.Tensor],
 
 def train_steps(graph: TensorGraph, steps: int = 3, seed: int = 0,
                 device: str | torch.device = "cpu", *, keep: Iterable[int] = (),
-                values: Mapping[int, torch.Tensor] | None = None) -> list[Values]:
+                values: Mapping[int, torch.Tensor] | None = None,
+                lrs: Sequence[float] | None = None) -> list[Values]:
     """Run `steps` iterations of a training graph, carrying each (W, W') pair; the results
-    of every step (graph outputs and `keep` tensors)."""
+    of every step (graph outputs and `keep` tensors). `lrs`: the learning rate of each step,
+    the value of the graph's learning-rate tensor (`Optimizer.lr_input`)."""
     current = init_values(graph, seed, device) if values is None else dict(values)
+    lr_tensor = graph.meta.get("training", {}).get("lr_tensor")
+    if lrs is not None and lr_tensor is None:
+        raise ExecutionError(f"graph {graph.name!r} takes no learning rate as a tensor; derive "
+                             "it with Optimizer(..., lr_input=True) to change it by step")
     keep = tuple(keep)
     results = []
-    for _ in range(steps):
+    for step in range(steps):
+        if lrs is not None:
+            current[lr_tensor] = torch.tensor(lrs[step], dtype=torch.float32, device=device)
         out = run_graph(graph, current, keep)
         results.append(out)
         for first, last in graph.carried:
@@ -157,29 +166,40 @@ def train_steps(graph: TensorGraph, steps: int = 3, seed: int = 0,
     return results
 
 
-def _update_kernels(graph: TensorGraph) -> dict[int, tuple[int, ...]]:
-    """weight -> (W', m', v') or (W',) from the optimizer kernels."""
-    return {k.inputs[0]: k.outputs for k in graph.kernels
+def _update_kernels(graph: TensorGraph) -> dict[int, tuple[str, tuple[int, ...]]]:
+    """weight -> (op, its outputs: (W', m', v'), (W', buf') or (W',))."""
+    return {k.inputs[0]: (k.op_type, k.outputs) for k in graph.kernels
             if k.op_type in ("SGDUpdate", "AdamUpdate")}
 
 
+# torch's names of the state an update kernel's outputs after W' hold
+_STATE = {"SGDUpdate": ("momentum_buffer",), "AdamUpdate": ("exp_avg", "exp_avg_sq")}
+
+
 def _optimizer(graph: TensorGraph, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    meta = graph.meta["training"]
-    lr = float(meta["learning_rate"])
-    if meta["optimizer"] == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=(meta["beta1"], meta["beta2"]),
-                                eps=meta["epsilon"], foreach=False)
-    return torch.optim.SGD(params, lr=lr, foreach=False)
+    """torch.optim's optimizer with the graph's hyper-parameters (`ir.optim.optimizer_of`),
+    single-tensor (`foreach=False`), on the learning rate the graph was derived with."""
+    opt = optimizer_of(graph.meta["training"])
+    lr = float(opt.lr)
+    if opt.kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=opt.momentum, nesterov=opt.nesterov,
+                               weight_decay=opt.weight_decay, foreach=False)
+    kind = torch.optim.AdamW if opt.decoupled else torch.optim.Adam
+    return kind(params, lr=lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay,
+                foreach=False)
 
 
 def autograd_steps(graph: TensorGraph, steps: int = 3, seed: int = 0,
                    device: str | torch.device = "cpu", *, keep: Iterable[int] = (),
-                   values: Mapping[int, torch.Tensor] | None = None) -> list[Values]:
+                   values: Mapping[int, torch.Tensor] | None = None,
+                   lrs: Sequence[float] | None = None) -> list[Values]:
     """torch.autograd's version of `train_steps`: the forward kernels (and loss) of the
-    training graph run on leaf weights, `loss.backward()`, then torch.optim's SGD or Adam.
-    Each step's result maps training-graph ids to values: the loss, every weight gradient,
-    W', Adam's m' and v', the carried forward outputs (BatchNorm running statistics) and
-    the `keep` forward tensors."""
+    training graph run on leaf weights, `loss.backward()`, then torch.optim's SGD, Adam or
+    AdamW with the graph's hyper-parameters (`_optimizer`). Each step's result maps
+    training-graph ids to values: the loss, every weight gradient, W', Adam's m' and v',
+    SGD's momentum buffer', the carried forward outputs (BatchNorm running statistics) and
+    the `keep` forward tensors. `lrs`: the learning rate of each step
+    (`param_groups[0]["lr"]`, what a scheduler sets), else the graph's throughout."""
     meta = graph.meta["training"]
     values = init_values(graph, seed, device) if values is None else dict(values)
     grads = dict(meta["weight_grads"])
@@ -190,20 +210,22 @@ def autograd_steps(graph: TensorGraph, steps: int = 3, seed: int = 0,
     produced = {t for k in forward for t in k.outputs}
     carried_fwd = [(a, z) for a, z in graph.carried if z in produced]
     results = []
-    for _ in range(steps):
+    for step in range(steps):
         env: Values = {**values, **params}
         for k in forward:
             env.update(zip(k.outputs, run_kernel(k, [env[t] for t in k.inputs]), strict=True))
         opt.zero_grad()
+        if lrs is not None:
+            opt.param_groups[0]["lr"] = float(lrs[step])
         env[meta["loss"]].backward()
         out = {t: env[t].detach().clone() for t in (meta["loss"], *keep)}
         out.update({g: params[w].grad.detach().clone() for w, g in grads.items()})
         opt.step()
-        for w, outs in updates.items():
+        for w, (k_op, outs) in updates.items():
             out[outs[0]] = params[w].detach().clone()
-            if len(outs) == 3:
-                state = opt.state[params[w]]
-                out[outs[1]], out[outs[2]] = state["exp_avg"].clone(), state["exp_avg_sq"].clone()
+            state = opt.state[params[w]]  # Adam's moments, SGD's momentum buffer
+            for tid, name in zip(outs[1:], _STATE[k_op], strict=False):
+                out[tid] = state[name].clone()
         for a, z in carried_fwd:
             out[z] = values[a] = env[z].detach().clone()
         results.append(out)

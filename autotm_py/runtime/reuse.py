@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotm_py.ir.graph import Role
+from autotm_py.ir.optim import plain_sgd
 from autotm_py.memory.scratch import OVERWRITES
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import Compute, Free, Move, Plan, Recompute
@@ -61,6 +62,8 @@ def _dying_input(graph: TensorGraph, kernel: Kernel, record: Compute,
         return None
     out = graph.tensors[kernel.outputs[0]]
     for position in OVERWRITES.get(kernel.op_type, ()):
+        if position >= len(kernel.inputs):  # an optional input this form has not
+            continue
         tid = kernel.inputs[position]
         t = graph.tensors[tid]
         if (record.placement[position] == FAST and tid not in later
@@ -74,9 +77,11 @@ def _dying_input(graph: TensorGraph, kernel: Kernel, record: Compute,
 def update_runs(graph: TensorGraph, plan: Plan, overwritable: dict[int, int]
                 ) -> dict[int, tuple[int, ...]]:
     """Record index of the first SGD update of a run -> the record indices of the run's
-    updates: two or more SGD updates that write over their weights (`overwritable`), reading
-    both operands from fast memory, with one learning rate and nothing but frees between them
-    (the optimizer step at the end of an iteration). Running them together at the first one
+    updates: two or more plain SGD updates (W, dW -> W - lr dW with the learning rate an
+    attribute, `ir.optim.plain_sgd`: the foreach add the executor runs them as computes
+    nothing else) that write over their weights (`overwritable`), reading both operands from
+    fast memory, with one learning rate and nothing but frees between them (the optimizer
+    step at the end of an iteration). Running them together at the first one
     changes no value (each reads only its own weight and gradient, which are ready there) and
     no peak (they allocate nothing; the frees between them only come later)."""
     runs: dict[int, tuple[int, ...]] = {}
@@ -92,7 +97,7 @@ def update_runs(graph: TensorGraph, plan: Plan, overwritable: dict[int, int]
         if isinstance(record, Free):
             continue
         kernel = graph.kernels[record.kernel] if isinstance(record, Compute) else None
-        if kernel is None or kernel.op_type != "SGDUpdate" or overwritable.get(index) != 0 \
+        if kernel is None or not plain_sgd(kernel) or overwritable.get(index) != 0 \
                 or SLOW in record.placement:  # type: ignore[union-attr]
             close()
             continue

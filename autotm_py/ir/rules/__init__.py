@@ -84,10 +84,16 @@ TRAINING_OPS: dict[str, str] = {
     "PadGrad": "dY -> dX (crop, or fold reflected/edge borders back)",
     "ResizeGrad": "dY -> dX (transpose of the interpolation)",
     "TriluGrad": "dY -> dX (the same triangle of dY)",
-    # optimizers
-    "SGDUpdate": "W, dW -> W' = W - lr * dW",
-    "AdamStep": "step -> step' = step + 1, coef (the step's two bias-correction constants)",
-    "AdamUpdate": "W, dW, m, v, coef -> W', m', v' (bias-corrected Adam)",
+    # optimizers (ir/optim.py); [lr]: the learning rate as a float32 scalar input, last, in
+    # place of the `lr` attribute (Optimizer.lr_input)
+    "SGDUpdate": "W, dW[, buf][, lr] -> W'[, buf']: W' = W - lr * dW, after `weight_decay` "
+                 "(dW + wd W) and `momentum` (buf' = momentum buf + dW; `nesterov`), in "
+                 "torch.optim.SGD's order",
+    "AdamStep": "step[, lr] -> step' = step + 1, coef (the step's two bias-correction "
+                "constants)",
+    "AdamUpdate": "W, dW, m, v, coef[, lr] -> W', m', v' (bias-corrected Adam; "
+                  "`weight_decay`: L2, or with `decoupled_weight_decay` AdamW's W (1 - lr wd), "
+                  "the one form that reads lr)",
     # fused ops (frontend/fuse.py): the forward op of ours and its gradient
     **fused.FUSED_OPS,
     **fused.FUSED_TRAINING_OPS,

@@ -1,0 +1,184 @@
+"""`Trainer`: a user's torch module and optimizer, trained under a memory plan.
+
+    trainer = Trainer(model, opt, loss_fn=F.cross_entropy, example=(x, y), budget="4GiB")
+    for x, y in loader:
+        loss = trainer.step(x, y)       # one planned iteration on this batch
+    trainer.sync()                      # trained values back into model and opt
+
+Construction captures the module's forward at the example batch (`frontend.capture`: the
+dynamo ONNX exporter, its initializers named after the module's parameters), imports it,
+derives one training iteration with the optimizer's update and the loss the loss function
+computes (`trainer.spec`), prices it (on a GPU, the kernels no profile has are measured first,
+once, into the profile cache), and plans it under the budget (a plan is kept on disk under a
+key of graph, options and costs: `pipeline.cached_optimize`, so a second Trainer of the same
+model and budget starts at once). Each `step` places the batch, the learning rate of
+`param_groups[0]` and the carried state where the plan starts them, and runs the plan's
+iteration with the executor (`runtime.execute.compose`); on a GPU the default run mode is the
+fastest one measured (an arena at planned addresses, kernels allocating their outputs at
+their slots, replayed as a CUDA graph after two eager steps). `sync` writes the parameters,
+BatchNorm's running statistics and the optimizer's state back (the Trainer owns the
+up-to-date values between syncs).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from autotm_py import pipeline
+from autotm_py.config import PlanConfig
+from autotm_py.errors import ConfigError
+from autotm_py.frontend.capture import capture_module
+from autotm_py.frontend.onnx import import_model
+from autotm_py.ir.layout import has_convolutions, to_channels_last
+from autotm_py.ir.training import derive_training
+from autotm_py.options import RunMode
+from autotm_py.runtime.reference import init_values
+from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for
+from autotm_py.trainer.spec import Example, loss_rule, optimizer_of, split_example
+from autotm_py.trainer.state import StateMap
+
+
+class Trainer:
+    """Train `module` with `optimizer` under a fast-memory budget (`budget` bytes or "4GiB",
+    or `ratio` "1:3": the fast tier holds a quarter of one iteration's peak). `device`:
+    "cuda" (default where there is one) or "cpu" (the same plan, run on the CPU: a check of
+    its numbers, both tiers in host memory). `mode`: how the plan runs (`options.RunMode`,
+    default the fastest for the device). `strategy`, `recompute`, `gpu`, `time_limit_s`:
+    as `autotm optimize`. `plans_dir`: where plans are kept (default beside the profile
+    cache). `channels_last`: store convolution images N, H, W, C (default: on a GPU for
+    models with convolutions). `profile`: measure the kernels no profile has first (default
+    on a GPU)."""
+
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 loss_fn: Callable[..., Any], example: Any, *, budget: int | str | None = None,
+                 ratio: str | None = None, device: str | None = None,
+                 mode: RunMode | None = None, strategy: str = "async", recompute: str = "on",
+                 gpu: str | None = None, time_limit_s: float | None = 300.0,
+                 plans_dir: str | os.PathLike[str] | None = None,
+                 channels_last: bool | None = None, profile: bool | None = None) -> None:
+        if (budget is None) == (ratio is None):
+            raise ConfigError("Trainer: give either budget (bytes, e.g. '4GiB') or ratio "
+                              "(fast:slow, e.g. '1:3'), not both and not neither")
+        self.module, self.optimizer = module, optimizer
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        cuda = self.device.startswith("cuda")
+        self.mode = mode or default_mode(self.device)
+        # before anything uses CUDA in this process (the export may, as do naming the GPU
+        # and profiling): one work queue for replays, the placed allocator for arena runs (its
+        # region the device's free memory: the Trainer's own plan keeps within the budget)
+        self.notes: list[str] = pipeline.prepare_cuda(self.device, self.mode, None)
+        self.example = split_example(example)
+        self.graph, captured = self._capture(loss_fn, channels_last)
+        self.map = StateMap.of(self.graph, captured, module)
+        # GPU mode on either device: kernels read fast memory, copies cross the link. On the
+        # CPU nothing keeps fast memory for itself (the GPU presets reserve cuBLAS's).
+        config = PlanConfig(strategy=strategy, ratio=ratio, fast_mem_bytes=budget,
+                            device="cuda", recompute=recompute, run=self.mode,
+                            gpu=gpu or gpu_name(self.device),
+                            reserve_bytes=None if cuda else 0, time_limit_s=time_limit_s)
+        try:
+            self.plan = plan_for(self.graph, config, self.device, plans_dir=plans_dir,
+                                 measure=cuda if profile is None else profile)
+        except ConfigError as exc:
+            raise ConfigError(f"Trainer: {exc}") from None
+        masters = self.map.masters(self.graph, init_values(self.graph), optimizer)
+        masters.update(self._batch_masters(self.example))
+        self.loop = Loop(self.graph, self.plan, self.device, self.mode, masters)
+        self._synced = 0
+
+    @property
+    def steps(self) -> int:
+        return self.loop.steps
+
+    def _capture(self, loss_fn: Callable[..., Any], channels_last: bool | None) -> tuple[Any, Any]:
+        """The training graph of the module's forward at the example, and the capture."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        spec = optimizer_of(self.optimizer, params)
+        rule = loss_rule(loss_fn, _output(self.module, self.example), self.example.labels)
+        captured = capture_module(self.module, self.example.inputs)
+        if captured.frozen:
+            raise ConfigError(f"parameters {', '.join(sorted(captured.frozen))} do not require "
+                              "grad: the Trainer trains every parameter the forward reads")
+        forward = import_model(captured.model, name=type(self.module).__name__,
+                               initializer_weights=True)
+        graph = derive_training(forward, optimizer=spec, loss=rule)
+        _check_labels(graph, self.example)
+        if channels_last is None:
+            channels_last = self.device.startswith("cuda") and has_convolutions(graph)
+        return (to_channels_last(graph) if channels_last else graph), captured
+
+    # ---- training ------------------------------------------------------------------------
+    def step(self, *batch: Any) -> torch.Tensor:
+        """One planned iteration on `batch` (`x, y` or `(x1, x2), y`, as the example was
+        given); returns the loss (a 0-d tensor on the device; `.item()` waits for it)."""
+        current = split_example(batch if len(batch) == 2 else (batch[0] if batch else None))
+        self._check_shapes(current)
+        self.loop.step(self._batch_masters(current))
+        self.notes += [n for n in self.loop.notes if n not in self.notes]
+        return self.loop.value(self.map.loss)
+
+    def _batch_masters(self, batch: Example) -> dict[int, torch.Tensor]:
+        """The batch and the current learning rate, as masters of their graph tensors."""
+        out = dict(zip(self.map.inputs, batch.inputs, strict=True))
+        out[self.map.labels] = batch.labels
+        if self.map.lr is not None:
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            out[self.map.lr] = torch.tensor(lr, dtype=torch.float32)
+        return out
+
+    def _check_shapes(self, batch: Example) -> None:
+        for i, (got, want) in enumerate(zip((*batch.inputs, batch.labels),
+                                             (*self.example.inputs, self.example.labels),
+                                             strict=True)):
+            if got.shape != want.shape or got.dtype != want.dtype:
+                raise ConfigError(
+                    f"batch item {i} has shape {tuple(got.shape)} ({got.dtype}), the "
+                    f"example's {tuple(want.shape)} ({want.dtype}): the plan is for one batch "
+                    "shape; drop the last partial batch (DataLoader(..., drop_last=True)) or "
+                    "make a Trainer for the other shape")
+
+    def sync(self) -> None:
+        """Write the trained parameters, BatchNorm's running statistics and the optimizer's
+        state into the module and the optimizer."""
+        if self.steps == 0:
+            return
+        self.map.write_back(self.loop.finals(), self.optimizer)
+        self._count_batches(self.steps - self._synced)
+        self._synced = self.steps
+
+    def _count_batches(self, steps: int) -> None:
+        """BatchNorm's `num_batches_tracked`, which torch bumps in every training forward."""
+        for module in self.module.modules():
+            counter = getattr(module, "num_batches_tracked", None)
+            if isinstance(counter, torch.Tensor) and getattr(module, "track_running_stats",
+                                                             False):
+                counter.add_(steps)
+
+
+def _output(module: torch.nn.Module, example: Example) -> torch.Tensor:
+    """The module's output on the example (eval mode, no gradients, state untouched), to
+    identify the loss."""
+    flags = {m: m.training for m in module.modules()}
+    try:
+        module.eval()
+        device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        with torch.no_grad():
+            out = module(*(t.to(device) for t in example.inputs))
+    finally:
+        for m, flag in flags.items():
+            m.training = flag
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError(f"the module returns {type(out).__name__}: the Trainer takes modules "
+                          "whose forward returns one tensor (the output the loss reads)")
+    return out.detach().cpu()
+
+
+def _check_labels(graph: Any, example: Example) -> None:
+    labels = graph.tensors[graph.meta["training"]["labels"]]
+    if tuple(example.labels.shape) != labels.shape:
+        raise ConfigError(f"the example's labels have shape {tuple(example.labels.shape)}, the "
+                          f"loss reads {labels.shape}")

@@ -1,0 +1,115 @@
+"""The part of training every front end shares: a plan made (or taken from the plan cache) for
+a training graph, and its iterations run with real values.
+
+`plan_for` prices the graph on the device (measuring, on a GPU, the kernels no profile has)
+and solves it, or takes the plan kept for the same graph, options and costs
+(`pipeline.cached_optimize`). `Loop` holds the executor and its driver across steps: each
+`step` places new values (a batch, the learning rate) where the plan starts them and runs one
+iteration (eager; with a replay driver the first on the capture stream, the second captured,
+every later one replayed); `final` gives a carried tensor's value after the last step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from autotm_py import pipeline
+from autotm_py.config import PlanConfig
+from autotm_py.errors import ConfigError, ExecutionError
+from autotm_py.ir.graph import TensorGraph
+from autotm_py.options import RunMode
+from autotm_py.plan import Plan
+from autotm_py.runtime.drivers import ReplayDriver
+from autotm_py.runtime.execute import new_executor
+
+log = logging.getLogger(__name__)
+
+# The run mode a GPU trains in unless told otherwise: the configuration of the benchmark's
+# fastest plans (docs/gpu.md); on the CPU the plan runs eagerly on torch's allocator.
+GPU_MODE = RunMode(arena=True, placed=True, replay=True)
+CPU_MODE = RunMode(placed=False)
+
+
+def default_mode(device: str) -> RunMode:
+    return GPU_MODE if device.startswith("cuda") else CPU_MODE
+
+
+def plan_for(graph: TensorGraph, config: PlanConfig, device: str, *,
+             plans_dir: str | os.PathLike[str] | None = None, measure: bool = False) -> Plan:
+    """The plan of a training graph under `config`, from the plan cache or solved (and kept);
+    an infeasible budget is a `ConfigError` naming the smallest feasible one."""
+    costs = pipeline.device_costs(graph, device, config.gpu, measure=measure)
+    where = Path(plans_dir) if plans_dir is not None else pipeline.default_plans_dir()
+    result = pipeline.cached_optimize(graph, config, costs, where)
+    if result.plan is None:
+        raise ConfigError(result.message)
+    return result.plan
+
+
+def gpu_name(device: str) -> str | None:
+    """This machine's GPU, whose profiles and link price the plan (None on the CPU)."""
+    if not device.startswith("cuda"):
+        return None
+    return torch.cuda.get_device_name(torch.device(device))
+
+
+class Loop:
+    """A plan's iterations on `device` in `mode`, from `masters` (every tensor without a
+    producer)."""
+
+    def __init__(self, graph: TensorGraph, plan: Plan, device: str, mode: RunMode,
+                 masters: Mapping[int, torch.Tensor]) -> None:
+        self.graph, self.plan = graph, plan
+        _, self.executor, self.driver = new_executor(graph, plan, device, mode=mode,
+                                                     masters=dict(masters))
+        self.steps = 0
+        self.notes: list[str] = []
+
+    def step(self, values: Mapping[int, torch.Tensor]) -> None:
+        """One iteration, starting from `values` for the tensors they name (a batch, the
+        learning rate) and from the last iteration's results for the carried ones."""
+        self.executor.masters.update(values)
+        ex, driver = self.executor, self.driver
+        if isinstance(driver, ReplayDriver) and self.steps == 0:
+            driver.warm_up()  # eagerly, on the capture's stream: cuBLAS and cuDNN set up
+        else:
+            if isinstance(driver, ReplayDriver) and self.steps == 1:
+                self._capture(driver)
+            ex.prepare()
+            if driver.replayed:
+                driver.replay()  # type: ignore[attr-defined]
+            else:
+                ex.run()
+        self.steps += 1
+
+    def _capture(self, driver: ReplayDriver) -> None:
+        failed = driver.capture()
+        driver.replayed = failed is None
+        if failed is not None:
+            self.notes.append(f"no CUDA graph: capture failed at {failed}; training runs "
+                              "eagerly")
+            log.warning(self.notes[-1])
+
+    def value(self, tid: int) -> torch.Tensor:
+        """A copy of a tensor's value after the last step (the next step overwrites it)."""
+        return self.executor.value(tid).detach().clone()
+
+    def final(self, first: int) -> torch.Tensor:
+        """The value a carried tensor (its id at the iteration's start) has after the last
+        step."""
+        carried = self.executor.carry.get(first)
+        if carried is None:
+            raise ExecutionError(f"{self.graph.name_of(first)!r} has no value after the step")
+        if self.executor.cuda:
+            torch.cuda.synchronize(self.executor.device)
+        return carried[1]
+
+    def finals(self) -> dict[int, torch.Tensor]:
+        """Every carried tensor's value after the last step."""
+        return {first: self.final(first) for first, _ in self.graph.carried}
+

@@ -1,0 +1,235 @@
+"""Which graph tensor holds which of the module's and the optimizer's values, both ways.
+
+`StateMap.of(graph, captured, module, optimizer)` pairs every weight of the training graph
+with the module tensor it comes from (a parameter, or a buffer such as BatchNorm's running
+statistics), the optimizer's state tensors with the torch optimizer's per-parameter state,
+and names the graph's inputs, labels, learning rate and loss. `masters` gives the values an
+iteration starts from; `write_back` puts a run's final values into the module and optimizer.
+
+A graph weight is the module tensor itself, or one the importer derived from it by layout ops
+(a Linear exported as `MatMul(X, Transpose(W))` holds W^T: `frontend.weights`); its value
+goes through the same ops, and back through their inverse (`_Layout`: where each element of
+the graph weight comes from). A module tensor must become exactly one graph weight: two
+(a tied weight read once directly and once transposed) would train as two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from autotm_py.errors import ConfigError
+from autotm_py.frontend.weights import initializer_values
+from autotm_py.ir.graph import Role, TensorGraph
+from autotm_py.kernels.util import in_layout, torch_dtype
+
+# How the optimizer state tensors of the training graph are named (ir/training.py): the
+# state's kind, then the weight's name; torch's names for the same state
+STATE_NAMES = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buffer"}
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """A graph weight's module tensor (its canonical name) and, where the importer derived
+    the weight from it, the flat index into the module tensor of each element (row-major)."""
+
+    name: str
+    index: np.ndarray | None = None
+
+
+@dataclass
+class StateMap:
+    """Graph tensor ids of what the Trainer feeds and reads back."""
+
+    weights: dict[int, WeightSource]  # forward weight id -> its module tensor
+    state: dict[int, tuple[int, str]]  # optimizer state id -> (its weight id, torch's key)
+    inputs: tuple[int, ...]
+    labels: int
+    loss: int
+    lr: int | None
+    step: int | None  # Adam's step counter
+    module_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, graph: TensorGraph, captured: Any, module: torch.nn.Module) -> StateMap:
+        meta = graph.meta["training"]
+        by_name = {t.name: t.id for t in graph.tensors}
+        tensors = dict(module.named_parameters(remove_duplicate=False))
+        tensors.update(module.named_buffers(remove_duplicate=False))
+        weights = weight_sources(captured.model, graph, captured.module_name)
+        _check_one_each(weights, captured)
+        return cls(weights=weights, state=_state_tensors(graph, weights),
+                   inputs=tuple(by_name[name] for name in captured.inputs),
+                   labels=int(meta["labels"]), loss=int(meta["loss"]),
+                   lr=meta.get("lr_tensor"), step=by_name.get("adam::step"),
+                   module_tensors=tensors)
+
+    def masters(self, graph: TensorGraph, base: Mapping[int, torch.Tensor],
+                optimizer: torch.optim.Optimizer | None = None) -> dict[int, torch.Tensor]:
+        """The values an iteration starts from: `base` (every tensor without a producer)
+        with the module's weights and buffers, and the optimizer's state where it has any."""
+        out = dict(base)
+        for tid, source in self.weights.items():
+            value = self.module_tensors[source.name].detach().cpu()
+            out[tid] = _as_graph(value, graph.tensors[tid], source.index)
+        if optimizer is not None:
+            out.update(self._optimizer_masters(graph, optimizer))
+        return out
+
+    def _optimizer_masters(self, graph: TensorGraph, optimizer: Any) -> dict[int, torch.Tensor]:
+        out: dict[int, torch.Tensor] = {}
+        for tid, (weight, key) in self.state.items():
+            param = self.module_tensors[self.weights[weight].name]
+            value = optimizer.state.get(param, {}).get(key)
+            if value is not None:
+                out[tid] = _as_graph(value.detach().cpu(), graph.tensors[tid],
+                                     self.weights[weight].index)
+        if self.step is not None:
+            steps = [s.get("step") for s in optimizer.state.values() if "step" in s]
+            if steps:
+                out[self.step] = torch.tensor(float(steps[0]), dtype=torch.float32)
+        return out
+
+    def write_back(self, final: Mapping[int, torch.Tensor], optimizer: Any) -> None:
+        """Copy the final values of the carried tensors (keyed by their id at the iteration's
+        start) into the module's tensors and the optimizer's state."""
+        with torch.no_grad():
+            for tid, source in self.weights.items():
+                target = self.module_tensors[source.name]
+                target.copy_(as_source(final[tid], target, source.index))
+            for tid, (weight, key) in self.state.items():
+                param = self.module_tensors[self.weights[weight].name]
+                state = optimizer.state[param]
+                value = as_source(final[tid], param, self.weights[weight].index)
+                state[key] = value.clone()
+            if self.step is not None:
+                step = final[self.step].detach().to("cpu", torch.float32).reshape(())
+                for param in _trained(self):
+                    optimizer.state[param]["step"] = step.clone()
+
+
+def _trained(smap: StateMap) -> list[torch.Tensor]:
+    """The module parameters the optimizer state belongs to (once each)."""
+    seen: dict[int, torch.Tensor] = {}
+    for weight, _ in smap.state.values():
+        param = smap.module_tensors[smap.weights[weight].name]
+        seen.setdefault(id(param), param)
+    return list(seen.values())
+
+
+def weight_sources(model: Any, graph: TensorGraph, name_of: Callable[[str], str] = str,
+                   found: Any = None) -> dict[int, WeightSource]:
+    """Every graph weight without a producer that `model` has data for: the tensor it comes
+    from (`name_of` an initializer's name: a module's name for it), and for a derived weight
+    the index map of its layout ops. `found`: `initializer_values(model, graph)`, if read."""
+    found = found if found is not None else initializer_values(model, graph)
+    out: dict[int, WeightSource] = {}
+    for tid in found.values:
+        derived = found.derived.get(tid)
+        if derived is None:
+            out[tid] = WeightSource(name_of(graph.tensors[tid].name))
+            continue
+        if len(derived.initializers) != 1:
+            raise ConfigError(f"weight {graph.tensors[tid].name!r} of the captured graph comes "
+                              f"from {len(derived.initializers)} module tensors "
+                              f"({', '.join(derived.initializers)}): the Trainer cannot train "
+                              "it as one; keep the computation in the forward pass")
+        source = derived.initializers[0]
+        out[tid] = WeightSource(name_of(source), _index_map(model, graph, tid, source))
+    return out
+
+
+# Indices go through the layout ops as float32 values in two digits of this base (each exact
+# in float32's 24-bit mantissa), so tensors of up to 2^40 elements trace exactly.
+DIGIT = 1 << 20
+
+
+def _index_map(model: Any, graph: TensorGraph, tid: int, source: str) -> np.ndarray:
+    """For each element of derived weight `tid` (graph shape, row-major), the flat index of
+    the element of initializer `source` it is: the importer's layout ops applied to the
+    initializer's indices (they only move elements, so the indices come through whole)."""
+    init = next(i for i in model.graph.initializer if i.name == source)
+    if init.data_type != 1:  # onnx.TensorProto.FLOAT
+        raise ConfigError(f"weight {graph.tensors[tid].name!r} is derived from {source!r}, "
+                          "which is not float32: the Trainer traces layouts of float32 only")
+    count = int(np.prod(tuple(init.dims)))
+    flat = np.arange(count, dtype=np.int64)
+    low = _through_layout(model, graph, tid, source, flat % DIGIT)
+    high = _through_layout(model, graph, tid, source, flat // DIGIT)
+    return (high.astype(np.int64) * DIGIT + low.astype(np.int64)).reshape(-1)
+
+
+def _through_layout(model: Any, graph: TensorGraph, tid: int, source: str,
+                    values: np.ndarray) -> np.ndarray:
+    """Weight `tid` as the importer derives it when initializer `source` holds `values`."""
+    import onnx
+    from onnx import numpy_helper
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for init in probe.graph.initializer:
+        if init.name == source:
+            shaped = values.astype(np.float32).reshape(tuple(init.dims))
+            init.CopyFrom(numpy_helper.from_array(shaped, source))
+    value = initializer_values(probe, graph).values.get(tid)
+    if value is None:
+        raise ConfigError(f"weight {graph.tensors[tid].name!r}: cannot trace its elements back "
+                          f"to {source!r}")
+    return value
+
+
+def _check_one_each(weights: Mapping[int, WeightSource], captured: Any) -> None:
+    """Each module tensor feeds one graph weight (else its copies would train apart), and
+    every trainable parameter the forward reads is one."""
+    seen: dict[str, int] = {}
+    for tid, source in weights.items():
+        if source.name in seen:
+            raise ConfigError(f"module tensor {source.name!r} became two weights of the "
+                              "captured graph (read directly and through a layout op, or "
+                              "twice transposed): the Trainer would train them apart")
+        seen[source.name] = tid
+    missing = sorted({captured.module_name(n) for n in captured.trainable} - set(seen))
+    if missing:
+        raise ConfigError(f"parameters {', '.join(missing)} are read by the forward pass but "
+                          "are no weight of the captured graph")
+
+
+def _state_tensors(graph: TensorGraph, weights: Mapping[int, WeightSource]
+                   ) -> dict[int, tuple[int, str]]:
+    """Optimizer state id -> (weight id, torch's state key), from the state's name
+    (`<kind>::<weight name>`, ir/training.py)."""
+    by_name = {graph.tensors[tid].name: tid for tid in weights}
+    out: dict[int, tuple[int, str]] = {}
+    for t in graph.tensors:
+        if t.role is not Role.OPTIMIZER_STATE or t.producer is not None:
+            continue
+        prefix, _, rest = t.name.partition("::")
+        kind, _, weight = rest.partition("::") if prefix in ("adam", "sgd") else ("", "", "")
+        if kind in STATE_NAMES and weight in by_name:
+            out[t.id] = (by_name[weight], STATE_NAMES[kind])
+    return out
+
+
+def _as_graph(value: torch.Tensor, tensor: Any, index: np.ndarray | None) -> torch.Tensor:
+    """A module value as the graph tensor's master: derived through `index`, the graph's
+    dtype, its storage layout."""
+    value = value.to(torch_dtype(tensor.dtype))
+    if index is not None:
+        value = value.reshape(-1)[torch.from_numpy(index)]
+    return in_layout(value.reshape(tensor.shape).contiguous(), tensor)
+
+
+def as_source(value: torch.Tensor, target: torch.Tensor, index: np.ndarray | None
+              ) -> torch.Tensor:
+    """A graph value in the module tensor's shape, dtype and device (row-major, undoing the
+    derivation: element i of the graph weight is element index[i] of the module tensor)."""
+    flat = value.detach().contiguous().reshape(-1).to(target.device, target.dtype)
+    if index is None:
+        return flat.reshape(target.shape)
+    out = torch.empty(target.numel(), dtype=target.dtype, device=target.device)
+    out[torch.from_numpy(index).to(target.device)] = flat
+    return out.reshape(target.shape)

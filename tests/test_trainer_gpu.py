@@ -1,0 +1,72 @@
+"""The Trainer on a GPU (marked `gpu`: run on the device machine with
+experiments/gpu/test_gpu.sh): its default run mode (an arena at planned addresses, the placed
+allocator, CUDA-graph replay after two eager steps) trains the test models of
+tests/test_trainer.py as plain PyTorch on the same GPU does, within fp32 tolerance, at a
+budget whose plan moves or recomputes. Each model trains in a process of its own: the placed
+allocator becomes torch's before the process first uses CUDA."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_executor_gpu import in_own_process
+
+pytestmark = pytest.mark.gpu
+
+STEPS = 12
+RTOL = 1e-4
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "lm"])
+def test_the_trainer_on_cuda_follows_pytorch(name):
+    run = in_own_process("tests.test_trainer_gpu", "train_both", name)
+    assert run["replayed"], run["notes"]
+    assert run["placed"], run["notes"]
+    assert run["moves_and_recomputes"] > 0
+    for got, want in zip(run["ours"], run["torch"], strict=True):
+        assert abs(got - want) <= RTOL * abs(want), (run["ours"], run["torch"])
+    assert run["worst_parameter"] <= 10 * RTOL, run
+
+
+def train_both(name: str) -> dict:
+    """STEPS steps of `name` through the Trainer on CUDA and with plain PyTorch on CUDA."""
+    import copy
+    import tempfile
+    from dataclasses import replace
+
+    import torch
+
+    from autotm_py.memory import tiers
+    from autotm_py.trainer import Trainer
+    from tests.test_trainer import MODELS, OPTIMIZERS, batches, torch_training
+
+    # as tests/conftest.py does in the test process: KiB-sized models, no runtime reserve
+    tiers.PRESETS = {n: replace(m, runtime_reserve_bytes=0) for n, m in tiers.PRESETS.items()}
+    # no TF32: its rounding (1e-3) would hide any real difference; the Trainer runs the CNN
+    # channels-last, so does the reference (cuDNN picks per layout)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    make, loss_fn = MODELS[name]
+    torch.manual_seed(0)
+    reference = make()
+    ours = copy.deepcopy(reference)
+    data = batches(name, STEPS, scale=16)  # activations well above the GPU's workspaces
+    opt = OPTIMIZERS["sgd-momentum"](ours.parameters())
+    trainer = Trainer(ours, opt, loss_fn, example=data[0], ratio="6:1", device="cuda",
+                      plans_dir=tempfile.mkdtemp())
+    got = [float(trainer.step(x, y)) for x, y in data]
+    trainer.sync()
+    layout = torch.channels_last if name == "cnn" else torch.contiguous_format
+    reference.cuda().to(memory_format=layout)
+    want, _ = torch_training(reference, OPTIMIZERS["sgd-momentum"], loss_fn,
+                             [(x.cuda().contiguous(memory_format=layout)
+                               if x.dim() == 4 else x.cuda(), y.cuda()) for x, y in data])
+    worst = max(float((p.detach().cpu() - q.detach().cpu()).abs().max()
+                      / q.detach().abs().max().clamp(min=1e-12).cpu())
+                for p, q in zip(ours.parameters(), reference.parameters(), strict=True))
+    plan = trainer.plan
+    return {"ours": got, "torch": want, "worst_parameter": worst,
+            "replayed": bool(trainer.loop.driver.replayed),
+            "placed": trainer.loop.executor.memory.placed is not None,
+            "moves_and_recomputes": sum(1 for _ in plan.moves())
+            + sum(1 for _ in plan.recomputes()),
+            "notes": trainer.notes}
