@@ -70,7 +70,7 @@ def train_file(model: str | os.PathLike[str], data: str | os.PathLike[str], *, s
     found = initializer_values(model, graph)
     masters, notes = _masters(graph, found, seed)
     cuda = device.startswith("cuda")
-    mode = mode or default_mode(device)
+    mode = mode or default_mode(device, command=True)
     config = replace(config, device="cuda", run=mode, gpu=config.gpu or gpu_name(device),
                      reserve_bytes=config.reserve_bytes if cuda else 0)
     plan = plan_for(graph, config, device, plans_dir=plans_dir, measure=cuda)
