@@ -6,7 +6,7 @@ no room at all, so tests run with the reserve at 0, except tests marked `runtime
 check the reserve itself (tests/test_memory.py).
 
 Randomized (hypothesis) checks run as much as the profile in `AUTOTM_HYPOTHESIS` says
-(`tests/randomized.py`; default `dev`).
+(`tests/randomized.py`; default `dev`). One Ctrl-C stops a run (`randomized.keep_ctrl_c`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from tests.randomized import register_and_load
 
 _REAL_PRESETS = dict(tiers.PRESETS)
 
-register_and_load()  # hypothesis profiles: AUTOTM_HYPOTHESIS=dev|slow|nightly (tests/randomized.py)
+# hypothesis profiles (AUTOTM_HYPOTHESIS=dev|slow|nightly), and no hypothesis gc callback to
+# swallow a Ctrl-C (tests/randomized.py)
+register_and_load()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -14,6 +14,14 @@ no deadline (a solve's time varies with the machine's load) and prints the repro
 of a failure. `tests/conftest.py` registers and loads the profile before any test module is
 imported, so the `settings` decorators of the tests inherit it.
 
+Ctrl-C: hypothesis times its garbage collections with a `gc.callbacks` function, installed on
+the first test run and kept for good. A signal that arrives during a collection (frequent while
+the planner builds its models) is handled by the first Python code to run after it, that
+callback, where the KeyboardInterrupt is printed as "Exception ignored" and dropped: one Ctrl-C
+in eight during the large planning checks did nothing, and two in a row could too. The timings
+only serve hypothesis's deadlines, and no profile has one, so `keep_ctrl_c` removes the
+callback before any test runs (tests/test_pytest_interrupt.py checks it).
+
 `STRATEGIES` lists the planning strategies the checks cover, as plan names
 (`PlanConfig.for_plan_name`: ``sync``/``async`` move only, ``sync+recompute``/
 ``async+recompute`` keep, move or recompute, ``recompute-only``), and the devices each is
@@ -22,10 +30,12 @@ checked on: a new strategy is covered by adding its name here.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, settings
+from hypothesis.internal.conjecture import junkdrawer
 
 ENV = "AUTOTM_HYPOTHESIS"
 
@@ -70,6 +80,18 @@ def register_and_load() -> None:
             name, max_examples=sizes.small_examples, deadline=None, print_blob=True,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     settings.load_profile(active())
+    keep_ctrl_c()
+
+
+def keep_ctrl_c() -> None:
+    """Remove hypothesis's gc-timing callback (a KeyboardInterrupt raised in a gc callback is
+    lost); hypothesis installs it once, on the first call, which this makes now."""
+    junkdrawer.gc_cumulative_time()
+    gc.callbacks[:] = [cb for cb in gc.callbacks if not is_hypothesis_callback(cb)]
+
+
+def is_hypothesis_callback(callback: object) -> bool:
+    return str(getattr(callback, "__module__", "")).startswith("hypothesis.")
 
 
 SIZES = PROFILES[active()]
