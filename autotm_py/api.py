@@ -84,6 +84,13 @@ def calibrate(*, device: str = "cuda", **options: Any) -> MemorySystem:
     return _calibrate(device, **options)
 
 
+def for_this_gpu(config: PlanConfig) -> PlanConfig:
+    """`config` for the GPU that will run its plan: in GPU mode without `gpu` or `memory`, the
+    link of this machine's GPU where it has one (its profiles price the plan already).
+    `optimize` does the same."""
+    return pipeline.for_this_gpu(config)
+
+
 def optimize(graph: TensorGraph, config: PlanConfig | None = None, *,
              costs: KernelCosts | None = None, profiles_dir: PathLike | None = None,
              baselines: bool | Sequence[str] = False,

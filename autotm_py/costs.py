@@ -16,6 +16,9 @@ from functools import cached_property
 from typing import Any
 
 DIGEST_CHARS = 16
+# how a plan's note begins when some of its kernel times are another device's
+# (`KernelCosts.borrowed_note`); the Trainer passes such notes on
+BORROWED_NOTE = "costs: "
 
 
 # What a replayed CUDA graph adds per kernel node beyond the kernels' device time, where no
@@ -124,6 +127,23 @@ class KernelCosts:
     @property
     def n_scaled(self) -> int:
         return sum(self.scaled)
+
+    @property
+    def n_borrowed(self) -> int:
+        """Kernels priced with the profiles of another device than `target` (no profile of
+        theirs on it)."""
+        return int(self.summary.get("borrowed", 0) or 0)
+
+    def borrowed_note(self) -> str | None:
+        """What a plan priced with these costs says when some of its kernel times come from
+        another device's profiles: the plan's times are then that device's, not `target`'s."""
+        if not self.n_borrowed:
+            return None
+        others = " and ".join(self.summary.get("borrowed_from") or ()) or "another device"
+        fix = f"autotm profile MODEL on the {self.target}" if self.target else "autotm profile"
+        return (f"{BORROWED_NOTE}{self.n_borrowed} of {len(self.times_s)} kernel times come from "
+                f"profiles of the {others}, not of the {self.target or 'target'} (measure them: "
+                f"{fix})")
 
     @cached_property
     def digest(self) -> str:

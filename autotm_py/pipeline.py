@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotm_py import arena
+from autotm_py.config import default_memory
 from autotm_py.costs import KernelCosts
 from autotm_py.errors import AutoTMError, ConfigError, PlanError, SolverError
 from autotm_py.frontend.onnx import import_onnx
+from autotm_py.frontend.onnx_load import check_external_locations
 from autotm_py.frontend.weights import initializer_values
 from autotm_py.frontend.zoo import ZOO, build_graph
 from autotm_py.ir.layout import to_channels_last
@@ -44,6 +46,7 @@ from autotm_py.planning.bounds import transfer_bound
 from autotm_py.planning.control import SolveControl
 from autotm_py.planning.solve import PlanResult
 from autotm_py.profiling.cache import user_profiles_dir
+from autotm_py.profiling.fingerprint import detected_gpu
 from autotm_py.profiling.in_context import profile_in_context as _profile
 from autotm_py.profiling.profile import load_costs
 from autotm_py.profiling.profile import profile as profile_kernels
@@ -61,7 +64,10 @@ PathLike = str | os.PathLike[str]
 
 def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | None = None, *,
                 profiles_dir: PathLike | None = None) -> MachineModel:
-    """The memory system (with its budget), costs and pinning that `config` describes."""
+    """The memory system (with its budget), costs and pinning that `config` describes. In GPU
+    mode without `--memory` the link is that of the GPU whose profiles price the plan
+    (`--gpu`, else this machine's GPU, else the reference H100)."""
+    config = for_this_gpu(config)
     memory = _memory_system(config)
     budget = user_budget(graph, config, memory)
     if costs is None:
@@ -102,7 +108,8 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
         names = BASELINES if baselines is True else tuple(baselines)
         control.report(stage="planning the baselines")
         result = replace(result, baselines=run_baselines(machine, names, control))
-    return result
+    borrowed = machine.costs.borrowed_note()
+    return _noted(result, machine, [borrowed])[0] if borrowed else result
 
 
 def _with_region_instead(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | None,
@@ -464,6 +471,16 @@ def prepare_cuda(device: str, mode: RunMode, budget_bytes: int | None) -> list[s
     return [note for note in notes if note]
 
 
+def for_this_gpu(config: PlanConfig) -> PlanConfig:
+    """`config` for the GPU the plan runs on: in GPU mode without `--gpu` or `--memory`, the
+    link of this machine's GPU where it has one. (Its kernel times come from this GPU's
+    profiles already: `profiling.fingerprint.target_fingerprint`.)"""
+    if config.device != "cuda" or config.gpu is not None or config.memory is not None:
+        return config
+    gpu = detected_gpu()
+    return config if gpu is None else replace(config, memory=default_memory("cuda", gpu))
+
+
 def _memory_system(config: PlanConfig) -> MemorySystem:
     memory = load_memory_system(config.memory_name)
     if config.reserve_bytes is not None:
@@ -513,9 +530,17 @@ def initial_values(graph: TensorGraph, model: PathLike, seed: int = 0
         masters[tid] = in_layout(torch.from_numpy(value).to(torch_dtype(t.dtype)), t)
     text = f"the file's own weights ({len(found.values)})"
     if found.missing:
-        text += (f"; seeded random values (--seed {seed}) for the {len(found.missing)} whose "
-                 "external data is missing")
+        text += (f"; external data {', '.join(_missing_data_files(path))} is missing: seeded "
+                 f"random values (--seed {seed}) for the {len(found.missing)} weights it holds")
     return masters, text
+
+
+def _missing_data_files(path: Path) -> list[str]:
+    """The external-data files that `path` names and its folder lacks."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    return sorted(check_external_locations(proto, path.parent, str(path))) or ["(unknown)"]
 
 
 def default_plans_dir() -> Path:

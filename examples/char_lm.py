@@ -123,15 +123,6 @@ def check(ours: list[float], torch_: list[float]) -> list[str]:
     return problems
 
 
-def describe(trainer: Trainer) -> str:
-    """The budget against the unconstrained peak, and what the plan does to keep within it."""
-    budget, peak = trainer.plan.header.budget_bytes, trainer.graph.peak_live_bytes
-    moves = sum(1 for _ in trainer.plan.moves())
-    recomputes = sum(1 for _ in trainer.plan.recomputes())
-    return (f"budget {budget / 2**10:.0f} KiB of a peak of {peak / 2**10:.0f} KiB "
-            f"({budget / peak:.0%}): {moves} moves, {recomputes} recomputes")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -150,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     mid = time.perf_counter()
     theirs = plain_pytorch(reference, batches)
     end = time.perf_counter()
-    print(f"{len(ids)} characters, vocabulary {vocab}; {describe(trainer)}")
+    print(f"{len(ids)} characters, vocabulary {vocab}; {trainer.describe()}")
     print(" step  Trainer    PyTorch")
     for i in sorted({*range(0, args.steps, args.every), args.steps - 1}):
         print(f"{i + 1:5d}  {ours[i]:.6f}   {theirs[i]:.6f}")

@@ -94,15 +94,6 @@ def train(epochs: int, plans_dir: str) -> tuple[float, Trainer]:
     return accuracy(model, x_te, y_te), trainer
 
 
-def describe(trainer: Trainer) -> str:
-    """The budget against the unconstrained peak, and what the plan does to keep within it."""
-    budget, peak = trainer.plan.header.budget_bytes, trainer.graph.peak_live_bytes
-    moves = sum(1 for _ in trainer.plan.moves())
-    recomputes = sum(1 for _ in trainer.plan.recomputes())
-    return (f"budget {budget / 2**10:.0f} KiB of a peak of {peak / 2**10:.0f} KiB "
-            f"({budget / peak:.0%}): {moves} moves, {recomputes} recomputes")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=5)
@@ -111,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         acc, trainer = train(args.epochs, args.plans or tmp)
-    print(describe(trainer))
+    print(trainer.describe())
     print(f"test accuracy {acc:.4f} after {args.epochs} epochs "
           f"({time.perf_counter() - start:.1f} s)")
     if acc < MIN_ACCURACY:

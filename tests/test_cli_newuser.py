@@ -135,7 +135,7 @@ def test_simulate_run_report_take_model_options_from_the_plan(mlp, tmp_path, cap
                  "--warmup", "0"]) == 0
     out = capsys.readouterr().out
     assert "kernel times in it are roofline estimates" in out  # no profile has this MLP
-    assert "weights: seeded random values (--seed 0)" in out
+    assert "weights: the file's own weights (2)" in out  # the MLP file holds its two
     assert main(["simulate", mlp, "--plan", str(plan), "--batch", "16"]) == 1
     err = _err(capsys)
     assert "batch 16 (the plan's: 8)" in err and err.count("\n") == 0

@@ -148,3 +148,46 @@ def test_inspect_reports_kernel_times_of_the_gpu_asked_for(capsys):
     assert main([*args, "--gpu", "h200"]) == 0
     h200 = json.loads(capsys.readouterr().out)
     assert h200["total_time_s"] < here["total_time_s"] and h200["estimated_kernels"] == 0
+
+
+def test_on_a_gpu_machine_plans_cross_its_link_without_gpu_or_memory(resnet50, tmp_path,
+                                                                      monkeypatch):
+    """Detected here: optimize, the API and bench take the link of this machine's GPU (issue
+    45 item 6); `--gpu` and `--memory` still decide where given. (No GPU on CI: the
+    detection is stood in for.)"""
+    from autotm_py import pipeline
+    from autotm_py.bench.spec import BenchSpec
+    from autotm_py.config import PlanConfig
+
+    monkeypatch.setattr(pipeline, "detected_gpu", lambda: H200)
+    machine = pipeline.machine_for(resnet50, PlanConfig(device="cuda", ratio="1:1"))
+    assert machine.memory.name == "h200-pcie5"
+    assert api.for_this_gpu(PlanConfig(device="cuda", memory="h100-pcie5")).memory == \
+        "h100-pcie5"
+    assert api.for_this_gpu(PlanConfig(device="cuda", gpu="h100")).memory_name == "h100-pcie5"
+    assert api.for_this_gpu(PlanConfig(device="cpu")).memory_name == "optane"
+    header, _ = _optimize(tmp_path)
+    assert header["memory_system"]["name"] == "h200-pcie5"
+    assert BenchSpec(models=("resnet50",), ratios=("1:1",), device="cuda").memory_name == \
+        "h200-pcie5"
+    monkeypatch.setattr(pipeline, "detected_gpu", lambda: None)
+    assert pipeline.machine_for(resnet50, PlanConfig(device="cuda", ratio="1:1")) \
+        .memory.name == "h100-pcie5"
+
+
+def test_a_plan_priced_with_another_gpus_kernel_times_says_so(tmp_path, capsys):
+    """VGG19's H200 profiles lack 16 of its kernels: planned for the H200 they come from the
+    H100's profiles, and the plan's summary, its notes and the bench row say so."""
+    graph = api.load_model("vgg19", training=True)
+    costs = api.load_costs(graph, device="cuda", profiles_dir=tmp_path, gpu="h200")
+    assert costs.n_borrowed > 0 and costs.summary["borrowed_from"] == [REFERENCE_CUDA_DEVICE]
+    note = costs.borrowed_note()
+    assert note is not None and f"{costs.n_borrowed} of {len(costs.times_s)} kernel times" \
+        in note and f"not of the {H200}" in note
+    assert api.load_costs(graph, device="cuda", profiles_dir=tmp_path).borrowed_note() is None
+    plan = tmp_path / "plan.json"
+    assert main(["optimize", "vgg19", "--training", "--device", "cuda", "--gpu", "h200",
+                 "--fast-mem", "200GiB", "--strategy", "static", "--no-baselines", "--profiles",
+                 str(tmp_path), "-o", str(plan)]) == 0
+    assert f"note       {note}" in capsys.readouterr().out
+    assert note in json.loads(plan.read_text())["header"]["notes"]

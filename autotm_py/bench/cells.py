@@ -91,7 +91,7 @@ class ModelRunner:
         except AutoTMError as exc:
             log.warning("bench: %s %s %s %s: %s", self.model, ratio, strategy, solver, exc)
             return {**key, "status": "error", "error": _one_line(exc)}
-        notes = [row["notes"]] if row.get("notes") else []
+        notes = [n for n in (row.get("notes"), self.costs.borrowed_note()) if n]
         row["notes"] = "; ".join(notes + self._failures) or None
         return row
 
@@ -130,6 +130,7 @@ class ModelRunner:
         return {"peak_bytes": g.peak_live_bytes, "max_working_set_bytes": g.max_working_set[0],
                 "kernels": len(g.kernels), "estimated_kernels": self.costs.n_estimated,
                 "scaled_kernels": self.costs.n_scaled,
+                "borrowed_kernels": self.costs.n_borrowed,
                 "oracle_s": float(sum(self.costs.times_s))}
 
     def _baseline_columns(self, ratio: str, config: PlanConfig) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from autotm_py.config import DEFAULT_READ_PRICING, DEFAULT_SOLVER, PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.memory import load_memory_system
 from autotm_py.options import ModelOptions, RunMode
+from autotm_py.pipeline import for_this_gpu
 from autotm_py.planning import SOLVERS
 from autotm_py.profiling import Fingerprint
 from autotm_py.units import parse_ratio
@@ -31,6 +32,7 @@ COLUMNS = (
     "sync_bytes_to_slow", "async_bytes_to_fast", "async_bytes_to_slow", "recomputes",
     "recompute_s", "input_fast_fraction",
     "output_fast_fraction", "peak_fast_bytes", "estimated_kernels", "scaled_kernels",
+    "borrowed_kernels",
     "measured_s",
     "measured_peak_fast_bytes", "measured_host_s", "measured_alloc_retries", "headroom",
     "measured_all_fast_s", "measured_all_slow_s",
@@ -124,7 +126,9 @@ class BenchSpec:
 
     @property
     def memory_name(self) -> str:
-        return PlanConfig(device=self.device, memory=self.memory, gpu=self.gpu).memory_name
+        # the link of the GPU the plans run on: `--gpu`, else this machine's (as planning does)
+        return for_this_gpu(PlanConfig(device=self.device, memory=self.memory,
+                                       gpu=self.gpu)).memory_name
 
     def key_values(self, model: str, ratio: str, strategy: str, solver: str) -> dict[str, Any]:
         """A row's key columns. Dims (e.g. "seq=512") are part of it: sweeps of one model at

@@ -73,6 +73,7 @@ def inspect_report(graph: TensorGraph, memory: MemorySystem | None = None,
         "source": graph.meta.get("source"),
         "training": "training" in graph.meta,
         "dropped_output": (graph.meta.get("training") or {}).get("dropped_output"),
+        "head": _head(graph),  # the loss's language-model head and its chunks, or None
         "dims": graph.meta.get("dims", {}),
         "batch": graph.meta.get("batch"),
         "kernels": len(graph.kernels),
@@ -108,6 +109,7 @@ def _text(report: dict[str, Any]) -> str:
         f"tensors      {report['tensors']}",
         *([f"loss         on the logits: the final {d['op']} {d['name']!r} dropped"]
           if (d := report.get("dropped_output")) else []),
+        *_head_line(report.get("head")),
         "",
         f"  {'role':<16} {'tensors':>8} {'bytes':>12}",
     ]
@@ -125,6 +127,21 @@ def _text(report: dict[str, Any]) -> str:
         *_top_kernels(report),
     ]
     return "\n".join(lines)
+
+
+def _head(graph: TensorGraph) -> dict[str, Any] | None:
+    """The head a training graph's loss reads where `--loss-chunks` applies to it
+    (`ir/heads.py`), with the number of blocks its loss is computed in (1: the plain loss)."""
+    meta = graph.meta.get("training") or {}
+    head = meta.get("head")
+    return None if head is None else {**head, "chunks": int(meta.get("loss_chunks", 1))}
+
+
+def _head_line(head: dict[str, Any] | None) -> list[str]:
+    """With --loss-chunks: which head the chunked loss replaced (--json has it either way)."""
+    if head is None or head["chunks"] < 2:
+        return []
+    return [f"head         {head['text']}, chunked in {head['chunks']}"]
 
 
 def _logits_line(logits: int | None) -> list[str]:

@@ -176,6 +176,7 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
         recompute_early=recompute_early, read_pricing=read_pricing,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
         run=mode, gpu=gpu)
+    config = api.for_this_gpu(config)  # the link of the GPU here, if any
     control = SolveControl(time_limit_s=time_limit)
     with status.StatusLine(control, status.wanted(as_json)):
         control.report(stage="loading the model")
@@ -247,7 +248,8 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
                                                      result.scratch_bytes))
     if result.plan is None:
         lines.append(f"result     {result.message}")
-        return lines
+        borrowed = costs.borrowed_note()  # a plan's notes say it; without a plan, this line
+        return lines + ([f"note       {borrowed}"] if borrowed else [])
     lines += _plan_lines(result)
     lines += _baseline_lines(result)
     return lines

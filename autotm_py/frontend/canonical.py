@@ -1,14 +1,18 @@
 """Per-op canonicalization: one ONNX node (opset 9 and newer) -> kernels of the IR vocabulary.
 
-The canonicalizers live in `canonical_nn` (compute ops) and `canonical_shape` (data movement)
-and register themselves here; `lower` dispatches. The canonical form is documented in
-`autotm_py.ir.ops` and docs/import.md.
+The canonicalizers live in `canonical_nn` (compute ops), `canonical_shape` (data movement) and
+`canonical_rnn` (LSTM, GRU) and register themselves here; `lower` dispatches. The canonical
+form is documented in `autotm_py.ir.ops` and docs/import.md.
 """
 
 from __future__ import annotations
 
 from autotm_py.errors import UnsupportedOpError
-from autotm_py.frontend import canonical_nn, canonical_shape  # noqa: F401  (registration)
+from autotm_py.frontend import (  # noqa: F401  (registration)
+    canonical_nn,
+    canonical_rnn,
+    canonical_shape,
+)
 from autotm_py.frontend.canonical_base import REGISTRY, Ctx, KernelSpec, Lowered
 from autotm_py.frontend.fold_eval import foldable_ops
 from autotm_py.frontend.onnx_graph import OnnxNode

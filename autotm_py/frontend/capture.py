@@ -66,6 +66,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
@@ -173,6 +174,10 @@ def _export(module: Any, args: tuple[Any, ...], names: Sequence[str] | None,
     with _eval_mode(module), warnings.catch_warnings():
         # the exporter warns about pytree internals of torch itself, nothing the user can fix
         warnings.simplefilter("ignore", FutureWarning)
+        # nn.LSTM/GRU re-assign their `_flat_weights` list while torch.export swaps the
+        # parameters; torch calls that an unregistered tensor attribute
+        warnings.filterwarnings("ignore", r"The tensor attributes .*_flat_weights",
+                                UserWarning)
         program = torch.onnx.export(module, args, dynamo=True, optimize=False,
                                     input_names=list(names) if names else None, verbose=False)
     assert program is not None  # no file given: the exporter returns the program
@@ -183,7 +188,10 @@ def _export(module: Any, args: tuple[Any, ...], names: Sequence[str] | None,
         reads_state = any(v is not None and v.name in state for v in node.inputs)
         return False if reads_state else None
 
-    optimizer.fold_constants(program.model, should_fold=should_fold)
+    # onnxscript folds through onnx's reference evaluator (NumPy): IEEE values without its
+    # RuntimeWarnings, as `fold_eval.evaluate` folds (T5's buckets take log(0) and discard it)
+    with np.errstate(all="ignore"):
+        optimizer.fold_constants(program.model, should_fold=should_fold)
     optimizer.remove_unused_nodes(program.model)
     model = program.model_proto
     _constants_as_nodes(model, state)

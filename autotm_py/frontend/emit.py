@@ -31,7 +31,7 @@ DTYPES = {TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64",
 # Data slots where a constant float operand is a parameter of the model, not a constant.
 WEIGHT_SLOTS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (0, 1),
                 "BatchNormalization": (1, 2, 3, 4), "LayerNormalization": (1, 2),
-                "Gather": (0,)}
+                "Gather": (0,), "LSTM": (1, 2, 3), "GRU": (1, 2, 3)}
 LABEL_SLOTS = {"SoftmaxCrossEntropyLoss": (1,)}
 
 

@@ -46,6 +46,9 @@ NEVER_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
 VALUE_CAP_ELEMENTS = 1 << 26
 MAX_ROUNDS = 6
 EXTRA_PARAM_SLOTS = {"Upsample": (1,)}
+# Ops whose parameter operands are not the slots after their data slots: LSTM's and GRU's
+# `sequence_lens` (slot 4) sits between data slots (`frontend/canonical_rnn.py`).
+PARAM_SLOTS = {"LSTM": (4,), "GRU": (4,)}
 
 
 class Mode(Enum):
@@ -56,6 +59,8 @@ class Mode(Enum):
 
 def param_slots(node: OnnxNode) -> range | tuple[int, ...]:
     """Input slots of a kernel node that parametrize it (folded into attrs)."""
+    if node.op_type in PARAM_SLOTS:
+        return PARAM_SLOTS[node.op_type]
     info = FORWARD_OPS.get(node.op_type)
     if info is None or node.op_type in VARIADIC_OPS:
         return EXTRA_PARAM_SLOTS.get(node.op_type, ())

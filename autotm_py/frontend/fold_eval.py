@@ -3,7 +3,9 @@
 `evaluate(node, args, ctx)` computes a node's outputs from constant inputs. The ops exporters
 use to compute shapes and masks have small NumPy rules here (opset differences included);
 anything else falls back to onnx's reference evaluator on a one-node model, which is slower
-(about a millisecond) but rare.
+(about a millisecond) but rare. Both run under `np.errstate(all="ignore")`: a division by zero,
+a log of 0 or a cast of inf/NaN to an integer gives the IEEE value (what onnxruntime gives)
+and no RuntimeWarning.
 """
 
 from __future__ import annotations
@@ -45,7 +47,12 @@ def evaluate(node: OnnxNode, args: list[np.ndarray | None], ctx: EvalContext) ->
     """The node's output values; `args` follows `node.inputs` (None for absent inputs)."""
     fn = _RULES.get(node.op_type) if node.domain == "" else None
     try:
-        outs = fn(node, args, ctx) if fn else _reference(node, args, ctx)
+        # IEEE results, as onnxruntime computes them, without NumPy's RuntimeWarnings: index
+        # arithmetic folds log(0) = -inf, 0/0 and casts of inf/NaN to integers in lanes a
+        # Where then discards (T5's relative-position buckets take log of every distance,
+        # 0 included, and keep it only where the distance is large)
+        with np.errstate(all="ignore"):
+            outs = fn(node, args, ctx) if fn else _reference(node, args, ctx)
     except ModelImportError:
         raise
     except Exception as exc:  # numpy or the reference evaluator rejected the values

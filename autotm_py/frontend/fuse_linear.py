@@ -12,7 +12,8 @@ dX, dW and the bias's row sum in one kernel. Conditions (anything else stays as 
   adds one value per output column, so Y has Y0's shape;
 - Y0 is read only by the Add (and is no graph output) when the bias is fused; the Transpose
   must swap the two axes of a 2-d W' and be read only by the MatMul;
-- a plain MatMul(X, W) without bias or transpose gains nothing and is left alone.
+- a plain MatMul(X, W) without bias or transpose gains nothing and is left alone (a bias-free
+  language-model head too: `--loss-chunks` reads that MatMul as it is, `ir/heads.py`).
 """
 
 from __future__ import annotations

@@ -38,6 +38,12 @@ Per-op notes (the training rules and torch kernels rely on these):
 - Resize (and opset-9 Upsample): `sizes` is the output shape, `scales` one float per axis
   (given, or sizes / input), `roi` a tuple (empty unless tf_crop_and_resize).
 - Trilu: `k` (int) and `upper` (0/1).
+- LSTM/GRU: data slots X W R B initial_h [initial_c] always present (an absent bias or
+  initial state becomes a CONSTANT of zeros; ONNX's `sequence_lens` is not a slot: it is
+  accepted only when every length is the full sequence, and LSTM's peepholes `P` are refused),
+  outputs Y Y_h [Y_c] always present (fresh tensors where the file has none); `direction`
+  forward|reverse|bidirectional, `hidden_size`, `layout` 0/1, GRU's `linear_before_reset`;
+  default activations only, no `clip`, no `input_forget` (`frontend/canonical_rnn.py`).
 """
 
 from __future__ import annotations
@@ -114,6 +120,9 @@ FORWARD_OPS: dict[str, OpInfo] = {
                   attrs="antialias coordinate_transformation_mode cubic_coeff_a "
                         "exclude_outside extrapolation_value mode nearest_mode"),
     "Trilu": _op("input", "k", attrs="upper"),
+    # recurrent layers (frontend/canonical_rnn.py)
+    "LSTM": _op("X W R B initial_h initial_c", attrs="direction hidden_size layout"),
+    "GRU": _op("X W R B initial_h", attrs="direction hidden_size layout linear_before_reset"),
     # a loss that a graph may already contain
     "SoftmaxCrossEntropyLoss": _op("scores labels weights", optional=1,
                                    attrs="ignore_index reduction"),

@@ -9,11 +9,13 @@ new `TensorGraph` with, in execution order:
 2. the loss: the graph's own SoftmaxCrossEntropyLoss if it has one, else the loss that
    `loss` picks for the first float output (`ir/loss.py`: softmax cross-entropy over the class
    axis its shape implies, or mean squared error) against a new LABEL tensor; with
-   `loss_chunks` > 1, a softmax cross-entropy over the last axis of a `Linear`'s output
-   replaces that Linear by one `LinearCrossEntropy` kernel, at its place, that works through
-   the rows in that many blocks and never holds the whole logits (`ir/rules/fused.py`;
-   the logits tensor's id becomes the loss's). A softmax cross-entropy on the output of a
-   final Softmax or LogSoftmax (directly or through Reshape/Transpose...) drops that kernel and
+   `loss_chunks` > 1, a softmax cross-entropy over the last axis of a language-model head's
+   output (`ir/heads.py`: a fused `Linear`, a `Gemm`, a `MatMul` by a 2-d weight) replaces
+   that head by one `LinearCrossEntropy` kernel, at its place, that works through the rows in
+   that many blocks and never holds the whole logits (`ir/rules/fused.py`; the logits
+   tensor's id becomes the loss's; meta["training"]["head"] says which head it was, also
+   where the plain loss could be chunked). A softmax cross-entropy on the output of a final
+   Softmax or LogSoftmax (directly or through Reshape/Transpose...) drops that kernel and
    trains on its input, the logits (`_train_on_logits`, recorded in meta["training"]
    ["dropped_output"]); where it cannot, a Softmax is refused (cross-entropy on probabilities);
 3. backward kernels in reverse forward order (ops of domain "autotm", see `TRAINING_OPS`),
@@ -33,12 +35,14 @@ the graph outputs are the loss and those next values. Runs in O(kernels).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from autotm_py.errors import ConfigError, GraphError, UnsupportedOpError, unsupported_summary
 from autotm_py.ir.builder import GraphBuilder
 from autotm_py.ir.graph import Role, TensorGraph
+from autotm_py.ir.heads import Head, find_head
 from autotm_py.ir.layout import is_channels_last
 from autotm_py.ir.loss import (
     LOSSES,
@@ -52,7 +56,6 @@ from autotm_py.ir.optim import OPTIMIZERS, Optimizer, optimizer_updates, resolve
 from autotm_py.ir.rules import RULES, TRAINING_OPS, KernelDraft, Tape, TensorDraft
 from autotm_py.ir.rules.base import BACKWARD_DOMAIN, FLOAT_DTYPES
 from autotm_py.ir.rules.fused import (
-    LINEAR,
     LINEAR_CE,
     linear_ce_classes,
     linear_ce_workspace,
@@ -80,7 +83,7 @@ def derive_training(graph: TensorGraph, *, optimizer: str | Optimizer = "sgd",
         prepare = RULES[k.op_type].prepare
         if prepare is not None:
             prepare(tape, k)
-    loss_kernel, labels, dropped = _attach_loss(graph, tape, loss, loss_chunks)
+    loss_kernel, labels, dropped, head = _attach_loss(graph, tape, loss, loss_chunks)
     n_forward = len(tape.kernels)
     flow = _gradient_flow(tape, loss_kernel)
     tape.expected.update(flow.expected)
@@ -95,6 +98,8 @@ def derive_training(graph: TensorGraph, *, optimizer: str | Optimizer = "sgd",
         # the final Softmax/LogSoftmax the loss trains through ({"op", "name", "logits"}),
         # for the faces to say so
         **({"dropped_output": dropped} if dropped is not None else {}),
+        # the language-model head the loss reads, where it can be chunked (`ir/heads.py`)
+        **({"head": head} if head is not None else {}),
         "forward_kernels": n_forward, "weight_grads": tuple(sorted(weight_grads.items())),
         **opt_meta,  # Adam's beta1, beta2, epsilon; the hyper-parameters that are set
         **({"lr_tensor": lr_tensor} if lr_tensor is not None else {}),
@@ -139,10 +144,10 @@ def check_loss_chunks(chunks: object) -> None:
                           "plain loss; e.g. 16 splits a language model's loss into 16 blocks)")
 
 
-def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto",
-                 chunks: int = 1) -> tuple[int, int, dict[str, str] | None]:
-    """(loss kernel id, labels tensor id, the dropped final softmax or None): the graph's own
-    loss, or the one `choice` picks."""
+def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto", chunks: int = 1
+                 ) -> tuple[int, int, dict[str, str] | None, dict[str, Any] | None]:
+    """(loss kernel id, labels tensor id, the dropped final softmax or None, the chunkable
+    head or None): the graph's own loss, or the one `choice` picks."""
     for kid in range(len(tape.kernels) - 1, -1, -1):
         k = tape.kernels[kid]
         if k.op_type == "SoftmaxCrossEntropyLoss":
@@ -156,7 +161,7 @@ def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto",
                 raise ConfigError(f"graph {graph.name!r} has its own loss ({k.name!r}); "
                                   f"--loss-chunks {chunks} applies only to the loss the "
                                   "training derivation adds; use --loss-chunks 1")
-            return kid, k.inputs[1], None
+            return kid, k.inputs[1], None, None
     out = next((t for t in graph.outputs if tape.dtype(t) in FLOAT_DTYPES), None)
     if out is None:  # a scalar is fine for mse; choose_loss refuses it for cross-entropy
         raise GraphError(f"graph {graph.name!r} has no float output to put a loss on; add one, "
@@ -168,8 +173,10 @@ def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto",
     logits, dropped = _train_on_logits(graph, tape, out, spec, choice)
     name = "labels" if spec.labels_dtype == "int64" else "targets"
     labels = tape.new_tensor(name, spec.labels_shape, spec.labels_dtype, Role.LABEL)
+    head = _loss_head(tape, logits, spec)
     if chunks > 1:
-        return _chunked_loss(graph, tape, logits, labels, spec, chunks), labels, dropped
+        kid = _chunked_loss(tape, logits, labels, head, chunks)
+        return kid, labels, dropped, head.meta() if isinstance(head, Head) else None
     loss = tape.new_tensor("loss", (), dtype, Role.OUTPUT)
     outputs = [loss]
     if spec.op_type == "SoftmaxCrossEntropy":
@@ -177,7 +184,8 @@ def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto",
                                        Role.ACTIVATION))
     tape.kernels.append(KernelDraft("loss", spec.op_type, BACKWARD_DOMAIN, dict(spec.attrs),
                                     [logits, labels], outputs))
-    return len(tape.kernels) - 1, labels, dropped
+    return len(tape.kernels) - 1, labels, dropped, \
+        None if isinstance(head, str) else head.meta()
 
 
 def _train_on_logits(graph: TensorGraph, tape: Tape, out: int, spec: LossChoice,
@@ -226,63 +234,60 @@ def _loss_on_axis(graph: TensorGraph, out: int, found: FinalSoftmax, choice: str
     return None
 
 
-def _chunked_loss(graph: TensorGraph, tape: Tape, logits: int, labels: int,
-                  spec: LossChoice, chunks: int) -> int:
-    """Replace the Linear that makes `logits` by a LinearCrossEntropy kernel at its place (the
-    logits tensor becomes the loss); its id. Refused where the loss is not over the last axis
-    of a Linear's output read by nothing else."""
-    # from the tape, not the graph: a dropped final softmax moved the kernels after it
-    producer = next((i for i, d in enumerate(tape.kernels) if logits in d.outputs), None)
-    k = None if producer is None else tape.kernels[producer]
+def _loss_head(tape: Tape, logits: int, spec: LossChoice) -> Head | str:
+    """The head whose loss `--loss-chunks` can compute in blocks (`ir/heads.py`: a Linear, a
+    Gemm, a MatMul by a weight), or why not: the loss must be a softmax cross-entropy over the
+    last axis of its output, read by nothing else. Before the loss kernel is appended."""
     last = len(tape.shape(logits)) - 1
-    why = None
     if spec.op_type != "SoftmaxCrossEntropy" or int(spec.attrs["axis"]) % (last + 1) != last:
-        why = "the loss is not a softmax cross-entropy over the output's last axis"
-    elif k is None or k.op_type != LINEAR or k.domain != BACKWARD_DOMAIN:
-        what = "an input" if k is None else f"{k.op_type} {k.name!r}"
-        why = f"the output is made by {what}, not by a fused Linear layer"
-    elif any(logits in other.inputs for other in tape.kernels):  # not graph users: a
-        why = "other kernels read the output"  # dropped final softmax reads it no more
-    if why is not None:
+        return "the loss is not a softmax cross-entropy over the output's last axis"
+    head = find_head(tape.kernels, tape.tensors, logits)
+    # the tape's readers, not the graph's users: a dropped final softmax reads it no more
+    if not isinstance(head, str) and any(logits in k.inputs for k in tape.kernels):
+        return "other kernels read the output"
+    return head
+
+
+def _chunked_loss(tape: Tape, logits: int, labels: int, head: Head | str, chunks: int) -> int:
+    """Replace the head that makes `logits` by a LinearCrossEntropy kernel at its place (the
+    logits tensor becomes the loss); its id. Refused, in one line that names what makes the
+    output, where that is no head (`_loss_head`)."""
+    if isinstance(head, str):
         raise ConfigError(f"--loss-chunks {chunks}: cannot chunk the loss on output "
-                          f"{tape.name(logits)!r} ({why}); chunking applies to language-model "
-                          "heads (Linear, then cross-entropy over the vocabulary); use "
+                          f"{tape.name(logits)!r} ({head}); chunking applies to language-model "
+                          "heads (a Linear layer, a Gemm or a MatMul by a 2-d weight, then "
+                          "cross-entropy over the vocabulary: docs/training.md); use "
                           "--loss-chunks 1")
-    assert k is not None and producer is not None
+    # from the tape, not the graph: a dropped final softmax moved the kernels after it
+    producer = next(i for i, d in enumerate(tape.kernels) if logits in d.outputs)
     out = tape.tensors[logits]
     tape.rename(logits, "loss")
     out.shape, out.role = (), Role.OUTPUT
-    rows = tape.shape(k.inputs[0])[:-1]
-    lse = tape.new_tensor(f"{out.name}::logsumexp", rows, lse_dtype(out.dtype), Role.ACTIVATION)
-    trans = int(k.attr("transB", 0))
-    w_shape = tape.shape(k.inputs[1])
+    x_shape = tape.shape(head.x)
+    lse = tape.new_tensor(f"{out.name}::logsumexp", x_shape[:-1], lse_dtype(out.dtype),
+                          Role.ACTIVATION)
+    inputs = [head.x, head.w, *(() if head.bias is None else (head.bias,))]
     tape.kernels[producer] = KernelDraft(
-        f"{k.name}+loss", LINEAR_CE, BACKWARD_DOMAIN,
-        {"transB": trans, "chunks": chunks}, [*k.inputs, labels], [logits, lse],
-        linear_ce_workspace(tape.shape(k.inputs[0]), linear_ce_classes(w_shape, trans), chunks,
-                            out.dtype))
+        f"{tape.kernels[producer].name}+loss", LINEAR_CE, BACKWARD_DOMAIN,
+        {"transB": head.trans_b, "chunks": chunks}, [*inputs, labels], [logits, lse],
+        linear_ce_workspace(x_shape, linear_ce_classes(tape.shape(head.w), head.trans_b),
+                            chunks, out.dtype))
     return producer
 
 
 def chunkable_logits_bytes(graph: TensorGraph, kid: int) -> int | None:
-    """The bytes of a training graph's logits where its plain loss could be chunked (a softmax
-    cross-entropy over the last axis of a Linear's output) and kernel `kid` holds a tensor of
-    their shape (the logits, their log-probabilities, their gradient); else None. Where such a
-    kernel sets the smallest budget, `--loss-chunks` lowers it."""
+    """The bytes of a training graph's logits where its plain loss could be chunked (the
+    derivation found a head, `meta["training"]["head"]`: a softmax cross-entropy over the last
+    axis of a Linear's, a Gemm's or a MatMul-by-a-weight's output, read by the loss alone) and
+    kernel `kid` holds a tensor of their shape (the logits, their log-probabilities, their
+    gradient); else None. Where such a kernel sets the smallest budget, `--loss-chunks` lowers
+    it."""
     meta = graph.meta.get("training") or {}
-    if "loss_kernel" not in meta or int(meta.get("loss_chunks", 1)) > 1:
+    if "head" not in meta or int(meta.get("loss_chunks", 1)) > 1:
         return None
-    loss = graph.kernels[int(meta["loss_kernel"])]
-    if loss.op_type != "SoftmaxCrossEntropy":
-        return None
-    logits = graph.tensors[loss.inputs[0]]
-    made_by = None if logits.producer is None else graph.kernels[logits.producer].op_type
-    last = int(loss.attr("axis", -1)) % len(logits.shape) == len(logits.shape) - 1
+    logits = graph.tensors[graph.kernels[int(meta["loss_kernel"])].inputs[0]]
     held = (*graph.kernels[kid].inputs, *graph.kernels[kid].outputs)
-    # the conditions `_chunked_loss` accepts: a Linear's output over its last axis, read by
-    # the loss alone
-    if made_by != LINEAR or not last or tuple(logits.users) != (loss.id,) or \
-            not any(graph.tensors[t].shape == logits.shape for t in held):
+    if not any(graph.tensors[t].shape == logits.shape for t in held):
         return None
     return logits.nbytes
 

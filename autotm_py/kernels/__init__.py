@@ -2,9 +2,10 @@
 
 `run_kernel(kernel, args)` runs one kernel on torch tensors (any device) and returns its
 outputs in `kernel.outputs` order. The profiler, the reference runner and the plan executor
-all call it. Implementations live in `nn`, `tensor`, `resize` (forward) and `grad_nn`,
-`grad_tensor` (backward, loss gradient, optimizers); `util` holds the registry. This package sits
-below profiling and runtime, which both run kernels.
+all call it. Implementations live in `nn`, `tensor`, `resize` (forward), `recurrent` (LSTM,
+GRU and their gradients), `grad_nn`, `grad_tensor` (backward, loss gradient, optimizers);
+`util` holds the registry. This package sits below profiling and runtime, which both run
+kernels.
 
 Contract for callers:
 - arguments are never modified; outputs may be views of arguments (shape ops, Identity,
@@ -28,6 +29,7 @@ from autotm_py.kernels import (  # noqa: F401  (importing registers the kernels)
     grad_nn,
     grad_tensor,
     nn,
+    recurrent,
     resize,
     tensor,
 )

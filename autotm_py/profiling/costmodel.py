@@ -330,6 +330,25 @@ def _linear_cross_entropy_grad(s: OpShape) -> float:
     return rows * classes * (2.0 * k * (1 + mask[0] + mask[1]) + 6.0 + mask[2])
 
 
+# ---- recurrent layers (ir/rules/recurrent.py) ---------------------------------------------------
+def recurrent_flops(op: str, x: Shape, w: Shape) -> float:
+    """FLOPs of an LSTM/GRU layer (or its gradient kernel) over X (T, B, I) (either layout)
+    with W (D, G*H, I): per step, direction and gate element the input and recurrent products
+    (2 FLOPs per multiply-add over I + H) and 3 for the activation and the state update. The
+    gradient kernel recomputes the forward, then runs the products twice more (the gradients
+    of the inputs and of the weights) and the gates' gradients. The steps' sequential
+    dependency (one small product after the other) is not modelled: a roofline of the work."""
+    gates = 4 if op.startswith("LSTM") else 3
+    elements = numel(x) / max(x[-1], 1) * w[0] * w[1]  # T * B * D * G * H gate elements
+    forward = elements * (2.0 * (x[-1] + w[1] / gates) + 3.0)
+    return 3 * forward if op.endswith("Grad") else forward
+
+
+@_rule("LSTM", "GRU", "LSTMGrad", "GRUGrad")
+def _recurrent(s: OpShape) -> float:
+    return recurrent_flops(s.op, s.inputs[0][0], s.inputs[1][0])
+
+
 # ---- the device roofline ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Roofline:

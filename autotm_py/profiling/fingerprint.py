@@ -124,6 +124,17 @@ def target_fingerprint(device: str) -> Fingerprint:
     return Fingerprint("cpu", cpu_model_name(), _installed("torch"), threads=_default_threads())
 
 
+def detected_gpu() -> str | None:
+    """This machine's GPU as torch names it, None where it has none (or no torch): the GPU a
+    plan made here runs on unless `--gpu` names another."""
+    if not ("torch" in sys.modules or _nvidia_present()):
+        return None
+    try:
+        return current_fingerprint("cuda").name
+    except (ImportError, ProfileError):
+        return None
+
+
 def profiled_gpu(name: str, known: Iterable[str]) -> str:
     """The GPU that `--gpu NAME` means among the GPUs with profiles (`known`): the one whose
     name equals NAME, else the only one whose name contains it ("h200" for "NVIDIA H200"),

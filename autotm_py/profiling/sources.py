@@ -238,8 +238,13 @@ class CostSources:
                         how[ROOFLINE], graph.name, self.roofline.name)
         source = "; ".join(f"{s.fingerprint.id} ({s.origin})" for r, s in enumerate(self.sets)
                            if used[r]) or f"roofline {self.roofline.name}"
+        borrowed = {self.sets[r].fingerprint.name for r in used
+                    if self.sets[r].fingerprint.name != self.target.name}
         summary.update(kernels=len(times), unique=graph.unique_signatures,
-                       exact=how[EXACT], scaled=how[SCALED], estimated=how[ROOFLINE])
+                       exact=how[EXACT], scaled=how[SCALED], estimated=how[ROOFLINE],
+                       borrowed=sum(n for r, n in used.items()
+                                    if self.sets[r].fingerprint.name in borrowed),
+                       borrowed_from=sorted(borrowed))
         return KernelCosts(
             device=self.kind,
             times_s=tuple(t.median_s for t in times),

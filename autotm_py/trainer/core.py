@@ -40,6 +40,7 @@ from autotm_py.runtime.reference import init_values
 from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for
 from autotm_py.trainer.spec import Example, loss_rule, optimizer_of, split_example
 from autotm_py.trainer.state import StateMap
+from autotm_py.units import format_bytes
 
 
 class Trainer:
@@ -140,6 +141,17 @@ class Trainer:
                     f"example's {tuple(want.shape)} ({want.dtype}): the plan is for one batch "
                     "shape; drop the last partial batch (DataLoader(..., drop_last=True)) or "
                     "make a Trainer for the other shape")
+
+    def describe(self) -> str:
+        """The plan in one line: its budget against the unconstrained peak, and what it does to
+        keep within it ("budget 96.00 KiB of a peak of 150.00 KiB (64%): 12 moves, 3
+        recomputes")."""
+        budget, peak = self.plan.header.budget_bytes, self.graph.peak_live_bytes
+        moves = sum(1 for _ in self.plan.moves())
+        recomputes = sum(1 for _ in self.plan.recomputes())
+        cap = "no budget" if budget is None else (f"budget {format_bytes(budget)} of a peak "
+                                                  f"of {format_bytes(peak)} ({budget / peak:.0%})")
+        return f"{cap}: {moves} moves, {recomputes} recomputes"
 
     def sync(self) -> None:
         """Write the trained parameters, BatchNorm's running statistics and the optimizer's

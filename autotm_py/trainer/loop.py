@@ -20,6 +20,7 @@ import torch
 
 from autotm_py import pipeline
 from autotm_py.config import PlanConfig
+from autotm_py.costs import BORROWED_NOTE
 from autotm_py.errors import ConfigError, ExecutionError
 from autotm_py.ir.graph import TensorGraph
 from autotm_py.options import RunMode
@@ -78,7 +79,8 @@ class Loop:
         _, self.executor, self.driver = new_executor(graph, plan, device, mode=mode,
                                                      masters=dict(masters))
         self.steps = 0
-        self.notes: list[str] = []
+        # a plan priced partly with another GPU's kernel times says so where the user looks
+        self.notes: list[str] = [n for n in plan.header.notes if n.startswith(BORROWED_NOTE)]
 
     def step(self, values: Mapping[int, torch.Tensor]) -> None:
         """One iteration, starting from `values` for the tensors they name (a batch, the

@@ -7,11 +7,11 @@ meaning: it is the list the executor (`kernels/__init__.py`) implements.
 
 from __future__ import annotations
 
-from autotm_py.ir.rules import elementwise, fused, losses, nn, shape
+from autotm_py.ir.rules import elementwise, fused, losses, nn, recurrent, shape
 from autotm_py.ir.rules.base import BACKWARD_DOMAIN, KernelDraft, Rule, Tape, TensorDraft
 
 RULES: dict[str, Rule] = {**elementwise.RULES, **nn.RULES, **shape.RULES, **fused.RULES,
-                          **losses.RULES}
+                          **losses.RULES, **recurrent.RULES}
 
 # op type -> "inputs -> outputs: meaning"  (attributes are documented in docs/training.md)
 TRAINING_OPS: dict[str, str] = {
@@ -84,6 +84,8 @@ TRAINING_OPS: dict[str, str] = {
     "PadGrad": "dY -> dX (crop, or fold reflected/edge borders back)",
     "ResizeGrad": "dY -> dX (transpose of the interpolation)",
     "TriluGrad": "dY -> dX (the same triangle of dY)",
+    # recurrent layers (ir/rules/recurrent.py)
+    **recurrent.RECURRENT_TRAINING_OPS,
     # optimizers (ir/optim.py); [lr]: the learning rate as a float32 scalar input, last, in
     # place of the `lr` attribute (Optimizer.lr_input)
     "SGDUpdate": "W, dW[, buf][, lr] -> W'[, buf']: W' = W - lr * dW, after `weight_decay` "

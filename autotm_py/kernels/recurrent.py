@@ -1,0 +1,152 @@
+"""Torch kernels of ONNX's recurrent layers, `LSTM` and `GRU`, and of their gradients.
+
+The forward computes exactly ONNX's semantics from ONNX's weight layout (W (D, G*H, I),
+R (D, G*H, H), B (D, 2*G*H) = [Wb, Rb], gate order LSTM i o f c, GRU z r h):
+
+- LSTM, and GRU with `linear_before_reset = 1` (what torch exports), run torch's own
+  recurrent kernel (`torch._VF.lstm` / `torch._VF.gru`, cuDNN on CUDA) on the weights
+  reordered into torch's gate order (LSTM i f g o, GRU r z n): copies of rows, so the result
+  is the one `nn.LSTM`/`nn.GRU` computes with those weights. A `reverse` direction runs on
+  the time-flipped sequence; `bidirectional` is torch's bidirectional layer.
+- GRU with `linear_before_reset = 0` (ONNX's default, which torch has no kernel for) runs an
+  explicit loop over the steps: one product for every step's input gates, then per step
+  `h~ = tanh(x Wh^T + (r * h) Rh^T + Rbh + Wbh)`.
+
+`layout = 1` operands (batch first) are transposed to ONNX's layout 0 and back.
+
+The gradient kernels (`LSTMGrad`, `GRUGrad`, `ir/rules/recurrent.py`) recompute the forward of
+the whole sequence from the saved inputs under `torch.enable_grad()` and call
+`torch.autograd.grad` with the incoming gradients of Y, Y_h (and Y_c): the backward torch
+itself runs for the layer (cuDNN's on CUDA), at the price of a second forward. Their inputs
+are the forward's inputs (X W R B initial_h [initial_c]) followed by the present output
+gradients (`grad_mask`); they output the gradients that `output_mask` asks for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from autotm_py.ir.graph import Kernel
+from autotm_py.kernels.util import register
+
+Tensors = Sequence[torch.Tensor]
+# ONNX gate chunks in torch's order: LSTM i o f c -> i f g(c) o, GRU z r h -> r z n(h)
+TORCH_ORDER = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2)}
+
+
+def _reorder(t: torch.Tensor, op: str) -> torch.Tensor:
+    chunks = t.chunk(len(TORCH_ORDER[op]), 0)
+    return torch.cat([chunks[i] for i in TORCH_ORDER[op]])
+
+
+def _torch_params(op: str, w: torch.Tensor, r: torch.Tensor, b: torch.Tensor
+                  ) -> list[torch.Tensor]:
+    """torch's flat parameter list (w_ih, w_hh, b_ih, b_hh per direction)."""
+    params = []
+    for d in range(w.shape[0]):
+        wb, rb = b[d].chunk(2)
+        params += [_reorder(w[d], op), _reorder(r[d], op), _reorder(wb, op), _reorder(rb, op)]
+    return params
+
+
+def _layout0(t: torch.Tensor, layout: int) -> torch.Tensor:
+    """X (B, T, I) or a state (B, D, H) of layout 1 as layout 0's (T, B, I) / (D, B, H)."""
+    return t.transpose(0, 1).contiguous() if layout else t
+
+
+def _vf_run(op: str, x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor],
+            bidirectional: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """torch's recurrent kernel, one layer: (y (T, B, D*H), final states (D, B, H)). In
+    training mode (cuDNN's reserve for the backward) only where autograd records it."""
+    train = any(t.requires_grad for t in (x, *states, *params))
+    if op == "LSTM":
+        y, h, c = torch._VF.lstm(x, tuple(states), params, True, 1, 0.0, train, bidirectional,
+                                 False)
+        return y, [h, c]
+    y, h = torch._VF.gru(x, states[0], params, True, 1, 0.0, train, bidirectional, False)
+    return y, [h]
+
+
+def _gru_loop(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, r: torch.Tensor,
+              b: torch.Tensor, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One direction of ONNX's GRU with linear_before_reset = 0: (Y (T, B, H), final h)."""
+    hidden = r.shape[1]
+    wb, rb = b.chunk(2)
+    xw = F.linear(x, w, wb)  # every step's input gates in one product
+    rzr, rbzr = r[: 2 * hidden], rb[: 2 * hidden]
+    rh, rbh = r[2 * hidden:], rb[2 * hidden:]
+    steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
+    ys: list[torch.Tensor] = []
+    for t in steps:
+        xz, xr, xh = xw[t].chunk(3, -1)
+        hz, hr = F.linear(h, rzr, rbzr).chunk(2, -1)
+        z, rg = torch.sigmoid(xz + hz), torch.sigmoid(xr + hr)
+        cand = torch.tanh(xh + F.linear(rg * h, rh, rbh))
+        h = (1 - z) * cand + z * h
+        ys.append(h)
+    if reverse:
+        ys.reverse()
+    return torch.stack(ys), h
+
+
+def recurrent_forward(op: str, kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
+    """Y, Y_h[, Y_c] of ONNX's `op` (LSTM or GRU) with `kernel`'s attributes on the canonical
+    slots X W R B initial_h [initial_c], in the kernel's layout."""
+    layout = int(kernel.attr("layout", 0))
+    direction = str(kernel.attr("direction", "forward"))
+    x, w, r, b = _layout0(args[0], layout), args[1], args[2], args[3]
+    states = [_layout0(s, layout) for s in args[4:]]
+    if op == "GRU" and not int(kernel.attr("linear_before_reset", 0)):
+        parts = [_gru_loop(x, states[0][d], w[d], r[d], b[d],
+                           direction == "reverse" or d == 1) for d in range(w.shape[0])]
+        y = torch.stack([p[0] for p in parts], 1)  # (T, D, B, H)
+        finals = [torch.stack([p[1] for p in parts])]
+    else:
+        params = _torch_params(op, w, r, b)
+        flip = direction == "reverse"
+        seq, finals = _vf_run(op, x.flip(0) if flip else x, states, params,
+                              direction == "bidirectional")
+        seq = seq.flip(0) if flip else seq
+        y = seq.view(seq.shape[0], seq.shape[1], w.shape[0], -1).transpose(1, 2)
+    if layout:
+        return [y.permute(2, 0, 1, 3), *(s.transpose(0, 1) for s in finals)]
+    return [y, *finals]
+
+
+@register("LSTM", "GRU")
+def recurrent(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
+    # Always in grad mode: torch's CPU kernel (oneDNN) takes another path, with other
+    # roundings, when grad mode is off, so the reference runner (no_grad), an executor, the
+    # gradient kernel's recomputation and nn.LSTM in training would each see other values.
+    # Nothing is recorded unless an argument requires grad.
+    with torch.enable_grad():
+        return recurrent_forward(kernel.op_type, kernel, args)
+
+
+def recompute_grad(kernel: Kernel, args: Tensors,
+                   forward: Callable[[Tensors], list[torch.Tensor]]) -> list[torch.Tensor]:
+    """The forward of the sequence again, with autograd, then its gradients: the inputs the
+    forward reads, then the present output gradients (`grad_mask`); the gradients of the
+    inputs `output_mask` names, in slot order."""
+    grad_mask = tuple(int(m) for m in kernel.attr("grad_mask"))
+    out_mask = tuple(int(m) for m in kernel.attr("output_mask"))
+    n_in = len(out_mask)
+    inputs, dys = args[:n_in], args[n_in:]
+    with torch.enable_grad():
+        leaves = [a.detach().requires_grad_(bool(m)) for a, m in zip(inputs, out_mask,
+                                                                         strict=True)]
+        outs = forward(leaves)
+        chosen = [o for o, m in zip(outs, grad_mask, strict=True) if m]
+        wanted = [leaf for leaf, m in zip(leaves, out_mask, strict=True) if m]
+        grads = torch.autograd.grad(chosen, wanted, list(dys), allow_unused=True)
+    return [g if g is not None else torch.zeros_like(leaf)
+            for g, leaf in zip(grads, wanted, strict=True)]
+
+
+@register("LSTMGrad", "GRUGrad")
+def recurrent_backward(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
+    op = kernel.op_type.removesuffix("Grad")
+    return recompute_grad(kernel, args, lambda leaves: recurrent_forward(op, kernel, leaves))
