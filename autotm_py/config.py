@@ -29,6 +29,9 @@ DEFAULT_MEMORY = {"cuda": "h100-pcie5", "cpu": "optane"}
 # than the H100's (docs/gpu.md, "The H200's own link"). A GPU with profiles but no preset here
 # keeps DEFAULT_MEMORY["cuda"]: `autotm calibrate` on it, then --memory FILE.
 GPU_MEMORY = {"NVIDIA H100 80GB HBM3": "h100-pcie5", "NVIDIA H200": "h200-pcie5"}
+# The memory of the GPUs with profiles, rounded up to whole GiB (80 GB and 141 GB cards): a
+# budget above it cannot be held on that GPU, and a plan for it says so
+GPU_DEVICE_BYTES = {"NVIDIA H100 80GB HBM3": 80 << 30, "NVIDIA H200": 141 << 30}
 MAX_HEADROOM = 0.5
 # Recomputation (docs/planning.md section 2b): off = move-only (AutoTM's plans), on = keep,
 # move or recompute (the joint ILP), only = keep or recompute, nothing is copied between tiers;

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotm_py import arena
-from autotm_py.config import default_memory
+from autotm_py.config import GPU_DEVICE_BYTES, default_memory
 from autotm_py.costs import KernelCosts
 from autotm_py.errors import AutoTMError, ConfigError, PlanError, SolverError
 from autotm_py.frontend.onnx import import_onnx
@@ -108,8 +108,20 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
         names = BASELINES if baselines is True else tuple(baselines)
         control.report(stage="planning the baselines")
         result = replace(result, baselines=run_baselines(machine, names, control))
-    borrowed = machine.costs.borrowed_note()
-    return _noted(result, machine, [borrowed])[0] if borrowed else result
+    notes = [n for n in (machine.costs.borrowed_note(), _over_device_note(machine)) if n]
+    return _noted(result, machine, notes)[0]
+
+
+def _over_device_note(machine: MachineModel) -> str | None:
+    """A GPU plan's budget beyond the memory of the GPU it is priced for: it cannot run so."""
+    gpu, budget = machine.costs.target, machine.memory.budget_bytes
+    device_bytes = GPU_DEVICE_BYTES.get(gpu)
+    if machine.memory.mode != "gpu" or device_bytes is None or budget is None or \
+            budget <= device_bytes:
+        return None
+    return (f"budget: {format_bytes(budget)} is more than the {gpu}'s "
+            f"{format_bytes(device_bytes)} of memory: the plan cannot run as planned on it "
+            "(give a smaller --fast-mem or --ratio)")
 
 
 def _with_region_instead(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | None,

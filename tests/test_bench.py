@@ -320,3 +320,15 @@ def test_dims_are_part_of_the_row_key_and_the_plan_file():
                        ("bert_base", "False", "cpu", none.memory_name, "1:2", "sync", "cbc"),
                        strict=True))
     assert _key(old_row) == none.row_key(*cell)
+
+
+def test_bench_exits_non_zero_when_every_row_fails_and_zero_when_some_do(onnx_path, tmp_path,
+                                                                          capsys):
+    out = str(tmp_path / "b.csv")
+    args = ["bench", "--ratios", "1:1", "--strategies", "static", "--workers", "1",
+            "--no-progress", "-o", out]
+    assert main([*args, "--models", "nosuch"]) == 1
+    err = capsys.readouterr().err
+    assert "error: every row failed (1 of 1)" in err and "Traceback" not in err
+    assert main([*args, "--models", f"nosuch,{onnx_path}"]) == 0  # the bad row retried, fails
+    assert "error:" not in capsys.readouterr().err

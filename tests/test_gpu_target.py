@@ -191,3 +191,12 @@ def test_a_plan_priced_with_another_gpus_kernel_times_says_so(tmp_path, capsys):
                  str(tmp_path), "-o", str(plan)]) == 0
     assert f"note       {note}" in capsys.readouterr().out
     assert note in json.loads(plan.read_text())["header"]["notes"]
+
+
+def test_a_budget_beyond_the_gpus_memory_is_said_in_the_plan(tmp_path, capsys):
+    over = "is more than the NVIDIA H200's 141.00 GiB of memory"
+    header, _ = _optimize(tmp_path, "--gpu", "h200", "--fast-mem", "1.5TiB")
+    assert any(over in n for n in header["notes"])
+    assert over in capsys.readouterr().out
+    header, _ = _optimize(tmp_path, "--gpu", "h200")  # 40 GiB fits the card: no such note
+    assert not any("of memory: the plan cannot run" in n for n in header["notes"])

@@ -215,7 +215,7 @@ def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, solve
               gpu: str | None, plans_dir: str | None,
               output: str, engine: str, workers: int | None,
               address: str | None, threads: int | None,
-              no_progress: bool, as_json: bool) -> None:
+              no_progress: bool, as_json: bool) -> int:
     """Sweep models x ratios x strategies x solvers; one row per plan (CSV + JSON).
 
     \b
@@ -248,11 +248,26 @@ def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, solve
     if as_json:
         print_json({"ran": result.ran, "skipped": result.skipped, "failed": result.failed,
                     "files": [str(p) for p in result.paths], "rows": rows})
-        return
-    for line in bench_table(rows):
-        click.echo(line)
-    click.echo(f"{result.ran} rows run, {result.skipped} already there, {result.failed} failed; "
-               f"wrote {result.paths[0]} and {result.paths[1]}")
+    else:
+        for line in bench_table(rows):
+            click.echo(line)
+        click.echo(f"{result.ran} rows run, {result.skipped} already there, {result.failed} "
+                   f"failed; wrote {result.paths[0]} and {result.paths[1]}")
+    return _bench_exit(result.ran, result.failed)
+
+
+EXIT_EVERY_ROW_FAILED = 1
+
+
+def _bench_exit(ran: int, failed: int) -> int:
+    """Non-zero when every row this sweep ran failed (a bad model name, a missing extra): a
+    script must not take the sweep for a result. Some failed rows leave it 0 (their errors are
+    in the rows)."""
+    if ran and failed == ran:
+        click.echo(f"error: every row failed ({failed} of {ran}); the error column says why",
+                   err=True)
+        return EXIT_EVERY_ROW_FAILED
+    return 0
 
 
 BENCH_BASELINES = (("first-touch", "first_touch_s"), ("lru", "lru_s"), ("offload", "offload_s"),
