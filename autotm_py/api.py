@@ -138,15 +138,14 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda",
             costs: KernelCosts | None = None, masters: Mapping[int, Any] | None = None,
             **fields: Any) -> RunResult:
     """Run a plan for real with torch and measure it. `mode` (`options.RunMode`): how it runs,
-    e.g. `RunMode(arena=True, replay=True)`: every fast copy at its planned offset (a plan
-    without an arena is packed first, `with_arena`) and the timed iterations replayed from one
-    CUDA graph; a replay without an arena runs with static inputs on torch's caching allocator
-    (docs/gpu.md, "Capped replay with static inputs"). Where no arena can serve the plan
-    (packed now, it would exceed the capped budget), the run falls back to torch's caching
-    allocator, eagerly, and its notes say why. `measure` (`options.Measure`), or its fields
-    as keywords: iterations, warmup, seed, capped, kernel_times, device_busy, ... `masters`:
-    initial values of the tensors without a producer, by tensor id (else seeded random
-    values)."""
+    e.g. `RunMode(arena=True, replay=True)`: every fast copy at its planned offset (a plan without
+    an arena is packed first, `with_arena`) and the timed iterations replayed from one CUDA graph; a
+    replay without an arena runs with static inputs on torch's caching allocator
+    (experiments/journal/gpu-2026-11.md, "Capped replay with static inputs"). Where no arena can
+    serve the plan (packed now, it would exceed the capped budget), the run falls back to torch's
+    caching allocator, eagerly, and its notes say why. `measure` (`options.Measure`), or its fields
+    as keywords: iterations, warmup, seed, capped, kernel_times, device_busy, ... `masters`: initial
+    values of the tensors without a producer, by tensor id (else seeded random values)."""
     if measure is not None and fields:
         raise ConfigError("give execute either measure or its fields, not both")
     return pipeline.execute(graph, plan, device=device, mode=mode,

@@ -23,11 +23,11 @@ DEFAULT_ASYNC_WINDOW = 15
 DEFAULT_ASYNC_CANDIDATES = 4
 # Which memory system a device plans for unless --memory says otherwise.
 DEFAULT_MEMORY = {"cuda": "h100-pcie5", "cpu": "optane"}
-# The link a plan priced for a GPU (`--gpu NAME`) crosses unless --memory says otherwise: the
-# preset calibrated on that GPU (`memory/tiers.py`). Copies are priced with the link of the GPU
-# that runs them, as kernels are with its profiles: the H200's overlapped copies run 7% faster
-# than the H100's (docs/gpu.md, "The H200's own link"). A GPU with profiles but no preset here
-# keeps DEFAULT_MEMORY["cuda"]: `autotm calibrate` on it, then --memory FILE.
+# The link a plan priced for a GPU (`--gpu NAME`) crosses unless --memory says otherwise: the preset
+# calibrated on that GPU (`memory/tiers.py`). Copies are priced with the link of the GPU that runs
+# them, as kernels are with its profiles: the H200's overlapped copies run 7% faster than the H100's
+# (experiments/journal/gpu-2026-11.md, "The H200's own link"). A GPU with profiles but no preset
+# here keeps DEFAULT_MEMORY["cuda"]: `autotm calibrate` on it, then --memory FILE.
 GPU_MEMORY = {"NVIDIA H100 80GB HBM3": "h100-pcie5", "NVIDIA H200": "h200-pcie5"}
 # The memory of the GPUs with profiles, rounded up to whole GiB (80 GB and 141 GB cards): a
 # budget above it cannot be held on that GPU, and a plan for it says so
@@ -50,7 +50,8 @@ DEFAULT_RECOMPUTE_EARLY = 32
 # = against the one kernel it is issued beside (AutoTM's step join; the objective is then an
 # upper bound of the simulated timeline); spread = over the kernels until the tensor's next
 # use, where the executor joins it. Step stays the default: of five H100 benchmark cells spread
-# sped up one (ResNet-200 at 25%: 4.3% measured) and no other, with a larger ILP (docs/gpu.md).
+# sped up one (ResNet-200 at 25%: 4.3% measured) and no other, with a larger ILP
+# (experiments/journal/gpu-2026-11.md).
 READ_PRICINGS: tuple[str, ...] = ("step", "spread")
 DEFAULT_READ_PRICING = "step"
 # The plan names of the three families, as headers, `autotm bench --strategies` and reports
@@ -159,7 +160,7 @@ class PlanConfig:
             return self.recompute
         # with --arena each solve may be repeated to fit the packing (`pipeline.fit_arena`, up
         # to 4 solves) and a joint search takes minutes: auto is off there; --recompute on
-        # asks for it (docs/gpu.md)
+        # asks for it (experiments/journal/gpu-2026-11.md)
         return "on" if self.device == "cuda" and self.strategy != "static" and \
             not self.run.arena else "off"
 

@@ -21,11 +21,12 @@ DIGEST_CHARS = 16
 BORROWED_NOTE = "costs: "
 
 
-# What a replayed CUDA graph adds per kernel node beyond the kernels' device time, where no
-# output is copied into a slot: (all-fast iteration replayed with static inputs - sum of device
-# times) / kernels, H100 80GB HBM3, 2026-11-26 (experiments/results/native/, docs/gpu.md):
-# ResNet-200 (57.8 - 56.1 ms) / 1965 = 0.9 us, DenseNet-264 (64.3 - 61.5) / 2792 = 1.0,
-# BERT-base 1.1-2.6 (two device-time sums); GPT-2 small replayed at its sum.
+# What a replayed CUDA graph adds per kernel node beyond the kernels' device time, where no output
+# is copied into a slot: (all-fast iteration replayed with static inputs - sum of device times) /
+# kernels, H100 80GB HBM3, 2026-11-26 (experiments/results/native/,
+# experiments/journal/gpu-2026-11.md): ResNet-200 (57.8 - 56.1 ms) / 1965 = 0.9 us, DenseNet-264
+# (64.3 - 61.5) / 2792 = 1.0, BERT-base 1.1-2.6 (two device-time sums); GPT-2 small replayed at its
+# sum.
 REPLAY_GAP_S = 1.0e-6
 # In an arena, each output a kernel cannot write in place (`memory.scratch.allocated_outputs`)
 # is copied into its slot: read and written once, at this rate. Fitted as (replayed in an

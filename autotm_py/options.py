@@ -30,6 +30,11 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
 LAYOUT_KEY, CHANNELS_LAST = "layout", "channels-last"
 
 
+# TensorGraph.meta key of the model a graph was loaded from (an ONNX file's absolute path or a
+# zoo name; `pipeline.load_graph` sets it, plans record it as `PlanHeader.source`)
+SOURCE_META_KEY = "model_source"
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """How a graph is built from its model file or zoo name (`--batch`, `--dim`, `--training`,
@@ -132,7 +137,8 @@ class RunMode:
     def scratch_mode(self) -> str:
         """Where kernels' scratch lives in effect: windows or region (auto: windows with an
         arena and the placed allocator, which measured up to 1.38x faster than the region and
-        never more than 2.1% slower on the benchmark's models: docs/gpu.md)."""
+        never more than 2.1% slower on the benchmark's models:
+        experiments/journal/gpu-2026-11.md)."""
         if self.scratch != "auto":
             return self.scratch
         return "windows" if self.places_outputs else "region"

@@ -37,7 +37,7 @@ from autotm_py.machine import MachineModel
 from autotm_py.memory import accounting
 from autotm_py.memory.accounting import ALIGN_BYTES
 from autotm_py.memory.tiers import MemorySystem, load_memory_system, preset
-from autotm_py.options import Measure, ModelOptions, RunMode
+from autotm_py.options import SOURCE_META_KEY, Measure, ModelOptions, RunMode
 from autotm_py.plan import Plan
 from autotm_py.planning import baselines as baseline_plans
 from autotm_py.planning import solve
@@ -108,8 +108,33 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
         names = BASELINES if baselines is True else tuple(baselines)
         control.report(stage="planning the baselines")
         result = replace(result, baselines=run_baselines(machine, names, control))
-    notes = [n for n in (machine.costs.borrowed_note(), _over_device_note(machine)) if n]
+    notes = [n for n in (machine.costs.borrowed_note(), _over_device_note(machine),
+                         simulated_tier_note(machine.memory)) if n]
     return _noted(result, machine, notes)[0]
+
+
+def simulated_tier_note(memory: MemorySystem) -> str | None:
+    """Host mode: the slow tier is a model (a preset's or a calibration's bandwidths), not
+    memory this machine has; `autotm run --device cpu` keeps both tiers in its DRAM."""
+    if memory.mode != "host":
+        return None
+    origin = "a calibration file's" if memory.measured else f"the {memory.name} preset's"
+    return (f"host mode: the slow tier ({memory.slow.name}) is simulated from {origin} "
+            "bandwidths; `autotm run --device cpu` keeps both tiers in this machine's DRAM (a "
+            "check of the plan, not of its speed)")
+
+
+def run_tier_note(plan: Plan, device: str) -> str | None:
+    """What a run of `plan` on `device` does not measure: on the CPU no slow tier of the
+    plan's memory system exists (host mode: it is simulated; GPU mode: no GPU, no link)."""
+    if device.startswith("cuda"):
+        return None
+    memory = MemorySystem.from_dict(dict(plan.header.memory_system), origin="plan header")
+    if memory.mode == "host":
+        return (f"the plan's slow tier ({memory.slow.name}) is simulated: both tiers ran in "
+                "this machine's DRAM, so the measured time is not what the prediction models")
+    return ("a GPU-mode plan run on the CPU: both tiers in host memory, no GPU and no link; "
+            "the measured time checks the plan, not its speed")
 
 
 def _over_device_note(machine: MachineModel) -> str | None:
@@ -351,11 +376,14 @@ def load_graph(model: PathLike, options: ModelOptions | None = None) -> TensorGr
     dims = dict(options.dims or {})
     if path.exists() or path.suffix == ".onnx" or os.sep in str(model):
         graph = import_onnx(path, batch=options.batch, dims=dims, fuse=options.fuse)
+        source = str(path.resolve())
     elif str(model) in ZOO:
         graph = build_graph(str(model), batch=options.batch, dims=dims, fuse=options.fuse)
+        source = str(model)
     else:
         raise ConfigError(f"model {str(model)!r} is neither an existing file nor a zoo model "
                           f"({', '.join(sorted(ZOO))}); see `autotm zoo list`")
+    graph = replace(graph, meta={**graph.meta, SOURCE_META_KEY: source})
     if options.training:
         graph = derive_training(graph, optimizer=options.optimizer or "sgd",
                                 loss=options.loss or "auto", loss_chunks=options.loss_chunks)

@@ -221,6 +221,10 @@ class PlanHeader:
     # GPU or the reference H100); simulate and report price it the same. None: a CPU-mode plan,
     # costs not from profiles, or a plan written before it existed (priced for this machine).
     gpu: str | None = None
+    # the model it was made for, as `load_graph` takes it: the ONNX file's absolute path or the
+    # zoo model's name (simulate, run and report load it when MODEL is not given). None: a
+    # graph built otherwise (the Trainer's capture), or a plan written before it existed.
+    source: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "run", self.run.resolved())

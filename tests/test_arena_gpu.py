@@ -350,7 +350,7 @@ def test_a_capture_that_runs_out_of_memory_gives_its_pool_back(monkeypatch):
     the process ran out of memory. (The eager iterations may leave a library workspace of
     their own in the default pool.) This passes with and without `_cuda_endAllocateToPool` in
     `drivers._release_pool` on the H100: the one-process sweep of recompute_check.py, not this
-    test, showed that fault (docs/gpu.md)."""
+    test, showed that fault (experiments/journal/gpu-2026-11.md)."""
     graph = _graph("decoder")
     plan = _arena_plans(graph)["all-fast"]
     erf = KERNELS["Erf"]

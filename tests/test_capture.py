@@ -185,14 +185,20 @@ def test_batchnorm_statistics_are_buffers(cnn):
 
 def test_folded_constants_are_constants_not_weights(case):
     """The causal mask and the attention scale the exporter computes are Constant nodes, so
-    the importer makes them CONSTANT tensors, which training never updates."""
+    the importer makes them CONSTANT tensors, which training never updates (and which the
+    attention fusion turns into its `is_causal` and `scale`)."""
     name, module, _, captured, graph, _ = case
     weights = sum(t.numel for t in graph.tensors if t.role is Role.WEIGHT)
     assert weights == sum(_module_tensor(module, n).numel() for n in captured.sources)
     if name == "lm":  # 2 blocks: a float 8 x 8 mask and two scalar scales each
-        shapes = sorted(t.shape for t in graph.tensors
+        unfused = import_model(captured.model, name="lm", initializer_weights=True, fuse=False)
+        shapes = sorted(t.shape for t in unfused.tensors
                         if t.role is Role.CONSTANT and t.dtype == "float32")
         assert shapes == [(1,)] * 4 + [(8, 8)] * 2
+        assert not [t for t in graph.tensors if t.role is Role.CONSTANT and
+                    t.dtype == "float32"]
+        assert [k.attr("is_causal") for k in graph.kernels
+                if k.op_type == "ScaledDotProductAttention"] == [1, 1]
 
 
 def test_eval_mode_export_has_no_dropout(lm):
@@ -222,7 +228,8 @@ def test_imports_and_derives_a_training_iteration(case):
     name, _, _, captured, graph, _ = case
     ops = {k.op_type for k in graph.kernels}
     assert {"mlp": {"Gemm"}, "cnn": {"Conv", "BatchNormalization", "MaxPool"},
-            "lm": {"LayerNormalization", "Gelu", "Linear", "Softmax"}}[name] <= ops
+            "lm": {"LayerNormalization", "Gelu", "Linear", "ScaledDotProductAttention"}}[name] \
+        <= ops
     train = derive_training(graph, optimizer="sgd", loss="auto")
     assert len(train.meta["training"]["weight_grads"]) == len(captured.trainable)
 

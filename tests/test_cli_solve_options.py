@@ -99,3 +99,27 @@ def test_optimize_records_where_the_scratch_lives_in_the_plan(net, tmp_path, cap
                  *flags, "--no-baselines", "--recompute", "off", "-o", str(out)]) == 0
     plan = json.loads(out.read_text())
     assert plan["header"]["run"]["scratch"] == want
+
+
+def test_a_stopped_search_no_better_than_its_start_says_which_plan_it_returns():
+    """A time-limited async search that returns the sync plan it started from says so (the
+    plan carries the async name; issue 47: it was silent)."""
+    from types import SimpleNamespace
+
+    from autotm_py.config import PlanConfig
+    from autotm_py.planning.solve import _Search
+    from autotm_py.planning.solvers import SolveOutcome
+
+    config = PlanConfig(strategy="async", recompute="on", ratio="1:3")
+    search = _Search(machine=None, config=config, small=frozenset(), control=None, limit=20.0,
+                     specs={}, outcome=None, start=("sync+recompute", 101.9))
+    model = SimpleNamespace(name=config.plan_name)
+    search._note_unimproved(model, SolveOutcome("time_limit", 101.9, None, None, 20.0))
+    assert search.notes == [
+        "async+recompute search reached its time limit without improving on the "
+        "sync+recompute plan it started from: this plan is that one, under the async+recompute "
+        "name; a longer --time-limit may find a faster one"]
+    search.notes.clear()
+    search._note_unimproved(model, SolveOutcome("time_limit", 95.0, None, None, 20.0))
+    search._note_unimproved(model, SolveOutcome("optimal", 101.9, None, None, 20.0))
+    assert search.notes == []

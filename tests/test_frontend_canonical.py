@@ -165,6 +165,21 @@ def test_clip_dropout_cast_defaults():
     assert g.tensors[g.outputs[0]].dtype == "float16"
 
 
+def test_a_cast_to_the_dtype_it_has_is_an_alias():
+    """transformers' float32 casts around RMSNorm and the softmax, in a float32 export: no
+    copy (models/corpus/llama_gqa.onnx); a Cast that changes the dtype stays a kernel, and a
+    same-dtype Cast straight to a graph output stays a copy, as an Identity does."""
+    nodes = [node("Cast", ["x"], ["a"], to=TensorProto.FLOAT), node("Relu", ["a"], ["r"]),
+             node("Cast", ["r"], ["h"], to=TensorProto.FLOAT16),
+             node("Cast", ["h"], ["y"], to=TensorProto.FLOAT16)]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)
+    g, ks = one(nodes, [4], outputs=(out,))
+    assert ks == [("Relu", {}), ("Cast", {"to": "float16"})]
+    assert g.tensors[g.kernels[0].inputs[0]].name == "x"
+    g, ks = one([node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], [4])
+    assert ks == [("Identity", {})]
+
+
 def test_used_optional_output_is_an_error():
     nodes = [helper.make_node("Dropout", ["x"], ["d", "mask"]),
              node("Cast", ["mask"], ["y"], to=TensorProto.FLOAT)]

@@ -16,7 +16,7 @@ from autotm_py.frontend.fuse import fuse_graph
 from autotm_py.frontend.onnx import import_onnx
 from autotm_py.frontend.zoo import build_graph
 from autotm_py.ir import Role, TensorGraph
-from autotm_py.ir.rules.fused import SDPA
+from autotm_py.ir.rules.fused import BLHE, SDPA
 from autotm_py.runtime.reference import init_values, run_graph
 from tests.fixtures import onnx_models as M
 from tests.test_training_models import Net
@@ -383,6 +383,27 @@ def test_exported_torch_sdpa_fuses(tmp_path, causal, masked, opset):
     assert k.attr("scale") == pytest.approx(0.5, rel=1e-6)  # 1 / sqrt(4)
     assert "Softmax" not in ops(fused)
     assert_same_outputs(import_onnx(path, fuse=False), fused)
+
+
+@pytest.mark.parametrize(("causal", "masked"), [(True, False), (False, True), (False, False)])
+def test_dynamo_captured_sdpa_fuses(causal, masked):
+    """The dynamo exporter (the Trainer's `capture_module`) writes K^T of a 4-d K as
+    Reshape(Transpose(Reshape(K, (B*H, L, E)), (0, 2, 1)), (B, H, E, L)): it fuses as K's
+    transpose does, with the heads' transposes (heads-last layout)."""
+    from autotm_py.frontend.capture import capture_module
+    from autotm_py.frontend.onnx import import_model
+
+    torch.manual_seed(0)
+    args = (torch.randn(2, 5, 8), torch.randn(2, 1, 5, 5))
+    model = capture_module(_SDPA(causal, masked).eval(), args).model
+    fused = import_model(model, name="sdpa", initializer_weights=True)
+    (k,) = attention_kernels(fused)
+    assert k.attr("is_causal") == int(causal) and len(k.inputs) == 3 + masked
+    assert k.attr("scale") == pytest.approx(0.5, rel=1e-6)
+    assert k.attr("layout") == BLHE
+    assert not {"Softmax", "Transpose", "MatMul"} & set(ops(fused))
+    assert_same_outputs(import_model(model, name="sdpa", initializer_weights=True, fuse=False),
+                        fused)
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])

@@ -20,6 +20,13 @@ from autotm_py.pipeline import optimize
 from autotm_py.units import parse_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
+# One benchmark plan kept as a fixture (experiments/plans/ is not tracked: docs/developer.md,
+# "Keeping the repository lean"): ResNet-50 b32's joint plan at 33%, priced for the H200, which
+# the committed run experiments/results/bench_arena/2026-11-28g/calld/r/resnet50_..._1-3_...
+# measured (copied from experiments/plans/bench_arena at de42c94).
+PLANS = ROOT / "tests" / "fixtures" / "plans"
+RESNET50_PLAN = PLANS / ("resnet50_32_True_cuda_h100-pcie5_1-3_async+recompute_highs_arena+"
+                         "graph+placed+windows+gpu-h200.json.gz")
 
 
 def test_recompute_check_runs_joint_plans_and_merges_their_rows(tmp_path):
@@ -141,8 +148,7 @@ def test_replay_profile_matches_each_copy_of_a_plan_between_eager_and_replay():
     from autotm_py.plan import Move, Plan
 
     profile = _script("replay_profile")
-    plan = Plan.load(Path("experiments/plans/bench_arena/densenet264_32_True_cuda_h200-pcie5_"
-                          "1-2_async_highs_arena+graph+placed+windows+gpu-h200.json.gz"))
+    plan = Plan.load(RESNET50_PLAN)
     graph = graph_of(plan)
     moves = profile.plan_moves(plan, graph)
     to_fast = [r.to == "fast" for r in plan.records if isinstance(r, Move)]
@@ -167,7 +173,8 @@ def test_replay_profile_matches_each_copy_of_a_plan_between_eager_and_replay():
 
 
 def test_summarize_reads_the_committed_arena_benchmark():
-    """The tables of docs/gpu.md "The benchmark at planned addresses" come from this file."""
+    """The tables of docs/results.md (H100) and of experiments/journal/gpu-2026-11.md
+    "The benchmark at planned addresses" come from this file."""
     summarize = _script("summarize")
     path = ROOT / "experiments" / "results" / "bench_arena" / "bench_arena_h100.json"
     rows = [r for r in json.loads(path.read_text())["rows"] if r.get("measured_s")]
@@ -181,22 +188,47 @@ def test_summarize_reads_the_committed_arena_benchmark():
     assert "reserved peak above the budget: 0 of" in text
 
 
-def test_replay_busy_reads_every_committed_bench_plan_name():
+def test_replay_busy_reads_the_names_bench_gives_its_plans():
     """experiments/gpu/replay_busy.py takes the cell of a plan from its file name (the names
-    `autotm bench --plans` writes): every committed benchmark plan parses, to the batch, dims
-    and ratio it was solved for, and `--all-fast MODEL/BATCH/DIM=V` gives the same cells."""
+    `autotm bench --plans` writes): the committed fixture plan and the names today's sweeps
+    give (dims, chunked loss, channels-last, spread reads, another GPU's pricing) parse to the
+    batch, dims, ratio and strategy they were solved for, and `--all-fast MODEL/BATCH/DIM=V`
+    gives the same cells."""
     sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
     import replay_busy
 
-    plans = sorted((ROOT / "experiments" / "plans" / "bench_arena").glob("*.json.gz"))
-    assert plans
-    for path in plans:
+    from autotm_py.bench.spec import BenchSpec
+    from autotm_py.options import ModelOptions
+
+    cell = replay_busy.cell_of(RESNET50_PLAN)
+    header = json.loads(gzip.decompress(RESNET50_PLAN.read_bytes()))["header"]
+    assert cell["ratio"] == header["config"]["ratio"] == "1:3"
+    assert (cell["model"], cell["batch"], cell["dims"], cell["strategy"], cell["training"]) == (
+        "resnet50", 32, {}, "async+recompute", True)
+    run = RunMode(arena=True, replay=True)
+    sweeps = [
+        (BenchSpec(models=("bert_base",), ratios=("1:2",), strategies=("async+recompute",),
+                   device="cuda", memory="h100-pcie5", run=run, plans_dir="p",
+                   model=ModelOptions(batch=16, dims={"seq": 512}, training=True,
+                                      loss_chunks=16)), {"seq": 512}),
+        (BenchSpec(models=("vgg19",), ratios=("9:1",), strategies=("async",), device="cuda",
+                   memory="h200-pcie5", run=run, plans_dir="p", gpu="h200",
+                   model=ModelOptions(batch=64, training=True, channels_last=True)), {}),
+        (BenchSpec(models=("gpt2_small",), ratios=("1:1",), strategies=("recompute-only",),
+                   device="cuda", memory="h100-pcie5", run=run, plans_dir="p",
+                   read_pricing="spread",
+                   model=ModelOptions(batch=8, dims={"seq": 1024}, training=True)),
+         {"seq": 1024}),
+    ]
+    for spec, dims in sweeps:
+        ((model, ratio, strategy, solver),) = spec.cells()
+        path = spec.plan_path(model, ratio, strategy, solver)
         cell = replay_busy.cell_of(path)
-        header = json.loads(gzip.decompress(path.read_bytes()))["header"]
-        assert cell["ratio"] == header["config"]["ratio"], path.name
-        assert cell["strategy"] in path.name and cell["training"]
-    bert = replay_busy.cell_of(next(p for p in plans if p.name.startswith("bert_base")))
-    assert (bert["batch"], bert["dims"]) == (16, {"seq": 512})
+        assert (cell["model"], cell["batch"], cell["dims"], cell["ratio"], cell["strategy"]) == (
+            model, spec.model.batch, dims, ratio, strategy), path.name
+        assert cell["options"] == spec.options and cell["training"]
+    bert = replay_busy.cell_of(sweeps[0][0].plan_path("bert_base", "1:2", "async+recompute",
+                                                      "highs"))
     assert replay_busy.all_fast_cell("bert_base/16/seq=512")["dims"] == bert["dims"]
 
 
@@ -231,8 +263,8 @@ def test_native_checkpointing_runs_with_relus_made_out_of_place():
 
 
 def test_prediction_errors_reads_runs_and_bench_rows(capsys, monkeypatch):
-    """docs/gpu.md "Plans priced for the H200": the H200-priced plans' median error comes from
-    these committed run files and bench rows."""
+    """experiments/journal/gpu-2026-11.md "Plans priced for the H200": the H200-priced plans' median
+    error comes from these committed run files and bench rows."""
     errors = _script("prediction_errors")
     base = ROOT / "experiments" / "results" / "bench_arena" / "2026-11-28g"
     arena = [base / "calld", base / "callb", base / "callc", *sorted(base.glob("f[id]/*h200.json"))]
@@ -246,10 +278,10 @@ def test_prediction_errors_reads_runs_and_bench_rows(capsys, monkeypatch):
 
 
 def test_repredict_link_prices_the_same_plans_on_the_h200s_link(monkeypatch):
-    """docs/gpu.md "The H200's own link": a committed H200 run's plan, predicted on the link
-    it records (the prediction it ran with, replayed copies priced with the factors of then,
-    `--replay-factors 1.04,1.13`) and on the H200's calibrated one (less: its copies beside
-    kernels are faster)."""
+    """experiments/journal/gpu-2026-11.md "The H200's own link": a committed H200 run's plan,
+    predicted on the link it records (the prediction it ran with, replayed copies priced with the
+    factors of then, `--replay-factors 1.04,1.13`) and on the H200's calibrated one (less: its
+    copies beside kernels are faster)."""
     monkeypatch.setattr("autotm_py.machine.REPLAY_TO_FAST_SLOWDOWN", 1.04)
     monkeypatch.setattr("autotm_py.machine.REPLAY_TO_SLOW_SLOWDOWN", 1.13)
     link = _script("repredict_link")
@@ -257,7 +289,7 @@ def test_repredict_link_prices_the_same_plans_on_the_h200s_link(monkeypatch):
            "resnet50_32_True_cuda_h100-pcie5_1-3_async_recompute_highs_arena_graph_placed_"
            "windows_gpu-h200.json")
     [(stem, measured)] = link.runs_under(run)
-    plan = link.plan_index(ROOT / "experiments" / "plans" / "bench_arena")[stem]
+    plan = link.plan_index(PLANS)[stem]
     recorded, h200 = link.predictions(plan, "h200-pcie5")
     assert recorded == pytest.approx(json.loads(run.read_text())["predicted_time_s"], rel=1e-3)
     assert measured < h200 < 0.99 * recorded  # measured 44.0 ms, predicted 45.3 -> 44.5

@@ -150,7 +150,7 @@ def test_schema_is_valid_draft_2020_12() -> None:
 
 
 # Header fields added within format 2: plans written before them lack them (readers default).
-OPTIONAL_HEADER_FIELDS = {"gpu"}
+OPTIONAL_HEADER_FIELDS = {"gpu", "source"}
 
 
 def test_schema_header_fields_are_the_dataclass_fields() -> None:

@@ -45,7 +45,7 @@ def plan_without_torch(tmp_path_factory) -> Path:
 
 def _one_clean_line(done: subprocess.CompletedProcess, needs: str, install: str) -> None:
     """One ``error:`` line (warnings about the model may come before it), no traceback."""
-    errors = [ln for ln in done.stderr.splitlines() if not ln.startswith("WARNING ")]
+    errors = [ln for ln in done.stderr.splitlines() if not ln.startswith("warning: ")]
     assert done.returncode != 0, done.stdout
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     assert errors[0].startswith("error: ") and needs in errors[0] and install in errors[0]

@@ -68,7 +68,7 @@ def test_report_plan_alone_is_plan_order(planned, tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--format", "png,nope"], "unknown figure format nope"),
-    (["--timeline", "T", "--model", "m"], "either --timeline or --model"),
+    (["--timeline", "T", "--model", "m"], "give one of --timeline, --model and --simulate"),
     (["--timeline", "PLAN"], "not a simulation result"),
     (["--measured", "PLAN"], "not a measured run"),
 ])

@@ -161,6 +161,24 @@ def test_training_through_the_trainer_equals_plain_pytorch(name, opt_name, tmp_p
             assert close(mine.float(), value.float()), (key, mine, value)
 
 
+def test_a_chunked_loss_trains_a_tied_head_as_plain_pytorch_does(tmp_path):
+    """loss_chunks: the head and its cross-entropy as one kernel over blocks of tokens (the
+    logits never exist whole) train the tied embedding as torch does."""
+    torch.manual_seed(3)
+    reference = TinyLM()
+    ours = copy.deepcopy(reference)
+    data = batches("lm", 5)
+    make_opt = OPTIMIZERS["sgd-momentum"]
+    want, _ = torch_training(reference, make_opt, lm_loss, data)
+    got, _, trainer = trainer_training(ours, make_opt, lm_loss, data, ratio="2:1",
+                                       plans_dir=tmp_path, loss_chunks=4)
+    assert trainer.graph.meta["training"]["loss_chunks"] == 4
+    assert torch.allclose(torch.tensor(got), torch.tensor(want), rtol=RTOL), (got, want)
+    for (pname, p), (_, q) in zip(ours.named_parameters(), reference.named_parameters(),
+                                  strict=True):
+        assert close(p.detach(), q.detach()), pname
+
+
 def test_a_scheduler_changes_the_learning_rate_without_a_new_plan(tmp_path):
     torch.manual_seed(1)
     reference = MLP()

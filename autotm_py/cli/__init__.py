@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import click
 
+from autotm_py.cli.help import TieredCommand
 from autotm_py.errors import AutoTMError, MissingDependencyError
 from autotm_py.planning import Terminated
 
@@ -35,8 +36,31 @@ def cli(verbose: bool) -> None:
 
     Typical use: `autotm optimize resnet50 --training --ratio 1:4 -o plan.json`.
     """
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLine(verbose))
+    # (a no-op where the root logger has handlers already, as under pytest)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
+
+
+class OneLine(logging.Formatter):
+    """A log record as the CLI's own messages look: ``warning: <first line>`` (with -v, every
+    line, and ``info <logger>: ...`` for the details -v adds)."""
+
+    def __init__(self, verbose: bool) -> None:
+        super().__init__()
+        self.verbose = verbose
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if not self.verbose:
+            message = message.splitlines()[0] if message else ""
+        level = record.levelname.lower()
+        if record.levelno >= logging.WARNING:
+            return f"{level}: {message}"
+        return f"{level} {record.name}: {message}"
+
+
+cli.command_class = TieredCommand  # --help lists the common options, --help-all every one
 
 
 def _register_commands() -> None:
@@ -60,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        print(f"error: {_click_message(exc)}", file=sys.stderr)
         return int(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
@@ -73,6 +97,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = MissingDependencyError((exc.name or "?").split(".")[0], _command(args))
         return _report(missing, missing.exit_code, verbose)
     return int(result) if isinstance(result, int) else 0
+
+
+def _click_message(exc: click.ClickException) -> str:
+    """Click's own errors (a bad option, a missing argument) in the CLI's one style: the
+    message, then where to read the options."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        message += f" (see {ctx.command_path} --help)"
+    return message
 
 
 def _command(args: Sequence[str]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,8 +61,8 @@ def _model_args(model: str | None, flags: dict[str, Any]) -> ModelArgs:
     return ModelArgs(model, options, given)
 
 
-def _model_flags(argument: bool) -> list[Callable[[F], F]]:
-    model = click.argument("model") if argument else click.option(
+def _model_flags(argument: bool, optional: bool = False) -> list[Callable[[F], F]]:
+    model = click.argument("model", required=not optional) if argument else click.option(
         "--model", default=None,
         help="Re-simulate the plan on this model (ONNX file or zoo name) for a time axis.")
     return [
@@ -106,8 +107,10 @@ def _model_flags(argument: bool) -> list[Callable[[F], F]]:
     ]
 
 
-def model_options(func: F | None = None, *, argument: bool = True) -> Any:
-    """MODEL (an argument, or with `argument=False` an optional --model) and --batch, --dim,
+def model_options(func: F | None = None, *, argument: bool = True,
+                  optional: bool = False) -> Any:
+    """MODEL (an argument, optional with `optional` for a command that reads a plan, which
+    records its model; or with `argument=False` an optional --model) and --batch, --dim,
     --training, --optimizer, --loss, --loss-chunks, --channels-last, --no-fuse, given to the
     command as one `ModelArgs` in its `model` parameter."""
 
@@ -118,7 +121,7 @@ def model_options(func: F | None = None, *, argument: bool = True) -> Any:
             kwargs["model"] = _model_args(kwargs.pop("model"), flags)
             return command(*args, **kwargs)
 
-        for deco in reversed(_model_flags(argument)):
+        for deco in reversed(_model_flags(argument, optional)):
             wrapper = deco(wrapper)
         return wrapper  # type: ignore[return-value]
 
@@ -242,14 +245,14 @@ def parse_dims(values: Sequence[str] | None) -> dict[str, int]:
 def load_model_from_cli(args: ModelArgs, plan: Plan | None = None) -> Any:
     """The graph that MODEL (an ONNX file or a zoo name) and the model options describe.
 
-    Options left unset take their defaults, or with `plan` the values recorded in its header
+    MODEL not given: the model `plan` records (`plan_source`). Options left unset take their
+    defaults, or with `plan` the values recorded in its header
     (`PlanHeader.model`; --batch and --dim together: given neither, both come from the plan),
     so that `simulate`, `run` and `report --model` rebuild the graph the plan was made for.
     With `plan`, the graph is checked against it (`Plan.validate`: a mismatch names the
     options that differ)."""
-    if args.model is None:
-        raise ConfigError("no model given: name an ONNX file or a zoo model")
-    graph = api.load_model(args.model, args.for_plan(plan))
+    model = args.model if args.model is not None else plan_source(plan)
+    graph = api.load_model(model, args.for_plan(plan))
     check_footprint(graph)
     dropped = (graph.meta.get("training") or {}).get("dropped_output")
     if dropped and plan is None:  # said once, where the graph is made for a new plan
@@ -258,6 +261,20 @@ def load_model_from_cli(args: ModelArgs, plan: Plan | None = None) -> Any:
     if plan is not None:
         plan.validate(graph)
     return graph
+
+
+def plan_source(plan: Plan | None) -> str:
+    """The model `plan` was made for (`PlanHeader.source`), where MODEL is not given."""
+    if plan is None:
+        raise ConfigError("no model given: name an ONNX file or a zoo model")
+    source = plan.header.source
+    if source is None:
+        raise ConfigError("the plan does not record its model (made before plans did, or from "
+                          "a graph built in Python): name it, e.g. `... MODEL --plan PLAN`")
+    if os.sep in source and not os.path.exists(source):
+        raise ConfigError(f"the plan was made for {source}, which is not there any more: name "
+                          "the model file, e.g. `... MODEL --plan PLAN`")
+    return source
 
 
 def check_footprint(graph: Any) -> None:

@@ -158,11 +158,10 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
                  output: str | None, as_json: bool) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
 
-    MODEL is an ONNX file or a zoo name. Prints predicted time against all-fast and the
-    baselines, bytes moved, the fast-tier peak and the solver's statistics; on a terminal, a
-    live status line while it works. Ctrl-C stops the search and keeps (and writes) the best
-    plan found so far; a second Ctrl-C stops at once. Exit code 3 when the budget is
-    infeasible (the smallest feasible budget is printed).
+    MODEL is an ONNX file or a zoo name. Prints the predicted time against all-fast and the
+    baselines, bytes moved, the fast-tier peak and the solver's statistics. Ctrl-C keeps (and
+    writes) the best plan found so far; a second Ctrl-C stops at once. Exit code 3: the
+    budget is infeasible (the smallest feasible budget is printed).
     """
 
     check_writable(output, "-o")
@@ -317,7 +316,7 @@ def _baseline_lines(result: Any) -> list[str]:
 
 
 @cli.command("simulate")
-@model_options
+@model_options(optional=True)
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False),
               help="A plan written by `autotm optimize -o`.")
 @click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
@@ -333,7 +332,8 @@ def _baseline_lines(result: Any) -> list[str]:
 def simulate_cmd(model: ModelArgs, plan_path: str, profiles_dir: str | None, no_strict: bool,
                  gpu: str | None, output: str | None, as_json: bool) -> int:
     """Predict a plan's timeline on MODEL and verify it (residency, budget, order, steady
-    state). Exits 1 naming the first record that breaks a rule."""
+    state). Exits 1 naming the first record that breaks a rule. MODEL may be left out: the
+    plan records the model it was made for."""
     import json
 
     check_writable(output, "-o")

@@ -59,7 +59,10 @@ def _simulation_from_model(plan: Any, model: ModelArgs, device: str | None,
               show_default=True, help="Folder for the figures, summary.md and report.json.")
 @click.option("--timeline", type=click.Path(dir_okay=False), default=None,
               help="A saved simulation (`autotm simulate ... -o timeline.json`): time axis in "
-                   "seconds. Without it (or --model) the report shows plan order.")
+                   "seconds. Without it (or --model, --simulate) the report shows plan order.")
+@click.option("--simulate", "simulate_plan", is_flag=True,
+              help="Simulate the plan on the model it records (a time axis in seconds), as "
+                   "--model does with a model you name.")
 @model_options(argument=False)
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="With --model: whose kernel profiles to use (default: the plan's).")
@@ -74,7 +77,8 @@ def _simulation_from_model(plan: Any, model: ModelArgs, device: str | None,
 @click.option("--max-tensors", type=click.IntRange(min=1), default=300, show_default=True,
               help="Rows of the residency heatmap (moved tensors first, then the largest).")
 @json_option
-def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: ModelArgs,
+def report_cmd(plan_path: str, out_dir: str, timeline: str | None, simulate_plan: bool,
+               model: ModelArgs,
                device: str | None, profiles: str | None, measured: str | None,
                trace_path: str | None, formats: str, max_tensors: int, as_json: bool) -> None:
     """Figures (memory per tier with the budget, tensor x kernel residency, bytes moved), a
@@ -83,17 +87,17 @@ def report_cmd(plan_path: str, out_dir: str, timeline: str | None, model: ModelA
     \b
     Examples:
       autotm report plan.json -o report/
-      autotm report plan.json --model resnet50 --training -o report/ --trace trace.json
+      autotm report plan.json --simulate -o report/ --trace trace.json
       autotm report plan.json --timeline timeline.json --measured run.json -o report/
     """
 
-    if timeline and model.model:
-        raise ConfigError("give either --timeline or --model, not both")
+    if sum((bool(timeline), bool(model.model), simulate_plan)) > 1:
+        raise ConfigError("give one of --timeline, --model and --simulate")
     check_writable(out_dir, "-o", directory=True)
     check_writable(trace_path, "--trace")
     plan = Plan.load(plan_path).check_complete()
     graph, simulation = None, None
-    if model.model:
+    if model.model or simulate_plan:
         graph, simulation = _simulation_from_model(plan, model, device, profiles)
     elif timeline:
         simulation = read_json(timeline, "timeline")

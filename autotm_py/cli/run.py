@@ -19,13 +19,13 @@ from autotm_py.cli.common import (
     warn,
 )
 from autotm_py.fileio import atomic_write_text
-from autotm_py.options import Measure, RunMode, check_run
+from autotm_py.options import SOURCE_META_KEY, Measure, RunMode, check_run
 from autotm_py.plan import Plan, costs_drift
 from autotm_py.units import format_bytes
 
 
 @cli.command("run")
-@model_options
+@model_options(optional=True)
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False),
               help="The plan to execute (from `autotm optimize -o`).")
 @click.option("--device", default="cuda", show_default=True,
@@ -54,7 +54,8 @@ from autotm_py.units import format_bytes
 def run_cmd(model: ModelArgs, plan_path: str, device: str, iterations: int, warmup: int,
             kernel_times: bool, no_cap: bool, mode: RunMode, device_busy: bool, seed: int,
             random_weights: bool, output: str | None, as_json: bool) -> int:
-    """Run PLAN on MODEL (the same model options as `optimize`) and report measured times.
+    """Run PLAN on MODEL (default: the model the plan records; the same model options as
+    `optimize`, default the plan's) and report measured times.
 
     On a GPU the plan's fast budget is enforced as a cap on torch's allocator; the measured
     peak (max_memory_allocated) and reserved peak are printed beside the modelled one, with
@@ -76,11 +77,12 @@ def run_cmd(model: ModelArgs, plan_path: str, device: str, iterations: int, warm
     now = api.simulate(graph, plan, costs=costs, strict=False)
     drift = costs_drift(plan.header, costs.digest, now.total_s, gpu_now=costs.target)
     masters, weights = (None, f"seeded random values (--seed {seed}, --random-weights)") \
-        if random_weights else pipeline.initial_values(graph, model.model, seed)
+        if random_weights else pipeline.initial_values(graph, graph.meta[SOURCE_META_KEY], seed)
     result = api.execute(graph, plan, device=device, mode=mode, measure=measure, costs=costs,
                          masters=masters)
     notes = {"estimated_kernels": _estimated(plan, costs), "kernels": len(graph.kernels),
-             "weights": weights, "costs_warning": drift}
+             "weights": weights, "costs_warning": drift,
+             "tiers": pipeline.run_tier_note(plan, device)}
     if output:
         atomic_write_text(output, json.dumps(result.to_dict(), indent=1))
     if as_json:
@@ -137,6 +139,8 @@ def _print_summary(result, notes) -> None:
                    f"{result.device_kernel_s * 1e3:.3f} ms summed); median iteration / busy = "
                    f"{result.median_s / result.device_busy_s:.3f}x")
     click.echo(f"weights: {notes['weights']}")
+    if notes["tiers"]:
+        click.echo(f"note: {notes['tiers']}")
     if result.alloc_retries and result.placed_outputs is not None:
         click.echo("hint: under the placed allocator a retry is a request its region (the cap) "
                    "could not serve, taken from outside the budget: a kernel allocated more "

@@ -21,7 +21,7 @@ from autotm_py.ir.ops import SUPPORTED_OPS
 __all__ = ["IMPORT_ONLY_OPS", "REGISTRY", "KernelSpec", "Lowered", "importable_ops", "lower"]
 
 # ONNX ops that import, but as another op of the vocabulary or as nothing at all.
-IMPORT_ONLY_OPS = ("Upsample",)
+IMPORT_ONLY_OPS = ("CastLike", "Upsample")
 
 
 def importable_ops() -> tuple[str, ...]:

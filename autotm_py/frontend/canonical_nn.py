@@ -77,7 +77,20 @@ def _nary(node: OnnxNode, ctx: Ctx) -> Lowered:
 
 @canonical("Cast")
 def _cast(node: OnnxNode, ctx: Ctx) -> Lowered:
-    return single(node, node.inputs[:1], {"to": ctx.dtype(node.outputs[0])})
+    """A Cast to the dtype its input already has is an alias, not a copy: transformers' Llama
+    casts to float32 around RMSNorm and the softmax whatever the model's dtype, so a float32
+    export copies the attention probabilities (and hides them from the attention fusion)."""
+    to = ctx.dtype(node.outputs[0])
+    if to == ctx.dtype(node.inputs[0]):
+        return Lowered(aliases={node.outputs[0]: node.inputs[0]})
+    return single(node, node.inputs[:1], {"to": to})
+
+
+@canonical("CastLike")
+def _cast_like(node: OnnxNode, ctx: Ctx) -> Lowered:
+    """A Cast to the second input's dtype (the dynamo exporter casts SDPA's scale like the
+    queries): only that input's dtype is read, not its values."""
+    return _cast(node, ctx)
 
 
 @canonical("Clip")

@@ -11,7 +11,9 @@ becomes `ScaledDotProductAttention(Q, K, V[, mask])` with scale = c * c_q * c_k.
 (anything else is left unfused):
 - Q, K, V of rank 3 or 4 with equal batch dims; KT the output of a Transpose that swaps the
   last two axes of K (the Transpose is rewritten to produce K, or dropped when it becomes the
-  identity); every intermediate (S, S1, S2, P, KT, Q', KT') read only by the next step;
+  identity), or of Reshape(Transpose(Reshape(K))) that merges K's leading axes, transposes
+  the rest and splits them back (how torch's dynamo exporter spells K^T for a 4-d K: `_KeyT`);
+  every intermediate (S, S1, S2, P, KT, Q', KT') read only by the next step;
 - M additive, of the scores' dtype, broadcasting to them without growing them, and not
   depending on a trainable weight (it gets no gradient);
 - Where: C bool, broadcasting likewise; F a scalar constant at or below -1e9 (or -inf, or
@@ -38,6 +40,50 @@ from autotm_py.ir.rules.fused import BLHE, SDPA, sdpa_workspace
 
 MASKED_FILL_MAX = -1e9  # fills at or below this are "masked out" (exp(F - max) == 0 exactly)
 HEADS = [0, 2, 1, 3]  # (B, L, H, E) <-> (B, H, L, E): splitting heads off, merging them back
+
+
+@dataclass(frozen=True)
+class _KeyT:
+    """How K^T is made from a tensor `src`: as Transpose(src, `perm`), by the kernels
+    `removed`; `at` the last of them (where a rewritten Transpose goes)."""
+
+    src: int
+    perm: list[int]
+    at: Kernel
+    removed: tuple[int, ...]
+
+
+def _key_transpose(m: Matcher, kt: int) -> _KeyT | None:
+    tr = m.producer(kt)
+    if tr is None or m.sole_user(kt) is None:
+        return None
+    if tr.op_type == "Transpose":
+        perm = list(tr.attr("perm") or range(len(m.graph.tensors[kt].shape))[::-1])
+        return _KeyT(tr.inputs[0], perm, tr, (tr.id,))
+    return _merged_transpose(m, tr) if tr.op_type == "Reshape" else None
+
+
+def _merged_transpose(m: Matcher, split: Kernel) -> _KeyT | None:
+    """Reshape(Transpose(Reshape(X, (prod(X[:k]), *X[k:])), (0, *p)), (*X[:k], ...)): X's
+    leading k axes merged into one, the rest permuted by p, the merged axis split back, which
+    is Transpose(X, (0..k-1, k-1 + p)), when only the chain reads its intermediates."""
+    g = m.graph
+    tr = m.producer(split.inputs[0])
+    if tr is None or tr.op_type != "Transpose" or m.sole_user(split.inputs[0]) is None:
+        return None
+    merge = m.producer(tr.inputs[0])
+    if merge is None or merge.op_type != "Reshape" or m.sole_user(tr.inputs[0]) is None:
+        return None
+    x, merged = g.tensors[merge.inputs[0]].shape, g.tensors[merge.outputs[0]].shape
+    perm = list(tr.attr("perm") or range(len(merged))[::-1])
+    k = len(x) - len(merged) + 1
+    if k < 1 or not perm or perm[0] != 0 or math.prod(x[:k]) != merged[0] \
+            or tuple(x[k:]) != tuple(merged[1:]):
+        return None
+    full = list(range(k)) + [k - 1 + p for p in perm[1:]]
+    if tuple(g.tensors[split.outputs[0]].shape) != tuple(x[p] for p in full):
+        return None
+    return _KeyT(merge.inputs[0], full, split, (merge.id, tr.id, split.id))
 
 
 @dataclass(frozen=True)
@@ -188,12 +234,12 @@ def _scores(m: Matcher, mm1: Kernel, acc: _Acc, mm2: Kernel) -> Rewrite | None:
     g = m.graph
     q, cq, q_removed = _unscaled(m, mm1.inputs[0])
     kt, ck, k_removed = _unscaled(m, mm1.inputs[1])
-    tr = m.producer(kt)
-    if tr is None or tr.op_type != "Transpose" or m.sole_user(kt) is None:
+    key_t = _key_transpose(m, kt)
+    if key_t is None:
         return None
-    perm = list(tr.attr("perm") or range(len(g.tensors[kt].shape))[::-1])
+    perm = list(key_t.perm)
     perm[-2], perm[-1] = perm[-1], perm[-2]
-    k_src = tr.inputs[0]
+    k_src = key_t.src
     k_shape = tuple(g.tensors[k_src].shape[p] for p in perm)
     v = mm2.inputs[1]
     qs, vs = g.tensors[q].shape, g.tensors[v].shape
@@ -211,10 +257,10 @@ def _scores(m: Matcher, mm1: Kernel, acc: _Acc, mm2: Kernel) -> Rewrite | None:
         mask = acc.keep
     elif not causal and _additive_causal(m, acc.add, l_len, s_len):
         causal, mask = True, None
-    removed = (*acc.removed, *q_removed, *k_removed, tr.id)
+    removed = (*acc.removed, *q_removed, *k_removed, *key_t.removed)
     if not m.interior_ok(removed, keep=(mm2.outputs[0],)):
         return None
-    return _rewrite(m, removed, tr, perm, k_shape, (q, v), mask, causal,
+    return _rewrite(m, removed, key_t, perm, k_shape, (q, v), mask, causal,
                     acc.scale * cq * ck, mm2)
 
 
@@ -228,7 +274,7 @@ def _heads_split(m: Matcher, t: int, inside: tuple[int, ...]) -> Kernel | None:
     return k
 
 
-def _heads_last(m: Matcher, removed: tuple[int, ...], tr: Kernel, perm: list[int],
+def _heads_last(m: Matcher, removed: tuple[int, ...], key_src: int, perm: list[int],
                 qv: tuple[int, int], mm2: Kernel) -> tuple[tuple[int, int, int], Kernel,
                                                            tuple[int, ...]] | None:
     """(Q, K, V as (B, L, H, E) tensors, the output's Transpose, kernels removed besides)
@@ -245,9 +291,9 @@ def _heads_last(m: Matcher, removed: tuple[int, ...], tr: Kernel, perm: list[int
         return None
     extra = {q_tr.id, v_tr.id, out_tr.id}
     if perm == HEADS:  # K^T = Transpose(K_blhe, (0, 2, 3, 1))
-        key = tr.inputs[0]
+        key = key_src
     elif perm == sorted(perm):  # K^T = Transpose(K_bhle, (0, 1, 3, 2)), K_bhle split off
-        k_tr = _heads_split(m, tr.inputs[0], removed)
+        k_tr = _heads_split(m, key_src, removed)
         if k_tr is None:
             return None
         key = k_tr.inputs[0]
@@ -257,23 +303,24 @@ def _heads_last(m: Matcher, removed: tuple[int, ...], tr: Kernel, perm: list[int
     return (q_tr.inputs[0], key, v_tr.inputs[0]), out_tr, tuple(sorted(extra))
 
 
-def _rewrite(m: Matcher, removed: tuple[int, ...], tr: Kernel, perm: list[int],
+def _rewrite(m: Matcher, removed: tuple[int, ...], key_t: _KeyT, perm: list[int],
              k_shape: tuple[int, ...], qv: tuple[int, int], mask: Ref | None, causal: bool,
              scale: float, mm2: Kernel) -> Rewrite:
     g = m.graph
     q, v = qv
     placed: list[tuple[int, NewKernel]] = []
-    key: Ref = tr.inputs[0]
+    key: Ref = key_t.src
     layout, out, at = {}, mm2.outputs[0], mm2.id
-    heads = _heads_last(m, removed, tr, perm, qv, mm2)
+    heads = _heads_last(m, removed, key_t.src, perm, qv, mm2)
     if heads is not None:
         (q, key, v), out_tr, extra = heads
         removed = (*removed, *extra)
         layout, out, at = {"layout": BLHE}, out_tr.outputs[0], out_tr.id
     elif perm != sorted(perm):
+        tr = key_t.at
         kt = tr.outputs[0]
         key = NewTensor(f"{g.name_of(kt)}::key", k_shape, g.tensors[kt].dtype)
-        placed.append((tr.id, NewKernel("Transpose", (tr.inputs[0],), (key,),
+        placed.append((tr.id, NewKernel("Transpose", (key_t.src,), (key,),
                                         {"perm": tuple(perm)}, f"{tr.name}::key")))
     inputs: tuple[Ref, ...] = (q, key, v) if mask is None else (q, key, v, mask)
     mask_spec = None

@@ -52,10 +52,10 @@ OVERWRITES: dict[str, tuple[int, ...]] = {
 # Of those, the ones whose outputs the arena packing lets take their inputs' slots (the update
 # of a carried weight, W -> W', and of SGD's momentum buffer): written directly there.
 IN_PLACE_OPS = frozenset({"SGDUpdate"})
-# Ops whose torch kernels allocate every output at exactly its size, so that the placed
-# allocator gives it its slot: measured on the H100 by op (docs/gpu.md, "Outputs allocated at
-# their slots": all of them placed for ResNet-200, DenseNet-264, Inception-v4 and BERT-base,
-# but 3 of Inception-v4's 740 ConvGrad and BatchNormGrad outputs). Not here: layer norm's
+# Ops whose torch kernels allocate every output at exactly its size, so that the placed allocator
+# gives it its slot: measured on the H100 by op (experiments/journal/gpu-2026-11.md, "Outputs
+# allocated at their slots": all of them placed for ResNet-200, DenseNet-264, Inception-v4 and
+# BERT-base, but 3 of Inception-v4's 740 ConvGrad and BatchNormGrad outputs). Not here: layer norm's
 # gradient (its weight gradients mostly land elsewhere), views, and the direct ops.
 PLACED_OPS = frozenset({
     "ConvGrad", "BatchNormGrad", "MaxPool", "MaxPoolGrad", "GlobalAveragePool",

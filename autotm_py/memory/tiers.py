@@ -216,7 +216,8 @@ PRESETS: dict[str, MemorySystem] = {
     # 55.3 GB/s host->device and 55.2 GB/s device->host alone, about 50 GB/s each while matmuls
     # run (the overlapped rates), 94.2 GB/s both ways at once, about 9 us per copy. Runtime
     # reserve: plans that copy only on the compute stream peaked 65-67 MiB above their modelled
-    # tensors in every run (docs/gpu.md): torch's cuBLAS and cuBLASLt workspaces.
+    # tensors in every run (experiments/journal/gpu-2026-11.md): torch's cuBLAS and cuBLASLt
+    # workspaces.
     "h100-pcie5": MemorySystem(
         name="h100-pcie5",
         mode="gpu",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.memory.tiers import FAST, SLOW
-from autotm_py.options import ModelOptions
+from autotm_py.options import SOURCE_META_KEY, ModelOptions
 from autotm_py.plan import (
     Compute,
     CostsIdentity,
@@ -151,5 +151,6 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
         run=machine.run.resolved(),
         costs=CostsIdentity.of(machine.profile_costs),
         gpu=_priced_gpu(machine, device),
+        source=graph.meta.get(SOURCE_META_KEY),
     )
     return Plan(header, dict(builder.initial), records, names_table(graph))

@@ -313,6 +313,8 @@ class _Search:
     fixed: bool = False  # the best plan's search had its regenerations fixed
     # the checkpoint-style start did not pay: no early points from here
     early_dropped: bool = False
+    # the plan the final model's search started from: (its model's name, objective in ms)
+    start: tuple[str, float] | None = None
 
     def no_time_for_last(self, stage: Stage, previous: Stage | None) -> bool:
         """The last stage searches the whole async model after the one with regenerations
@@ -382,6 +384,7 @@ class _Search:
         if warm and f.name == self.config.plan_name and best[0].name != f.name:
             self.notes.append(f"{f.name} search started from the {best[0].name} plan "
                               f"({best[1].objective:.3f} ms)")
+            self.start = (best[0].name, best[1].objective)
         self._keep(f, outcome, stage.fixed and warm)
 
     def _keep(self, f: formulation.Formulation, outcome: SolveOutcome, fixed: bool) -> None:
@@ -401,9 +404,23 @@ class _Search:
             return self.f, self.outcome, _stats(self.config, self.f, self.outcome, self.spent,
                                                 self.limit), self.notes
         f, outcome = self.best
+        self._note_unimproved(f, outcome)
         outcome = _settled(f, outcome, self.config, self.notes, fixed=self.fixed,
                            stopped=self.control.stop_requested)
         return f, outcome, _stats(self.config, f, outcome, self.spent, self.limit), self.notes
+
+
+    def _note_unimproved(self, f: formulation.Formulation, outcome: SolveOutcome) -> None:
+        """A search stopped (time limit, Ctrl-C) no better than the plan it started from
+        returns that plan under the final model's name: say which plan it is."""
+        start = self.start
+        if start is None or f.name != self.config.plan_name or outcome.status == "optimal" \
+                or outcome.objective is None or outcome.objective < start[1] - 1e-6:
+            return
+        why = "its time limit" if outcome.status == "time_limit" else "the stop"
+        self.notes.append(f"{f.name} search reached {why} without improving on the {start[0]} "
+                          f"plan it started from: this plan is that one, under the {f.name} "
+                          "name; a longer --time-limit may find a faster one")
 
 
 def _start(f: formulation.Formulation, stage: Stage,

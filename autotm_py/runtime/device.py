@@ -139,7 +139,7 @@ def release_blas_workspaces(device: str | torch.device) -> None:
     (about 33 MiB each on the H100, never freed by `empty_cache`). The runtime reserve counts
     one stream's; an earlier run's streams, or the eager warm-up's stream once a graph is
     captured on another, would hold theirs under this run's cap (the BERT-base arena plans ran
-    out of memory by 18 MiB with three of them live: docs/gpu.md)."""
+    out of memory by 18 MiB with three of them live: experiments/journal/gpu-2026-11.md)."""
     torch.cuda.synchronize(device)
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:  # torch's own call (torch.cuda.graphs-era API); absent: they stay

@@ -40,14 +40,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How much more than the cap a capture in an arena may hold, once, under a capped run.
-# Capturing allocates kernels' scratch from the graph's private pool, which cannot reuse the
-# blocks the eager warm-up left in the default pool (nor they its), so for the capture's
-# duration both pools hold memory; measured on the H100 (docs/gpu.md), joint plans that replay
-# within budget + 64 MiB failed their capture under that cap. The replays allocate nothing:
-# they run under the cap. A capture with static inputs gets no allowance: its private pool
-# holds the whole iteration and stays reserved while the graph replays, so the capture itself
-# must fit the cap.
+# How much more than the cap a capture in an arena may hold, once, under a capped run. Capturing
+# allocates kernels' scratch from the graph's private pool, which cannot reuse the blocks the eager
+# warm-up left in the default pool (nor they its), so for the capture's duration both pools hold
+# memory; measured on the H100 (experiments/journal/gpu-2026-11.md), joint plans that replay within
+# budget + 64 MiB failed their capture under that cap. The replays allocate nothing: they run under
+# the cap. A capture with static inputs gets no allowance: its private pool holds the whole
+# iteration and stays reserved while the graph replays, so the capture itself must fit the cap.
 CAPTURE_ALLOWANCE = 256 << 20
 
 

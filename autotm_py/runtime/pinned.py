@@ -61,7 +61,7 @@ class PinnedPool:
         self.nbytes = nbytes
         self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin and nbytes > 0)
         # made once per tensor: three torch calls per copy to the slow tier were host time an
-        # eager asynchronous plan spends per move (docs/gpu.md)
+        # eager asynchronous plan spends per move (experiments/journal/gpu-2026-11.md)
         self._views: dict[int, torch.Tensor] = {}
 
     def view(self, tid: int, tensor: Tensor) -> torch.Tensor:

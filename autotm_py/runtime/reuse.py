@@ -8,7 +8,7 @@ and residual add and autograd's gradient accumulation do. It computes the same v
 bit, allocates nothing, and frees nothing the plan keeps. Without it, every gradient
 accumulation of DenseNet-264's backward allocated a new tensor as large as the concatenation
 while the old one was freed a kernel later, and that churn fragmented the caching allocator's
-segment: 9532 MiB reserved for 8538 MiB allocated (docs/gpu.md).
+segment: 9532 MiB reserved for 8538 MiB allocated (experiments/journal/gpu-2026-11.md).
 
 This module decides from the plan alone (no torch); the executor checks at run time that the
 tensor owns its storage, shared with no view (`Executor._may_overwrite`). `update_runs` finds

@@ -336,7 +336,7 @@ class Simulator(PlanInterpreter):
         # device time, ending no earlier than its dispatch ends (so a host-bound stretch
         # lasts its profiled sum, as it was measured). Without device times the two are equal
         # and this is the plain sum. Where copies hold the GPU back, the host runs ahead and
-        # the launch gaps vanish (docs/gpu.md, DenseNet-264).
+        # the launch gaps vanish (experiments/journal/gpu-2026-11.md, DenseNet-264).
         self._await_inputs(kernel, overwrites=kernel.op_type in OVERWRITES)
         profiled = self.machine.kernel_time(kid, rec.placement)
         self.host += profiled

@@ -52,7 +52,9 @@ class Trainer:
     as `autotm optimize`. `plans_dir`: where plans are kept (default beside the profile
     cache). `channels_last`: store convolution images N, H, W, C (default: on a GPU for
     models with convolutions). `profile`: measure the kernels no profile has first (default
-    on a GPU)."""
+    on a GPU). `loss_chunks` > 1: a language model's output layer and its cross-entropy as
+    one kernel over that many blocks of tokens, so the logits never exist whole (as
+    `--loss-chunks`; the loss function must be a cross-entropy over the last axis)."""
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[..., Any], example: Any, *, budget: int | str | None = None,
@@ -60,7 +62,8 @@ class Trainer:
                  mode: RunMode | None = None, strategy: str = "async", recompute: str = "on",
                  gpu: str | None = None, time_limit_s: float | None = 300.0,
                  plans_dir: str | os.PathLike[str] | None = None,
-                 channels_last: bool | None = None, profile: bool | None = None) -> None:
+                 channels_last: bool | None = None, profile: bool | None = None,
+                 loss_chunks: int = 1) -> None:
         if (budget is None) == (ratio is None):
             raise ConfigError("Trainer: give either budget (bytes, e.g. '4GiB') or ratio "
                               "(fast:slow, e.g. '1:3'), not both and not neither")
@@ -73,7 +76,7 @@ class Trainer:
         # region the device's free memory: the Trainer's own plan keeps within the budget)
         self.notes: list[str] = pipeline.prepare_cuda(self.device, self.mode, None)
         self.example = split_example(example)
-        self.graph, captured = self._capture(loss_fn, channels_last)
+        self.graph, captured = self._capture(loss_fn, channels_last, loss_chunks)
         self.map = StateMap.of(self.graph, captured, module)
         # GPU mode on either device: kernels read fast memory, copies cross the link. On the
         # CPU nothing keeps fast memory for itself (the GPU presets reserve cuBLAS's).
@@ -95,7 +98,8 @@ class Trainer:
     def steps(self) -> int:
         return self.loop.steps
 
-    def _capture(self, loss_fn: Callable[..., Any], channels_last: bool | None) -> tuple[Any, Any]:
+    def _capture(self, loss_fn: Callable[..., Any], channels_last: bool | None,
+                 loss_chunks: int) -> tuple[Any, Any]:
         """The training graph of the module's forward at the example, and the capture."""
         params = [p for p in self.module.parameters() if p.requires_grad]
         spec = optimizer_of(self.optimizer, params)
@@ -106,7 +110,10 @@ class Trainer:
                               "grad: the Trainer trains every parameter the forward reads")
         forward = import_model(captured.model, name=type(self.module).__name__,
                                initializer_weights=True)
-        graph = derive_training(forward, optimizer=spec, loss=rule)
+        try:
+            graph = derive_training(forward, optimizer=spec, loss=rule, loss_chunks=loss_chunks)
+        except ConfigError as exc:
+            raise ConfigError(f"Trainer: loss_chunks={loss_chunks}: {exc}") from None
         _check_labels(graph, self.example)
         if channels_last is None:
             channels_last = self.device.startswith("cuda") and has_convolutions(graph)

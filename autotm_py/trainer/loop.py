@@ -30,13 +30,14 @@ from autotm_py.runtime.execute import new_executor
 
 log = logging.getLogger(__name__)
 
-# The run mode a GPU trains in unless told otherwise: the benchmark's fastest plans (docs/gpu.md)
-# run at planned addresses and replay as a CUDA graph. Their placed allocator (kernels allocate
-# their outputs at their slots) is left to commands, which own their process: it becomes torch's
-# CUDA allocator for the whole process, where torch's memory statistics (max_memory_allocated,
-# reset_peak_memory_stats) and the kernel profiler stop working; a Trainer in a user's program
-# copies those outputs into their slots instead (`mode=RunMode(arena=True, replay=True)`
-# asks for the placed allocator). On the CPU the plan runs eagerly on torch's allocator.
+# The run mode a GPU trains in unless told otherwise: the benchmark's fastest plans
+# (docs/results.md) run at planned addresses and replay as a CUDA graph. Their placed allocator
+# (kernels allocate their outputs at their slots) is left to commands, which own their process: it
+# becomes torch's CUDA allocator for the whole process, where torch's memory statistics
+# (max_memory_allocated, reset_peak_memory_stats) and the kernel profiler stop working; a Trainer in
+# a user's program copies those outputs into their slots instead (`mode=RunMode(arena=True,
+# replay=True)` asks for the placed allocator). On the CPU the plan runs eagerly on torch's
+# allocator.
 GPU_MODE = RunMode(arena=True, placed=False, replay=True)
 CPU_MODE = RunMode(placed=False)
 COMMAND_GPU_MODE = RunMode(arena=True, placed=True, replay=True)

@@ -24,8 +24,14 @@
 # region (their own rows: options arena+replay+placed; the default since 2026-11-28 evening is
 # scratch windows, options arena+replay+placed+windows, as EXTRA="--scratch windows" asked before;
 # rows before 2026-12-01 say graph for replay: arena+graph+placed+windows).
+#
+# SOLVE=1, on the CPU machine before the GPU call, with the same arguments and variables: only
+# solves the plans that call needs into PLANS (default experiments/plans/bench_arena, which is
+# not tracked: experiments/README.md, "Plans"), rows in OUT_DIR/bench_arena.{csv,json} without
+# measurements (in the environment of this checkout, e.g. its .venv); carry PLANS to the GPU
+# machine.
 set -u
-. experiments/gpu/setup.sh
+[ -n "${SOLVE:-}" ] || . experiments/gpu/setup.sh  # SOLVE: this machine's environment
 out=$1
 shift
 mkdir -p "$out"
@@ -40,7 +46,7 @@ for cell in "$@"; do
   python3 -m autotm_py bench --models "$model" --ratios "$ratios" \
       --strategies "${STRATEGIES:-async+recompute}" --device cuda --training --batch "$1" \
       "${@:2}" --time-limit 180 --arena --replay --read-pricing "${pricing:-step}" ${EXTRA:-} \
-      --execute \
-      --plans experiments/plans/bench_arena --workers 1 --no-progress \
+      $([ -n "${SOLVE:-}" ] || echo --execute) \
+      --plans "${PLANS:-experiments/plans/bench_arena}" --workers 1 --no-progress \
       -o "$out/bench_arena.csv" 2>&1 | tail -n 8
 done

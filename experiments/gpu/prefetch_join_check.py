@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
 
 
 def plans_parser(doc: str, deadline: float, repeats: str) -> argparse.ArgumentParser:
-    """The options of a side-by-side check of plan files (this script's, placed_check.py's)."""
+    """The options of a side-by-side check of plan files (this script's)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("plans", nargs="+", type=Path)

@@ -1,20 +1,24 @@
 """A user's model trained through `autotm_py.Trainer` under a budget, beside what a PyTorch user
 runs for it, in one process (issue 44 item 6).
 
-For each budget (a share of one iteration's peak, the Trainer's graph's): the Trainer's steps
-(default run mode: an arena, the placed allocator, CUDA-graph replay) and plain PyTorch eager
-steps of a copy of the same module on the same batches, uncapped (the loss curves compared, the
-step times side by side); with `--native`, also PyTorch activation checkpointing
-(`checkpoint_sequential`, fewest segments that fit) and torch.compile with
-`activation_memory_budget`, under the same cap, timed by experiments/gpu/native_compare.py.
+Plain PyTorch eager steps of a copy of the module on the same batches, uncapped (what the loss
+curves are compared with); then for each budget (a share of one iteration's peak, the Trainer's
+graph's; 1 = all fast, no budget) the Trainer's steps (its default run mode on a GPU: an arena
+at planned addresses, replayed as a CUDA graph); with `--native`, PyTorch activation
+checkpointing of the same module under the same cap (budget + 64 MiB: ResNet-50 by
+`checkpoint_sequential` at the fewest segments that fit, GPT-2 every block) and, with
+`--compile F1,F2`, torch.compile of the same module with `activation_memory_budget` at each
+fraction (compiled once per fraction, run under every cap). Results are written after each
+piece, so a run cut short keeps what it measured.
 
 Usage (GPU machine, repository root, the wheels of setup.sh carried):
     python3 experiments/gpu/trainer_bench.py OUT.json --model resnet50 --batch 64 \
-        --shares 0.5,0.25 --steps 50 [--native] [--compile 0.5]
+        --shares 1,0.5,0.25 --steps 50 [--native] [--compile 0.5,0.1] [--loss-chunks 16]
     --model tiny (an MLP; --device cpu works): the script's own check
 Models: torchvision's ResNet-50 (channels-last), an in-code GPT-2 small (12 layers, 768 wide,
 tied embeddings, `scaled_dot_product_attention`; --seq), tiny. SGD with momentum 0.9, lr 0.01.
-Step times: the median over the steps after the first three (each step waits for its loss).
+Step times: the median over the steps after the first three (each step waits for its loss);
+the native options' the median of 10 steps after 2 (native_compare.measure_step).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -70,11 +76,12 @@ class GPT2(nn.Module):
         self.ln = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
         self.head.weight = self.emb.weight
+        self.checkpointed = False  # native activation checkpointing: every block
 
     def forward(self, tokens):
         x = self.emb(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointed else block(x)
         return self.head(self.ln(x))
 
 
@@ -120,19 +127,40 @@ def timed_steps(step, data) -> tuple[list[float], list[float]]:
     return losses, seconds
 
 
-def ours(net, loss_fn, data, share: float, device: str, time_limit: float) -> dict[str, Any]:
-    part = Fraction(share).limit_denominator(100)  # 0.25 -> 1/4 -> fast:slow 1:3
-    ratio = f"{part.numerator}:{part.denominator - part.numerator}"
+def ratio_of(share: float) -> str:
+    """fast:slow for a share of the peak: 0.25 -> 1/4 -> "1:3"; 1 -> "1:0" (all fast)."""
+    part = Fraction(share).limit_denominator(100)
+    return f"{part.numerator}:{part.denominator - part.numerator}"
+
+
+def ours(net, loss_fn, data, share: float, args) -> dict[str, Any]:
+    cuda = args.device.startswith("cuda")
     opt = sgd(net.parameters())
-    trainer = Trainer(net, opt, loss_fn, example=data[0], ratio=ratio, device=device,
-                      time_limit_s=time_limit, plans_dir=tempfile.mkdtemp())
-    losses, seconds = timed_steps(trainer.step, data)
+    started = time.perf_counter()
+    trainer = Trainer(net, opt, loss_fn, example=data[0], ratio=ratio_of(share),
+                      device=args.device, time_limit_s=args.time_limit,
+                      plans_dir=tempfile.mkdtemp(), loss_chunks=args.loss_chunks)
+    setup_s = time.perf_counter() - started
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    losses, seconds = timed_steps(trainer.step, data[:3])  # two eager steps, then the capture
+    if cuda:
+        reserved = int(torch.cuda.max_memory_reserved())
+        torch.cuda.reset_peak_memory_stats()
+    more = timed_steps(trainer.step, data[3:])
+    losses, seconds = losses + more[0], seconds + more[1]
     plan = trainer.plan
-    return {"losses": losses, "step_s": statistics.median(seconds[3:]),
-            "budget_bytes": plan.header.budget_bytes, "peak_bytes": trainer.graph.peak_live_bytes,
-            "predicted_s": plan.header.predicted_time_s, "status": plan.header.solver.status,
-            "moves": sum(1 for _ in plan.moves()), "recomputes": sum(1 for _ in plan.recomputes()),
-            "replayed": bool(trainer.loop.driver.replayed), "notes": trainer.notes}
+    row = {"losses": losses, "step_s": statistics.median(seconds[3:]), "setup_s": setup_s,
+           "budget_bytes": plan.header.budget_bytes, "peak_bytes": trainer.graph.peak_live_bytes,
+           "predicted_s": plan.header.predicted_time_s, "status": plan.header.solver.status,
+           "moves": sum(1 for _ in plan.moves()), "recomputes": sum(1 for _ in plan.recomputes()),
+           "replayed": bool(trainer.loop.driver.replayed), "notes": trainer.notes,
+           "describe": trainer.describe()}
+    if cuda:  # what the steps held, arena included (it comes from torch's allocator)
+        row["reserved_peak_first_steps_bytes"] = reserved
+        row["reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved())
+    return row
 
 
 def eager(net, loss_fn, data, device: str) -> dict[str, Any]:
@@ -151,21 +179,100 @@ def eager(net, loss_fn, data, device: str) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     losses, seconds = timed_steps(step, data)
     peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
-    return {"losses": losses, "step_s": statistics.median(seconds[3:]), "peak_bytes": peak}
+    return {"losses": losses, "step_s": statistics.median(seconds[3:] or seconds),
+            "peak_bytes": peak}
 
 
-def natives(name: str, batch: int, seq: int, cap: int, compile_fractions) -> dict[str, Any]:
-    """PyTorch's own options under the same cap (experiments/gpu/native_compare.py)."""
+def native_step(net, loss_fn, batch, forward=None):
+    """One SGD step of `net` (or of `forward`, its compiled or checkpointed form)."""
+    opt = sgd(net.parameters())
+    forward = net if forward is None else forward
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(forward(batch[0]), batch[1]).backward()
+        opt.step()
+    return step
+
+
+def under_cap(nc, cap: int, make_step) -> dict[str, Any]:
+    """The median step of `make_step()` under the cap (budget + 64 MiB), or out of memory."""
+    torch.cuda.empty_cache()
+    applied = nc.apply_cap(cap, nc.DEV, True, nc.SLACK)
+    try:
+        measured = nc.measure_step(make_step(), 10)
+        return {k: measured[k] for k in ("median_s", "peak_bytes", "reserved_peak_bytes",
+                                         "alloc_retries")} | {"cap": applied}
+    except torch.OutOfMemoryError:
+        return {"median_s": None, "out_of_memory": True, "cap": applied}
+    finally:
+        nc.release_cap(nc.DEV)
+        torch.cuda.empty_cache()
+
+
+def checkpointed(nc, name: str, net, loss_fn, batch, cap: int) -> dict[str, Any]:
+    """PyTorch activation checkpointing of the same module under the cap: ResNet-50 by
+    checkpoint_sequential at the fewest segments that fit, GPT-2 every block."""
+    if name == "gpt2":
+        net.checkpointed = True
+        try:
+            return under_cap(nc, cap, lambda: native_step(net, loss_fn, batch)) | {
+                "form": "every block"}
+        finally:
+            net.checkpointed = False
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    seq, missed = nc.cnn_sequential(net), []
+    for segments in (s for s in nc.SEGMENTS if s <= len(seq)):
+        row = under_cap(nc, cap, lambda s=segments: native_step(
+            net, loss_fn, batch,
+            lambda x, s=s: checkpoint_sequential(seq, s, x, use_reentrant=False)))
+        if row["median_s"] is not None:
+            return row | {"form": f"checkpoint_sequential, {segments} segments",
+                          "out_of_memory_at": missed}
+        missed.append(segments)
+    return {"median_s": None, "out_of_memory_at": missed}
+
+
+def compiled(nc, net, loss_fn, batch, caps: dict[float, int], fraction: float
+             ) -> dict[float, dict[str, Any]]:
+    """torch.compile of the same module with `activation_memory_budget` = fraction, compiled
+    once (uncapped, its first step) and then run under each cap."""
+    import torch._dynamo
+    import torch._functorch.config as functorch_config
+
+    torch._dynamo.reset()
+    functorch_config.activation_memory_budget = fraction
+    try:
+        forward = torch.compile(net)
+        started = time.perf_counter()
+        native_step(net, loss_fn, batch, forward)()
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - started
+        return {share: under_cap(nc, cap, lambda: native_step(net, loss_fn, batch, forward))
+                | {"activation_memory_budget": fraction, "compile_s": compile_s}
+                for share, cap in caps.items()}
+    finally:
+        functorch_config.activation_memory_budget = 1.0
+        torch._dynamo.reset()
+
+
+def natives(name: str, net, loss_fn, data, caps: dict[float, int], fractions, device: str,
+            out: dict[str, Any], write: Callable[[], None]) -> None:
+    """PyTorch's own options on the same module under each cap, into `out`."""
     sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
     import native_compare as nc
 
-    zoo = {"resnet50": "resnet50", "gpt2": "gpt2_small"}[name]
-    nc.CHANNELS_LAST = name == "resnet50"
-    dims = {"seq": seq} if name == "gpt2" else {}
-    out = {"checkpoint": nc.measure_native(zoo, batch, dims, 10, budget=cap)}
-    if compile_fractions:
-        out["compile"] = nc.measure_compiled(zoo, batch, dims, 10, cap, compile_fractions)
-    return out
+    nc.DEV = device
+    net = net.to(device).train()
+    batch = tuple(t.to(device) for t in data[0])
+    out["checkpoint"] = {share: checkpointed(nc, name, net, loss_fn, batch, cap)
+                         for share, cap in caps.items()}
+    write()
+    out["compile"] = {}
+    for fraction in fractions:
+        out["compile"][fraction] = compiled(nc, net, loss_fn, batch, caps, fraction)
+        write()
 
 
 def main(argv: list[str]) -> int:
@@ -174,31 +281,55 @@ def main(argv: list[str]) -> int:
     p.add_argument("--model", default="resnet50", choices=("resnet50", "gpt2", "tiny"))
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--shares", default="0.5,0.25")
+    p.add_argument("--shares", default="1,0.5,0.25")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--device", default="cuda")
     p.add_argument("--time-limit", type=float, default=120.0)
+    p.add_argument("--loss-chunks", type=int, default=1)
     p.add_argument("--native", action="store_true")
     p.add_argument("--compile", default="", help="activation_memory_budget values to try")
+    p.add_argument("--caps-from", type=Path, help="an earlier result: its budgets, no steps of "
+                   "ours (the native options alone)")
     args = p.parse_args(argv)
+    torch.backends.cudnn.benchmark = False
+    if args.device.startswith("cuda"):  # before CUDA starts: one work queue for replays
+        from autotm_py.runtime.device import use_replay_work_queues
+
+        use_replay_work_queues()
     net, loss_fn, data = model_and_data(args.model, args.batch, args.seq, args.steps)
-    rows = []
-    for share in (float(s) for s in args.shares.split(",")):
-        row = {"model": args.model, "batch": args.batch, "share": share,
-               "ours": ours(copy.deepcopy(net), loss_fn, data, share, args.device,
-                            args.time_limit),
-               "eager": eager(copy.deepcopy(net), loss_fn, data, args.device)}
-        worst = max(abs(a - b) / abs(b) for a, b in zip(row["ours"]["losses"],
-                                                         row["eager"]["losses"], strict=True))
-        row["loss_max_rel_diff"] = worst
-        if args.native:
-            fractions = [float(f) for f in args.compile.split(",") if f]
-            row["native"] = natives(args.model, args.batch, args.seq,
-                                    row["ours"]["budget_bytes"], fractions)
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("ours", "eager")}
-                         | {"ours_s": row["ours"]["step_s"], "eager_s": row["eager"]["step_s"]}))
-        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+    result: dict[str, Any] = {"model": args.model, "batch": args.batch,
+                              "args": {k: str(v) if isinstance(v, Path) else v
+                                       for k, v in vars(args).items()},
+                              "device": (torch.cuda.get_device_name()
+                                         if args.device.startswith("cuda") else "cpu"),
+                              "eager": eager(copy.deepcopy(net), loss_fn, data, args.device),
+                              "rows": []}
+    write = lambda: Path(args.out).write_text(json.dumps(result, indent=1) + "\n")  # noqa: E731
+    write()
+    print(f"eager uncapped {result['eager']['step_s'] * 1e3:.2f} ms", flush=True)
+    shares = [] if args.caps_from else [float(s) for s in args.shares.split(",")]
+    for share in shares:
+        row = {"share": share, "ours": ours(copy.deepcopy(net), loss_fn, data, share, args)}
+        row["loss_max_rel_diff"] = max(
+            abs(a - b) / abs(b) for a, b in zip(row["ours"]["losses"], result["eager"]["losses"],
+                                                strict=True))
+        result["rows"].append(row)
+        write()
+        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+        print(json.dumps({"share": share, "ours_s": row["ours"]["step_s"],
+                          "predicted_s": row["ours"]["predicted_s"],
+                          "describe": row["ours"]["describe"],
+                          "loss_max_rel_diff": row["loss_max_rel_diff"]}), flush=True)
+    if args.native:
+        rows = json.loads(args.caps_from.read_text())["rows"] if args.caps_from else \
+            result["rows"]
+        caps = {r["share"]: r["ours"]["budget_bytes"] for r in rows
+                if r["ours"]["budget_bytes"] is not None}
+        fractions = [float(f) for f in args.compile.split(",") if f]
+        result["native"] = {}
+        natives(args.model, copy.deepcopy(net), loss_fn, data, caps, fractions, args.device,
+                result["native"], write)
+        print(json.dumps(result["native"]), flush=True)
     return 0
 
 

@@ -208,6 +208,7 @@ function _header(x, ctx)
         version >= 3 ? _req(_runmode, x, "run", ctx) : _old_runmode(x, ctx),
         _req(_optcosts, x, "costs", ctx),
         _opt(_optstr, x, "gpu", nothing, ctx),
+        _opt(_optstr, x, "source", nothing, ctx),
     )
 end
 

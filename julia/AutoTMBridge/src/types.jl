@@ -148,6 +148,7 @@ struct PlanHeader
     run::RunMode
     costs::Union{CostsIdentity,Nothing}
     gpu::Union{String,Nothing}  # the GPU whose profiles priced it (absent in older plans)
+    source::Union{String,Nothing}  # the model it was made for: a file's path or a zoo name
 end
 
 "A row of the plan's tensor table: 0-based id, name, size in bytes, role (e.g. `\"weight\"`)."
