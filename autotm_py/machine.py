@@ -54,12 +54,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autotm_py.config import GPU_DEVICE_BYTES
 from autotm_py.costs import REPLAY_TO_FAST_SLOWDOWN, REPLAY_TO_SLOW_SLOWDOWN
 from autotm_py.errors import ConfigError
 from autotm_py.memory import accounting
 from autotm_py.memory.scratch import allocated_outputs
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.options import RunMode
+from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
     from autotm_py.costs import KernelCosts
@@ -391,3 +393,15 @@ class MachineModel:
         if abs(everything - sum(out)) > 1e-9 * max(base, 1e-9):
             return None
         return out
+
+
+def over_device_note(machine: MachineModel) -> str | None:
+    """A GPU plan's budget beyond the memory of the GPU it is priced for: it cannot run so."""
+    gpu, budget = machine.costs.target, machine.memory.budget_bytes
+    device_bytes = GPU_DEVICE_BYTES.get(gpu)
+    if machine.memory.mode != "gpu" or device_bytes is None or budget is None or \
+            budget <= device_bytes:
+        return None
+    return (f"budget: {format_bytes(budget)} is more than the {gpu}'s "
+            f"{format_bytes(device_bytes)} of memory: the plan cannot run as planned on it "
+            "(give a smaller --fast-mem or --ratio)")

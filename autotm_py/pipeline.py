@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotm_py import arena
-from autotm_py.config import GPU_DEVICE_BYTES, default_memory
+from autotm_py.config import default_memory
 from autotm_py.costs import KernelCosts
 from autotm_py.errors import AutoTMError, ConfigError, PlanError, SolverError
 from autotm_py.frontend.onnx import import_onnx
@@ -33,10 +33,16 @@ from autotm_py.frontend.weights import initializer_values
 from autotm_py.frontend.zoo import ZOO, build_graph
 from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.training import derive_training
-from autotm_py.machine import MachineModel
+from autotm_py.machine import MachineModel, over_device_note
 from autotm_py.memory import accounting
 from autotm_py.memory.accounting import ALIGN_BYTES
-from autotm_py.memory.tiers import MemorySystem, load_memory_system, preset
+from autotm_py.memory.tiers import (
+    MemorySystem,
+    cpu_run_note,
+    load_memory_system,
+    preset,
+    simulated_tier_note,
+)
 from autotm_py.options import SOURCE_META_KEY, Measure, ModelOptions, RunMode
 from autotm_py.plan import Plan
 from autotm_py.planning import baselines as baseline_plans
@@ -108,45 +114,17 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
         names = BASELINES if baselines is True else tuple(baselines)
         control.report(stage="planning the baselines")
         result = replace(result, baselines=run_baselines(machine, names, control))
-    notes = [n for n in (machine.costs.borrowed_note(), _over_device_note(machine),
+    notes = [n for n in (machine.costs.borrowed_note(), over_device_note(machine),
                          simulated_tier_note(machine.memory)) if n]
     return _noted(result, machine, notes)[0]
 
 
-def simulated_tier_note(memory: MemorySystem) -> str | None:
-    """Host mode: the slow tier is a model (a preset's or a calibration's bandwidths), not
-    memory this machine has; `autotm run --device cpu` keeps both tiers in its DRAM."""
-    if memory.mode != "host":
-        return None
-    origin = "a calibration file's" if memory.measured else f"the {memory.name} preset's"
-    return (f"host mode: the slow tier ({memory.slow.name}) is simulated from {origin} "
-            "bandwidths; `autotm run --device cpu` keeps both tiers in this machine's DRAM (a "
-            "check of the plan, not of its speed)")
-
-
 def run_tier_note(plan: Plan, device: str) -> str | None:
-    """What a run of `plan` on `device` does not measure: on the CPU no slow tier of the
-    plan's memory system exists (host mode: it is simulated; GPU mode: no GPU, no link)."""
+    """What a run of `plan` on `device` does not measure (`memory.tiers.cpu_run_note`)."""
     if device.startswith("cuda"):
         return None
-    memory = MemorySystem.from_dict(dict(plan.header.memory_system), origin="plan header")
-    if memory.mode == "host":
-        return (f"the plan's slow tier ({memory.slow.name}) is simulated: both tiers ran in "
-                "this machine's DRAM, so the measured time is not what the prediction models")
-    return ("a GPU-mode plan run on the CPU: both tiers in host memory, no GPU and no link; "
-            "the measured time checks the plan, not its speed")
-
-
-def _over_device_note(machine: MachineModel) -> str | None:
-    """A GPU plan's budget beyond the memory of the GPU it is priced for: it cannot run so."""
-    gpu, budget = machine.costs.target, machine.memory.budget_bytes
-    device_bytes = GPU_DEVICE_BYTES.get(gpu)
-    if machine.memory.mode != "gpu" or device_bytes is None or budget is None or \
-            budget <= device_bytes:
-        return None
-    return (f"budget: {format_bytes(budget)} is more than the {gpu}'s "
-            f"{format_bytes(device_bytes)} of memory: the plan cannot run as planned on it "
-            "(give a smaller --fast-mem or --ratio)")
+    return cpu_run_note(MemorySystem.from_dict(dict(plan.header.memory_system),
+                                               origin="plan header"))
 
 
 def _with_region_instead(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | None,

@@ -61,8 +61,9 @@ MASKS = (
 # Lines left out of generated outputs: they depend on the machine's load or its CPU, not on the
 # code (the shipped CPU profiles serve another CPU's kernels with a warning that names both,
 # and none where the CPU is the one profiled).
-DROPPED = (re.compile(r"^WARNING autotm_py\.profiling\.profile: load average .* exceeds"),
-           re.compile(r"^\d+ kernels of \S+ from profiles of cpu \|.*, the closest to '"))
+DROPPED = (re.compile(r"^warning: load average .* exceeds"),
+           re.compile(r"^(warning: )?\d+ kernels of \S+ from profiles of cpu \|.*, the closest "
+                      r"to '"))
 
 
 @dataclass

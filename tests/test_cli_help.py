@@ -68,3 +68,38 @@ def test_log_warnings_are_one_formatted_line(tmp_path):
     lines = done.stderr.splitlines()
     assert any(ln.startswith("warning: ") and "have no profile" in ln for ln in lines), lines
     assert not any(ln.startswith(("WARNING", "INFO")) for ln in lines), lines
+
+
+def test_multi_second_steps_show_a_status_line_that_names_them(monkeypatch, capsys):
+    """inspect, simulate and report draw the status line optimize draws (on a terminal, after
+    `BUSY_DELAY_S`), naming the step; nothing for --json or a pipe."""
+    import io
+    import time
+
+    from autotm_py.cli import status
+
+    stream = io.StringIO()
+    monkeypatch.setattr(status, "wanted", lambda as_json: not as_json)
+    monkeypatch.setattr(status, "BUSY_DELAY_S", 0.0)
+    with status.busy("loading the model", False, stream=stream) as control:
+        time.sleep(0.3)
+        control.report(stage="pricing the kernels")
+        time.sleep(0.3)
+    text = stream.getvalue()
+    assert "autotm: loading the model, 0 s" in text and "autotm: pricing the kernels" in text
+    assert text.endswith("\r\x1b[K")  # erased at the end
+    quiet = io.StringIO()
+    with status.busy("loading the model", True, stream=quiet):
+        time.sleep(0.1)
+    assert quiet.getvalue() == ""
+
+
+def test_inspect_draws_its_steps(monkeypatch):
+    from autotm_py.cli import status
+
+    monkeypatch.setattr(status, "wanted", lambda as_json: not as_json)
+    monkeypatch.setattr(status, "BUSY_DELAY_S", 0.0)
+    result = CliRunner().invoke(cli, ["inspect", "resnet50", "--batch", "2", "--training"])
+    assert result.exit_code == 0, result.output
+    assert "autotm: loading the model" in result.stderr
+    assert "peak live" in result.stdout and "autotm:" not in result.stdout

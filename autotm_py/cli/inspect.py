@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from autotm_py import api
-from autotm_py.cli import cli
+from autotm_py.cli import cli, status
 from autotm_py.cli.common import (
     ModelArgs,
     check_writable,
@@ -265,12 +265,17 @@ def inspect_command(model: ModelArgs, csv_path: str | None, as_json: bool,
     system = load_memory_system(memory or default_memory(kernels_device or "cuda", gpu))
     if reserve is not None:
         system = replace(system, runtime_reserve_bytes=parse_bytes(reserve, flag="--reserve"))
-    graph = load_model_from_cli(model)
+    with status.busy("loading the model", as_json) as control:
+        graph = load_model_from_cli(model)
+        if not kernels_device:
+            control.report(stage="pricing the kernels")
+            device = "cuda" if system.mode == "gpu" else "cpu"
+            costs = api.load_costs(graph, device=device, gpu=gpu)
+            control.report(stage="working sets and budgets")
+            report = inspect_report(graph, system, costs)
     if kernels_device:  # the kernel table of autotm_py/report/tables.py
         return print_kernel_report(graph, kernels_device, csv_path, as_json,
                                    system.runtime_reserve_bytes, gpu)
-    device = "cuda" if system.mode == "gpu" else "cpu"
-    report = inspect_report(graph, system, api.load_costs(graph, device=device, gpu=gpu))
     if csv_path:
         write_csv(csv_path, report)
     if as_json:

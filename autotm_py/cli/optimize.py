@@ -338,10 +338,13 @@ def simulate_cmd(model: ModelArgs, plan_path: str, profiles_dir: str | None, no_
 
     check_writable(output, "-o")
     plan = Plan.load(plan_path)
-    graph = load_model_from_cli(model, plan=plan)
-    costs = api.load_costs(graph, device=plan.header.device, profiles_dir=profiles_dir,
-                           gpu=gpu or plan.header.gpu)
-    sim = api.simulate(graph, plan, costs=costs, strict=not no_strict)
+    with status.busy("loading the model", as_json) as control:
+        graph = load_model_from_cli(model, plan=plan)
+        control.report(stage="pricing the kernels")
+        costs = api.load_costs(graph, device=plan.header.device, profiles_dir=profiles_dir,
+                               gpu=gpu or plan.header.gpu)
+        control.report(stage="simulating the plan")
+        sim = api.simulate(graph, plan, costs=costs, strict=not no_strict)
     # priced on purpose for another GPU than the plan's: its costs differ, that is no drift
     drift = None if gpu and costs.target != plan.header.gpu else \
         costs_drift(plan.header, sim.costs_digest, sim.total_s)

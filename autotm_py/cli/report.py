@@ -10,7 +10,7 @@ import click
 
 from autotm_py import api
 from autotm_py.bench import BenchSpec, key_of, run_bench
-from autotm_py.cli import cli
+from autotm_py.cli import cli, status
 from autotm_py.cli.common import (
     ModelArgs,
     budget_parts,
@@ -97,17 +97,20 @@ def report_cmd(plan_path: str, out_dir: str, timeline: str | None, simulate_plan
     check_writable(trace_path, "--trace")
     plan = Plan.load(plan_path).check_complete()
     graph, simulation = None, None
-    if model.model or simulate_plan:
-        graph, simulation = _simulation_from_model(plan, model, device, profiles)
-    elif timeline:
-        simulation = read_json(timeline, "timeline")
-    drift = _drift(plan, simulation)
-    run = load_measured(read_json(measured, "measured run"), origin=measured) if measured \
-        else None
-    fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
-    result = make_report(plan, out_dir, graph=graph, simulation=simulation, measured=run,
-                         trace_path=trace_path, formats=fmts, max_tensors=max_tensors,
-                         origin={"timeline": timeline or "simulation", "measured": measured})
+    with status.busy("simulating the plan", as_json) as control:
+        if model.model or simulate_plan:
+            graph, simulation = _simulation_from_model(plan, model, device, profiles)
+        elif timeline:
+            simulation = read_json(timeline, "timeline")
+        drift = _drift(plan, simulation)
+        run = load_measured(read_json(measured, "measured run"), origin=measured) \
+            if measured else None
+        fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
+        control.report(stage="drawing the figures")
+        result = make_report(plan, out_dir, graph=graph, simulation=simulation, measured=run,
+                             trace_path=trace_path, formats=fmts, max_tensors=max_tensors,
+                             origin={"timeline": timeline or "simulation",
+                                     "measured": measured})
     if as_json:
         print_json({"files": [str(p) for p in result.files], "overview": result.overview,
                     "metrics": result.metrics, "costs_warning": drift})

@@ -139,7 +139,7 @@ def _print_summary(result, notes) -> None:
                    f"{result.device_kernel_s * 1e3:.3f} ms summed); median iteration / busy = "
                    f"{result.median_s / result.device_busy_s:.3f}x")
     click.echo(f"weights: {notes['weights']}")
-    if notes["tiers"]:
+    if notes.get("tiers"):
         click.echo(f"note: {notes['tiers']}")
     if result.alloc_retries and result.placed_outputs is not None:
         click.echo("hint: under the placed allocator a retry is a request its region (the cap) "

@@ -11,11 +11,26 @@ from __future__ import annotations
 import shutil
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 from autotm_py.planning import SolveControl
 
 HINTS = {"solving": "Ctrl-C keeps the best plan", "stopping": "Ctrl-C again: stop now"}
+# A step shorter than this draws no line (`busy`): a line only for work a user waits on
+BUSY_DELAY_S = 1.0
+
+
+@contextmanager
+def busy(stage: str, as_json: bool, *, stream: TextIO | None = None) -> Iterator[SolveControl]:
+    """``with busy("loading the model", as_json) as control:`` a status line with the stage
+    (`control.report(stage=...)` changes it) and the seconds elapsed, for multi-second work
+    that is no solve (inspect, simulate, report, run's setup); drawn after `BUSY_DELAY_S`."""
+    control = SolveControl()
+    control.report(stage=stage)
+    with StatusLine(control, wanted(as_json), stream=stream, delay_s=BUSY_DELAY_S):
+        yield control
 
 
 def wanted(as_json: bool) -> bool:
@@ -27,8 +42,9 @@ class StatusLine:
     """``with StatusLine(control, enabled):`` draws ``control.progress`` until the block ends."""
 
     def __init__(self, control: SolveControl, enabled: bool, *, stream: TextIO | None = None,
-                 every_s: float = 0.25) -> None:
+                 every_s: float = 0.25, delay_s: float = 0.0) -> None:
         self.control, self.enabled, self.every_s = control, enabled, every_s
+        self.delay_s = delay_s
         self.stream = stream or sys.stderr
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -48,6 +64,8 @@ class StatusLine:
         self.stream.flush()
 
     def _run(self) -> None:
+        if self._done.wait(self.delay_s):
+            return
         while not self._done.is_set():
             self.stream.write("\r" + self.text() + "\x1b[K")
             self.stream.flush()

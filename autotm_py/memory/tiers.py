@@ -271,3 +271,24 @@ def load_memory_system(spec: str | os.PathLike[str]) -> MemorySystem:
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read memory-system JSON ({exc})") from None
     return MemorySystem.from_dict(data, origin=str(path))
+
+
+def simulated_tier_note(memory: MemorySystem) -> str | None:
+    """Host mode: the slow tier is a model (a preset's or a calibration's bandwidths), not
+    memory this machine has; `autotm run --device cpu` keeps both tiers in its DRAM."""
+    if memory.mode != "host":
+        return None
+    origin = "a calibration file's" if memory.measured else f"the {memory.name} preset's"
+    return (f"host mode: the slow tier ({memory.slow.name}) is simulated from {origin} "
+            "bandwidths; `autotm run --device cpu` keeps both tiers in this machine's DRAM (a "
+            "check of the plan, not of its speed)")
+
+
+def cpu_run_note(memory: MemorySystem) -> str:
+    """What a run on the CPU of a plan for `memory` does not measure: no slow tier of it
+    exists there (host mode: it is simulated; GPU mode: no GPU, no link)."""
+    if memory.mode == "host":
+        return (f"the plan's slow tier ({memory.slow.name}) is simulated: both tiers ran in "
+                "this machine's DRAM, so the measured time is not what the prediction models")
+    return ("a GPU-mode plan run on the CPU: both tiers in host memory, no GPU and no link; "
+            "the measured time checks the plan, not its speed")
