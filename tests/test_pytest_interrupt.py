@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.ctrl_c_target import MARKER_ENV, RUN_FOR_S
+from tests.fixtures.waiting import wait_for
 from tests.randomized import is_hypothesis_callback
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ def test_one_ctrl_c_stops_a_randomized_pytest_run(tmp_path, workers):
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, TARGET],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        started = _wait_for(lambda: marker.exists() or proc.poll() is not None, START_S)
+        started = wait_for(lambda: marker.exists() or proc.poll() is not None, START_S)
         assert started and proc.poll() is None, log.read_text()
         time.sleep(0.5)  # well into its allocating loop
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group
@@ -76,12 +77,3 @@ def test_one_ctrl_c_stops_a_randomized_pytest_run(tmp_path, workers):
     assert code == INTERRUPTED, f"exit {code} after {took:.1f} s:\n{text}"
     assert marker.read_text() == "interrupted", f"the test never saw the KeyboardInterrupt:\n{text}"
     assert "Exception ignored" not in text, text
-
-
-def _wait_for(check, seconds: float):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.05)
-    return check()

@@ -21,6 +21,7 @@ from autotm_py.planning import formulation, solver_process, solvers
 from autotm_py.planning.control import Progress, SolveControl, Terminated, handle_signals
 from autotm_py.planning.solvers import CbcProgress, run_solver
 from autotm_py.units import parse_ratio
+from tests.fixtures.waiting import wait_for
 from tests.graphs import costs_for, layered_net, small_training
 
 REPO = Path(__file__).resolve().parents[1]
@@ -221,11 +222,11 @@ def test_the_solver_child_dies_with_its_parent_even_on_sigkill(tmp_path):
         run_child(["sleep", "120"], pathlib.Path({str(tmp_path)!r}))
     """)
     parent = subprocess.Popen([sys.executable, "-c", script])
-    child = _wait_for(lambda: _children_of(parent.pid), 20)
+    child = wait_for(lambda: _children_of(parent.pid), 20)
     assert child, "the solver child did not start"
     parent.kill()
     parent.wait()
-    assert _wait_for(lambda: not _alive(child[0]), 5), "the child outlived its parent"
+    assert wait_for(lambda: not _alive(child[0]), 5), "the child outlived its parent"
 
 
 def test_a_stopped_child_gets_sigint_and_a_dead_one_is_reported(tmp_path):
@@ -279,12 +280,3 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def _wait_for(check, seconds: float):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.05)
-    return check()
