@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autotm_py import pipeline
@@ -17,6 +18,7 @@ from autotm_py.frontend.onnx import import_onnx as _import_onnx
 from autotm_py.ir.training import derive_training as _derive_training
 from autotm_py.options import Measure, ModelOptions, RunMode
 from autotm_py.planning.baselines import BASELINES, BaselineResult
+from autotm_py.planning.feasibility import Smallest, smallest_budget
 from autotm_py.profiling import profile as _profiling
 from autotm_py.profiling.calibrate import calibrate as _calibrate
 
@@ -56,7 +58,8 @@ def load_model(model: PathLike, options: ModelOptions | None = None,
     `options` (`options.ModelOptions`), or its fields as keywords: `batch`, `dims`, `training`,
     `optimizer` (sgd or adam), `fuse=False` (`--no-fuse`: no attention, GELU, Linear or
     convolution + ReLU fused), `loss` (`--loss`), `loss_chunks` (`--loss-chunks`),
-    `channels_last` (`--channels-last`, docs/layout.md)."""
+    `channels_last` (`--channels-last`, docs/layout.md), `precision` ("fp32" or "bf16",
+    `--precision`, docs/precision.md)."""
     if options is not None and fields:
         raise ConfigError("give load_model either options or their fields, not both")
     return pipeline.load_graph(model, options or ModelOptions(**fields))
@@ -76,6 +79,15 @@ def load_costs(graph: TensorGraph, *, device: str = "cuda",
     (cuda): price for that GPU's profiles ("h200"), not this machine's."""
     return _profiling.load_costs(graph, device=device, profiles_dir=profiles_dir,
                                  shipped_dir=shipped_dir, gpu=gpu)
+
+
+def default_layout(graph: TensorGraph, costs: KernelCosts, *,
+                   profiles_dir: PathLike | None = None,
+                   gpu: str | None = None) -> tuple[TensorGraph, KernelCosts]:
+    """`graph` (and its `costs`, from `load_costs`) in the layout a GPU plan defaults to:
+    channels-last where the model has convolutions and the profiles that price it have its
+    channels-last kernels, else as it is (docs/layout.md). Host-mode costs: as it is."""
+    return _profiling.default_layout(graph, costs, profiles_dir=profiles_dir, gpu=gpu)
 
 
 def calibrate(*, device: str = "cuda", **options: Any) -> MemorySystem:
@@ -103,6 +115,19 @@ def optimize(graph: TensorGraph, config: PlanConfig | None = None, *,
     keeps the best plan found so far."""
     return pipeline.optimize(graph, config or PlanConfig(), costs=costs,
                              profiles_dir=profiles_dir, baselines=baselines, control=control)
+
+
+def useful_budgets(graph: TensorGraph, config: PlanConfig | None = None, *,
+                   costs: KernelCosts | None = None,
+                   profiles_dir: PathLike | None = None) -> tuple[Smallest, int]:
+    """Where planning `graph` under `config` (its budget ignored) is worth it: the smallest
+    feasible budget with its parts and forcing kernel (`planning.feasibility.Smallest`;
+    `optimize` with the same options names the same figure when a budget is below it), and
+    the bytes of the plan's tensors at the all-fast peak (`Smallest.budget_for` gives the
+    budget at which everything fits)."""
+    config = replace(config or PlanConfig(), ratio="1:0", fast_mem_bytes=None)  # no budget
+    machine = pipeline.machine_for(graph, config, costs, profiles_dir=profiles_dir)
+    return smallest_budget(machine, config.strategy), machine.peak[0]
 
 
 def baselines(graph: TensorGraph, config: PlanConfig | None = None, *,

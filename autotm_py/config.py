@@ -3,21 +3,36 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from autotm_py.errors import ConfigError
-from autotm_py.options import RunMode
+from autotm_py.options import RunMode, default_run_mode
 from autotm_py.units import Ratio, parse_bytes, parse_ratio
 
 Strategy = Literal["static", "sync", "async"]
+# A strategy is how a plan schedules its copies (docs/planning.md, "Strategies"): static, one
+# tier per tensor for life; sync, blocking copies around uses; async, also copies overlapped with
+# nearby kernels. It means the same in `optimize --strategy`, `bench --strategies`, the Trainer's
+# `strategy` and `PlanConfig.strategy`: whether the plan may also recompute is `--recompute`'s
+# (`RECOMPUTE_MODES`; auto: on in GPU mode). The plan names (`PLAN_NAMES`: `sync+recompute`,
+# `recompute-only`, ...) are accepted wherever a strategy is, and fix the recompute mode too.
 STRATEGIES: tuple[str, ...] = ("static", "sync", "async")
+# async: the benchmark's fastest plans on a GPU (with recompute, an arena and replay:
+# `options.default_run_mode`), and never slower than sync in host mode (docs/planning.md,
+# section 12); the static -> sync -> async chain solves it from the sync plan.
+DEFAULT_STRATEGY = "async"
 DEFAULT_SOLVER = "highs"
 DEFAULT_GAP = 0.01
 # Seconds the whole static -> sync -> async chain may search before the best plan found is
 # returned, marked `time_limit` (None: no limit). HiGHS plans every zoo model in GPU mode at
 # 1:4 within it (docs/planning.md, section 12).
 DEFAULT_TIME_LIMIT_S = 300.0
+# A plan packed into an arena may be solved again (`pipeline.fit_arena`, the default on a GPU):
+# the re-solves share the time limit of the first, each getting what is left of it and at least
+# this share of it (`PlanConfig.time_left`), so that a search that used its whole limit is not
+# repeated whole up to 4 times.
+RESOLVE_MIN_SHARE = 0.25
 DEFAULT_ASYNC_WINDOW = 15
 # async: how many kernels of each window are decision points (the longest ones); None: all
 DEFAULT_ASYNC_CANDIDATES = 4
@@ -68,7 +83,7 @@ MAX_FOOTPRINT_BYTES = 32 * 2**40
 class PlanConfig:
     """How to plan: strategy, budget (ratio or bytes), memory system, solver settings."""
 
-    strategy: str = "sync"
+    strategy: str = DEFAULT_STRATEGY  # a strategy or a plan name (`parse_strategy`)
     ratio: Ratio | None = None
     fast_mem_bytes: int | None = None
     device: str = "cuda"
@@ -94,8 +109,9 @@ class PlanConfig:
     # scratch windows or region, CUDA-graph replay. With `run.arena` (GPU mode) every
     # fast-memory buffer gets a planned offset in one arena and the packed arena fits the
     # budget, so that the plan runs without headroom; `run.replay` prices the iteration as a
-    # CUDA graph replays it (device times, no host dispatch).
-    run: RunMode = field(default_factory=RunMode)
+    # CUDA graph replays it (device times, no host dispatch). None: the device's default
+    # (`options.default_run_mode`: all of it on a GPU; host mode ignores the run mode).
+    run: RunMode = None  # type: ignore[assignment]  # set in __post_init__
     # Fast memory the runtime keeps for itself (GPU: torch's cuBLAS workspaces), taken out of
     # the budget before the plan's tensors; None: the memory system's `runtime_reserve_bytes`.
     reserve_bytes: int | None = None
@@ -105,9 +121,6 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         self._coerce()
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"--strategy {self.strategy!r}: choose one of "
-                              f"{', '.join(STRATEGIES)}")
         self._check_recompute()
         if self.ratio is not None and self.fast_mem_bytes is not None:
             raise ConfigError("give either --ratio or --fast-mem, not both")
@@ -127,6 +140,8 @@ class PlanConfig:
         if self.async_candidates is not None and self.async_candidates < 1:
             raise ConfigError(f"--async-candidates {self.async_candidates}: must be >= 1 "
                               "(or 'all')")
+        if self.run is None:
+            object.__setattr__(self, "run", default_run_mode(self.device))
         if not isinstance(self.run, RunMode):
             raise ConfigError(f"run {self.run!r}: give an autotm_py.options.RunMode")
 
@@ -139,6 +154,9 @@ class PlanConfig:
                               "cuda")
 
     def _check_recompute(self) -> None:
+        strategy, recompute = parse_strategy(self.strategy, self.recompute)
+        object.__setattr__(self, "strategy", strategy)
+        object.__setattr__(self, "recompute", recompute)
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"--recompute {self.recompute!r}: choose one of "
                               f"{', '.join(RECOMPUTE_MODES)}")
@@ -155,14 +173,10 @@ class PlanConfig:
     @property
     def recompute_mode(self) -> str:
         """The recompute mode in effect: off, on or only (auto: on in GPU mode unless the
-        strategy is static, else off)."""
+        strategy is static, else off; with an arena too, as the benchmark's best plans)."""
         if self.recompute != "auto":
             return self.recompute
-        # with --arena each solve may be repeated to fit the packing (`pipeline.fit_arena`, up
-        # to 4 solves) and a joint search takes minutes: auto is off there; --recompute on
-        # asks for it (experiments/journal/gpu-2026-11.md)
-        return "on" if self.device == "cuda" and self.strategy != "static" and \
-            not self.run.arena else "off"
+        return "on" if self.device == "cuda" and self.strategy != "static" else "off"
 
     @property
     def plan_name(self) -> str:
@@ -175,8 +189,10 @@ class PlanConfig:
 
     @classmethod
     def for_plan_name(cls, name: str, **kwargs: Any) -> PlanConfig:
-        """The config of a plan name (`plan_name`): ``async`` is move-only, whatever the
-        device; ``async+recompute`` joint; ``recompute-only`` recompute-only."""
+        """The config of the plan family a plan's name says (`plan_name`, the plan header's
+        `strategy`, a bench row's): a plan named ``async`` was planned move-only, whatever the
+        device; ``async+recompute`` joint; ``recompute-only`` recompute-only. (A *strategy*
+        given as an option, `PlanConfig(strategy=...)`, leaves recompute to `recompute`.)"""
         if name == RECOMPUTE_ONLY:
             return cls(strategy="sync", recompute="only", **kwargs)
         if name.endswith(RECOMPUTE_SUFFIX):
@@ -202,6 +218,14 @@ class PlanConfig:
     @property
     def memory_name(self) -> str:
         return self.memory or default_memory(self.device, self.gpu)
+
+    def time_left(self, spent_s: float) -> PlanConfig:
+        """This config for a solve after `spent_s` seconds of its time limit were spent: what
+        is left of it, at least `RESOLVE_MIN_SHARE` of it (no limit: none)."""
+        if self.time_limit_s is None:
+            return self
+        return replace(self, time_limit_s=max(self.time_limit_s - spent_s,
+                                              RESOLVE_MIN_SHARE * self.time_limit_s))
 
     def with_ratio(self, text: str) -> PlanConfig:
         return replace(self, ratio=parse_ratio(text), fast_mem_bytes=None)
@@ -232,4 +256,24 @@ def default_memory(device: str, gpu: str | None = None) -> str:
 
 PLAN_NAMES: tuple[str, ...] = (*STRATEGIES, *(s + RECOMPUTE_SUFFIX for s in STRATEGIES[1:]),
                                RECOMPUTE_ONLY)
+
+
+def parse_strategy(name: str, recompute: str = "auto") -> tuple[str, str]:
+    """(strategy, recompute mode) that a strategy name given with `--recompute recompute`
+    means, the same in every command: ``static``, ``sync``, ``async`` are the copy schedule,
+    with `recompute` as given (auto: on in GPU mode, off in host mode); ``sync+recompute``,
+    ``async+recompute`` and ``recompute-only`` also fix the recompute mode (on, only), so
+    another explicit one is refused."""
+    if name in STRATEGIES:
+        return name, recompute
+    if name == RECOMPUTE_ONLY:
+        fixed = ("sync", "only")
+    elif name.endswith(RECOMPUTE_SUFFIX) and name[:-len(RECOMPUTE_SUFFIX)] in STRATEGIES[1:]:
+        fixed = (name[:-len(RECOMPUTE_SUFFIX)], "on")
+    else:
+        raise ConfigError(f"--strategy {name!r}: choose one of {', '.join(PLAN_NAMES)}")
+    if recompute not in ("auto", fixed[1]):
+        raise ConfigError(f"--strategy {name} means --recompute {fixed[1]}: drop --recompute "
+                          f"{recompute}, or give --strategy {fixed[0]} --recompute {recompute}")
+    return fixed
 

@@ -26,6 +26,9 @@ from autotm_py.errors import ConfigError
 
 SCRATCH_MODES: tuple[str, ...] = ("auto", "region", "windows")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
+# --precision: fp32, or bf16 as torch.autocast runs it (`ir.precision`, docs/precision.md)
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+PRECISION_KEY = "precision"  # graph.meta's key of a converted graph's precision
 # graph.meta's layout key and value (`ir.layout` sets them; read here from the meta alone)
 LAYOUT_KEY, CHANNELS_LAST = "layout", "channels-last"
 
@@ -38,8 +41,9 @@ SOURCE_META_KEY = "model_source"
 @dataclass(frozen=True)
 class ModelOptions:
     """How a graph is built from its model file or zoo name (`--batch`, `--dim`, `--training`,
-    `--optimizer`, `--no-fuse`, `--loss`, `--loss-chunks`, `--channels-last`). `optimizer` and
-    `loss` are None where a graph has none (inference); loading takes sgd and auto then."""
+    `--optimizer`, `--no-fuse`, `--loss`, `--loss-chunks`, `--channels-last`, `--precision`).
+    `optimizer` and `loss` are None where a graph has none (inference); loading takes sgd and
+    auto then."""
 
     batch: int | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
@@ -49,6 +53,7 @@ class ModelOptions:
     loss: str | None = None  # the --loss rule of a training graph
     loss_chunks: int = 1  # --loss-chunks: blocks of the chunked loss (1: the plain loss)
     channels_last: bool = False  # --channels-last: images stored N, H, W, C (`ir.layout`)
+    precision: str = "fp32"  # --precision: fp32, or bf16 autocast (`ir.precision`)
 
     def __post_init__(self) -> None:
         if self.batch is not None and self.batch <= 0:
@@ -62,6 +67,9 @@ class ModelOptions:
                               f"{', '.join(OPTIMIZERS)}")
         if self.loss_chunks < 1:
             raise ConfigError(f"--loss-chunks {self.loss_chunks}: must be >= 1")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision {self.precision!r}: choose one of "
+                              f"{', '.join(PRECISIONS)}")
 
     @classmethod
     def of_graph(cls, graph: Any) -> ModelOptions:
@@ -74,13 +82,14 @@ class ModelOptions:
                    fuse="fusion" in meta,
                    loss=None if training is None else training.get("loss_rule", "auto"),
                    loss_chunks=1 if training is None else int(training.get("loss_chunks", 1)),
-                   channels_last=meta.get(LAYOUT_KEY) == CHANNELS_LAST)
+                   channels_last=meta.get(LAYOUT_KEY) == CHANNELS_LAST,
+                   precision=str(meta.get(PRECISION_KEY, "fp32")))
 
     def differences(self, other: ModelOptions) -> list[str]:
         """In words, the options where `other` differs from this one."""
         out = []
         for name in ("batch", "dims", "training", "optimizer", "fuse", "loss", "loss_chunks",
-                     "channels_last"):
+                     "channels_last", "precision"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if dict(mine or {}) != dict(theirs or {}) if name == "dims" else mine != theirs:
                 out.append(f"{name} {theirs!r} (the plan's: {mine!r})")
@@ -126,7 +135,8 @@ class RunMode:
                               f"{', '.join(SCRATCH_MODES)}")
         if self.scratch == "windows" and not (self.arena and self.placed):
             raise ConfigError("--scratch windows needs --arena and --placed (the placed "
-                              "allocator serves the windows): add --arena, or drop --scratch")
+                              "allocator serves the windows; both are the GPU default): drop "
+                              "--no-arena or --no-placed, or --scratch")
 
     @property
     def places_outputs(self) -> bool:
@@ -158,6 +168,28 @@ class RunMode:
     def from_dict(cls, data: Mapping[str, Any]) -> RunMode:
         return cls(bool(data.get("arena", False)), bool(data.get("placed", True)),
                    str(data.get("scratch", "auto")), bool(data.get("replay", False)))
+
+    def on(self, device: str) -> RunMode:
+        """This mode as it can run on `device`: off CUDA without the replay (CUDA graphs are
+        CUDA's); the arena runs anywhere (the placed allocator is installed on CUDA only)."""
+        if str(device).startswith("cuda") or not self.replay:
+            return self
+        return RunMode(self.arena, self.placed, self.scratch, replay=False)
+
+
+# How a plan runs unless told otherwise, per device (`default_run_mode`): on a GPU the way the
+# benchmark's fastest plans ran (docs/results.md): one arena at planned addresses, kernels
+# allocating their outputs at their slots, scratch windows, replayed as a CUDA graph. Host mode
+# (and a run on the CPU) has neither CUDA graphs nor the placed allocator: eager, on torch's
+# allocator (the machine model ignores the run mode there).
+GPU_RUN_MODE = RunMode(arena=True, placed=True, scratch="auto", replay=True)
+HOST_RUN_MODE = RunMode()
+
+
+def default_run_mode(device: str) -> RunMode:
+    """The run mode plans are made for and run in on `device` (cuda, cuda:N or cpu) unless
+    told otherwise: `optimize`, `bench`, `train` and `PlanConfig` alike."""
+    return GPU_RUN_MODE if str(device).startswith("cuda") else HOST_RUN_MODE
 
 
 # The cap on the device's allocator is the budget and this much for library workspaces.

@@ -32,6 +32,7 @@ from autotm_py.frontend.onnx_load import check_external_locations
 from autotm_py.frontend.weights import initializer_values
 from autotm_py.frontend.zoo import ZOO, build_graph
 from autotm_py.ir.layout import to_channels_last
+from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import derive_training
 from autotm_py.machine import MachineModel, over_device_note
 from autotm_py.memory import accounting
@@ -160,12 +161,12 @@ def fit_arena(machine: MachineModel, config: PlanConfig, control: SolveControl |
             notes.append("no arena: stopped before the packing fitted; the plan runs on "
                          "torch's caching allocator")
             return _noted(*last, notes)
-        result = solve.plan(machine, config, control)
+        result = solve.plan(machine, config if last is None or control is None else
+                            config.time_left(control.progress.elapsed_s), control)
         if result.plan is None:
             if last is None:
                 return result, machine
-            notes.append("no arena: with the packing's holes held back the budget is "
-                         "infeasible; the plan runs on torch's caching allocator")
+            notes.append(solve.packing_note(result))
             return _noted(*last, notes)
         try:
             layout = arena.pack(machine, result.plan)
@@ -346,9 +347,7 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
 
 # ---- models -------------------------------------------------------------------------------
 def load_graph(model: PathLike, options: ModelOptions | None = None) -> TensorGraph:
-    """An ONNX file path, or the name of a zoo model (built in memory), as the `TensorGraph`
-    that `options` describe: bound dimensions, fused or not, derived for training with its
-    optimizer and loss, channels-last or not."""
+    """An ONNX file or zoo model as the `TensorGraph` that `options` (`ModelOptions`) describe."""
     options = options or ModelOptions()
     path = Path(model)
     dims = dict(options.dims or {})
@@ -362,6 +361,7 @@ def load_graph(model: PathLike, options: ModelOptions | None = None) -> TensorGr
         raise ConfigError(f"model {str(model)!r} is neither an existing file nor a zoo model "
                           f"({', '.join(sorted(ZOO))}); see `autotm zoo list`")
     graph = replace(graph, meta={**graph.meta, SOURCE_META_KEY: source})
+    graph = with_precision(graph, options.precision)
     if options.training:
         graph = derive_training(graph, optimizer=options.optimizer or "sgd",
                                 loss=options.loss or "auto", loss_chunks=options.loss_chunks)
@@ -480,12 +480,12 @@ def prepare_cuda(device: str, mode: RunMode, budget_bytes: int | None) -> list[s
     cap), before any plan exists (the Trainer sets the process up before it profiles)."""
     if not device.startswith("cuda"):
         return []
-    from autotm_py.runtime.device import use_replay_work_queues
+    from autotm_py.runtime.device import check_device, use_replay_work_queues
     from autotm_py.runtime.execute import install_placed
 
     notes = [use_replay_work_queues() if mode.replay else None]
-    if mode.places_outputs:
-        notes.append(install_placed(budget_bytes, device, budget_bytes is not None))
+    if mode.places_outputs:  # no GPU here: say so, before the allocator fails to compile
+        notes.append(install_placed(budget_bytes, check_device(device), budget_bytes is not None))
     return [note for note in notes if note]
 
 

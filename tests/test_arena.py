@@ -33,7 +33,7 @@ from autotm_py.pipeline import (
     with_arena,
 )
 from autotm_py.plan import INITIAL, SCRATCH, ArenaBuffer, Compute, Move, Plan
-from autotm_py.planning.solve import min_feasible_budget
+from autotm_py.planning.feasibility import min_feasible_budget
 from autotm_py.runtime.simulate import Simulator
 from tests.graphs import costs_for, random_training, small_training
 from tests.synthetic import random_dag

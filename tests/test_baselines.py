@@ -6,7 +6,7 @@ from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW, preset
 from autotm_py.pipeline import run_baselines
 from autotm_py.planning.baselines import BASELINES, baseline_plan
-from autotm_py.planning.solve import min_feasible_budget
+from autotm_py.planning.feasibility import min_feasible_budget
 from autotm_py.runtime.simulate import Simulator
 from tests.graphs import costs_for, layered_net, small_training
 

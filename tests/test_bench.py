@@ -10,7 +10,7 @@ from autotm_py.bench import COLUMNS, BenchSpec, read_result, read_rows, typed_ce
 from autotm_py.bench import run_bench as _run_bench
 from autotm_py.cli import main
 from autotm_py.errors import ConfigError
-from autotm_py.options import ModelOptions
+from autotm_py.options import ModelOptions, RunMode
 from tests.test_report_support import tiny_onnx
 
 
@@ -26,8 +26,9 @@ def run_bench(spec, output, **kw):
 
 
 def spec(model, **kw):
+    # the portable sweep: move-only sync plans run eagerly (the defaults: tests/test_defaults.py)
     base = dict(models=(model,), ratios=("1:1", "1:2"), strategies=("sync",), device="cuda",
-                model=ModelOptions(training=True))
+                recompute="off", run=RunMode(), model=ModelOptions(training=True))
     return BenchSpec(**{**base, **kw})
 
 
@@ -307,7 +308,7 @@ def test_dims_are_part_of_the_row_key_and_the_plan_file():
 
     def bench(dims):
         return BenchSpec(models=("bert_base",), ratios=("1:2",), model=ModelOptions(dims=dims),
-                         plans_dir="p")
+                         plans_dir="p", device="cpu")
 
     short, long, none = bench({"seq": 128}), bench({"seq": 512}), bench({})
     cell = ("bert_base", "1:2", "sync", "cbc")

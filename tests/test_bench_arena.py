@@ -31,7 +31,8 @@ def arena_spec(model, **kw):
 
 
 def test_arena_rows_have_their_own_key_and_plan_files(tmp_path):
-    eager = BenchSpec(models=("m",), ratios=("1:1",), device="cuda", plans_dir=str(tmp_path))
+    eager = BenchSpec(models=("m",), ratios=("1:1",), device="cuda", run=RunMode(),
+                      plans_dir=str(tmp_path))
     placed = BenchSpec(models=("m",), ratios=("1:1",), device="cuda",
                        run=RunMode(arena=True, replay=True), plans_dir=str(tmp_path))
     copied = BenchSpec(models=("m",), ratios=("1:1",), device="cuda",
@@ -55,9 +56,11 @@ def test_arena_rows_have_their_own_key_and_plan_files(tmp_path):
 
 def test_arena_needs_the_gpu_mode():
     with pytest.raises(ConfigError, match="add --device cuda"):
-        BenchSpec(models=("m",), ratios=("1:1",), run=RunMode(arena=True))
+        BenchSpec(models=("m",), ratios=("1:1",), device="cpu", run=RunMode(arena=True))
     with pytest.raises(ConfigError, match=r"--replay .* add --device cuda"):
-        BenchSpec(models=("m",), ratios=("1:1",), run=RunMode(replay=True))
+        BenchSpec(models=("m",), ratios=("1:1",), device="cpu", run=RunMode(replay=True))
+    # not given: the device's default, which host mode can run
+    assert BenchSpec(models=("m",), ratios=("1:1",), device="cpu").run == RunMode()
 
 
 def test_arena_plans_run_in_their_own_process(onnx_path, tmp_path, monkeypatch):
@@ -114,7 +117,7 @@ def test_child_runs_a_plan_in_an_arena_on_the_cpu(onnx_path):
                                               mode={"arena": True}, device="cpu",
                                               iterations=2, warmup=1), plan)
     assert run.median_s > 0 and run.iterations == 2
-    assert run.arena_bytes == plan.arena.nbytes and run.strategy == "sync"
+    assert run.arena_bytes == plan.arena.nbytes and run.strategy == plan.header.strategy
     assert run.placed_outputs is None  # the placed allocator is for CUDA only
 
 
@@ -128,7 +131,8 @@ def test_a_failing_child_is_one_line_error(onnx_path, tmp_path):
 
 def test_bench_cli_refuses_arena_in_host_mode(onnx_path, tmp_path, capsys):
     out = tmp_path / "b.csv"
-    code = main(["bench", "--models", onnx_path, "--ratios", "1:1", "--arena", "-o", str(out)])
+    code = main(["bench", "--models", onnx_path, "--ratios", "1:1", "--arena", "--device", "cpu",
+                 "-o", str(out)])
     assert code != 0 and "add --device cuda" in capsys.readouterr().err
     assert not out.exists()
 

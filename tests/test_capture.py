@@ -201,6 +201,31 @@ def test_folded_constants_are_constants_not_weights(case):
                 if k.op_type == "ScaledDotProductAttention"] == [1, 1]
 
 
+def test_a_bias_free_convolution_has_no_bias_and_a_zero_trainable_bias_stays():
+    """The dynamo exporter gives a bias-free convolution a constant bias of zeros; adding it
+    is a broadcast add per convolution (2.1 ms of ResNet-50 b64's step on an H200), so the
+    importer drops it. A trainable bias that happens to be zero is a weight and stays."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.ReLU(),
+                        nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
+                        nn.ConvTranspose2d(4, 2, 2, stride=2, bias=False))
+    with torch.no_grad():
+        net[2].bias.zero_()
+    x = torch.randn(2, 3, 8, 8)
+    captured = capture_module(net, (x,))
+    graph = import_model(captured.model, name="convs", initializer_weights=True)
+    convs = [k for k in graph.kernels if k.op_type in ("Conv", "ConvRelu", "ConvTranspose")]
+    assert [[graph.name_of(i) for i in k.inputs[1:]] for k in convs] == \
+        [["0.weight"], ["2.weight", "2.bias"], ["4.weight"]]
+    found = initializer_values(captured.model, graph)
+    leaves = {tid: torch.from_numpy(v) for tid, v in found.values.items()}
+    leaves.update({tid: torch.from_numpy(np.array(v)) for tid, v in graph.constants.items()})
+    leaves[graph.inputs[0]] = x
+    (out,) = run_graph(graph, leaves).values()
+    with torch.no_grad():
+        torch.testing.assert_close(out, net(x), rtol=1e-5, atol=1e-6)
+
+
 def test_eval_mode_export_has_no_dropout(lm):
     _, module, _, _, graph, _ = lm
     assert any(isinstance(m, nn.Dropout) for m in module.modules())

@@ -26,9 +26,10 @@ from autotm_py.plan import Plan
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = ["optimize", "resnet50", "--batch", "8", "--training", "--ratio", "1:3",
-           "--strategy", "async", "--recompute", "off", "--no-baselines"]
+           "--strategy", "async", "--recompute", "off", "--no-arena", "--no-baselines"]
 # move-only: the stages these tests wait for are the sync -> async chain (a recomputing search
-# runs more stages, planning.md section 4)
+# runs more stages, planning.md section 4); no arena: one solve, not the fit loop's re-solves
+# (tests/test_arena.py::test_the_fit_loops_solves_share_one_time_limit)
 SOLVERS = pytest.mark.parametrize("solver", ["highs", "cbc"])
 
 pytestmark = [pytest.mark.slow,

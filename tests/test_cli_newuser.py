@@ -63,12 +63,14 @@ def _err(capsys) -> str:
 # ---- 12.1: the runtime reserve -----------------------------------------------------------------
 @pytest.mark.runtime_reserve
 def test_optimize_summary_adds_up_and_names_the_reserve(net, capsys):
-    assert main(["optimize", "net", "--fast-mem", "70MiB", "--no-baselines"]) == 0
+    # without an arena: its scratch region is a part of its own (tests/test_arena.py)
+    assert main(["optimize", "net", "--fast-mem", "70MiB", "--no-baselines", "--no-arena"]) == 0
     out = capsys.readouterr().out
     assert "budget     70.00 MiB" in out
     assert "= 68.00 MiB runtime reserve + 0 B headroom + 2.00 MiB for the plan's tensors" in out
     assert "with the reserve, budget 70.00 MiB" in out
-    assert main(["optimize", "net", "--fast-mem", "70MiB", "--no-baselines", "--json"]) == 0
+    assert main(["optimize", "net", "--fast-mem", "70MiB", "--no-baselines", "--json",
+                 "--no-arena"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["reserve_bytes"] == 68 << 20 and data["plannable_bytes"] == 2 << 20
 
@@ -87,11 +89,16 @@ def test_infeasible_because_of_the_reserve_says_so_and_reserve_option_fixes_it(n
 
 @pytest.mark.runtime_reserve
 def test_inspect_budgets_include_the_reserve(net, capsys):
-    assert main(["inspect", "net", "--json"]) == 0
+    assert main(["inspect", "net", "--json", "--no-arena"]) == 0
     data = json.loads(capsys.readouterr().out)
     lo, hi = data["tensor_interval_bytes"]
     assert data["runtime_reserve_bytes"] == 68 << 20
     assert data["budget_interval_bytes"] == [lo + (68 << 20), hi + (68 << 20)]
+    assert main(["inspect", "net", "--json", "--arena"]) == 0  # and the scratch region
+    data = json.loads(capsys.readouterr().out)
+    lo, hi = data["tensor_interval_bytes"]
+    extra = (68 << 20) + data["smallest_budget"]["scratch_bytes"]
+    assert data["budget_interval_bytes"] == [lo + extra, hi + extra]
     assert main(["inspect", "net"]) == 0
     out = capsys.readouterr().out
     assert "68.00 MiB runtime reserve" in out and "ratios       none but 1:0" in out
@@ -122,7 +129,7 @@ def test_memory_plot_shows_budget_and_reserve_inside_the_axis(net):
 def test_simulate_run_report_take_model_options_from_the_plan(mlp, tmp_path, capsys):
     plan = tmp_path / "plan.json"
     assert main(["optimize", mlp, "--batch", "8", "--training", "--optimizer", "adam",
-                 "--ratio", "3:1", "--no-baselines", "-o", str(plan)]) == 0
+                 "--ratio", "3:1", "--no-baselines", "--no-arena", "-o", str(plan)]) == 0
     header = Plan.load(plan).header
     assert header.model.batch == 8 and header.model.optimizer == "adam"
     capsys.readouterr()

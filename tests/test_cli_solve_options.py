@@ -68,11 +68,11 @@ def test_the_status_line_redraws_in_place_and_erases_itself(monkeypatch):
                        bound=50.0)
         time.sleep(0.1)
     text = stream.getvalue()
-    assert "\rautotm: solving the async model (cbc), best 52.400 ms, gap 4.6%" in text
+    assert "\rautotm: solving the async model (cbc), objective 52.400 ms, gap 4.6%" in text
     assert "Ctrl-C keeps the best plan" in text and text.endswith("\r\x1b[K")
     monkeypatch.setenv("COLUMNS", "60")  # narrow: the hint goes, the numbers stay
     narrow = status.StatusLine(control, True).text()
-    assert len(narrow) <= 59 and "best 52.400 ms" in narrow and "Ctrl-C" not in narrow
+    assert len(narrow) <= 59 and "objective 52.400 ms" in narrow and "Ctrl-C" not in narrow
     quiet = io.StringIO()
     with status.StatusLine(control, False, stream=quiet):
         time.sleep(0.02)
@@ -81,7 +81,7 @@ def test_the_status_line_redraws_in_place_and_erases_itself(monkeypatch):
 
 def test_scratch_windows_without_an_arena_is_a_one_line_error(net, tmp_path, capsys):
     out = tmp_path / "plan.json"
-    assert main(["optimize", "net", "--fast-mem", "900KiB", "--device", "cuda",
+    assert main(["optimize", "net", "--fast-mem", "900KiB", "--device", "cuda", "--no-arena",
                  "--scratch", "windows", "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --scratch windows needs --arena") and err.count("\n") == 1

@@ -29,8 +29,9 @@ from autotm_py import api
 from autotm_py.config import PlanConfig
 from autotm_py.frontend.weights import initializer_values
 from autotm_py.ir import TensorGraph
+from autotm_py.options import RunMode
 from autotm_py.pipeline import machine_for
-from autotm_py.planning.solve import min_feasible_budget
+from autotm_py.planning.feasibility import min_feasible_budget
 from autotm_py.profiling.profile import load_costs
 from autotm_py.runtime.execute import run_steps
 from autotm_py.runtime.reference import autograd_steps, init_values, run_graph, train_steps
@@ -77,7 +78,7 @@ def _budgets(graph: TensorGraph, costs) -> dict[str, int]:
     """Half and a quarter of the all-fast peak (workspace included, as `--ratio` takes it),
     each at least the smallest budget at which a plan exists; where that leaves them equal,
     the higher one is halfway between that smallest budget and the peak."""
-    machine = machine_for(graph, PlanConfig(ratio=parse_ratio("1:0")), costs)  # no budget
+    machine = machine_for(graph, _config(ratio=parse_ratio("1:0")), costs)  # no budget
     peak, _ = machine.peak
     need, _ = min_feasible_budget(machine, "sync")
     half, quarter = max(peak // 2, need), max(peak // 4, need)
@@ -86,13 +87,19 @@ def _budgets(graph: TensorGraph, costs) -> dict[str, int]:
     return {"half": half, "quarter": quarter}
 
 
+def _config(**kwargs) -> PlanConfig:
+    """The portable plan: sync, eager on torch's allocator (the GPU defaults' arena keeps a
+    scratch region that can exceed these small models' whole peak)."""
+    return PlanConfig(strategy="sync", run=RunMode(), **kwargs)
+
+
 def _plans(name: str) -> dict[str, object]:
     def make():
         graph = _training(name)
         costs = load_costs(graph, device="cuda")
         out = {}
         for label, budget in _budgets(graph, costs).items():
-            config = PlanConfig(fast_mem_bytes=budget, time_limit_s=TIME_LIMIT_S)
+            config = _config(fast_mem_bytes=budget, time_limit_s=TIME_LIMIT_S)
             out[label] = (budget, api.optimize(graph, config, costs=costs), costs)
         return out
     return _once(("plans", name), make)
@@ -163,10 +170,10 @@ EXERCISES = {
     "vit_tiny": {"ScaledDotProductAttention", "Gelu", "LayerNormalization", "Concat",
                  "Gather"},
     "gpt2_tied": {"ScaledDotProductAttention", "Gelu", "Linear", "Gather"},
-    "llama_gqa": {"ScaledDotProductAttention", "Sigmoid", "Pow", "ReduceMean", "Neg",
-                  "Expand", "MatMul"},
+    "llama_gqa": {"ScaledDotProductAttention", "RMSNormalization", "Silu", "Neg", "Expand",
+                  "MatMul"},
     "lstm_classifier": {"LSTM", "Gather", "Gemm"},
-    "gated_mlp": {"Gemm", "Sigmoid", "Slice", "LayerNormalization"},
+    "gated_mlp": {"Gemm", "Silu", "Slice", "LayerNormalization"},
     "convnext_tiny": {"Conv", "LayerNormalization", "Transpose", "Gelu", "Linear"},
     "mlp_mixer": {"Linear", "Gelu", "Transpose", "ReduceMean"},
     "resnext_small": {"ConvRelu", "Conv", "MaxPool", "Gemm"},

@@ -1,18 +1,22 @@
 """The fused attention kernels on CUDA (device machine; marked gpu): the memory-efficient
 forward with logsumexp and its backward against autograd in float64, and a fused training
-graph trained on CUDA like on the CPU, with the plain and the chunked loss (--loss-chunks)."""
+graph trained on CUDA like on the CPU, with the plain and the chunked loss (--loss-chunks);
+RMSNormalization and Silu (the corpus Llama) likewise."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from autotm_py.frontend.fuse import fuse_graph
+from autotm_py.frontend.onnx import import_onnx
 from autotm_py.ir.rules.fused import SDPA, SDPA_GRAD
 from autotm_py.ir.training import derive_training
 from autotm_py.runtime.reference import train_steps
 from tests.test_training_models import tiny_decoder
-from tests.test_training_ops import assert_close
+from tests.test_training_ops import CASES, assert_close, compare_training, op_graph
 
 
 def _attention_reference(q, k, v, mask, causal, scale):
@@ -149,3 +153,25 @@ def test_conv_relu_is_one_cudnn_call_bitwise_the_pair(channels_last, cin, cout, 
     (got,) = run_kernel(kernel(CONV_RELU, 3, "autotm"), [x, w, b])
     assert calls == [1]
     assert got.is_contiguous(memory_format=fmt) and torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in CASES if c.op in ("RMSNormalization", "Silu")],
+                         ids=lambda c: f"{c.op}-{c.id}")
+def test_rms_norm_and_silu_on_cuda_match_autograd(case):
+    graph, fixed = op_graph(case)
+    compare_training(graph, fixed=fixed, device="cuda")
+
+
+@pytest.mark.gpu
+def test_the_fused_llama_trains_on_cuda_like_on_cpu():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = Path(__file__).resolve().parent.parent / "models" / "corpus" / "llama_gqa.onnx"
+    graph = derive_training(import_onnx(path))
+    assert {"RMSNormalization", "RMSNormGrad", "Silu", "SiluGrad"} <= \
+        {k.op_type for k in graph.kernels}
+    cpu = train_steps(graph, steps=3, seed=2)
+    cuda = train_steps(graph, steps=3, seed=2, device="cuda")
+    for a, b in zip(cpu, cuda, strict=True):
+        for tid in graph.outputs:
+            assert_close(b[tid].cpu(), a[tid], graph.name_of(tid), rtol=1e-4)

@@ -49,9 +49,11 @@ def test_costs_for_another_gpu_come_from_its_profiles(resnet50, tmp_path):
 
 def _optimize(tmp_path, *extra: str) -> tuple[dict, str]:
     plan = tmp_path / "plan.json"
+    # priced again with another GPU's profiles: one layout for both, and no arena (its
+    # scratch is sized for the workspaces of the GPU it was planned for)
     args = ["optimize", "resnet50", "--training", "--batch", "32", "--device", "cuda",
             "--strategy", "static", "--fast-mem", "40GiB", "--no-baselines", "--profiles",
-            str(tmp_path / "cache"), *extra, "-o", str(plan)]
+            str(tmp_path / "cache"), "--no-channels-last", "--no-arena", *extra, "-o", str(plan)]
     assert main(args) == 0
     return json.loads(plan.read_text())["header"], str(plan)
 
@@ -138,7 +140,7 @@ def test_bench_names_the_gpu_in_its_rows_and_plans():
     assert "cuda_h200-pcie5" in str(spec.plan_path("resnet50", "1:1", "async", "highs"))
     assert "gpu-h200" in str(spec.plan_path("resnet50", "1:1", "async", "highs"))
     with pytest.raises(ConfigError, match="--gpu"):
-        BenchSpec(models=("resnet50",), ratios=("1:1",), gpu="h200")  # device cpu
+        BenchSpec(models=("resnet50",), ratios=("1:1",), gpu="h200", device="cpu")
 
 
 def test_inspect_reports_kernel_times_of_the_gpu_asked_for(capsys):
@@ -187,7 +189,8 @@ def test_a_plan_priced_with_another_gpus_kernel_times_says_so(tmp_path, capsys):
     assert api.load_costs(graph, device="cuda", profiles_dir=tmp_path).borrowed_note() is None
     plan = tmp_path / "plan.json"
     assert main(["optimize", "vgg19", "--training", "--device", "cuda", "--gpu", "h200",
-                 "--fast-mem", "200GiB", "--strategy", "static", "--no-baselines", "--profiles",
+                 "--fast-mem", "200GiB", "--strategy", "static", "--no-baselines",
+                 "--no-channels-last", "--profiles",
                  str(tmp_path), "-o", str(plan)]) == 0
     assert f"note       {note}" in capsys.readouterr().out
     assert note in json.loads(plan.read_text())["header"]["notes"]

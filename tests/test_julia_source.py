@@ -190,8 +190,8 @@ def test_reader_reads_exactly_the_schema_fields() -> None:
     assert keys["_req"] == schema_fields(schema, required=True)
     # version 2's run mode: `graph` and the arena, placed and scratch of its config
     assert keys["_opt"] == {"overlaps", "tensors", "kernels", "kernel_io", "graph", "arena",
-                            "placed", "scratch", "loss_chunks", "channels_last", "gpu",
-                            "source"}
+                            "placed", "scratch", "loss_chunks", "channels_last", "precision",
+                            "gpu", "source"}
     assert "run" in keys["_req"]
 
 

@@ -127,9 +127,13 @@ def test_optimize_names_the_layout_of_a_cnn_on_the_gpu():
 
     from autotm_py.cli.optimize import _layout_lines
     gpu, cpu = SimpleNamespace(device="cuda"), SimpleNamespace(device="cpu")
-    [row_major] = _layout_lines(_cnn(False), gpu)
+    # not asked (`api.default_layout` chose): why, and the flag that changes it
+    [row_major] = _layout_lines(_cnn(False), gpu, False)
     assert "N, C, H, W" in row_major and "--channels-last is faster on a GPU" in row_major
-    [converted] = _layout_lines(_cnn(), gpu)
-    assert "N, H, W, C (--channels-last)" in converted
-    assert _layout_lines(_cnn(False), cpu) == []
-    assert _layout_lines(derive_training(tiny_decoder(), optimizer="sgd"), gpu) == []
+    [converted] = _layout_lines(_cnn(), gpu, False)
+    assert "N, H, W, C, as the profiles have them (--no-channels-last" in converted
+    # asked: the flag given
+    assert "N, H, W, C (--channels-last)" in _layout_lines(_cnn(), gpu, True)[0]
+    assert "N, C, H, W (--no-channels-last)" in _layout_lines(_cnn(False), gpu, True)[0]
+    assert _layout_lines(_cnn(False), cpu, False) == []
+    assert _layout_lines(derive_training(tiny_decoder(), optimizer="sgd"), gpu, False) == []

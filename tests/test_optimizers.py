@@ -95,7 +95,7 @@ def _plan(graph, budget: int, run: RunMode | None = None):
         config = PlanConfig(fast_mem_bytes=budget, device="cuda", run=run)
         budget += machine_for(graph, config, costs).scratch_reserve
     result = optimize(graph, PlanConfig(fast_mem_bytes=budget, device="cuda",
-                                        **({} if run is None else {"run": run})), costs=costs)
+                                        run=RunMode() if run is None else run), costs=costs)
     assert result.plan is not None, result.message
     return result.plan
 
@@ -389,7 +389,7 @@ def test_on_cuda_a_replayed_iteration_follows_the_lr_master(name):
 
     graph = _train(name, True)
     lr_id, schedule = graph.meta["training"]["lr_tensor"], _schedule(graph)
-    config = PlanConfig(fast_mem_bytes=graph.peak_live_bytes, device="cuda")
+    config = PlanConfig(fast_mem_bytes=graph.peak_live_bytes, device="cuda", run=RunMode())
     plan = run_baselines(machine_for(graph, config, costs_for(graph)), ("all-fast",))[
         "all-fast"].plan
     _, executor, driver = new_executor(graph, plan, "cuda", seed=1, deterministic=True,

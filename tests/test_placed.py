@@ -364,6 +364,7 @@ def test_the_run_installs_it_for_arena_runs_on_cuda_with_the_cap_as_region(monke
     plan = _arena_plans(graph)["async-arena"]
     budget = plan.header.budget_bytes
     monkeypatch.setattr("autotm_py.runtime.device.use_replay_work_queues", lambda: None)
+    monkeypatch.setattr("autotm_py.runtime.device.check_device", lambda device: device)
     notes = api.prepare_cuda_process(plan, "cuda", ARENA)
     assert notes == ["outputs copied into their slots: no placed allocator (no GPU in this test)"]
     assert asked == [budget + CAP_SLACK_BYTES]
@@ -375,7 +376,7 @@ def test_the_run_installs_it_for_arena_runs_on_cuda_with_the_cap_as_region(monke
     api.prepare_cuda_process(plan, "cpu", ARENA)
     assert len(asked) == 3
     (option,) = [p for p in run_cmd.params if p.name == "placed"]
-    assert option.default is True and "--no-placed" in option.secondary_opts
+    assert option.default is None and "--no-placed" in option.secondary_opts  # the plan's
 
 
 def test_plans_for_the_placed_allocator_leave_placed_outputs_out_of_scratch():

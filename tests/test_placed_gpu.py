@@ -56,6 +56,28 @@ def test_scratch_windows_serve_kernels_and_compute_what_the_caching_allocator_co
     assert windowed["digests"] == plain["digests"]
 
 
+def test_kernels_are_measured_under_the_placed_allocator():
+    """A Trainer installs the placed allocator before it measures the kernels no profile has;
+    measuring workspaces there reads the allocator's own statistics (torch's raise under a
+    pluggable allocator: every kernel fell back to a roofline estimate)."""
+    run = in_own_process("tests.test_placed_gpu", "profile_under_placed")
+    assert run["installed"] and run["measured"] > 0 and not run["failed"], run
+
+
+def profile_under_placed() -> dict:
+    import tempfile
+
+    from autotm_py.profiling.profile import profile
+    from autotm_py.runtime import placed
+    from autotm_py.runtime.execute import install_placed
+
+    install_placed(None, "cuda", capped=False)
+    costs = profile(larger_graph("cnn"), device="cuda", profiles_dir=tempfile.mkdtemp(),
+                    progress=False, repeats=3)
+    return {"installed": placed.active() is not None,
+            "measured": costs.summary["measured_now"], "failed": costs.summary["failed"]}
+
+
 def larger_graph(name: str):
     """The test graph `name` with tensors of a few MiB: the placed allocator serves only
     requests of 1 MiB and more from windows, and the small graphs' kernels ask for KiB."""

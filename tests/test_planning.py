@@ -16,9 +16,9 @@ from autotm_py.pipeline import optimize, simulate
 from autotm_py.plan import Move, Plan
 from autotm_py.planning import formulation
 from autotm_py.planning.decode import Walk, fast_intervals, prune_reads
+from autotm_py.planning.feasibility import min_feasible_budget
 from autotm_py.planning.gadgets import ASYNC, NONE, SYNC, tensor_gadgets
 from autotm_py.planning.paths import DROP, F0, NK, READ, S, build_paths
-from autotm_py.planning.solve import min_feasible_budget
 from autotm_py.planning.solvers import parse_cbc_log
 from autotm_py.units import parse_ratio
 from tests.graphs import costs_for, layered_net, small_training
@@ -29,7 +29,9 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def config(**kw):
-    base = {"strategy": "sync", "device": "cuda", "solver": "highs", "gap": 0.0}
+    # eager runs on torch's allocator: the budgets below are the MachineModel's (no arena)
+    base = {"strategy": "sync", "device": "cuda", "solver": "highs", "gap": 0.0,
+            "run": RunMode()}
     return PlanConfig(**{**base, **kw})
 
 
@@ -427,7 +429,8 @@ def test_spread_plans_verify_and_never_beat_all_fast(strategy):
     machine = MachineModel(g, preset("h100-pcie5"), costs)
     need, _ = min_feasible_budget(machine, "sync")
     cfg = PlanConfig.for_plan_name(strategy, device="cuda", fast_mem_bytes=need,
-                                   solver="highs", gap=0.0, read_pricing="spread")
+                                   solver="highs", gap=0.0, read_pricing="spread",
+                                   run=RunMode())
     res = optimize(g, cfg, costs=costs)
     assert res.status == "optimal" and res.plan is not None
     sim = simulate(g, res.plan, costs=costs)  # strict: the verifier

@@ -11,9 +11,9 @@ from autotm_py.memory.tiers import preset
 from autotm_py.plan import SolverStats
 from autotm_py.planning import formulation
 from autotm_py.planning.decode import decode
+from autotm_py.planning.feasibility import min_feasible_budget
 from autotm_py.planning.gadgets import small_tensors
 from autotm_py.planning.recompute import recompute_spec
-from autotm_py.planning.solve import min_feasible_budget
 from autotm_py.planning.solvers import run_solver
 from autotm_py.runtime.simulate import Simulator
 from tests.bruteforce import BruteForce

@@ -37,7 +37,7 @@ def test_optimize_json(net, capsys):
 
 
 def test_infeasible_exits_3_with_the_smallest_budget(net, capsys):
-    code = main(["optimize", "net", "--ratio", "0:1"])
+    code = main(["optimize", "net", "--ratio", "0:1", "--no-arena"])  # no scratch region
     out = capsys.readouterr().out
     assert code == 3
     assert "smallest feasible budget of 768.00 KiB" in out and "ReluGrad" in out
@@ -108,6 +108,8 @@ def test_headroom_option_leaves_room_and_writes_compressed_plans(net, tmp_path, 
     (["--recompute", "on"], "sync+recompute"), ([], "sync+recompute"),  # auto: on on a GPU
     (["--recompute", "off"], "sync"), (["--recompute", "only"], "recompute-only"),
     (["--device", "cpu"], "sync"),  # auto: off in host mode
+    (["--strategy", "sync+recompute"], "sync+recompute"),  # a plan name fixes recompute
+    (["--strategy", "recompute-only"], "recompute-only"),
 ])
 def test_recompute_modes_name_the_plan_and_print_what_moves_and_reruns(monkeypatch, tmp_path,
                                                                         capsys, args, name):
@@ -120,8 +122,9 @@ def test_recompute_modes_name_the_plan_and_print_what_moves_and_reruns(monkeypat
     monkeypatch.setattr(api, "load_costs", lambda g, device="cuda", profiles_dir=None, gpu=None:
                         costs_for(g, device, scale_s=2e-6))  # kernels cheap next to copies
     path = tmp_path / "plan.json"
-    assert main(["optimize", "net", "--fast-mem", "1200KiB", *args, "--solver", "highs",
-                 "--no-baselines", "-o", str(path)]) == 0
+    strategy = [] if "--strategy" in args else ["--strategy", "sync"]
+    assert main(["optimize", "net", "--fast-mem", "1200KiB", *strategy, *args, "--solver",
+                 "highs", "--no-baselines", "-o", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"plan {name} (strategy sync, recompute " in out and "moved      to fast" in out
     ms, reruns = re.search(r"recomputed ([\d.]+) ms: (\d+) kernel re-runs", out).groups()

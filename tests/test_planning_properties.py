@@ -17,7 +17,8 @@ from autotm_py.config import PlanConfig
 from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import preset
 from autotm_py.pipeline import optimize, run_baselines, simulate
-from autotm_py.planning.solve import SMALL_SHARE, min_feasible_budget
+from autotm_py.planning.feasibility import min_feasible_budget
+from autotm_py.planning.solve import SMALL_SHARE
 from tests.graphs import costs_for, random_training
 from tests.randomized import RECOMPUTE, STRATEGIES
 from tests.synthetic import random_dag

@@ -28,6 +28,7 @@ from autotm_py.frontend.onnx import import_model
 from autotm_py.frontend.weights import initializer_values
 from autotm_py.ir.graph import Role
 from autotm_py.ir.training import derive_training
+from autotm_py.options import RunMode
 from autotm_py.pipeline import optimize
 from autotm_py.runtime.execute import run_steps
 from autotm_py.runtime.reference import autograd_steps, run_graph, train_steps
@@ -323,7 +324,7 @@ def test_a_plan_with_moves_computes_the_reference_bitwise():
     assert train.kernels[train.max_working_set[1]].op_type == "GRUGrad"
     budget = (train.max_working_set[0] + train.peak_live_bytes) // 2
     result = optimize(train, PlanConfig(fast_mem_bytes=budget, device="cuda",
-                                        strategy="async"), costs=costs_for(train))
+                                        strategy="async", run=RunMode()), costs=costs_for(train))
     assert result.plan is not None, result.message
     assert sum(1 for _ in result.plan.moves()) > 0
     reference = train_steps(train, steps=3, seed=4)

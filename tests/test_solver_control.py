@@ -204,7 +204,7 @@ def test_cbc_log_lines_give_incumbent_and_bound():
 def test_progress_describes_itself_in_one_line():
     p = Progress(stage="solving", strategy="async", solver="highs", incumbent=52.41,
                  bound=50.0, started=time.monotonic() - 12.2, time_limit_s=300.0)
-    assert p.describe() == ("solving the async model (highs), best 52.410 ms, gap 4.6%, "
+    assert p.describe() == ("solving the async model (highs), objective 52.410 ms, gap 4.6%, "
                             "12 s, time limit 300 s")
     assert Progress(stage="verifying the plan", started=time.monotonic()).describe() == \
         "verifying the plan, 0 s"

@@ -1,8 +1,9 @@
 """The Trainer on a GPU (marked `gpu`: run on the device machine with
-experiments/gpu/test_gpu.sh): its default run mode (an arena at planned addresses, CUDA-graph
-replay after two eager steps) trains the test models of
-tests/test_trainer.py as plain PyTorch on the same GPU does, within fp32 tolerance, at a
-budget whose plan moves or recomputes. Each model trains in a process of its own."""
+experiments/gpu/test_gpu.sh): its default run mode (an arena at planned addresses, kernels
+allocating their outputs at their slots, CUDA-graph replay after two eager steps) trains the
+test models of tests/test_trainer.py as plain PyTorch on the same GPU does, within fp32
+tolerance, at a budget whose plan moves or recomputes. Each model trains in a process of its
+own."""
 
 from __future__ import annotations
 
@@ -20,15 +21,27 @@ RTOL = 1e-4
 def test_the_trainer_on_cuda_follows_pytorch(name):
     run = in_own_process("tests.test_trainer_gpu", "train_both", name)
     assert run["replayed"], run["notes"]
-    assert not run["placed"], run["notes"]  # the default leaves torch's allocator alone
+    assert run["placed"], run["notes"]  # made before the process used CUDA: outputs placed
+    _follows(run)
+
+
+def test_a_trainer_made_after_cuda_started_copies_outputs_and_says_so():
+    run = in_own_process("tests.test_trainer_gpu", "train_both", "cnn", True)
+    assert run["replayed"] and not run["placed"], run["notes"]
+    assert any(n.startswith("outputs copied into their slots") for n in run["notes"]), run
+    _follows(run)
+
+
+def _follows(run: dict) -> None:
     assert run["moves_and_recomputes"] > 0
     for got, want in zip(run["ours"], run["torch"], strict=True):
         assert abs(got - want) <= RTOL * abs(want), (run["ours"], run["torch"])
     assert run["worst_parameter"] <= 10 * RTOL, run
 
 
-def train_both(name: str) -> dict:
-    """STEPS steps of `name` through the Trainer on CUDA and with plain PyTorch on CUDA."""
+def train_both(name: str, cuda_first: bool = False) -> dict:
+    """STEPS steps of `name` through the Trainer on CUDA and with plain PyTorch on CUDA
+    (`cuda_first`: the process uses CUDA before it makes the Trainer)."""
     import copy
     import tempfile
     from dataclasses import replace
@@ -45,6 +58,8 @@ def train_both(name: str) -> dict:
     # channels-last, so does the reference (cuDNN picks per layout)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     make, loss_fn = MODELS[name]
+    if cuda_first:
+        torch.zeros(1, device="cuda")
     torch.manual_seed(0)
     reference = make()
     ours = copy.deepcopy(reference)

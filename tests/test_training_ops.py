@@ -312,6 +312,9 @@ CASES: list[Case] = [
          "filter-only-asymmetric"),
     Case("ConvRelu", [W(1, 4, 6, 6), W(4, 2, 3, 3)], {"group": 2, "dilations": (2, 1)},
          "grouped-dilated"),
+    Case("RMSNormalization", [W(2, 3, 6), W(6)], {"axis": 2, "epsilon": 1e-6}, "weighted"),
+    Case("RMSNormalization", [W(4, 5)], {"axis": 1, "epsilon": 0.1}, "no-weight"),
+    Case("Silu", [W(2, 3, 4)]),
     # recurrent layers (ir/rules/recurrent.py): X, W, R, B and the initial states all trained
     Case("LSTM", [W(5, 2, 3), W(1, 16, 3), W(1, 16, 4), W(1, 32), W(1, 2, 4), W(1, 2, 4)],
          {"direction": "forward", "hidden_size": 4, "layout": 0}, "forward", n_out=3),

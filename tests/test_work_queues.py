@@ -99,8 +99,9 @@ def test_autotm_run_sets_it_before_anything_uses_cuda(fresh_process, tmp_path, c
     may start CUDA): what `execute` sees."""
     model, plan = _mlp_and_plan(tmp_path)
     seen = _queues_execute_sees(fresh_process)
-    assert main(["run", model, "--plan", plan, "--device", "cuda"]) == 2  # a ConfigError
-    assert main(["run", model, "--plan", plan, "--device", "cuda", "--graph"]) == 2
+    eager = ["--no-arena", "--no-replay"]  # the plan's arena: the placed allocator, no GPU
+    assert main(["run", model, "--plan", plan, "--device", "cuda", *eager]) == 2  # ConfigError
+    assert main(["run", model, "--plan", plan, "--device", "cuda", "--no-arena", "--graph"]) == 2
     assert seen == [None, "1"]
     assert "stopped by the test" in capsys.readouterr().err
 

@@ -13,7 +13,7 @@ from autotm_py.bench.rows import (
     write_results,
 )
 from autotm_py.bench.runner import BenchResult, run_bench
-from autotm_py.bench.spec import COLUMNS, ROW_KEY, BenchSpec
+from autotm_py.bench.spec import COLUMNS, ROW_KEY, BenchSpec, sweep_layout
 
 __all__ = [
            "COLUMNS",
@@ -25,6 +25,7 @@ __all__ = [
            "read_result",
            "read_rows",
            "run_bench",
+           "sweep_layout",
            "typed_cell",
            "write_results",
 ]

@@ -108,7 +108,7 @@ class ModelRunner:
             cols: dict[str, Any] = {}
             s = self.spec
             try:
-                all_fast = api.baselines(self.graph, self.config(s.ratios[0], s.strategies[0],
+                all_fast = api.baselines(self.graph, self.config(s.ratios[0], s.plan_names[0],
                                                                  s.solvers[0]),
                                          costs=self.costs, names=("all-fast",))["all-fast"]
                 if all_fast.feasible:
@@ -268,7 +268,10 @@ class ModelRunner:
             "slowdown": result.slowdown,
         }
         if result.plan is None:
-            row["notes"] = result.message
+            row["notes"] = result.message  # why, in `optimize`'s words (`Smallest.message`)
+            if result.smallest is not None:
+                row["min_feasible_budget_bytes"] = result.min_feasible_budget_bytes
+                row["forced_by"] = result.smallest.short(result.budget_bytes or 0)
             return row
         row["mode"] = result.plan.header.memory_system.get("mode")
         if self.spec.run.arena and result.plan.arena is None:

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autotm_py.config import DEFAULT_READ_PRICING, DEFAULT_SOLVER, PlanConfig
-from autotm_py.errors import ConfigError
+from autotm_py import api
+from autotm_py.config import (
+    DEFAULT_READ_PRICING,
+    DEFAULT_SOLVER,
+    DEFAULT_STRATEGY,
+    STRATEGIES,
+    PlanConfig,
+)
+from autotm_py.errors import AutoTMError, ConfigError
+from autotm_py.ir import has_convolutions, is_channels_last
 from autotm_py.memory import load_memory_system
-from autotm_py.options import ModelOptions, RunMode
-from autotm_py.pipeline import for_this_gpu
+from autotm_py.options import ModelOptions, RunMode, default_run_mode
+from autotm_py.pipeline import for_this_gpu, load_graph
 from autotm_py.planning import SOLVERS
-from autotm_py.profiling import Fingerprint
+from autotm_py.profiling import Fingerprint, held_logs
 from autotm_py.units import parse_ratio
 
 ROW_KEY = ("model", "batch", "dims", "training", "device", "memory", "ratio", "strategy",
@@ -25,7 +33,8 @@ FIT_STEP = 0.05
 FIT_MAX = 0.25
 COLUMNS = (
     *ROW_KEY, "mode", "budget_bytes", "peak_bytes", "max_working_set_bytes", "kernels",
-    "status", "variables", "constraints", "build_s", "solve_s", "gap", "hit_time_limit",
+    "status", "min_feasible_budget_bytes", "forced_by", "variables", "constraints",
+    "build_s", "solve_s", "gap", "hit_time_limit",
     "predicted_s", "all_fast_s", "slowdown", "all_slow_s", "first_touch_s", "lru_s",
     "offload_s", "2lm_s", "oracle_s", "transfer_bound_s", "bytes_to_fast", "bytes_to_slow",
     "sync_bytes_to_fast",
@@ -52,15 +61,19 @@ COLUMNS = (
 
 @dataclass(frozen=True)
 class BenchSpec:
-    """What to sweep. Every (model, ratio, strategy, solver) makes one row. Strategies are plan
-    names (`PlanConfig.plan_name`): ``sync``/``async`` move only, ``sync+recompute``/
-    ``async+recompute`` keep, move or recompute, ``recompute-only`` never copies."""
+    """What to sweep. Every (model, ratio, plan name, solver) makes one row. `strategies`
+    mean what `optimize --strategy` does (`config.parse_strategy`): ``static``, ``sync``,
+    ``async`` with `recompute` (auto: on in GPU mode, off in host mode), or plan names that fix
+    it (``async+recompute``, ``recompute-only``). Each row is named by the plan name its
+    strategy gives (`plan_names`): ``sync``/``async`` move only, ``sync+recompute``/
+    ``async+recompute`` keep, move or recompute, ``recompute-only`` never copies. The defaults
+    are `optimize`'s: async on a GPU, with recompute, an arena and replay."""
 
     models: tuple[str, ...]
     ratios: tuple[str, ...]
-    strategies: tuple[str, ...] = ("static", "sync", "async")
+    strategies: tuple[str, ...] = (DEFAULT_STRATEGY,)
     solvers: tuple[str, ...] = (DEFAULT_SOLVER,)
-    device: str = "cpu"
+    device: str = "cuda"
     memory: str | None = None
     # how every model is built (`options.ModelOptions`: batch, dims, training, loss, ...)
     model: ModelOptions = field(default_factory=ModelOptions)
@@ -87,19 +100,24 @@ class BenchSpec:
     # process of its own (`bench/child.py`); `run.replay` prices and runs the iteration as a
     # CUDA-graph replay (the all-fast reference too, with static inputs); `run.placed` (with
     # an arena) plans for and runs with the placed allocator; `run.scratch` as `optimize
-    # --scratch`. Baselines and native runs are the same either way.
-    run: RunMode = field(default_factory=RunMode)
+    # --scratch`. Baselines and native runs are the same either way. None: the device's
+    # default (`options.default_run_mode`).
+    run: RunMode = None  # type: ignore[assignment]  # set in __post_init__
     read_pricing: str = DEFAULT_READ_PRICING  # `optimize --read-pricing`
     gpu: str | None = None  # `--gpu`: plans priced with this GPU's profiles (GPU mode)
+    recompute: str = "auto"  # `--recompute`, for the strategies that do not fix it
 
     def __post_init__(self) -> None:
         if not self.models or not self.ratios:
             raise ConfigError("bench needs at least one model (--models) and one ratio "
                               "(--ratios), e.g. --models resnet50 --ratios 1:4")
+        if self.run is None:
+            object.__setattr__(self, "run", default_run_mode(self.device))
         for r in self.ratios:
             parse_ratio(r, flag="--ratios")
-        for s in self.strategies:  # validates strategy, device, gap, limit, headroom up front
-            self.plan_config(s)
+        # plan_names validates each strategy, the device, gap, limit and headroom up front
+        if not self.strategies or not self.plan_names:
+            raise ConfigError("--strategies: give at least one, e.g. --strategies async")
         if (self.run.arena or self.run.replay) and self.device != "cuda":
             raise ConfigError(f"--{'arena' if self.run.arena else 'replay'} is for the GPU "
                               "mode (plans at planned addresses or replayed as CUDA graphs): "
@@ -115,14 +133,28 @@ class BenchSpec:
                               f"{bad[0] if bad else '(none)'}; choose from {', '.join(SOLVERS)}")
         load_memory_system(self.memory_name)  # a bad --memory fails before the sweep starts
 
+    @property
+    def plan_names(self) -> tuple[str, ...]:
+        """The plan names the strategies mean on this sweep's device with its `recompute`
+        (the plan names among them keep their own), in the order given, once each: the rows'
+        `strategy` (`async` on a GPU: async+recompute)."""
+        return tuple(dict.fromkeys(
+            PlanConfig(strategy=s, recompute=self.recompute if s in STRATEGIES else "auto",
+                       **self._settings()).plan_name for s in self.strategies))
+
     def plan_config(self, strategy: str, ratio: str | None = None,
                     solver: str = DEFAULT_SOLVER) -> PlanConfig:
-        """How a cell is planned: the strategy's config with this sweep's settings."""
+        """How a cell is planned: the config of its plan name (`plan_names`) with this sweep's
+        settings."""
         return PlanConfig.for_plan_name(
-            strategy, ratio=None if ratio is None else parse_ratio(ratio), device=self.device,
-            memory=self.memory, solver=solver, gap=self.gap, time_limit_s=self.time_limit_s,
-            pin_weights=self.pin_weights, headroom=self.headroom, threads=self.threads,
-            run=self.run, read_pricing=self.read_pricing, gpu=self.gpu)
+            strategy, **self._settings(ratio=None if ratio is None else parse_ratio(ratio),
+                                       solver=solver))
+
+    def _settings(self, **kwargs: Any) -> dict[str, Any]:
+        return dict(device=self.device, memory=self.memory, gap=self.gap,
+                    time_limit_s=self.time_limit_s, pin_weights=self.pin_weights,
+                    headroom=self.headroom, threads=self.threads, run=self.run,
+                    read_pricing=self.read_pricing, gpu=self.gpu, **kwargs)
 
     @property
     def memory_name(self) -> str:
@@ -168,7 +200,7 @@ class BenchSpec:
         model = self.model
         return ((f"opt-{model.optimizer}", model.optimizer not in (None, "sgd")),
                 (f"loss-{model.loss}", model.loss not in (None, "auto")),
-                ("unfused", not model.fuse))
+                ("unfused", not model.fuse), ("bf16", model.precision == "bf16"))
 
     @property
     def dims_text(self) -> str | None:
@@ -194,9 +226,34 @@ class BenchSpec:
     def cells(self) -> Iterator[tuple[str, str, str, str]]:
         for model in self.models:
             for ratio in self.ratios:
-                for strategy in self.strategies:
+                for strategy in self.plan_names:
                     for solver in self.solvers:
                         yield model, ratio, strategy, solver
+
+
+def sweep_layout(models: tuple[str, ...], options: ModelOptions, *, device: str,
+                 gpu: str | None = None, profiles_dir: str | None = None) -> ModelOptions:
+    """The model options of a sweep given neither --channels-last nor --no-channels-last: in
+    GPU mode channels-last when `optimize` would store every model of it that has
+    convolutions so (`api.default_layout`), else as given. A model that does not load is left
+    to fail in its own rows, which also say what their costs lack."""
+    if device != "cuda":
+        return options
+    cnns = 0
+    for model in models:
+        try:
+            graph = load_graph(model, options)
+            if not has_convolutions(graph):
+                continue
+            with held_logs():
+                costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir, gpu=gpu)
+                graph, _ = api.default_layout(graph, costs, profiles_dir=profiles_dir, gpu=gpu)
+        except AutoTMError:
+            continue
+        if not is_channels_last(graph):
+            return options
+        cnns += 1
+    return replace(options, channels_last=True) if cnns else options
 
 
 def gpu_slug(name: str) -> str:

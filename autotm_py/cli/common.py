@@ -18,7 +18,14 @@ from autotm_py.config import MAX_FOOTPRINT_BYTES, MAX_HEADROOM
 from autotm_py.errors import ConfigError, MissingDependencyError
 from autotm_py.fileio import write_problem
 from autotm_py.ir import LOSSES
-from autotm_py.options import OPTIMIZERS, SCRATCH_MODES, ModelOptions, RunMode
+from autotm_py.options import (
+    OPTIMIZERS,
+    PRECISIONS,
+    SCRATCH_MODES,
+    ModelOptions,
+    RunMode,
+    default_run_mode,
+)
 from autotm_py.plan import Plan
 from autotm_py.units import format_bytes
 
@@ -32,7 +39,7 @@ FROM_PLAN = ("Not given: the plan's, for commands that read a plan (simulate, ru
 # The model flags' parameters, and the `ModelOptions` field each one sets.
 MODEL_FLAGS = {"batch": "batch", "dims": "dims", "training": "training",
                "optimizer": "optimizer", "loss": "loss", "loss_chunks": "loss_chunks",
-               "channels_last": "channels_last", "no_fuse": "fuse"}
+               "channels_last": "channels_last", "no_fuse": "fuse", "precision": "precision"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,8 @@ def _model_args(model: str | None, flags: dict[str, Any]) -> ModelArgs:
                            training=bool(flags["training"]), optimizer=flags["optimizer"],
                            fuse=not flags["no_fuse"], loss=flags["loss"],
                            loss_chunks=flags["loss_chunks"] or 1,
-                           channels_last=bool(flags["channels_last"]))
+                           channels_last=bool(flags["channels_last"]),
+                           precision=flags["precision"] or "fp32")
     return ModelArgs(model, options, given)
 
 
@@ -93,17 +101,26 @@ def _model_flags(argument: bool, optional: bool = False) -> list[Callable[[F], F
                  "small train in a quarter of their memory. 1 keeps the plain loss [default: "
                  f"1]. {FROM_PLAN} See docs/training.md."),
         click.option(
-            "--channels-last", is_flag=True, default=None,
+            "--channels-last/--no-channels-last", default=None,
             help="Store the convolutions' images N, H, W, C (torch's channels_last) instead of "
                  "N, C, H, W: cuDNN's fastest convolutions on tensor cores, with smaller "
                  "workspaces. Same bytes, so the same plans; its own kernel profiles (`autotm "
-                 "profile --channels-last`). Models without convolutions are unchanged. "
-                 f"{FROM_PLAN} See docs/layout.md."),
+                 "profile --channels-last`). Models without convolutions are unchanged. Not "
+                 "given: optimize, bench and inspect in GPU mode store a CNN channels-last "
+                 "where the profiles that price it have its channels-last kernels, else N, C, "
+                 f"H, W; profile: N, C, H, W. {FROM_PLAN} See docs/layout.md."),
         click.option(
             "--no-fuse", is_flag=True, default=None,
             help="Keep the graph unfused, as the file has it (by default scaled dot-product "
                  "attention, GELU, Linear layers and convolution + ReLU pairs become one "
                  f"kernel each; docs/fusion.md). {FROM_PLAN}"),
+        click.option(
+            "--precision", type=click.Choice(PRECISIONS), default=None,
+            help="fp32, or bf16 as torch.autocast(bfloat16) runs it: matrix products, "
+                 "convolutions and attention in bf16 through bf16 copies of their inputs; "
+                 "softmax, normalization statistics, sums and the loss in fp32; fp32 master "
+                 f"weights and optimizer state [default: fp32]. {FROM_PLAN} See "
+                 "docs/precision.md."),
     ]
 
 
@@ -111,8 +128,8 @@ def model_options(func: F | None = None, *, argument: bool = True,
                   optional: bool = False) -> Any:
     """MODEL (an argument, optional with `optional` for a command that reads a plan, which
     records its model; or with `argument=False` an optional --model) and --batch, --dim,
-    --training, --optimizer, --loss, --loss-chunks, --channels-last, --no-fuse, given to the
-    command as one `ModelArgs` in its `model` parameter."""
+    --training, --optimizer, --loss, --loss-chunks, --channels-last, --no-fuse, --precision,
+    given to the command as one `ModelArgs` in its `model` parameter."""
 
     def wrap(command: F) -> F:
         @functools.wraps(command)
@@ -128,47 +145,83 @@ def model_options(func: F | None = None, *, argument: bool = True,
     return wrap if func is None else wrap(func)
 
 
-def run_mode_options(*, scratch: bool) -> Callable[[F], F]:
-    """--arena, --placed/--no-placed, --scratch (where `scratch`: commands that plan) and
-    --replay (alias --graph), given to the command as one `options.RunMode` in its `mode`
-    parameter: how a plan runs, and is priced for."""
+@dataclass(frozen=True)
+class RunModeArgs:
+    """--arena, --placed, --scratch and --replay as the command line gave them (None: not
+    given), resolved against a default run mode: the device's (`options.default_run_mode`) for
+    commands that plan, the plan's for `run`."""
+
+    arena: bool | None = None
+    placed: bool | None = None
+    scratch: str | None = None
+    replay: bool | None = None
+
+    @property
+    def given(self) -> bool:
+        return any(v is not None for v in (self.arena, self.placed, self.scratch, self.replay))
+
+    def over(self, base: RunMode) -> RunMode:
+        """`base` with the flags given instead of its values."""
+        return RunMode(arena=base.arena if self.arena is None else self.arena,
+                       placed=base.placed if self.placed is None else self.placed,
+                       scratch=base.scratch if self.scratch is None else self.scratch,
+                       replay=base.replay if self.replay is None else self.replay)
+
+    def for_device(self, device: str) -> RunMode:
+        """The run mode a command that plans for `device` uses: the device's default with the
+        flags given; --arena and --replay asked for host mode are a one-line error."""
+        if not str(device).startswith("cuda") and (self.arena or self.replay):
+            flag = "--arena" if self.arena else "--replay"
+            raise ConfigError(f"{flag} is for the GPU mode (plans at planned GPU addresses, "
+                              "replayed as CUDA graphs): add --device cuda, or drop it")
+        return self.over(default_run_mode(device))
+
+
+def run_mode_options(*, scratch: bool, of_plan: bool = False) -> Callable[[F], F]:
+    """--arena/--no-arena, --placed/--no-placed, --scratch (where `scratch`: commands that
+    plan) and --replay/--no-replay (alias --graph), given to the command as one `RunModeArgs`
+    in its `mode` parameter: how a plan runs, and is priced for. Not given: on a GPU all of
+    them (`options.default_run_mode`), in host mode none; `of_plan` (`run`): the plan's."""
+    default = "the plan's run mode (header `run`), without the replay off CUDA" if of_plan \
+        else "on with --device cuda, off with --device cpu"
     flags = [
         click.option(
-            "--arena", is_flag=True,
+            "--arena/--no-arena", default=None,
             help="GPU: every fast-memory tensor at a planned offset in one arena. optimize "
                  "packs it into the budget (re-solving tighter where it does not fit), so the "
                  "plan needs no --headroom; run serves it (a plan without one is packed "
-                 "first and may need more than its budget)."),
+                 f"first and may need more than its budget). [default: {default}]"),
         click.option(
-            "--placed/--no-placed", default=True, show_default=True,
+            "--placed/--no-placed", default=None,
             help="With --arena on CUDA: kernels allocate their outputs at their planned slots "
                  "(a C allocator compiled at first use); --no-placed copies them there (plan "
-                 "and run alike: a plan for one runs best the same way)."),
+                 f"and run alike: a plan for one runs best the same way). [default: {default}]"),
         click.option(
-            "--replay", "--graph", "replay", is_flag=True,
+            "--replay/--no-replay", "--graph", "replay", default=None,
             help="CUDA: capture the steady-state iteration once as a CUDA graph and replay it "
                  "(optimize prices it so: kernels at their device times, no host dispatch). "
                  "With an arena it replays there, and under a cap its capture may hold up to "
                  "256 MiB more, once (reported); without one it replays with static inputs on "
                  "torch's allocator and needs --headroom, as an eager plan does. A kernel that "
                  "cannot be captured makes the run eager, with a note naming it. --graph is "
-                 "its older name."),
+                 f"its older name. [default: {default}]"),
     ]
     if scratch:
         flags.append(click.option(
-            "--scratch", type=click.Choice(SCRATCH_MODES), default="auto", show_default=True,
+            "--scratch", type=click.Choice(SCRATCH_MODES), default=None,
             help="With --arena and --placed: where kernels' workspaces and the outputs they "
                  "allocate beside their slots live. windows: a window inside the arena for "
                  "each kernel with 1 MiB of scratch or more, live only while it runs; region: "
                  "one region beside the arena, as large as the largest kernel's, for the whole "
-                 "iteration; auto: windows with --arena and --placed, else the region."))
+                 "iteration; auto: windows with --arena and --placed, else the region "
+                 "[default: auto]."))
 
     def wrap(command: F) -> F:
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            kwargs["mode"] = RunMode(arena=kwargs.pop("arena"), placed=kwargs.pop("placed"),
-                                     scratch=kwargs.pop("scratch", "auto"),
-                                     replay=kwargs.pop("replay"))
+            kwargs["mode"] = RunModeArgs(arena=kwargs.pop("arena"), placed=kwargs.pop("placed"),
+                                         scratch=kwargs.pop("scratch", None),
+                                         replay=kwargs.pop("replay"))
             return command(*args, **kwargs)
 
         for deco in reversed(flags):
@@ -240,6 +293,23 @@ def parse_dims(values: Sequence[str] | None) -> dict[str, int]:
                               "--dim batch=32") from None
         dims[name.strip()] = number
     return dims
+
+
+def load_priced(args: ModelArgs, device: str, *, gpu: str | None = None,
+                profiles_dir: str | None = None) -> tuple[Any, Any]:
+    """MODEL's graph and its costs on `device`, for a command that plans (`priced`)."""
+    return priced(args, load_model_from_cli(args), device, gpu=gpu, profiles_dir=profiles_dir)
+
+
+def priced(args: ModelArgs, graph: Any, device: str, *, gpu: str | None = None,
+           profiles_dir: str | None = None) -> tuple[Any, Any]:
+    """`graph` (MODEL's) and its costs on `device`: in GPU mode, unless --channels-last or
+    --no-channels-last is given, in the layout GPU plans default to (`api.default_layout`:
+    channels-last where the profiles have the model's kernels so)."""
+    costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir, gpu=gpu)
+    if device == "cuda" and "channels_last" not in args.given:
+        graph, costs = api.default_layout(graph, costs, profiles_dir=profiles_dir, gpu=gpu)
+    return graph, costs
 
 
 def load_model_from_cli(args: ModelArgs, plan: Plan | None = None) -> Any:

@@ -20,25 +20,31 @@ from autotm_py import api
 from autotm_py.cli import cli, status
 from autotm_py.cli.common import (
     ModelArgs,
+    RunModeArgs,
     check_writable,
     gpu_option,
+    headroom_option,
     json_option,
     load_model_from_cli,
     model_options,
+    priced,
     print_json,
     reserve_option,
+    run_mode_options,
 )
-from autotm_py.config import DEFAULT_MEMORY, default_memory
+from autotm_py.config import DEFAULT_MEMORY, PlanConfig, default_memory
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.ir import TensorGraph, chunkable_logits_bytes
 from autotm_py.machine import working_sets
 from autotm_py.memory import MemorySystem, load_memory_system
+from autotm_py.options import RunMode
 from autotm_py.report import kernel_csv, kernel_report, render_kernel_report
 from autotm_py.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from autotm_py.costs import KernelCosts
+    from autotm_py.planning import Smallest
 
 TOP_KERNELS = 8
 CSV_FIELDS = ("id", "name", "op", "working_set_bytes", "live_bytes")
@@ -50,12 +56,14 @@ def _kernel_ref(graph: TensorGraph, kid: int) -> dict[str, Any]:
 
 
 def inspect_report(graph: TensorGraph, memory: MemorySystem | None = None,
-                   costs: KernelCosts | None = None) -> dict[str, Any]:
+                   costs: KernelCosts | None = None,
+                   budgets: tuple[Smallest, int] | None = None) -> dict[str, Any]:
     """Everything `autotm inspect` shows, as plain data (the `--json` document). Budgets are
     the user's, for `memory` (default: the GPU preset): its runtime reserve comes on top of
     the tensors' interval. With `costs` (the device's profiles), working sets count the
-    measured kernel workspaces and aligned sizes, as the planner does, so the smallest useful
-    budget is the planner's smallest feasible one."""
+    measured kernel workspaces and aligned sizes, as the planner does. `budgets`
+    (`api.useful_budgets`): the planner's smallest feasible budget for the run mode, with its
+    parts, and the tensors' peak, so that the useful budgets are the ones `optimize` names."""
     memory = memory or load_memory_system(DEFAULT_MEMORY["cuda"])
     reserve = int(memory.runtime_reserve_bytes)
     ws = graph.working_set_bytes if costs is None else working_sets(graph, costs)
@@ -82,6 +90,9 @@ def inspect_report(graph: TensorGraph, memory: MemorySystem | None = None,
         "ops": dict(Counter(k.op_type for k in graph.kernels).most_common()),
         "tensors": len(graph.tensors),
         "roles": roles,
+        "precision": graph.meta.get("precision", "fp32"),  # --precision (`ir.precision`)
+        "dtypes": {dtype: {"tensors": n, "bytes": nbytes} for dtype, (n, nbytes)
+                   in sorted(graph.bytes_by_dtype().items())},
         "peak_live_bytes": graph.peak_live_bytes,
         "peak_kernel": _kernel_ref(graph, graph.peak_kernel) if graph.kernels else None,
         "max_working_set_bytes": ws_bytes,
@@ -91,11 +102,33 @@ def inspect_report(graph: TensorGraph, memory: MemorySystem | None = None,
         if graph.kernels else None,
         "memory_system": memory.name,
         "runtime_reserve_bytes": reserve,
-        "tensor_interval_bytes": [ws_bytes, graph.peak_live_bytes],
-        "budget_interval_bytes": [ws_bytes + reserve, graph.peak_live_bytes + reserve],
+        **_intervals(budgets, ws_bytes, graph.peak_live_bytes, reserve),
         "model_hash": graph.model_hash,
         "per_kernel": kernels,
     }
+
+
+def _intervals(budgets: tuple[Smallest, int] | None, ws_bytes: int, peak: int,
+               reserve: int) -> dict[str, Any]:
+    """The tensors' useful interval and the budgets it means (with `budgets`, the planner's:
+    its smallest feasible budget, whose parts `smallest_budget` keeps)."""
+    if budgets is None:
+        return {"tensor_interval_bytes": [ws_bytes, peak],
+                "budget_interval_bytes": [ws_bytes + reserve, peak + reserve],
+                "smallest_budget": None}
+    least, peak = budgets
+    return {"tensor_interval_bytes": [least.plan_bytes, peak],
+            "budget_interval_bytes": [least.budget_bytes, least.budget_for(peak)],
+            "smallest_budget": least.to_dict()}
+
+
+def _dtypes(report: dict[str, Any]) -> str:
+    """The precision and the bytes in each dtype, largest first: `bf16 (bfloat16 1.2 GiB in
+    310 tensors, float32 ...)`."""
+    rows = sorted(report["dtypes"].items(), key=lambda kv: -kv[1]["bytes"])
+    parts = [f"{d} {format_bytes(r['bytes'])} in {r['tensors']} "
+             f"tensor{'s' if r['tensors'] != 1 else ''}" for d, r in rows]
+    return f"{report['precision']} ({', '.join(parts)})"
 
 
 def _text(report: dict[str, Any]) -> str:
@@ -107,6 +140,7 @@ def _text(report: dict[str, Any]) -> str:
         f"kernels      {report['kernels']} ({report['unique_kernels']} unique signatures)",
         f"fused        {_fused(report['fused'])}",
         f"tensors      {report['tensors']}",
+        f"precision    {_dtypes(report)}",
         *([f"loss         on the logits: the final {d['op']} {d['name']!r} dropped"]
           if (d := report.get("dropped_output")) else []),
         *_head_line(report.get("head")),
@@ -152,27 +186,57 @@ def _logits_line(logits: int | None) -> list[str]:
 
 
 def _budget_lines(report: dict[str, Any]) -> list[str]:
-    """The useful budgets (with the reserve, and saying so) and the ratios they mean."""
+    """The useful budgets (with the reserve and, in an arena run, the scratch region, saying
+    so), the kernel that sets the smallest, and the ratios they mean."""
     lo, hi = report["budget_interval_bytes"]
     reserve, peak = report["runtime_reserve_bytes"], report["peak_live_bytes"]
+    least = report.get("smallest_budget") or {}
+    extra = _overheads(reserve, least)
+    run = _run_words(report.get("run"))
     lines = [f"budget       [{format_bytes(lo)}, {format_bytes(hi)}]: useful fast-memory budgets "
-             f"on {report['memory_system']}" + (", with its" if reserve else "")]
-    if reserve:
-        lines += [f"             {format_bytes(reserve)} runtime reserve (the runtime's own "
-                  "memory, out of every budget; --reserve)",
-                  f"             on top of the tensors' [{format_bytes(lo - reserve)}, "
-                  f"{format_bytes(hi - reserve)}]:"]
-    lines.append("             below the largest working set no plan exists, at the peak "
-                 "everything fits")
+             f"on {report['memory_system']}" + ("" if run else ", with its" if extra else "")]
+    if run:
+        lines.append(f"             {run}" + (", with its" if extra else ""))
+    if extra:
+        t_lo, t_hi = report["tensor_interval_bytes"]
+        lines += [*(f"             {text}" for text in extra),
+                  f"             on top of the tensors' [{format_bytes(t_lo)}, "
+                  f"{format_bytes(t_hi)}]:"]
+    below = "below the largest working set no plan exists" if not least else \
+        "every budget has a plan (kernels may use the slow tier)" if not lo else \
+        f"below the lower end (kernel #{least['kernel']}) no plan exists"
+    lines.append(f"             {below}, at the peak everything fits")
     share = lo / peak if peak else 0.0
     if share >= 1:
-        lines.append(f"ratios       none but 1:0: --ratio F:S gives F/(F+S) of the peak "
-                     f"{format_bytes(peak)}, and the smallest useful budget is larger; give "
-                     "--fast-mem or a smaller --reserve")
-    elif reserve:
+        lines += [f"ratios       none but 1:0: --ratio F:S gives F/(F+S) of the peak "
+                  f"{format_bytes(peak)}, below the lower end;",
+                  "             give --fast-mem" + (" or a smaller --reserve" if reserve else "")]
+    elif extra:
         lines.append(f"ratios       --ratio F:S gives F/(F+S) of the peak {format_bytes(peak)}: "
                      f"below 1:{(1 - share) / share:.3g} ({100 * share:.0f}%) no plan exists")
     return lines
+
+
+def _overheads(reserve: int, least: dict[str, Any]) -> list[str]:
+    """What every budget gives up before the tensors: the runtime reserve and an arena run's
+    scratch region."""
+    out = [f"{format_bytes(reserve)} runtime reserve (the runtime's own memory, out of every "
+           "budget; --reserve)"] if reserve else []
+    if least.get("scratch_bytes"):
+        out.append(f"{'and ' if out else ''}{format_bytes(least['scratch_bytes'])} scratch "
+                   f"region of the arena (kernel #{least['scratch_kernel']}'s scratch; --scratch "
+                   "windows)")
+    return out
+
+
+def _run_words(run: dict[str, Any] | None) -> str:
+    """For which run mode the budgets are (an arena run keeps scratch beside the tensors)."""
+    if not run:
+        return ""
+    if not run.get("arena"):
+        return "for plans without an arena (--arena)"
+    scratch = "scratch windows" if run.get("windows") else "a scratch region"
+    return f"for arena plans with {scratch} (--no-arena, --scratch)"
 
 
 def _top_kernels(report: dict[str, Any]) -> list[str]:
@@ -236,6 +300,18 @@ def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
         click.echo(f"per-kernel table written to {csv_path}")
 
 
+def _report_for(graph: TensorGraph, system: MemorySystem, costs: KernelCosts, run: RunMode,
+                headroom: float, memory: str | None, gpu: str | None) -> dict[str, Any]:
+    """`inspect_report` with the planner's useful budgets for these options (`optimize`'s)."""
+    config = PlanConfig(memory=memory, gpu=gpu, run=run, headroom=headroom,
+                        device="cuda" if system.mode == "gpu" else "cpu",
+                        reserve_bytes=system.runtime_reserve_bytes)
+    report = inspect_report(graph, system, costs, api.useful_budgets(graph, config, costs=costs))
+    if system.mode == "gpu":
+        report["run"] = {**run.to_dict(), "windows": run.windows}
+    return report
+
+
 @cli.command("inspect")
 @model_options
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
@@ -250,16 +326,20 @@ def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
                    "the --gpu's link, else h100-pcie5; optane with --kernels cpu] (host-mode "
                    "presets keep none).")
 @reserve_option
+@headroom_option
+@run_mode_options(scratch=True)
 @gpu_option
 @json_option
-def inspect_command(model: ModelArgs, csv_path: str | None, as_json: bool,
+def inspect_command(model: ModelArgs, csv_path: str | None, as_json: bool, mode: RunModeArgs,
                     kernels_device: str | None = None, memory: str | None = None,
-                    reserve: str | None = None, gpu: str | None = None) -> None:
+                    reserve: str | None = None, gpu: str | None = None,
+                    headroom: float = 0.0) -> None:
     """Kernels, tensors by role, peak footprint and working sets of MODEL.
 
     MODEL is an ONNX file or a zoo name. The peak live footprint is the memory one iteration
-    needs with no limit; the largest working set (a kernel's inputs + outputs + workspace) is
-    the smallest fast-memory budget any plan can meet.
+    needs with no limit; the largest working set (a kernel's inputs + outputs + workspace),
+    with the runtime reserve (and an arena run's scratch), is the smallest fast-memory budget
+    any plan can meet: the figure `optimize` names for a smaller budget with the same options.
     """
     check_writable(csv_path, "--csv")
     system = load_memory_system(memory or default_memory(kernels_device or "cuda", gpu))
@@ -270,9 +350,10 @@ def inspect_command(model: ModelArgs, csv_path: str | None, as_json: bool,
         if not kernels_device:
             control.report(stage="pricing the kernels")
             device = "cuda" if system.mode == "gpu" else "cpu"
-            costs = api.load_costs(graph, device=device, gpu=gpu)
+            graph, costs = priced(model, graph, device, gpu=gpu)  # optimize's layout
             control.report(stage="working sets and budgets")
-            report = inspect_report(graph, system, costs)
+            report = _report_for(graph, system, costs, mode.for_device(device), headroom,
+                                 memory, gpu)
     if kernels_device:  # the kernel table of autotm_py/report/tables.py
         return print_kernel_report(graph, kernels_device, csv_path, as_json,
                                    system.runtime_reserve_bytes, gpu)

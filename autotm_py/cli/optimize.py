@@ -17,6 +17,7 @@ from autotm_py import api
 from autotm_py.cli import cli, status
 from autotm_py.cli.common import (
     ModelArgs,
+    RunModeArgs,
     budget_parts,
     check_writable,
     fast_peak_line,
@@ -24,6 +25,7 @@ from autotm_py.cli.common import (
     headroom_option,
     json_option,
     load_model_from_cli,
+    load_priced,
     model_options,
     print_json,
     reserve_option,
@@ -39,17 +41,17 @@ from autotm_py.config import (
     DEFAULT_RECOMPUTE_EARLY,
     DEFAULT_RECOMPUTE_RATIO,
     DEFAULT_SOLVER,
+    DEFAULT_STRATEGY,
     DEFAULT_TIME_LIMIT_S,
+    PLAN_NAMES,
     READ_PRICINGS,
     RECOMPUTE_MODES,
-    STRATEGIES,
     PlanConfig,
 )
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.ir import has_convolutions, is_channels_last
 from autotm_py.machine import working_sets
-from autotm_py.options import RunMode
 from autotm_py.plan import Plan, costs_drift
 from autotm_py.planning import SOLVERS, SolveControl, handle_signals
 from autotm_py.units import format_bytes, parse_bytes, parse_ratio
@@ -71,9 +73,11 @@ RATIO_HELP = (
 @click.option("--ratio", default=None, metavar="F:S", help=RATIO_HELP)
 @click.option("--fast-mem", default=None, metavar="BYTES",
               help="Absolute fast-tier budget instead of --ratio, e.g. 16GiB or 512MB.")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default="sync", show_default=True,
-              help="static: one tier per tensor for life; sync: blocking moves around uses; "
-                   "async: also copies overlapped with nearby kernels.")
+@click.option("--strategy", type=click.Choice(PLAN_NAMES), default=DEFAULT_STRATEGY,
+              show_default=True, metavar="NAME",
+              help="static: one tier per tensor; sync: blocking copies around uses; async: "
+                   "copies also overlap kernels. Recompute as --recompute says, or fixed by "
+                   "sync+recompute, async+recompute, recompute-only.")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda",
               show_default=True, help="cuda: GPU mode (kernels need fast IO); cpu: host mode "
                                       "(kernels may touch the slow tier). Picks the profiles.")
@@ -106,8 +110,7 @@ RATIO_HELP = (
                    "kernel before a backward use. on: keep, move or recompute, one ILP (plan "
                    "'<strategy>+recompute'); off: keep or move (AutoTM's plans, 'move-only'); "
                    "only: keep or recompute, nothing is copied ('recompute-only'); auto: on "
-                   "with --device cuda, off with --device cpu, --strategy static or --arena "
-                   "(give on with --arena to fit a joint plan in an arena).")
+                   "with --device cuda, off with --device cpu or --strategy static.")
 @click.option("--recompute-depth", type=click.IntRange(min=1), default=DEFAULT_RECOMPUTE_DEPTH,
               show_default=True,
               help="Longest chain of regenerations for one use (2: a regenerated tensor's input "
@@ -153,7 +156,7 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
                  async_candidates: int | None, recompute: str, recompute_depth: int,
                  recompute_ratio: float, recompute_early: int, read_pricing: str,
                  pin_weights: bool,
-                 threads: int | None, headroom: float, reserve: str | None, mode: RunMode,
+                 threads: int | None, headroom: float, reserve: str | None, mode: RunModeArgs,
                  gpu: str | None, profiles_dir: str | None, no_baselines: bool,
                  output: str | None, as_json: bool) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
@@ -162,6 +165,10 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
     baselines, bytes moved, the fast-tier peak and the solver's statistics. Ctrl-C keeps (and
     writes) the best plan found so far; a second Ctrl-C stops at once. Exit code 3: the
     budget is infeasible (the smallest feasible budget is printed).
+
+    On a GPU the defaults give the fastest plans (async, recompute, arena, CUDA-graph
+    replay, channels-last where profiled), which `autotm run` runs so; --strategy sync,
+    --no-arena and --no-replay give portable ones.
     """
 
     check_writable(output, "-o")
@@ -174,13 +181,12 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
         recompute_depth=recompute_depth, recompute_ratio=recompute_ratio,
         recompute_early=recompute_early, read_pricing=read_pricing,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
-        run=mode, gpu=gpu)
+        run=mode.for_device(device), gpu=gpu)
     config = api.for_this_gpu(config)  # the link of the GPU here, if any
     control = SolveControl(time_limit_s=time_limit)
     with status.StatusLine(control, status.wanted(as_json)):
         control.report(stage="loading the model")
-        graph = load_model_from_cli(model)
-        costs = api.load_costs(graph, device=device, profiles_dir=profiles_dir, gpu=gpu)
+        graph, costs = load_priced(model, device, gpu=gpu, profiles_dir=profiles_dir)
         with handle_signals(control):
             result = api.optimize(graph, config, costs=costs, baselines=not no_baselines,
                                   control=control)
@@ -189,7 +195,8 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
     if as_json:
         print_json({**result.to_dict(), "plan_file": output if result.plan else None})
     else:
-        for line in summary_lines(graph, result, config, costs):
+        for line in summary_lines(graph, result, config, costs,
+                                  asked="channels_last" in model.given):
             click.echo(line)
         if result.plan is not None and output:
             click.echo(f"wrote {output}{WROTE_NOTE.get(result.status, '')}")
@@ -224,8 +231,9 @@ def _candidates(value: str) -> int | None:
         raise ConfigError(f"--async-candidates {value!r}: a positive number or 'all'") from None
 
 
-def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]:
-    """The human summary of `autotm optimize`."""
+def summary_lines(graph: Any, result: Any, config: Any, costs: Any,
+                  asked: bool = False) -> list[str]:
+    """The human summary of `autotm optimize` (`asked`: the layout was given by flag)."""
 
     s = graph.summary()
     lines = [f"model      {s['name']}: {s['kernels']} kernels, {s['tensors']} tensors, peak "
@@ -234,7 +242,7 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
     if costs.n_estimated:
         lines.append(f"costs      {costs.n_estimated} of {len(costs.times_s)} kernel times "
                      "are roofline estimates (no profile)")
-    lines += _layout_lines(graph, config)
+    lines += _layout_lines(graph, config, asked)
     budget = "none (all fast)" if result.budget_bytes is None else \
         format_bytes(result.budget_bytes)
     how = f" (ratio {config.ratio})" if config.ratio is not None else ""
@@ -250,18 +258,39 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any) -> list[str]
         borrowed = costs.borrowed_note()  # a plan's notes say it; without a plan, this line
         return lines + ([f"note       {borrowed}"] if borrowed else [])
     lines += _plan_lines(result)
+    lines += _run_lines(result.plan, config)
     lines += _baseline_lines(result)
     return lines
 
 
-def _layout_lines(graph: Any, config: Any) -> list[str]:
-    """GPU mode, a CNN: which layout its convolutions run in. Row-major stays the default (a
-    plan needs the profiles of its layout, and the shipped H100 set has only row-major ones),
-    so the line names the flag that is faster on a GPU (docs/layout.md)."""
+def _run_lines(plan: Any, config: Any) -> list[str]:
+    """GPU mode: how the plan runs, which is how it was priced and how `autotm run` runs it
+    (its header's `run`)."""
+    if config.device != "cuda":
+        return []
+    mode = plan.header.run
+    arena = mode.arena and plan.arena is not None
+    parts = [("arena at planned addresses", arena),
+             ("placed outputs", arena and mode.places_outputs),
+             ("scratch windows", arena and mode.windows),
+             ("CUDA-graph replay", mode.replay)]
+    words = ", ".join(w for w, on in parts if on) or "eager, on torch's caching allocator"
+    return [f"run        {words} (how `autotm run` runs it)"]
+
+
+def _layout_lines(graph: Any, config: Any, asked: bool) -> list[str]:
+    """GPU mode, a CNN: which layout its convolutions run in, and why: the flag given
+    (`asked`), else whether the profiles have its channels-last kernels (`api.default_layout`;
+    without them the line names the layout that is faster on a GPU once profiled)."""
     if config.device != "cuda" or not has_convolutions(graph):
         return []
-    if is_channels_last(graph):
-        return ["layout     convolution images stored N, H, W, C (--channels-last)"]
+    last = is_channels_last(graph)
+    if asked:
+        return [f"layout     convolution images stored {'N, H, W, C' if last else 'N, C, H, W'} "
+                f"(--{'' if last else 'no-'}channels-last)"]
+    if last:
+        return ["layout     convolution images stored N, H, W, C, as the profiles have them "
+                "(--no-channels-last for N, C, H, W)"]
     return ["layout     convolution images stored N, C, H, W; --channels-last is faster on a "
             "GPU once profiled (docs/layout.md)"]
 
@@ -283,9 +312,11 @@ def _plan_lines(result: Any) -> list[str]:
                                 result.reserve_bytes, result.plannable_bytes))
     if st.solver != "none":
         gap = "-" if st.gap is None else f"{st.gap * 100:.2f}%"
-        lines.append(f"solver     {st.solver}: {st.status}, gap {gap}, {st.variables} variables, "
-                     f"{st.constraints} constraints, build {st.build_s:.2f} s, solve "
-                     f"{st.solve_s:.2f} s")
+        # the objective is the status line's last figure: the ILP's estimate, not `predicted`
+        objective = "" if st.objective_s is None else f"objective {st.objective_s * 1e3:.3f} ms, "
+        lines.append(f"solver     {st.solver}: {st.status}, {objective}gap {gap}, "
+                     f"{st.variables} variables, {st.constraints} constraints, build "
+                     f"{st.build_s:.2f} s, solve {st.solve_s:.2f} s")
     lines += [f"note       {n}" for n in result.plan.header.notes]
     return lines
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
 
 from autotm_py import api
-from autotm_py.bench import BenchSpec, key_of, run_bench
+from autotm_py.bench import BenchSpec, key_of, run_bench, sweep_layout
 from autotm_py.cli import cli, status
 from autotm_py.cli.common import (
     ModelArgs,
+    RunModeArgs,
     budget_parts,
     check_writable,
     gpu_option,
@@ -25,9 +27,14 @@ from autotm_py.cli.common import (
     run_mode_options,
     warn,
 )
-from autotm_py.config import DEFAULT_READ_PRICING, DEFAULT_SOLVER, READ_PRICINGS
+from autotm_py.config import (
+    DEFAULT_READ_PRICING,
+    DEFAULT_SOLVER,
+    DEFAULT_STRATEGY,
+    READ_PRICINGS,
+    RECOMPUTE_MODES,
+)
 from autotm_py.errors import ConfigError
-from autotm_py.options import RunMode
 from autotm_py.plan import Plan, costs_drift
 from autotm_py.report import load_measured, make_report
 from autotm_py.units import format_bytes
@@ -162,13 +169,18 @@ def _split(text: str) -> tuple[str, ...]:
 @click.option("--ratios", required=True,
               help="Comma-separated fast:slow ratios, e.g. 1:8,1:4,1:1 (1:4 = fast tier holds "
                    "1/5 of the peak; the paper's PMM:DRAM 4:1).")
-@click.option("--strategies", default="static,sync,async", show_default=True,
-              help="Comma-separated plan names: static, sync, async (move only), "
-                   "sync+recompute, async+recompute (keep, move or recompute), recompute-only.")
+@click.option("--strategies", default=DEFAULT_STRATEGY, show_default=True,
+              help="Comma-separated strategies, as `optimize --strategy`: static, sync, async "
+                   "with --recompute (auto: on with --device cuda), or plan names that fix it: "
+                   "sync+recompute, async+recompute, recompute-only. Rows are named by the plan "
+                   "(async on cuda: async+recompute; move-only plans: --recompute off).")
+@click.option("--recompute", type=click.Choice(RECOMPUTE_MODES), default="auto",
+              show_default=True,
+              help="As `optimize --recompute`, for the strategies that do not fix it.")
 @click.option("--solvers", default=DEFAULT_SOLVER, show_default=True,
               help="Comma-separated: highs, cbc.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="cpu: host mode (DRAM + slow tier); cuda: GPU mode.")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="cuda: GPU mode; cpu: host mode (DRAM + slow tier).")
 @click.option("--memory", default=None,
               help="Memory-system preset or file (default: optane for cpu; for cuda the --gpu's "
                    "link where one is shipped, else h100-pcie5).")
@@ -215,10 +227,11 @@ def _split(text: str) -> tuple[str, ...]:
               help="Solver threads per plan; each cell takes this many CPUs (default 1).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @json_option
-def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, solvers: str,
-              device: str, memory: str | None, time_limit: float | None, gap: float,
-              pin_weights: bool, profiles: str | None, execute: bool, iterations: int,
-              warmup: int, headroom: float, fit: bool, mode: RunMode, read_pricing: str,
+def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, recompute: str,
+              solvers: str, device: str, memory: str | None, time_limit: float | None,
+              gap: float, pin_weights: bool, profiles: str | None, execute: bool,
+              iterations: int, warmup: int, headroom: float, fit: bool, mode: RunModeArgs,
+              read_pricing: str,
               gpu: str | None, plans_dir: str | None,
               output: str, engine: str, workers: int | None,
               address: str | None, threads: int | None,
@@ -239,12 +252,16 @@ def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, solve
     if model.model is not None:
         raise ConfigError("bench takes its models from --models (comma-separated), not --model")
     spec = BenchSpec(models=_split(models), ratios=_split(ratios),
-                     strategies=_split(strategies), solvers=_split(solvers), device=device,
-                     memory=memory, model=model.options, time_limit_s=time_limit, gap=gap,
-                     pin_weights=pin_weights, profiles_dir=profiles, execute=execute,
-                     iterations=iterations, warmup=warmup, headroom=headroom, fit=fit,
-                     plans_dir=plans_dir, threads=threads, run=mode,
-                     read_pricing=read_pricing, gpu=gpu)
+                     strategies=_split(strategies), recompute=recompute,
+                     solvers=_split(solvers), device=device, memory=memory, model=model.options,
+                     time_limit_s=time_limit, gap=gap, pin_weights=pin_weights,
+                     profiles_dir=profiles, execute=execute, iterations=iterations,
+                     warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,
+                     threads=threads, run=mode.for_device(device), read_pricing=read_pricing,
+                     gpu=gpu)
+    if "channels_last" not in model.given:  # optimize's layout, for the whole sweep
+        spec = replace(spec, model=sweep_layout(spec.models, spec.model, device=device, gpu=gpu,
+                                                profiles_dir=profiles))
     where = {"engine": engine, "workers": workers, "address": address}
     if no_progress or as_json:
         result = run_bench(spec, output, **where)
@@ -284,7 +301,8 @@ BENCH_BASELINES = (("first-touch", "first_touch_s"), ("lru", "lru_s"), ("offload
 def bench_table(rows: list[dict[str, Any]]) -> list[str]:
     """One line per row: the plan's predicted time against all-fast and the best baseline that
     fits (the CSV and JSON hold every column)."""
-    head = (f"{'model':<14} {'ratio':>6} {'strategy':<8} {'solver':<6} {'status':<10} "
+    wide = max([8, *(len(str(r.get("strategy"))) for r in rows)])  # async+recompute: 15
+    head = (f"{'model':<14} {'ratio':>6} {'strategy':<{wide}} {'solver':<6} {'status':<10} "
             f"{'predicted':>13} {'vs all-fast':>11}  best baseline")
     lines = [head]
     for r in rows:
@@ -297,10 +315,21 @@ def bench_table(rows: list[dict[str, Any]]) -> list[str]:
             best += f" ({min(fits)[0] / r['predicted_s']:.3f}x this plan)"
         status = str(r.get("status") or "-") if not r.get("error") else "error"
         lines.append(f"{str(r.get('model'))[:14]:<14} {r.get('ratio')!s:>6} "
-                     f"{r.get('strategy')!s:<8} {r.get('solver')!s:<6} {status:<10} "
+                     f"{r.get('strategy')!s:<{wide}} {r.get('solver')!s:<6} {status:<10} "
                      f"{ms:>13} {_times(slowdown):>11}  "
-                     + (best if not r.get("error") else str(r["error"])[:60]))
+                     + _last_cell(r, best))
     return lines
+
+
+def _last_cell(row: dict[str, Any], best: str) -> str:
+    """The best baseline; for an infeasible row the budget it needs and what forces it (the
+    notes column has the whole message); for a failed row its error."""
+    if row.get("error"):
+        return str(row["error"])[:60]
+    if row.get("status") == "infeasible" and row.get("min_feasible_budget_bytes"):
+        return (f"needs {format_bytes(row['min_feasible_budget_bytes'])}: "
+                f"{row.get('forced_by') or 'see notes'}")
+    return best
 
 
 def _ms(seconds: Any) -> str:

@@ -3,12 +3,15 @@ on the CPU."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
 from autotm_py import api, pipeline
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
     ModelArgs,
+    RunModeArgs,
     check_writable,
     json_option,
     load_model_from_cli,
@@ -19,7 +22,7 @@ from autotm_py.cli.common import (
     warn,
 )
 from autotm_py.fileio import atomic_write_text
-from autotm_py.options import SOURCE_META_KEY, Measure, RunMode, check_run
+from autotm_py.options import SOURCE_META_KEY, Measure, check_run
 from autotm_py.plan import Plan, costs_drift
 from autotm_py.units import format_bytes
 
@@ -37,7 +40,7 @@ from autotm_py.units import format_bytes
 @click.option("--kernel-times", is_flag=True, help="Also time every kernel (CUDA events).")
 @click.option("--no-cap", is_flag=True,
               help="Do not cap GPU memory at the plan's budget (for the all-fast reference).")
-@run_mode_options(scratch=False)
+@run_mode_options(scratch=False, of_plan=True)
 @click.option("--device-busy", is_flag=True,
               help="CUDA: profile one more iteration (torch profiler) and report how long the "
                    "GPU worked in it (kernels, copies, memsets on any stream): the iteration "
@@ -52,16 +55,18 @@ from autotm_py.units import format_bytes
               help="Write the measurements here (JSON; `autotm report --measured` reads it).")
 @json_option
 def run_cmd(model: ModelArgs, plan_path: str, device: str, iterations: int, warmup: int,
-            kernel_times: bool, no_cap: bool, mode: RunMode, device_busy: bool, seed: int,
+            kernel_times: bool, no_cap: bool, mode: RunModeArgs, device_busy: bool, seed: int,
             random_weights: bool, output: str | None, as_json: bool) -> int:
     """Run PLAN on MODEL (default: the model the plan records; the same model options as
     `optimize`, default the plan's) and report measured times.
 
-    On a GPU the plan's fast budget is enforced as a cap on torch's allocator; the measured
-    peak (max_memory_allocated) and reserved peak are printed beside the modelled one, with
-    the host's enqueue time and the allocator's retries at the cap (if it retried or ran out of
-    memory, re-plan with `autotm optimize --arena` and run with --arena, or with
-    `--headroom`)."""
+    The plan runs as it was made to (its header's run mode: on a GPU by default at planned
+    addresses in an arena and replayed as a CUDA graph; on the CPU without the replay);
+    --no-arena, --no-replay and the like override it. On a GPU the plan's fast budget is
+    enforced as a cap on torch's allocator; the measured peak (max_memory_allocated) and
+    reserved peak are printed beside the modelled one, with the host's enqueue time and the
+    allocator's retries at the cap (if it retried or ran out of memory on torch's allocator,
+    run it in an arena, or re-plan with `--headroom`)."""
     import json
 
     require("torch", "autotm run")
@@ -70,6 +75,10 @@ def run_cmd(model: ModelArgs, plan_path: str, device: str, iterations: int, warm
     # before the costs' lookup first uses CUDA (what could not be set, the run's notes say)
     measure = Measure(iterations=iterations, warmup=warmup, seed=seed, capped=not no_cap,
                       kernel_times=kernel_times, device_busy=device_busy)
+    # the plan's run mode as this device can run it (eagerly with per-kernel events, which
+    # split the iteration), the flags given over it; where scratch lies is the plan's arena's
+    recorded = replace(plan.header.run.on(device), scratch="auto")
+    mode = mode.over(replace(recorded, replay=False) if kernel_times else recorded)
     check_run(device, mode, measure)
     api.prepare_cuda_process(plan, device, mode, capped=not no_cap)
     graph = load_model_from_cli(model, plan=plan)

@@ -1,5 +1,6 @@
 """The live status line of long commands: one line on stderr, redrawn in place while a solve
-runs (stage, incumbent predicted time, gap, elapsed seconds), erased when it ends.
+runs (stage, the best plan's objective: the ILP's estimate that `optimize` prints on its
+solver line, gap, elapsed seconds), erased when it ends.
 
 Drawn only when both stdout and stderr are terminals and no `--json` was asked for, so logs,
 pipes and machine-readable output never see it. A thread redraws it four times a second from
@@ -72,11 +73,15 @@ class StatusLine:
             self._done.wait(self.every_s)
 
     def text(self) -> str:
-        """The line for the terminal's width; the Ctrl-C hint goes first when it is narrow."""
+        """The line for the terminal's width; when it is narrow the Ctrl-C hint goes first,
+        then whole parts from the end (the objective stays before the seconds)."""
         progress = self.control.progress
         line = f"autotm: {progress.describe()}"
         width = shutil.get_terminal_size((100, 20)).columns - 1
         hint = HINTS.get(progress.stage)
         if hint and len(line) + len(hint) + 3 <= width:
             line += f" ({hint})"
-        return line if len(line) <= width else line[:max(width - 3, 0)] + "..."
+        if len(line) <= width:
+            return line
+        cut = line.rfind(", ", 0, width + 1)
+        return line[:cut] if cut > 0 else line[:max(width - 3, 0)] + "..."

@@ -7,6 +7,7 @@ import click
 
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
+    RunModeArgs,
     check_writable,
     gpu_option,
     json_option,
@@ -18,7 +19,7 @@ from autotm_py.cli.common import (
 from autotm_py.cli.optimize import RATIO_HELP
 from autotm_py.config import PlanConfig
 from autotm_py.ir import LOSSES, Optimizer
-from autotm_py.options import RunMode
+from autotm_py.options import default_run_mode
 from autotm_py.units import format_bytes, parse_bytes, parse_ratio
 
 
@@ -58,25 +59,25 @@ from autotm_py.units import format_bytes, parse_bytes, parse_ratio
 def train_cmd(model: str, data: str, steps: int, output: str, batch: int | None,
               dims: tuple[str, ...], ratio: str | None, fast_mem: str | None, optimizer: str,
               lr: float, momentum: float, weight_decay: float, loss: str, device: str,
-              mode: RunMode, gpu: str | None, seed: int, plans_dir: str | None,
+              mode: RunModeArgs, gpu: str | None, seed: int, plans_dir: str | None,
               as_json: bool) -> None:
     """Train the weights of MODEL (an ONNX file) on the arrays of --data for --steps steps under
     a fast-memory budget, and write the trained model to -o.
 
     The model starts from its own initializers; each step takes the next batch of the arrays
     (in order, the last partial batch dropped, from the start again when they run out). On a
-    GPU the plan runs at planned addresses and replays as a CUDA graph unless told otherwise
-    (--arena/--replay give a run mode of your own).
+    GPU the plan is made as `optimize` makes it by default (async, recompute on) and runs at
+    planned addresses, replayed as a CUDA graph, unless told otherwise (--no-arena,
+    --no-replay, ...).
     """
     require("torch", "autotm train")
     check_writable(output, "-o")
     from autotm_py.trainer import train_file
 
     config = PlanConfig(ratio=parse_ratio(ratio) if ratio else None,
-                        fast_mem_bytes=parse_bytes(fast_mem) if fast_mem else None,
-                        strategy="async", recompute="on", gpu=gpu)
+                        fast_mem_bytes=parse_bytes(fast_mem) if fast_mem else None, gpu=gpu)
     spec = Optimizer(optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    given = mode if (mode.arena or mode.replay) else None
+    given = mode.over(default_run_mode(device)) if mode.given else None
     result = train_file(model, data, steps=steps, optimizer=spec, config=config,
                         output=output, loss=loss, batch=batch, dims=parse_dims(dims),
                         device=device, mode=given, seed=seed, plans_dir=plans_dir)

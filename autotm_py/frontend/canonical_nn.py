@@ -177,13 +177,23 @@ def _spatial(node: OnnxNode, in_shape: tuple[int, ...], kernel: tuple[int, ...])
     return {"strides": strides, "dilations": dilations, "pads": tuple(pads)}
 
 
+def conv_inputs(node: OnnxNode, ctx: Ctx) -> tuple[str, ...]:
+    """X, W and the bias, without a bias that is a constant of zeros: torch's dynamo exporter
+    gives every bias-free convolution one, and adding it cost ResNet-50 b64 channels-last 2.1
+    ms an iteration on an H200 (a broadcast add per convolution). A trainable bias is a
+    weight, never a known constant, so it stays."""
+    inputs = data_inputs(node, 3)
+    bias = ctx.known(inputs[2]) if len(inputs) == 3 else None
+    return inputs[:2] if bias is not None and not np.any(bias) else inputs
+
+
 @canonical("Conv")
 def _conv(node: OnnxNode, ctx: Ctx) -> Lowered:
     x, w = node.inputs[0], node.inputs[1]
     kernel = tuple(node.attrs.get("kernel_shape", ctx.shape(w)[2:]))
     attrs = {"group": int(node.attrs.get("group", 1)), "kernel_shape": kernel,
              **_spatial(node, ctx.shape(x), kernel)}
-    return single(node, data_inputs(node, 3), attrs)
+    return single(node, conv_inputs(node, ctx), attrs)
 
 
 @canonical("ConvTranspose")
@@ -214,7 +224,7 @@ def _conv_transpose(node: OnnxNode, ctx: Ctx) -> Lowered:
     attrs = {"group": int(node.attrs.get("group", 1)), "kernel_shape": kernel,
              "strides": strides, "dilations": dil, "pads": tuple(pads),
              "output_padding": tuple(extra)}
-    return single(node, data_inputs(node, 3), attrs)
+    return single(node, conv_inputs(node, ctx), attrs)
 
 
 @canonical("MaxPool", "AveragePool")

@@ -2,7 +2,8 @@
 fused kernel each.
 
     fused = fuse_graph(graph)            # import_onnx/import_model call it unless fuse=False
-    fused.meta["fusion"]     # {"attention": 12, "gelu": 13, "linear": 74, "conv_relu": 0}
+    fused.meta["fusion"]     # {"attention": 12, "gelu": 13, "linear": 74, "conv_relu": 0,
+                             #  "rms_norm": 0, "silu": 0}
 
 Patterns (each in its own module; docs/fusion.md has the exact forms):
 - scaled dot-product attention (`fuse_attention`): MatMul(Q, K^T) -> scale -> mask ->
@@ -15,7 +16,11 @@ Patterns (each in its own module; docs/fusion.md has the exact forms):
   backward kernel for dX, dW and dB;
 - convolution + ReLU (`fuse_conv_relu`): a Conv whose output only a Relu reads becomes
   `ConvRelu` (domain "autotm"): on CUDA one cuDNN call with the bias and the ReLU in its
-  epilogue.
+  epilogue;
+- RMSNorm (`fuse_rms_norm`): Pow/ReduceMean/Add/Sqrt/Div (or Reciprocal)/Mul and the
+  optional weight Mul of Llama-style models become `RMSNormalization` (domain "autotm"),
+  whose backward saves X and one rstd per row;
+- SiLU (`fuse_silu`): Mul(X, Sigmoid(X)) becomes `Silu` (domain "autotm"), saving only X.
 
 A pattern matches only when the fused op computes the same function (constants checked,
 softmax over the last axis, K^T really the transpose of K, intermediate tensors read by
@@ -39,24 +44,27 @@ from autotm_py.frontend.fuse_base import Matcher, NewKernel, Ref, Rewrite
 from autotm_py.frontend.fuse_conv_relu import match_conv_relu
 from autotm_py.frontend.fuse_gelu import match_gelu
 from autotm_py.frontend.fuse_linear import match_linear
+from autotm_py.frontend.fuse_rms_norm import match_rms_norm
+from autotm_py.frontend.fuse_silu import match_silu
 from autotm_py.ir.builder import GraphBuilder
 from autotm_py.ir.graph import TensorGraph
 
 log = logging.getLogger(__name__)
 
 FUSION_META_KEY = "fusion"
-KINDS = ("attention", "gelu", "linear", "conv_relu")
+KINDS = ("attention", "gelu", "linear", "conv_relu", "rms_norm", "silu")
 
 
 # ---- the pass ---------------------------------------------------------------------------------
 def find_rewrites(graph: TensorGraph) -> list[Rewrite]:
-    """Every accepted, mutually disjoint rewrite of the graph: attention, GELU, Linear, then
-    convolution + ReLU."""
+    """Every accepted, mutually disjoint rewrite of the graph: attention, GELU, Linear,
+    convolution + ReLU, RMSNorm, then SiLU."""
     m = Matcher(graph)
     accepted: list[Rewrite] = []
     removed: set[int] = set()
     produced: set[int] = set()  # existing tensors that accepted rewrites produce again
-    for matcher in (match_attention, match_gelu, match_linear, match_conv_relu):
+    for matcher in (match_attention, match_gelu, match_linear, match_conv_relu, match_rms_norm,
+                    match_silu):
         for k in graph.kernels:
             rewrite = matcher(m, k)
             if rewrite is not None and _disjoint(graph, rewrite, removed, produced):

@@ -290,6 +290,14 @@ class TensorGraph:
             out[t.role] = out.get(t.role, 0) + t.nbytes
         return out
 
+    def bytes_by_dtype(self) -> dict[str, tuple[int, int]]:
+        """dtype -> (tensors, bytes): what a mixed-precision graph holds in each type."""
+        out: dict[str, tuple[int, int]] = {}
+        for t in self.tensors:
+            count, nbytes = out.get(t.dtype, (0, 0))
+            out[t.dtype] = (count + 1, nbytes + t.nbytes)
+        return out
+
     def summary(self) -> dict[str, Any]:
         ws, ws_kernel = self.max_working_set
         return {

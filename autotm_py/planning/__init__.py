@@ -17,6 +17,7 @@ _EXPORTS = {
     "SolveControl": "autotm_py.planning.control",
     "Terminated": "autotm_py.planning.control",
     "handle_signals": "autotm_py.planning.control",
+    "Smallest": "autotm_py.planning.feasibility",
     "PlanResult": "autotm_py.planning.solve",
     "SOLVERS": "autotm_py.planning.solvers",
 }

@@ -39,7 +39,10 @@ class Terminated(BaseException):
 @dataclass(frozen=True)
 class Progress:
     """What a solve is doing now. Objective values are in the ILP's units (milliseconds per
-    iteration), so an incumbent is the predicted iteration time of the best plan so far."""
+    iteration): an incumbent is the objective of the best plan so far, the ILP's estimate of
+    its iteration, not its prediction (the decoded plan simulated, which `optimize` prints as
+    `predicted`: with `--read-pricing step` at most the objective, lower where the simulated
+    copies overlap more than the ILP counts)."""
 
     stage: str = "starting"  # building | solving | stopping | verifying | baselines | ...
     strategy: str | None = None
@@ -60,8 +63,9 @@ class Progress:
         return time.monotonic() - self.started
 
     def describe(self) -> str:
-        """One line: ``solving the async model (highs), best 52.410 ms, gap 3.1%, 12 s, time
-        limit 300 s`` (elapsed since the control was made; the limit counts the search)."""
+        """One line: ``solving the async model (highs), objective 52.410 ms, gap 3.1%, 12 s,
+        time limit 300 s`` (the best plan's objective, which `optimize`'s summary prints on its
+        solver line; elapsed since the control was made; the limit counts the search)."""
         what = self.stage
         if self.strategy and self.stage in ("building", "solving", "stopping"):
             what = f"{self.stage} the {self.strategy} model"
@@ -69,7 +73,7 @@ class Progress:
                 what += f" ({self.solver})"
         parts = [what]
         if self.incumbent is not None and self.stage in ("solving", "stopping"):
-            parts.append(f"best {self.incumbent:.3f} ms")
+            parts.append(f"objective {self.incumbent:.3f} ms")
             if self.gap is not None:
                 parts.append(f"gap {self.gap * 100:.1f}%")
         parts.append(f"{self.elapsed_s:.0f} s")

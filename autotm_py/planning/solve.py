@@ -13,23 +13,26 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.errors import SolverError
-from autotm_py.ir.training import chunkable_logits_bytes
 from autotm_py.plan import Plan, SolverStats
 from autotm_py.planning.baselines import BaselineResult, all_fast
 from autotm_py.planning.control import SolveControl
 from autotm_py.planning.decode import decode
+from autotm_py.planning.feasibility import (
+    Smallest,
+    size_at_least,
+    smallest_budget,
+)
 from autotm_py.planning.gadgets import small_tensors
 from autotm_py.planning.recompute import RecomputeSpec, early_window, recompute_spec
 from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
     from autotm_py.config import PlanConfig
-    from autotm_py.ir.graph import TensorGraph
     from autotm_py.machine import MachineModel
     from autotm_py.planning import formulation
     from autotm_py.planning.solvers import SolveOutcome
@@ -58,8 +61,9 @@ class PlanResult:
     """What `optimize` found. `plan` is None when infeasible or when no plan was found in time.
 
     status: ``optimal`` (within the gap), ``time_limit`` (best plan found when the limit hit),
-    ``infeasible`` (budget below `min_feasible_budget_bytes`, forced by `forcing_kernel`), or
-    ``no_solution`` (the limit hit before any plan was found)."""
+    ``infeasible`` (budget below `min_feasible_budget_bytes`, forced by `forcing_kernel`;
+    `smallest` has its parts, `message` says what does not fit), or ``no_solution`` (the limit
+    hit before any plan was found)."""
 
     status: str
     plan: Plan | None
@@ -70,6 +74,7 @@ class PlanResult:
     min_feasible_budget_bytes: int | None = None
     forcing_kernel: int | None = None
     forcing_kernel_name: str | None = None
+    smallest: Smallest | None = None  # the smallest feasible budget and its parts
     all_fast_time_s: float | None = None
     objective_s: float | None = None
     fast_peak_bytes: int | None = None
@@ -102,38 +107,11 @@ class PlanResult:
             "min_feasible_budget_bytes": self.min_feasible_budget_bytes,
             "forcing_kernel": self.forcing_kernel,
             "forcing_kernel_name": self.forcing_kernel_name,
+            "smallest": None if self.smallest is None else self.smallest.to_dict(),
             "solver": asdict(self.stats),
             "counts": dict(self.plan.header.counts) if self.plan else {},
             "baselines": {k: v.to_dict() for k, v in self.baselines.items()},
         }
-
-
-def min_feasible_budget(machine: MachineModel, strategy: str,
-                        fixed: frozenset[int] = frozenset(),
-                        ranges: Sequence[tuple[int, int]] | None = None) -> tuple[int, int]:
-    """(bytes, kernel): the smallest budget at which a plan exists, and the kernel forcing it.
-
-    GPU mode: a kernel's placeable inputs, outputs and workspace must all be in fast memory
-    (and with the static strategy nothing moves, so the whole all-fast peak must fit). Host
-    mode: only workspace must be fast; kernels can read and write the slow tier. Tensors in
-    `fixed` (kept fast for life) count wherever they are alive (over `ranges`: the live
-    ranges, extended by recomputation). Regenerations never raise it: a plan may always keep
-    or move instead. (Recompute-only plans may be infeasible above it: nothing can move.)"""
-    graph = machine.graph
-    n = len(graph.kernels)
-    if not n:
-        return 0, -1
-    if machine.gpu and strategy == "static":
-        return machine.peak
-    resident = machine.live_bytes(fixed, ranges)
-    need = []
-    for k, kernel in enumerate(graph.kernels):
-        io = set(kernel.io)
-        own = machine.io_bytes(k) - sum(int(machine.sizes[t]) for t in io & fixed) if machine.gpu \
-            else 0
-        need.append(int(machine.workspace[k]) + own + int(resident[k]))
-    kid = max(range(n), key=need.__getitem__)
-    return need[kid], kid
 
 
 def plan(machine: MachineModel, config: PlanConfig,
@@ -141,7 +119,6 @@ def plan(machine: MachineModel, config: PlanConfig,
     """Plan `model.graph` under `config` (see the module docstring). A solved plan comes back
     unverified: no predicted time yet, and `fast_peak_bytes` unset. `control` receives
     progress and may ask the search to stop (the best plan so far is kept)."""
-    graph = machine.graph
     common = {"budget_bytes": machine.user_budget, "all_fast_time_s": machine.all_fast_time,
               "reserve_bytes": machine.reserve_bytes, "plannable_bytes": machine.tensor_budget,
               "scratch_bytes": machine.scratch_reserve + machine.arena_margin}
@@ -155,18 +132,19 @@ def plan(machine: MachineModel, config: PlanConfig,
                           fast_peak_bytes=machine.peak[0], **common)
     small, spec = _small_and_recompute(machine, config)
     ranges = spec.ranges(machine) if spec is not None else None
-    need, kid = min_feasible_budget(machine, config.strategy, small, ranges)
-    if machine.tensor_budget < need and small:  # too tight to keep small ones fast: they move
+    least = smallest_budget(machine, config.strategy, small, ranges)
+    # too tight to keep the small ones fast: they move, and the figure is without them
+    if machine.tensor_budget < least.plan_bytes and small:
         small, spec = frozenset(), _spec(machine, config, frozenset())
-        need, kid = min_feasible_budget(machine, config.strategy)
-    if machine.tensor_budget < need:
-        return _infeasible(machine, need, kid, config.strategy, common)
+        least = smallest_budget(machine, config.strategy)
+    if machine.tensor_budget < least.plan_bytes:
+        return _infeasible(least, common)
     f, outcome, stats, notes = _search(machine, config, small, spec,
                                        control or SolveControl())
     if not outcome.has_solution:
         if outcome.status == "infeasible" and config.recompute_mode == "only":
-            return _no_recompute_only_plan(machine, stats, need, kid, common)
-        return _unsolved(outcome.status, stats, need, kid, graph, common, config)
+            return _no_recompute_only_plan(machine, stats, least, common)
+        return _unsolved(outcome.status, stats, least, common, config)
     if outcome.status == "time_limit":
         notes.append("time limit reached: best plan found, not proven within the gap")
     if outcome.status == "interrupted":
@@ -518,73 +496,58 @@ def _solve(f: formulation.Formulation, config: PlanConfig, time_limit: float | N
                       threads=config.threads, warm_start=warm, control=control)
 
 
-def _infeasible(machine: MachineModel, need: int, kid: int, strategy: str,
-                common: dict[str, Any]) -> PlanResult:
-    kernel = machine.graph.kernels[kid]
-    tensors, need = need, machine.user_terms(need)  # the whole budget: reserve, headroom
-    why = ("the static strategy moves nothing, so the whole footprint must fit"
-           if machine.gpu and strategy == "static" else
-           "its inputs, outputs and workspace must be in fast memory together" if machine.gpu
-           else "its workspace must be in fast memory")
-    message = (f"infeasible: the budget of {format_bytes(machine.user_budget or 0)} is below the "
-               f"smallest feasible budget of {format_bytes(need)} ({need} bytes), forced by "
-               f"kernel #{kid} {kernel.name!r} ({kernel.op_type}): {why}"
-               f"{_reserve_cause(machine, tensors)}{_logits_cause(machine.graph, kid)}")
-    return PlanResult("infeasible", None, message, predicted_time_s=None, stats=SolverStats(),
-                      min_feasible_budget_bytes=need, forcing_kernel=kid,
-                      forcing_kernel_name=kernel.name, **common)
+def _infeasible(least: Smallest, common: dict[str, Any]) -> PlanResult:
+    """A budget below the smallest feasible one: its message says why (`Smallest.message`)."""
+    return PlanResult("infeasible", None, least.message(common["budget_bytes"] or 0),
+                      predicted_time_s=None, stats=SolverStats(), **_forced(least), **common)
 
 
-def _no_recompute_only_plan(machine: MachineModel, stats: SolverStats, need: int, kid: int,
+def _forced(least: Smallest, figure: bool = True) -> dict[str, Any]:
+    """The result's fields of the smallest feasible budget (`figure`: with it)."""
+    return {"min_feasible_budget_bytes": least.budget_bytes if figure else None,
+            "forcing_kernel": least.kernel, "forcing_kernel_name": least.kernel_name,
+            "smallest": least}
+
+
+def packing_note(result: PlanResult) -> str:
+    """The note of a plan left without an arena because, with the packing's holes held back,
+    the budget became infeasible: by how much, and the budget that would hold them."""
+    least = result.smallest
+    if least is None:
+        return ("no arena: with the packing's holes held back the budget is infeasible; the "
+                "plan runs on torch's caching allocator")
+    return (f"no arena: with the packing's holes held back ({format_bytes(least.margin_bytes)}"
+            f") the budget of {format_bytes(result.budget_bytes or 0)} is below the smallest "
+            f"feasible one, {format_bytes(least.budget_bytes)} (kernel #{least.kernel} "
+            f"{least.kernel_name!r}, {least.op_type}); the plan runs on torch's caching "
+            f"allocator (--fast-mem {size_at_least(least.budget_bytes)} or more may give it "
+            "one)")
+
+
+def _no_recompute_only_plan(machine: MachineModel, stats: SolverStats, least: Smallest,
                             common: dict[str, Any]) -> PlanResult:
     """Recompute-only plans cannot move anything: a budget above the smallest feasible one
     (where a plan that moves exists) may still have none."""
     message = (f"infeasible: no recompute-only plan fits the budget of "
                f"{format_bytes(machine.user_budget or 0)} (nothing may move; a plan that moves "
-               f"exists from {format_bytes(machine.user_terms(need))}: use --recompute on)")
+               f"exists from {format_bytes(least.budget_bytes)}: use --recompute on)")
     return PlanResult("infeasible", None, message, predicted_time_s=None, stats=stats,
-                      min_feasible_budget_bytes=None, forcing_kernel=kid,
-                      forcing_kernel_name=machine.graph.kernels[kid].name, **common)
+                      **_forced(least, figure=False), **common)
 
 
-def _logits_cause(graph: TensorGraph, kid: int) -> str:
-    """Where a language model's plain loss sets the smallest budget, say that `--loss-chunks`
-    lifts it."""
-    logits = chunkable_logits_bytes(graph, kid)
-    if logits is None:
-        return ""
-    return (f"; the loss's logits ({format_bytes(logits)}) set it: --loss-chunks 16 "
-            "computes the loss over blocks of tokens and never holds them whole "
-            "(docs/training.md)")
-
-
-def _reserve_cause(machine: MachineModel, tensors: int) -> str:
-    """Where the runtime reserve is most of the smallest feasible budget, say so and how to
-    change it (small models on a GPU preset: the reserve is tens of MiB)."""
-    reserve = machine.reserve_bytes
-    if reserve < tensors:
-        return ""
-    return (f"; {format_bytes(reserve)} of it is the runtime reserve of memory system "
-            f"{machine.memory.name!r} (fast memory the runtime keeps for itself: torch's cuBLAS "
-            f"workspaces on a GPU), the model's tensors need only {format_bytes(tensors)}: give "
-            "a larger budget, or --reserve BYTES (or a --memory file with another "
-            "runtime_reserve_bytes) if your runtime keeps less")
-
-
-def _unsolved(status: str, stats: SolverStats, need: int, kid: int, graph: TensorGraph,
-              common: dict[str, Any], config: PlanConfig) -> PlanResult:
+def _unsolved(status: str, stats: SolverStats, least: Smallest, common: dict[str, Any],
+              config: PlanConfig) -> PlanResult:
     if status == "infeasible":  # the pre-check should make this impossible
         raise SolverError(f"the solver reports the ILP infeasible although the budget is above "
-                          f"the smallest feasible one ({need} bytes, kernel #{kid}); please "
-                          "report this with the model and options")
+                          f"the smallest feasible one ({least.budget_bytes} bytes, kernel "
+                          f"#{least.kernel}); please report this with the model and options")
     other = "cbc" if config.solver == "highs" else "highs"
     limit = "no time limit" if stats.time_limit_s is None else \
         f"the time limit of {stats.time_limit_s:g} s"
     message = "interrupted before any plan was found" if status == "interrupted" else \
         (f"no plan found within {limit}; raise --time-limit or --gap, or try --solver {other}")
     return PlanResult(status, None, message, predicted_time_s=None, stats=stats,
-                      min_feasible_budget_bytes=need, forcing_kernel=kid,
-                      forcing_kernel_name=graph.kernels[kid].name, **common)
+                      **_forced(least), **common)
 
 
 def _config(config: PlanConfig) -> dict[str, Any]:

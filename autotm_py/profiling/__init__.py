@@ -22,6 +22,7 @@ _EXPORTS = {
     "Fingerprint": "autotm_py.profiling.fingerprint",
     "profile_in_context": "autotm_py.profiling.in_context",
     "load_costs": "autotm_py.profiling.profile",
+    "held_logs": "autotm_py.profiling.profile",
 }
 
 __all__ = ["KernelCosts", *sorted(_EXPORTS)]

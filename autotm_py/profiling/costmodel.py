@@ -103,7 +103,8 @@ VIEW_OPS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", 
 # X for the statistics and again to normalize; its gradient reads X and dY for the reductions
 # and again for dX. Traffic = bytes * factor.
 MEMORY_PASSES: dict[str, float] = {"BatchNormalization": 1.5, "BatchNormGrad": 1.6,
-                                   "LayerNormalization": 1.5, "LayerNormGrad": 1.6}
+                                   "LayerNormalization": 1.5, "LayerNormGrad": 1.6,
+                                   "RMSNormalization": 1.5, "RMSNormGrad": 1.6}
 
 
 # ---- FLOP rules --------------------------------------------------------------------------------
@@ -180,13 +181,14 @@ for _op in ("Relu", "LeakyRelu", "Abs", "Neg", "Clip", "Add", "Sub", "Mul", "Max
     FLOP_RULES[_op] = per_element(1)
 for _op in ("Div", "Sqrt", "Pow"):
     FLOP_RULES[_op] = per_element(4)
-for _op in ("Sigmoid", "Tanh", "Erf", "Gelu", "Exp", "Log"):
+for _op in ("Sigmoid", "Tanh", "Erf", "Gelu", "Silu", "Exp", "Log"):
     FLOP_RULES[_op] = per_element(8)
 FLOP_RULES["Sum"] = lambda s: float(max(len(s.inputs) - 1, 1) * _out(s))
 for _op in ("Softmax", "LogSoftmax"):
     FLOP_RULES[_op] = per_element(5)
 FLOP_RULES["BatchNormalization"] = per_element(4)
 FLOP_RULES["LayerNormalization"] = per_element(8)
+FLOP_RULES["RMSNormalization"] = per_element(5)  # square, mean, rsqrt-scale, weight
 FLOP_RULES["LRN"] = lambda s: 2.0 * _out(s) * float(s.attr("size", 5))
 FLOP_RULES["SoftmaxCrossEntropyLoss"] = per_element(6, of="in")
 for _op in ("ReduceMean", "ReduceSum", "GlobalAveragePool", "GlobalMaxPool"):
@@ -254,10 +256,12 @@ for _op in ("MulGrad", "DivGradA", "SigmoidGrad", "TanhGrad", "SqrtGrad", "Recip
 for _op in ("DivGradB", "LogGrad", "SoftmaxGrad", "LogSoftmaxGrad",
             "SoftmaxCrossEntropyGrad"):
     FLOP_RULES[_op] = per_element(4, of="in")
-for _op in ("ErfGrad", "GeluGrad", "PowGradBase", "PowGradExponent", "SoftmaxCrossEntropy"):
+for _op in ("ErfGrad", "GeluGrad", "SiluGrad", "PowGradBase", "PowGradExponent",
+            "SoftmaxCrossEntropy"):
     FLOP_RULES[_op] = per_element(8, of="in")
 FLOP_RULES["BatchNormGrad"] = per_element(8, of="in")
 FLOP_RULES["LayerNormGrad"] = per_element(10, of="in")
+FLOP_RULES["RMSNormGrad"] = per_element(8, of="in")
 
 
 @_rule("SGDUpdate", "AdamUpdate")

@@ -21,6 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from autotm_py.costs import KernelCosts
 from autotm_py.errors import ConfigError
+from autotm_py.ir.layout import (
+    CHANNELS_LAST,
+    has_convolutions,
+    is_channels_last,
+    signature_layout,
+    to_channels_last,
+)
 from autotm_py.profiling import torch_profiler
 from autotm_py.profiling.cache import (
     MEASURED,
@@ -66,6 +73,53 @@ def load_costs(graph: TensorGraph, *, device: str = "cuda",
     kind = check_device(device)
     sources = cost_sources(kind, target_fingerprint(kind), profiles_dir, shipped_dir, gpu=gpu)
     return sources.costs(graph)
+
+
+def default_layout(graph: TensorGraph, costs: KernelCosts, *,
+                   profiles_dir: PathLike | None = None, shipped_dir: PathLike | None = None,
+                   gpu: str | None = None) -> tuple[TensorGraph, KernelCosts]:
+    """The layout a GPU plan stores `graph` in when none is asked for (docs/layout.md):
+    channels-last (`ir.layout`) where the model has convolutions and the profiles that price
+    it (`costs`: the GPU's own, as `load_costs` with `gpu` found them) have its channels-last
+    kernels: at least one of them profiled, and no fewer kernels priced from that GPU's own
+    profiles than in N, C, H, W; else the graph as it is. Returns the graph and its costs."""
+    if costs.device != "cuda" or is_channels_last(graph) or not has_convolutions(graph):
+        return graph, costs
+    candidate = to_channels_last(graph)
+    with held_logs() as held:  # what pricing the candidate logs is said only if it is taken
+        theirs = load_costs(candidate, device="cuda", profiles_dir=profiles_dir,
+                            shipped_dir=shipped_dir, gpu=gpu)
+    profiled = any(not estimated for k, estimated in zip(candidate.kernels, theirs.estimated,
+                                                         strict=True)
+                   if signature_layout(k.signature) == CHANNELS_LAST)
+    if not (profiled and _own(theirs) >= _own(costs)):
+        return graph, costs
+    for record in held:
+        logging.getLogger(record.name).handle(record)
+    return candidate, theirs
+
+
+@contextlib.contextmanager
+def held_logs() -> Iterator[list[logging.LogRecord]]:
+    """The records this package's profiling logs meanwhile, kept back in a list (to be
+    handled later, or never: a probe's costs whose warnings are not the user's)."""
+    held: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = held.append  # type: ignore[method-assign]
+    logger = logging.getLogger("autotm_py.profiling")
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield held
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def _own(costs: KernelCosts) -> int:
+    """Kernels priced from the target GPU's own profiles: neither estimated nor borrowed."""
+    return len(costs.times_s) - costs.n_estimated - costs.n_borrowed
 
 
 def cost_sources(kind: str, target: Fingerprint, profiles_dir: PathLike | None,

@@ -170,12 +170,15 @@ def measure_workspace(kernel: Kernel, args: Sequence[torch.Tensor], *, device: s
         return None
     import torch
 
+    # torch's statistics, or the placed allocator's where it is torch's (a Trainer's process)
+    from autotm_py.runtime.device import allocated, peaks, reset_peaks
+
     run = runner or default_runner()
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    reset_peaks(device)
     outputs = run(kernel, args)
     torch.cuda.synchronize()
-    workspace = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+    workspace = peaks(device)[0] - allocated(device)
     del outputs
     return max(int(workspace), 0)
 

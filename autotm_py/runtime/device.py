@@ -177,6 +177,14 @@ def reset_peaks(device: torch.device | str) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def allocated(device: torch.device | str) -> int:
+    """Bytes allocated now (torch's caching allocator's, or the placed allocator's in use)."""
+    lib = placed.active()
+    if lib is not None:
+        return lib.stats().in_use_bytes
+    return int(torch.cuda.memory_allocated(device))
+
+
 def peaks(device: torch.device | str) -> tuple[int, int]:
     """(allocated, reserved) peaks since `reset_peaks`: torch's caching allocator's, or under
     the placed allocator its bytes in use and the extent of its region in use (plus what

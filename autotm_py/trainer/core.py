@@ -34,6 +34,7 @@ from autotm_py.errors import ConfigError
 from autotm_py.frontend.capture import capture_module
 from autotm_py.frontend.onnx import import_model
 from autotm_py.ir.layout import has_convolutions, to_channels_last
+from autotm_py.ir.precision import check_precision, with_precision
 from autotm_py.ir.training import derive_training
 from autotm_py.options import RunMode
 from autotm_py.runtime.reference import init_values
@@ -54,7 +55,9 @@ class Trainer:
     models with convolutions). `profile`: measure the kernels no profile has first (default
     on a GPU). `loss_chunks` > 1: a language model's output layer and its cross-entropy as
     one kernel over that many blocks of tokens, so the logits never exist whole (as
-    `--loss-chunks`; the loss function must be a cross-entropy over the last axis)."""
+    `--loss-chunks`; the loss function must be a cross-entropy over the last axis).
+    `precision`: "fp32" (default) or "bf16", the step as `torch.autocast("cuda",
+    torch.bfloat16)` runs it, with fp32 weights and optimizer state (docs/precision.md)."""
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[..., Any], example: Any, *, budget: int | str | None = None,
@@ -63,7 +66,7 @@ class Trainer:
                  gpu: str | None = None, time_limit_s: float | None = 300.0,
                  plans_dir: str | os.PathLike[str] | None = None,
                  channels_last: bool | None = None, profile: bool | None = None,
-                 loss_chunks: int = 1) -> None:
+                 loss_chunks: int = 1, precision: str = "fp32") -> None:
         if (budget is None) == (ratio is None):
             raise ConfigError("Trainer: give either budget (bytes, e.g. '4GiB') or ratio "
                               "(fast:slow, e.g. '1:3'), not both and not neither")
@@ -76,7 +79,8 @@ class Trainer:
         # region the device's free memory: the Trainer's own plan keeps within the budget)
         self.notes: list[str] = pipeline.prepare_cuda(self.device, self.mode, None)
         self.example = split_example(example)
-        self.graph, captured = self._capture(loss_fn, channels_last, loss_chunks)
+        self.graph, captured = self._capture(loss_fn, channels_last, loss_chunks,
+                                             check_precision(precision))
         self.map = StateMap.of(self.graph, captured, module)
         # GPU mode on either device: kernels read fast memory, copies cross the link. On the
         # CPU nothing keeps fast memory for itself (the GPU presets reserve cuBLAS's).
@@ -86,7 +90,7 @@ class Trainer:
                             reserve_bytes=None if cuda else 0, time_limit_s=time_limit_s)
         try:
             self.plan = plan_for(self.graph, config, self.device, plans_dir=plans_dir,
-                                 measure=cuda if profile is None else profile)
+                                 measure=cuda if profile is None else profile, face="trainer")
         except ConfigError as exc:
             raise ConfigError(f"Trainer: {exc}") from None
         masters = self.map.masters(self.graph, init_values(self.graph), optimizer)
@@ -99,7 +103,7 @@ class Trainer:
         return self.loop.steps
 
     def _capture(self, loss_fn: Callable[..., Any], channels_last: bool | None,
-                 loss_chunks: int) -> tuple[Any, Any]:
+                 loss_chunks: int, precision: str = "fp32") -> tuple[Any, Any]:
         """The training graph of the module's forward at the example, and the capture."""
         params = [p for p in self.module.parameters() if p.requires_grad]
         spec = optimizer_of(self.optimizer, params)
@@ -110,6 +114,7 @@ class Trainer:
                               "grad: the Trainer trains every parameter the forward reads")
         forward = import_model(captured.model, name=type(self.module).__name__,
                                initializer_weights=True)
+        forward = with_precision(forward, precision)
         try:
             graph = derive_training(forward, optimizer=spec, loss=rule, loss_chunks=loss_chunks)
         except ConfigError as exc:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from autotm_py import pipeline
 from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_bytes
@@ -70,7 +71,8 @@ def train_file(model: str | os.PathLike[str], data: str | os.PathLike[str], *, s
     found = initializer_values(model, graph)
     masters, notes = _masters(graph, found, seed)
     cuda = device.startswith("cuda")
-    mode = mode or default_mode(device, command=True)
+    mode = mode or default_mode(device)
+    notes += pipeline.prepare_cuda(device, mode, None)  # before this process first uses CUDA
     config = replace(config, device="cuda", run=mode, gpu=config.gpu or gpu_name(device),
                      reserve_bytes=config.reserve_bytes if cuda else 0)
     plan = plan_for(graph, config, device, plans_dir=plans_dir, measure=cuda)

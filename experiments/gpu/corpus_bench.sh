@@ -16,6 +16,8 @@
 # predicted vs measured, all-fast, native eager and checkpointing) and
 # OUT_DIR/corpus_errors.txt (experiments/gpu/prediction_errors.py over the rows).
 #
+# Each model's kernels are first measured on this GPU (`autotm profile --in-context`, cached;
+# NO_PROFILE=1 skips it), so the predictions are priced with this GPU's own times.
 # Variables: RATIOS (default 1:1,1:3), STRATEGIES (async+recompute), TIME_LIMIT (solver
 # seconds per plan, 120), SCALE (gpu; small runs the committed CPU sizes), CORPUS (a folder
 # that already holds the exports), PLANS (OUT_DIR/plans), EXTRA (more bench options).
@@ -44,6 +46,14 @@ if [ ${#missing[@]} -gt 0 ]; then
       || exit 1
 fi
 for model in "$@"; do
+  if [ -z "${SOLVE:-}" ] && [ -z "${NO_PROFILE:-}" ]; then
+    # this GPU's own kernel times (cached: a rerun measures nothing again), isolated and then
+    # inside whole all-fast iterations, so that the predictions compared are not roofline
+    # estimates of kernels no shipped profile has
+    echo "== profile $model $(date -u +%H:%M:%S)"
+    python3 -m autotm_py profile "$corpus/$model.onnx" --training --device cuda --in-context \
+        --no-progress 2>&1 | tail -n 2
+  fi
   echo "== $model ${RATIOS:-1:1,1:3} $(date -u +%H:%M:%S)"
   python3 -m autotm_py bench --models "$corpus/$model.onnx" --ratios "${RATIOS:-1:1,1:3}" \
       --strategies "${STRATEGIES:-async+recompute}" --device cuda --training \

@@ -1,5 +1,5 @@
 """A user's model trained through `autotm_py.Trainer` under a budget, beside what a PyTorch user
-runs for it, in one process (issue 44 item 6).
+runs for it (issue 44 item 6).
 
 Plain PyTorch eager steps of a copy of the module on the same batches, uncapped (what the loss
 curves are compared with); then for each budget (a share of one iteration's peak, the Trainer's
@@ -11,9 +11,19 @@ checkpointing of the same module under the same cap (budget + 64 MiB: ResNet-50 
 fraction (compiled once per fraction, run under every cap). Results are written after each
 piece, so a run cut short keeps what it measured.
 
+The Trainer's default GPU mode lets kernels allocate their outputs at their planned slots (the
+placed allocator), installed here before CUDA starts, with a region of `--region` bytes (a
+budget: what does not fit is reported as overflow) or the GPU's free memory. The eager steps then
+run on it too, and caps do not work in such a process: the native options and the eager
+reference run in a second process (`--native --caps-from` this result). `--copies`: the Trainer
+on torch's allocator, its outputs copied into their slots (a Trainer made after CUDA started).
+
 Usage (GPU machine, repository root, the wheels of setup.sh carried):
     python3 experiments/gpu/trainer_bench.py OUT.json --model resnet50 --batch 64 \
-        --shares 1,0.5,0.25 --steps 50 [--native] [--compile 0.5,0.1] [--loss-chunks 16]
+        --shares 1,0.5,0.25 --steps 50 [--loss-chunks 16] [--copies]
+    python3 experiments/gpu/trainer_bench.py OURS.json --shares 0.5 --region BYTES ...
+    python3 experiments/gpu/trainer_bench.py NATIVE.json --caps-from OURS.json [MORE.json] \
+        --native [--compile 0.5,0.1] ...
     --model tiny (an MLP; --device cpu works): the script's own check
 Models: torchvision's ResNet-50 (channels-last), an in-code GPT-2 small (12 layers, 768 wide,
 tied embeddings, `scaled_dot_product_attention`; --seq), tiny. SGD with momentum 0.9, lr 0.01.
@@ -31,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -43,7 +54,12 @@ from torch.utils.checkpoint import checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from autotm_py.pipeline import prepare_cuda  # noqa: E402
+from autotm_py.runtime.device import peaks, reset_peaks, use_replay_work_queues  # noqa: E402
 from autotm_py.trainer import Trainer  # noqa: E402
+from autotm_py.trainer.loop import GPU_MODE as PLACED_MODE  # noqa: E402
+
+COPIES_MODE = replace(PLACED_MODE, placed=False)
 
 
 class Block(nn.Module):
@@ -139,15 +155,16 @@ def ours(net, loss_fn, data, share: float, args) -> dict[str, Any]:
     started = time.perf_counter()
     trainer = Trainer(net, opt, loss_fn, example=data[0], ratio=ratio_of(share),
                       device=args.device, time_limit_s=args.time_limit,
-                      plans_dir=tempfile.mkdtemp(), loss_chunks=args.loss_chunks)
+                      plans_dir=tempfile.mkdtemp(), loss_chunks=args.loss_chunks,
+                      mode=COPIES_MODE if args.copies else None)
     setup_s = time.perf_counter() - started
     if cuda:
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        reset_peaks(args.device)
     losses, seconds = timed_steps(trainer.step, data[:3])  # two eager steps, then the capture
     if cuda:
-        reserved = int(torch.cuda.max_memory_reserved())
-        torch.cuda.reset_peak_memory_stats()
+        reserved = peaks(args.device)[1]
+        reset_peaks(args.device)
     more = timed_steps(trainer.step, data[3:])
     losses, seconds = losses + more[0], seconds + more[1]
     plan = trainer.plan
@@ -157,9 +174,9 @@ def ours(net, loss_fn, data, share: float, args) -> dict[str, Any]:
            "moves": sum(1 for _ in plan.moves()), "recomputes": sum(1 for _ in plan.recomputes()),
            "replayed": bool(trainer.loop.driver.replayed), "notes": trainer.notes,
            "describe": trainer.describe()}
-    if cuda:  # what the steps held, arena included (it comes from torch's allocator)
+    if cuda:  # what the steps held, arena included (torch's allocator's, or the placed one's)
         row["reserved_peak_first_steps_bytes"] = reserved
-        row["reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved())
+        row["reserved_peak_bytes"] = peaks(args.device)[1]
     return row
 
 
@@ -176,9 +193,9 @@ def eager(net, loss_fn, data, device: str) -> dict[str, Any]:
         return loss.detach()
 
     if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
+        reset_peaks(device)
     losses, seconds = timed_steps(step, data)
-    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+    peak = peaks(device)[0] if device.startswith("cuda") else None
     return {"losses": losses, "step_s": statistics.median(seconds[3:] or seconds),
             "peak_bytes": peak}
 
@@ -288,17 +305,25 @@ def main(argv: list[str]) -> int:
     p.add_argument("--loss-chunks", type=int, default=1)
     p.add_argument("--native", action="store_true")
     p.add_argument("--compile", default="", help="activation_memory_budget values to try")
-    p.add_argument("--caps-from", type=Path, help="an earlier result: its budgets, no steps of "
-                   "ours (the native options alone)")
+    p.add_argument("--copies", action="store_true", help="the Trainer on torch's allocator, "
+                   "its outputs copied into their slots")
+    p.add_argument("--region", type=int, help="bytes of the placed allocator's region (a "
+                   "budget in bytes); default: the GPU's free memory")
+    p.add_argument("--caps-from", type=Path, nargs="+", help="earlier results: their budgets, "
+                   "no steps of ours (the native options alone)")
     args = p.parse_args(argv)
     torch.backends.cudnn.benchmark = False
+    if args.native and not args.caps_from:
+        p.error("--native needs --caps-from: the Trainer's placed allocator leaves caps "
+                "without effect in its process, so the native options run in another")
     if args.device.startswith("cuda"):  # before CUDA starts: one work queue for replays
-        from autotm_py.runtime.device import use_replay_work_queues
-
         use_replay_work_queues()
+        if not (args.native or args.copies):
+            notes = prepare_cuda(args.device, PLACED_MODE, args.region)
+            print("\n".join(notes) or "placed allocator installed", flush=True)
     net, loss_fn, data = model_and_data(args.model, args.batch, args.seq, args.steps)
     result: dict[str, Any] = {"model": args.model, "batch": args.batch,
-                              "args": {k: str(v) if isinstance(v, Path) else v
+                              "args": {k: [str(p) for p in v] if k == "caps_from" and v else v
                                        for k, v in vars(args).items()},
                               "device": (torch.cuda.get_device_name()
                                          if args.device.startswith("cuda") else "cpu"),
@@ -321,8 +346,7 @@ def main(argv: list[str]) -> int:
                           "describe": row["ours"]["describe"],
                           "loss_max_rel_diff": row["loss_max_rel_diff"]}), flush=True)
     if args.native:
-        rows = json.loads(args.caps_from.read_text())["rows"] if args.caps_from else \
-            result["rows"]
+        rows = [row for path in args.caps_from for row in json.loads(path.read_text())["rows"]]
         caps = {r["share"]: r["ours"]["budget_bytes"] for r in rows
                 if r["ours"]["budget_bytes"] is not None}
         fractions = [float(f) for f in args.compile.split(",") if f]

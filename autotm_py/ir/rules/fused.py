@@ -54,6 +54,26 @@ ReLU reads (the pattern of VGG-style networks, where no normalization sits betwe
 Saved for the backward: X, W and Y, as the unfused pair's; the convolution's output before the
 ReLU is no tensor any more, and on the GPU the bias and the ReLU are no passes of their own.
 
+`RMSNormalization` (domain "autotm"; ONNX opset 23's op of that name and attributes) replaces the
+RMSNorm of Llama-style models, x / sqrt(mean(x^2 over the last axis) + epsilon) times an
+optional weight, which exporters write as Pow, ReduceMean, Add, Sqrt, Div (or Reciprocal) and
+two Muls:
+
+    inputs   X (..., D)[, Scale (D,)]; attrs axis (non-negative: the last axis), epsilon
+    outputs  Y = X * rstd * Scale[, InvStdDev (..., 1) = rstd, float32 (float64 for float64)]
+
+    RMSNormGrad: dY, X, InvStdDev[, Scale] -> dX, dScale (masked)
+
+A forward graph's kernel has one output; the training derivation adds rstd, which the backward
+reads with X (and the weight): the squares, their mean, the root and the normalized x before
+the weight, all tensors the unfused backward kept, are no tensors any more.
+
+`Silu` (domain "autotm") replaces Mul(X, Sigmoid(X)) (either operand order; SwiGLU's gate):
+
+    inputs X; outputs Y = X * sigmoid(X);   SiluGrad: dY, X -> dX
+
+Saved for the backward: X only (the unfused pair kept X and sigmoid(X)).
+
 `LinearCrossEntropy` (domain "autotm") is made by the training derivation, not the fusion pass:
 with `--loss-chunks N` (N > 1) a softmax cross-entropy over the last axis of a `Linear`'s
 output (a language model's vocabulary head) becomes one kernel that never holds the whole
@@ -90,6 +110,10 @@ LINEAR_GRAD = "LinearGrad"
 LINEAR_CE = "LinearCrossEntropy"
 LINEAR_CE_GRAD = "LinearCrossEntropyGrad"
 CONV_RELU = "ConvRelu"
+RMS_NORM = "RMSNormalization"
+RMS_NORM_GRAD = "RMSNormGrad"
+SILU = "Silu"
+SILU_GRAD = "SiluGrad"
 
 # op type -> "inputs -> outputs: meaning" (the forward ops of ours a fused graph may contain)
 FUSED_OPS: dict[str, str] = {
@@ -98,6 +122,9 @@ FUSED_OPS: dict[str, str] = {
     LINEAR: "X, W[, B] -> Y = X W + B, or X W^T + B with transB = 1 (one addmm over the "
             "rows of X)",
     CONV_RELU: "X, W[, B] -> Y = relu(conv(X, W) + B) (Conv's attrs; one cuDNN call on CUDA)",
+    RMS_NORM: "X[, Scale] -> Y[, InvStdDev]: X / sqrt(mean(X^2 over axes >= axis) + epsilon) "
+              "* Scale (attrs axis, epsilon)",
+    SILU: "X -> Y = X * sigmoid(X)",
 }
 FUSED_TRAINING_OPS: dict[str, str] = {
     SDPA_GRAD: "dO, Q, K, V, O, logsumexp[, mask] -> dQ, dK, dV (masked; scores recomputed "
@@ -107,6 +134,9 @@ FUSED_TRAINING_OPS: dict[str, str] = {
                "over its last axis, in `chunks` blocks of rows (--loss-chunks)",
     LINEAR_CE_GRAD: "X, W[, B], labels, logsumexp -> dX, dW, dB (masked; each block's logits "
                     "computed again)",
+    RMS_NORM_GRAD: "dY, X, InvStdDev[, Scale] -> dX, dScale (masked; dScale summed over the "
+                   "rows)",
+    SILU_GRAD: "dY, X -> dX = dY * s (1 + X (1 - s)), s = sigmoid(X)",
 }
 
 Grads = list[int | None]
@@ -222,9 +252,50 @@ def conv_relu_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]
     return conv_backward(tape, k, [dz], needs)
 
 
+def rms_stat_dtype(dtype: str) -> str:
+    """InvStdDev's dtype: what aten's fused RMSNorm returns (float32 unless float64)."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+def rms_norm_prepare(tape: Tape, k: KernelDraft) -> None:
+    """Training: the forward kernel also outputs rstd per row (ONNX's InvStdDev), which the
+    backward reads instead of recomputing the mean of squares."""
+    if len(k.outputs) < 2:
+        x, y = k.inputs[0], k.outputs[0]
+        shape = tape.shape(x)
+        axis = int(k.attr("axis", -1)) % len(shape)
+        stat = shape[:axis] + (1,) * (len(shape) - axis)
+        k.outputs.append(tape.new_tensor(f"{tape.name(y)}::invstd", stat,
+                                         rms_stat_dtype(tape.dtype(x)), Role.ACTIVATION))
+
+
+def rms_norm_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> Grads:
+    """One RMSNormGrad for dX and dScale, as LayerNormGrad does for layer norm."""
+    dy = dys[0]
+    assert dy is not None
+    outs = [tape.new_grad(t) if needs[i] else None for i, t in enumerate(k.inputs)]
+    outs += [None] * (2 - len(outs))
+    axis = int(k.attr("axis", -1)) % len(tape.shape(k.inputs[0]))
+    tape.emit(RMS_NORM_GRAD, [dy, k.inputs[0], k.outputs[1], *k.inputs[1:2]],
+              [g for g in outs if g is not None], grad_name(k, "grad"), axis=axis,
+              output_mask=tuple(int(g is not None) for g in outs))
+    return outs[: len(k.inputs)]
+
+
+def silu_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> Grads:
+    """From the saved input X, as GeluGrad (sigmoid(X) is recomputed, not kept)."""
+    dy = dys[0]
+    assert dy is not None
+    g = tape.new_grad(k.inputs[0])
+    tape.emit(SILU_GRAD, [dy, k.inputs[0]], [g], grad_name(k, "grad"))
+    return [g]
+
+
 RULES: dict[str, Rule] = {
     SDPA: Rule(sdpa_backward, inputs=(0, 1, 2), prepare=sdpa_prepare),
     LINEAR: Rule(linear_backward),
     LINEAR_CE: Rule(linear_ce_backward),
     CONV_RELU: Rule(conv_relu_backward),
+    RMS_NORM: Rule(rms_norm_backward, prepare=rms_norm_prepare),
+    SILU: Rule(silu_backward),
 }

@@ -253,6 +253,7 @@ function _optmodel(x, ctx)
         _req(_optstr, x, "loss", ctx),
         _opt(_int, x, "loss_chunks", 1, ctx),
         _opt(_bool, x, "channels_last", false, ctx),
+        _opt(_str, x, "precision", "fp32", ctx),
     )
 end
 

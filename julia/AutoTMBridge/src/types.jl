@@ -114,6 +114,7 @@ struct ModelOptions
     loss::Union{String,Nothing}
     loss_chunks::Int  # --loss-chunks (1: the plain loss; absent in older plans)
     channels_last::Bool  # --channels-last (false: row-major; absent in older plans)
+    precision::String  # --precision: fp32 or bf16 (fp32: absent in older plans)
 end
 
 """The kernel costs the plan was solved with: `digest` (a hash over every kernel's time,

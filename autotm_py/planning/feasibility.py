@@ -1,0 +1,314 @@
+"""The smallest feasible budget, what it is made of, and what of it a budget cannot hold.
+
+A plan exists from the smallest feasible budget up (`smallest_budget`). Its kernel part is the
+largest, over kernels, of what must be in fast memory while the kernel runs: in GPU mode its
+placeable inputs and outputs, its workspace (with scratch windows, its window: the workspace,
+the outputs torch allocates beside their slots, and slack) and the tensors kept fast for life
+that are live there; with the static strategy the whole all-fast peak (nothing moves); in host
+mode its workspace. Every budget then gives up, before any tensor, the runtime reserve, the
+arena's scratch region, the bytes held back so that the arena's packing fits and the headroom
+(`MachineModel.user_terms`).
+
+`Smallest` keeps those parts, so that every face states the same figure (optimize's result
+line, inspect's useful budgets, bench rows, the Trainer's error) and says which part does not
+fit a given budget (`Smallest.causes`): the kernel's own working set, or the reserve, the
+scratch region, the scratch window, the packing's holes or the headroom beside it. Each face
+formats it (`Smallest.message`, with the fixes in the face's own terms: `FACES`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autotm_py.ir.training import chunkable_logits_bytes
+from autotm_py.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from autotm_py.machine import MachineModel
+
+# The parts beside the kernel's own bytes, in the order a message names them.
+OVERHEADS = ("reserve", "scratch", "window", "margin", "headroom")
+
+# How each face names its fixes: the budget to give, and the option behind each part.
+FACES: dict[str, dict[str, str]] = {
+    "cli": {
+        "budget": "--fast-mem {}",
+        "reserve": "--reserve BYTES (or a --memory file with another runtime_reserve_bytes) "
+                   "if your runtime keeps less",
+        "windows": "--scratch windows (with --arena --placed) gives each scratch of 1 MiB or "
+                   "more a window live only while its kernel runs",
+        "no_arena": "without an arena (--no-arena)",
+        "headroom": "a smaller --headroom",
+        "chunks": "--loss-chunks 16",
+    },
+    "trainer": {
+        "budget": "budget='{}'",
+        "reserve": "",
+        "windows": "mode=RunMode(arena=True, placed=True, replay=True) gives each scratch of "
+                   "1 MiB or more a window live only while its kernel runs",
+        "no_arena": "without an arena (mode=RunMode(replay=True))",
+        "headroom": "",
+        "chunks": "loss_chunks=16",
+    },
+}
+
+
+def min_feasible_budget(machine: MachineModel, strategy: str,
+                        fixed: frozenset[int] = frozenset(),
+                        ranges: Sequence[tuple[int, int]] | None = None) -> tuple[int, int]:
+    """(bytes, kernel): the smallest budget of the plan's tensors (`MachineModel.tensor_budget`)
+    at which a plan exists, and the kernel forcing it.
+
+    GPU mode: a kernel's placeable inputs, outputs and workspace must all be in fast memory
+    (and with the static strategy nothing moves, so the whole all-fast peak must fit). Host
+    mode: only workspace must be fast; kernels can read and write the slow tier. Tensors in
+    `fixed` (kept fast for life) count wherever they are alive (over `ranges`: the live
+    ranges, extended by recomputation). Regenerations never raise it: a plan may always keep
+    or move instead. (Recompute-only plans may be infeasible above it: nothing can move.)"""
+    graph = machine.graph
+    n = len(graph.kernels)
+    if not n:
+        return 0, -1
+    if machine.gpu and strategy == "static":
+        return machine.peak
+    resident = machine.live_bytes(fixed, ranges)
+    need = [int(machine.workspace[k]) + _own_bytes(machine, k, fixed) + int(resident[k])
+            for k in range(n)]
+    kid = max(range(n), key=need.__getitem__)
+    return need[kid], kid
+
+
+def _own_bytes(machine: MachineModel, kid: int, fixed: frozenset[int]) -> int:
+    """GPU mode: the accounted bytes of a kernel's inputs and outputs not kept fast for life
+    (those count among the resident ones); host mode: none must be fast."""
+    if not machine.gpu:
+        return 0
+    io = set(machine.graph.kernels[kid].io)
+    return machine.io_bytes(kid) - sum(int(machine.sizes[t]) for t in io & fixed)
+
+
+@dataclass(frozen=True)
+class Smallest:
+    """The smallest feasible budget (`budget_bytes`, as a user gives it) and its parts.
+
+    The kernel part: `tensors_bytes` (the kernel's placeable inputs and outputs; with the
+    static strategy the live bytes at the all-fast peak), `workspace_bytes` (its workspace where
+    its row counts it: none in an arena run with a scratch region, which holds it),
+    `window_bytes` (with scratch windows, its window beyond the workspace) and `resident_bytes`
+    (tensors kept fast for life, live there). Beside it: `reserve_bytes`, `scratch_bytes` (the
+    arena's scratch region, set by `scratch_kernel`'s scratch), `margin_bytes` (held back so
+    that the arena's packing fits) and the headroom, a share of the budget."""
+
+    budget_bytes: int
+    plan_bytes: int  # the kernel part: what the plan's tensors need (`min_feasible_budget`)
+    kernel: int
+    kernel_name: str
+    op_type: str
+    rule: str  # gpu | static | host
+    tensors_bytes: int
+    workspace_bytes: int
+    window_bytes: int
+    resident_bytes: int
+    reserve_bytes: int
+    scratch_bytes: int
+    scratch_kernel: int | None
+    scratch_kernel_name: str | None
+    margin_bytes: int
+    headroom: float
+    windowed: bool  # an arena run with scratch windows (the region holds scratch under 1 MiB)
+    memory_name: str
+    logits_bytes: int | None  # the plain loss's logits, where they set it (`--loss-chunks`)
+
+    def part(self, key: str) -> int:
+        """The bytes of one part: ``kernel`` or one of `OVERHEADS`."""
+        if key == "kernel":
+            return self.plan_bytes
+        if key == "headroom":
+            return self.budget_bytes - self._total()
+        if key == "window":
+            return self.window_bytes
+        return int(getattr(self, f"{key}_bytes"))
+
+    def budget_for(self, plan_bytes: int) -> int:
+        """The budget at which the plan's tensors have `plan_bytes` beside the same reserve,
+        scratch region, packing margin and headroom (`MachineModel.user_terms`)."""
+        extra = self.reserve_bytes + self.scratch_bytes + self.margin_bytes
+        return math.ceil((plan_bytes + extra) / (1.0 - self.headroom))
+
+    def _total(self, without: str | None = None) -> int:
+        """The parts' sum before the headroom, less one of them."""
+        total = self.plan_bytes + self.reserve_bytes + self.scratch_bytes + self.margin_bytes
+        return total - (self.part(without) if without in ("reserve", "scratch", "margin",
+                                                          "window") else 0)
+
+    def without(self, key: str) -> int:
+        """The smallest feasible budget without one of `OVERHEADS`."""
+        if key == "headroom":
+            return self._total()
+        return math.ceil(self._total(key) / (1.0 - self.headroom))
+
+    def causes(self, budget: int) -> tuple[str, ...]:
+        """What of the smallest feasible budget does not fit `budget`: the overheads whose
+        removal alone would let it fit (the packing's margin alone where it is one: the fit
+        loop held it back after the plan without it fitted), else all of them together where
+        the kernel part alone fits, else () (the kernel's own working set does not fit)."""
+        if budget >= self.budget_bytes:
+            return ()
+        present = [k for k in OVERHEADS if self.part(k) > 0]
+        alone = tuple(k for k in present if budget >= self.without(k))
+        if alone:
+            return ("margin",) if "margin" in alone else alone
+        return tuple(present) if budget >= self.plan_bytes else ()
+
+    def message(self, budget: int, face: str = "cli") -> str:
+        """One line: the budget, the smallest feasible one with its parts, the kernel forcing
+        it and why, what does not fit, and the fix (in `face`'s terms, `FACES`)."""
+        hints = FACES[face]
+        return (f"infeasible: the budget of {format_bytes(budget)} is below the smallest "
+                f"feasible budget of {format_bytes(self.budget_bytes)} ({self.budget_bytes} "
+                f"bytes{self._parts_text()}), forced by kernel #{self.kernel} "
+                f"{self.kernel_name!r} ({self.op_type}): {self._why()}"
+                f"{self._causes_text(budget, hints)}{self._logits_text(hints)}; give "
+                f"{hints['budget'].format(size_at_least(self.budget_bytes))} or more")
+
+    def short(self, budget: int) -> str:
+        """The kernel and, where it is no part of the kernel, what does not fit `budget`, for a
+        table cell: 'kernel #319 BatchNormGrad; the scratch region (784.50 MiB) does not fit'."""
+        causes = self.causes(budget)
+        text = f"kernel #{self.kernel} {self.op_type}"
+        if not causes:
+            return text
+        verb = "do" if len(causes) > 1 else "does"
+        return f"{text}; {self._named(causes)} {verb} not fit"
+
+    def _named(self, keys: Sequence[str]) -> str:
+        """'the runtime reserve (68.00 MiB) and the headroom (268.89 MiB)'."""
+        return " and ".join(f"the {_PART_NAMES[k]} ({format_bytes(self.part(k))})" for k in keys)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def _parts_text(self) -> str:
+        parts = [f"{format_bytes(self.plan_bytes)} for the kernel"]
+        parts += [f"{format_bytes(self.part(k))} {_PART_NAMES[k]}" for k in OVERHEADS
+                  if self.part(k) > 0 and k != "window"]
+        return "" if len(parts) == 1 else ": " + " + ".join(parts)
+
+    def _why(self) -> str:
+        if self.rule == "static":
+            return "the static strategy moves nothing, so the whole footprint must fit"
+        if self.rule == "host":
+            return "its workspace must be in fast memory"
+        own = "scratch window" if self.window_bytes else "workspace"
+        if self.scratch_bytes and not self.workspace_bytes and not self.window_bytes:
+            return ("its inputs and outputs must be in fast memory together (the scratch "
+                    "region holds what it allocates)")
+        return f"its inputs, outputs and {own} must be in fast memory together"
+
+    def _causes_text(self, budget: int, hints: dict[str, str]) -> str:
+        causes = self.causes(budget)
+        if not causes and self.reserve_bytes >= self.plan_bytes > 0:
+            # not what alone does not fit (the tensors do not either), but most of it
+            return (f"; {format_bytes(self.reserve_bytes)} of it is {self._reserve()}, the "
+                    f"model's tensors need only {format_bytes(self.plan_bytes)}"
+                    + (f": {hints['reserve']}" if hints["reserve"] else ""))
+        if not causes:
+            return ""
+        if len(causes) > 1 and all(budget < self.without(k) for k in causes):
+            return (f"; the kernel's {format_bytes(self.plan_bytes)} fit, not with "
+                    f"{self._named(causes)} beside them")
+        return "".join(self._cause(k, hints) for k in causes)
+
+    def _cause(self, key: str, hints: dict[str, str]) -> str:
+        size = format_bytes(self.part(key))
+        what = {
+            "reserve": f"{self._reserve()}, {size}; the model's tensors need only "
+                       f"{format_bytes(self.plan_bytes)}",
+            "scratch": f"the arena's scratch region, {size}: the largest scratch of a kernel "
+                       f"without a window (kernel #{self.scratch_kernel} "
+                       f"{self.scratch_kernel_name!r}: its workspace and the outputs torch "
+                       "allocates), kept for the whole iteration",
+            "window": f"the kernel's scratch window beyond its workspace, {size}: the outputs "
+                      "torch allocates beside their slots (copied there) and 1 MiB of slack",
+            "margin": f"the {size} held back so that the arena's packing fits (the holes "
+                      "between its buffers)",
+            "headroom": f"the headroom, {size} ({self.headroom:.0%} of the budget) left free "
+                        "for the allocator",
+        }[key]
+        fix = self._fix(key, hints)
+        return f"; what does not fit is {what}" + (f": {fix}" if fix else "")
+
+    def _fix(self, key: str, hints: dict[str, str]) -> str:
+        """What the face offers for one part, beside a larger budget."""
+        if key == "scratch":
+            windows = "" if self.windowed else f"{hints['windows']}; "
+            return f"{windows}{hints['no_arena']} a workspace counts only while its kernel runs"
+        if key == "window":
+            return f"{hints['no_arena']} those outputs need no second copy"
+        return hints.get(key, "")
+
+    def _reserve(self) -> str:
+        return (f"the runtime reserve of memory system {self.memory_name!r} (fast memory the "
+                "runtime keeps for itself: torch's cuBLAS workspaces on a GPU)")
+
+    def _logits_text(self, hints: dict[str, str]) -> str:
+        """Where a language model's plain loss sets it: `--loss-chunks` lifts it."""
+        if self.logits_bytes is None:
+            return ""
+        return (f"; the loss's logits ({format_bytes(self.logits_bytes)}) set it: "
+                f"{hints['chunks']} computes the loss over blocks of tokens and never holds "
+                "them whole (docs/training.md)")
+
+
+_PART_NAMES = {"reserve": "runtime reserve", "scratch": "scratch region",
+               "window": "scratch window", "margin": "held back for the arena's packing",
+               "headroom": "headroom"}
+
+
+def smallest_budget(machine: MachineModel, strategy: str, fixed: frozenset[int] = frozenset(),
+                    ranges: Sequence[tuple[int, int]] | None = None) -> Smallest:
+    """The smallest feasible budget of `machine` for `strategy` and its parts (`Smallest`;
+    `fixed`, `ranges`: `min_feasible_budget`'s)."""
+    need, kid = min_feasible_budget(machine, strategy, fixed, ranges)
+    graph = machine.graph
+    rule = "host" if not machine.gpu else "static" if strategy == "static" else "gpu"
+    row = int(machine.workspace[kid]) if kid >= 0 else 0
+    workspace = min(row, int(machine.kernel_workspace[kid])) if kid >= 0 else 0
+    tensors = need - row if rule == "static" else \
+        _own_bytes(machine, kid, fixed) if kid >= 0 else 0
+    region = _region_kernel(machine)
+    return Smallest(
+        budget_bytes=machine.user_terms(need), plan_bytes=need, kernel=kid,
+        kernel_name=graph.kernels[kid].name if kid >= 0 else "",
+        op_type=graph.kernels[kid].op_type if kid >= 0 else "", rule=rule,
+        tensors_bytes=tensors, workspace_bytes=workspace, window_bytes=row - workspace,
+        resident_bytes=need - row - tensors, reserve_bytes=machine.reserve_bytes,
+        scratch_bytes=machine.scratch_reserve, scratch_kernel=region,
+        scratch_kernel_name=graph.kernels[region].name if region is not None else None,
+        margin_bytes=machine.arena_margin, headroom=machine.headroom,
+        windowed=machine.windowed, memory_name=machine.memory.name,
+        logits_bytes=chunkable_logits_bytes(graph, kid) if kid >= 0 else None)
+
+
+def _region_kernel(machine: MachineModel) -> int | None:
+    """The kernel whose scratch sets the arena's scratch region (None: no region)."""
+    if not machine.scratch_reserve:
+        return None
+    return int(np.where(machine.windows, 0, machine.scratch).argmax())
+
+
+def size_at_least(n: int) -> str:
+    """A size to give as an option, at least `n` bytes: '2.37GiB' for 2.3633 GiB (the printed
+    figure rounds to the nearest, which may be below it)."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            hundredths = math.ceil(n * 100 / scale)
+            while parse_bytes(f"{hundredths / 100:.2f}{unit}") < n:
+                hundredths += 1
+            return f"{hundredths / 100:.2f}{unit}"
+    return f"{n}B"

@@ -1,0 +1,193 @@
+"""Where a Trainer step's GPU time goes, beside plain PyTorch's step of the same module: the
+kernels of a few profiled steps of each, grouped by kind and by name (issue 44 item 6: why
+ResNet-50's all-fast Trainer step is slower than eager).
+
+Both sides run the same module, optimizer (SGD momentum 0.9) and batches as trainer_bench.py;
+ours all fast (no budget) in the Trainer's default GPU mode (replayed from a CUDA graph: the
+CUPTI trace sees a replay's kernels). Per side: the wall time per step, the GPU's busy time
+(union of every kernel and copy interval) and the kernel time summed, then a table of kernel
+kinds (convolution forward, data and weight gradients, normalisation, elementwise, ...) and
+the top kernels by time, per step.
+
+Usage (GPU machine, repository root, the wheels of setup.sh carried):
+    python3 experiments/gpu/trainer_kernels.py OUT.json --model resnet50 --batch 64 [--top 25] \
+        [--share 0.5] [--copies]
+The last part names the lines of ours that launch the copies of one more step (a replayed
+step's copies run inside the graph and are named by the replay).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
+
+import trainer_bench as tb  # noqa: E402
+
+from autotm_py.runtime.device_trace import activity_of, device_events  # noqa: E402
+from autotm_py.trainer import Trainer  # noqa: E402
+
+# the first pattern a kernel's name matches names its kind (cuDNN and CUTLASS names)
+KINDS = (("copy", r"^Memcpy|^Memset"),
+         ("conv weight grad", r"wgrad|dgrad_wgrad|_wgrad|bwd_filter|convolve_w|wgrad_"),
+         ("conv data grad", r"dgrad|bwd_data"),
+         ("conv forward", r"fprop|implicit_convolve|conv2d|xmma|implicit_gemm|convolve"),
+         ("batch norm", r"batch_norm|bn_|batchnorm|welford"),
+         ("gemm", r"gemm|sm90_|cutlass|ampere_sgemm|cublas"),
+         ("optimizer (multi-tensor)", r"multi_tensor|foreach"),
+         ("pooling", r"pool"),
+         ("softmax / loss", r"softmax|nll|cross_entropy|log_softmax"),
+         ("reduction", r"reduce"),
+         ("elementwise", r"elementwise|vectorized|unrolled|CatArray|copy_kernel|fill"),
+         ("other", r"."))
+
+
+def kind_of(name: str) -> str:
+    return next(kind for kind, pattern in KINDS if re.search(pattern, name, re.IGNORECASE))
+
+
+def profiled(step, batches) -> dict:
+    """Wall time per step and the device events of `batches` steps, profiled."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
+        for x, y in batches:
+            float(step(x, y))
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - started) / len(batches)
+    events = device_events(prof)
+    activity = activity_of(events)
+    n = len(batches)
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for name, _, duration in events:
+        by_name[name][0] += 1
+        by_name[name][1] += duration / 1e6
+    by_kind: dict[str, float] = defaultdict(float)
+    for name, (_, total) in by_name.items():
+        by_kind[kind_of(name)] += total / n
+    return {"wall_ms": wall * 1e3, "busy_ms": activity.busy_s * 1e3 / n,
+            "kernel_ms": activity.kernel_s * 1e3 / n, "copy_ms": activity.copy_s * 1e3 / n,
+            "kinds_ms": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+            "kernels": sorted(({"name": name, "per_step": count / n, "ms": total / n,
+                                "kind": kind_of(name)}
+                               for name, (count, total) in by_name.items()),
+                              key=lambda k: -k["ms"])}
+
+
+def copy_sources(step, batch) -> dict[str, dict[str, int]]:
+    """Which lines of ours (the innermost autotm_py frame, else the op) launch the copies of
+    one profiled step: {copy kind: {line: launches}}."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, with_stack=True) as prof:
+        float(step(*batch))
+        torch.cuda.synchronize()
+    found: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for event in prof.events():
+        for kernel in getattr(event, "kernels", []):
+            if kernel.name.startswith("Memcpy"):
+                ours = [f for f in (event.stack or []) if "autotm_py" in f]
+                found[kernel.name][ours[0] if ours else event.name] += 1
+    return {kind: dict(sorted(lines.items(), key=lambda kv: -kv[1])[:12])
+            for kind, lines in found.items()}
+
+
+def eager_step(net, loss_fn):
+    net = net.cuda().train()
+    opt = tb.sgd(net.parameters())
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x.cuda()), y.cuda())
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def trainer_step(net, loss_fn, data, args):
+    trainer = Trainer(net, tb.sgd(net.parameters()), loss_fn, example=data[0],
+                      ratio=tb.ratio_of(args.share), device="cuda", time_limit_s=60,
+                      plans_dir=tempfile.mkdtemp(), loss_chunks=args.loss_chunks,
+                      mode=tb.COPIES_MODE if args.copies else None)
+    ops: dict[str, int] = defaultdict(int)
+    for kernel in trainer.graph.kernels:
+        ops[kernel.op_type] += 1
+    return trainer.step, trainer, dict(sorted(ops.items(), key=lambda kv: -kv[1]))
+
+
+def table(result: dict, top: int) -> list[str]:
+    e, o = result["eager"], result["ours"]
+    lines = [f"{result['model']} b{result['batch']}, ours {result.get('ours_describe')}: wall / "
+             "busy / kernel-sum ms per step",
+             f"  eager {e['wall_ms']:.2f} / {e['busy_ms']:.2f} / {e['kernel_ms']:.2f}",
+             f"  ours  {o['wall_ms']:.2f} / {o['busy_ms']:.2f} / {o['kernel_ms']:.2f}",
+             "kind | eager ms | ours ms | ours - eager"]
+    for kind in dict.fromkeys([*e["kinds_ms"], *o["kinds_ms"]]):
+        a, b = e["kinds_ms"].get(kind, 0.0), o["kinds_ms"].get(kind, 0.0)
+        lines.append(f"  {kind} | {a:.2f} | {b:.2f} | {b - a:+.2f}")
+    for side in ("eager", "ours"):
+        lines.append(f"top kernels, {side}: ms per step, launches per step, name")
+        lines += [f"  {k['ms']:7.3f} {k['per_step']:5.0f}  {k['name'][:110]}"
+                  for k in result[side]["kernels"][:top]]
+    for kind, found in result.get("ours_copy_sources", {}).items():
+        lines.append(f"ours, one step: {kind} launched by")
+        lines += [f"  {n:5d}  {line}" for line, n in found.items()]
+    lines.append("ours, graph ops: " + ", ".join(f"{op} {n}" for op, n in result["ops"].items()))
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("--model", default="resnet50", choices=("resnet50", "gpt2"))
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--loss-chunks", type=int, default=1)
+    p.add_argument("--steps", type=int, default=8, help="steps before the profiled ones")
+    p.add_argument("--profiled", type=int, default=5)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--share", type=float, default=1.0, help="of the peak: 1 = all fast")
+    p.add_argument("--copies", action="store_true", help="the Trainer on torch's allocator, "
+                   "its outputs copied into their slots (trainer_bench.py --copies)")
+    args = p.parse_args(argv)
+    torch.backends.cudnn.benchmark = False
+    tb.use_replay_work_queues()
+    if not args.copies:
+        print("\n".join(tb.prepare_cuda("cuda", tb.PLACED_MODE, None)) or "placed", flush=True)
+    net, loss_fn, data = tb.model_and_data(args.model, args.batch, args.seq,
+                                           args.steps + args.profiled)
+    warm, timed = data[:args.steps], data[args.steps:]
+    result = {"model": args.model, "batch": args.batch, "device": torch.cuda.get_device_name()}
+    step = eager_step(copy.deepcopy(net), loss_fn)
+    tb.timed_steps(step, warm)
+    result["eager"] = profiled(step, timed)
+    del step
+    torch.cuda.empty_cache()
+    step, trainer, result["ops"] = trainer_step(copy.deepcopy(net), loss_fn, data, args)
+    _, seconds = tb.timed_steps(step, warm)
+    result["ours_unprofiled_ms"] = statistics.median(seconds[3:] or seconds) * 1e3
+    result["ours"] = profiled(step, timed)
+    result["ours_predicted_ms"] = trainer.plan.header.predicted_time_s * 1e3
+    result["ours_replayed"] = bool(trainer.loop.driver.replayed)
+    result["ours_describe"] = trainer.describe()
+    result["ours_copy_sources"] = copy_sources(step, data[-1])
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print("\n".join(table(result, args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
