@@ -73,7 +73,7 @@ def test_ctrl_c_keeps_and_writes_the_best_plan(tmp_path, solver):
         while proc.poll() is None and time.monotonic() < deadline:
             text += _read(master)
             status = text.rsplit("\r", 1)[-1]
-            if not sent and f"solving the async model ({solver}), best" in status:
+            if not sent and f"solving the async model ({solver}), objective" in status:
                 proc.send_signal(signal.SIGINT)
                 sent = True
         text += _read(master)
