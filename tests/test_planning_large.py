@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from autotm_py import api
 from autotm_py.config import PlanConfig
+from autotm_py.options import RunMode
 from tests.large_graphs import KINDS, problem
 from tests.randomized import SIZES, STRATEGIES
 
@@ -28,11 +29,13 @@ GAP = 0.01  # the product's default gap: the checks hold for any incumbent
 
 
 def _config(strategy: str, device: str, pin: bool, budget: int | None) -> PlanConfig:
-    """A budget in bytes, or None for none (ratio 1:0: the all-fast plan, no ILP)."""
+    """A budget in bytes, or None for none (ratio 1:0: the all-fast plan, no ILP). On torch's
+    allocator: the all-fast peak is then the budget at which everything fits (an arena adds
+    its scratch region, and its fit loop re-solves: tests/test_arena.py)."""
     config = PlanConfig.for_plan_name(strategy, device=device, memory=MEMORY[device],
                                       fast_mem_bytes=budget, solver="highs", gap=GAP,
                                       async_window=8, time_limit_s=SIZES.large_time_limit_s,
-                                      pin_weights=pin)
+                                      pin_weights=pin, run=RunMode())
     return config if budget is not None else config.with_ratio("1:0")
 
 
