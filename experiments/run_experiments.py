@@ -49,7 +49,9 @@ SUITES: dict[str, dict[str, str]] = {
         "strategies": "sync,async",
         "device": "cuda",
         "batch": "32",
-        "extra": "--execute",
+        # the paper's move-only plans, run eagerly (the GPU defaults since 2026-12-02 are
+        # async+recompute in an arena, replayed: docs/gpu.md, "Run modes")
+        "extra": "--execute --recompute off --no-arena --no-replay --no-channels-last",
     },
 }
 

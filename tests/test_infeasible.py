@@ -118,6 +118,8 @@ def test_the_packings_holes_held_back_say_what_budget_would_hold_them(graph):
 def test_inspect_and_optimize_state_one_figure(net, flags, capsys):
     assert main(["inspect", "net", "--json", *flags]) == 0
     lo = json.loads(capsys.readouterr().out)["budget_interval_bytes"][0]
+    assert main(["inspect", "net", "--json", "--kernels", *flags]) == 0  # the kernel report
+    assert json.loads(capsys.readouterr().out)["sweep_bytes"][0] == lo
     assert main(["optimize", "net", "--fast-mem", str(lo - 1), "--no-baselines", "--json",
                  *flags]) == 3
     data = json.loads(capsys.readouterr().out)

@@ -38,7 +38,6 @@ from autotm_py.fileio import atomic_write_text
 from autotm_py.ir import TensorGraph, chunkable_logits_bytes
 from autotm_py.machine import working_sets
 from autotm_py.memory import MemorySystem, load_memory_system
-from autotm_py.options import RunMode
 from autotm_py.report import kernel_csv, kernel_report, render_kernel_report
 from autotm_py.units import format_bytes, parse_bytes
 
@@ -283,10 +282,16 @@ def write_csv(path: str, report: dict[str, Any]) -> None:
 
 
 def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
-                        as_json: bool, reserve_bytes: int = 0, gpu: str | None = None) -> None:
-    """`autotm inspect MODEL --kernels [DEVICE]`: print the report (and write the CSV)."""
-    report = kernel_report(graph, api.load_costs(graph, device=device, gpu=gpu),
-                           reserve_bytes=reserve_bytes)
+                        as_json: bool, reserve_bytes: int = 0, gpu: str | None = None,
+                        config: PlanConfig | None = None) -> None:
+    """`autotm inspect MODEL --kernels [DEVICE]`: print the report (and write the CSV). With
+    `config`, its useful budgets are the planner's for it, as the summary's are."""
+    costs = api.load_costs(graph, device=device, gpu=gpu)
+    sweep = None
+    if config is not None:
+        least, peak = api.useful_budgets(graph, config, costs=costs)
+        sweep = (least.budget_bytes, least.budget_for(peak))
+    report = kernel_report(graph, costs, reserve_bytes=reserve_bytes, sweep_bytes=sweep)
     if csv_path:
         atomic_write_text(csv_path, kernel_csv(report))
     if as_json:
@@ -300,15 +305,20 @@ def print_kernel_report(graph: TensorGraph, device: str, csv_path: str | None,
         click.echo(f"per-kernel table written to {csv_path}")
 
 
-def _report_for(graph: TensorGraph, system: MemorySystem, costs: KernelCosts, run: RunMode,
-                headroom: float, memory: str | None, gpu: str | None) -> dict[str, Any]:
-    """`inspect_report` with the planner's useful budgets for these options (`optimize`'s)."""
-    config = PlanConfig(memory=memory, gpu=gpu, run=run, headroom=headroom,
-                        device="cuda" if system.mode == "gpu" else "cpu",
-                        reserve_bytes=system.runtime_reserve_bytes)
+def _budget_config(system: MemorySystem, mode: RunModeArgs, headroom: float, memory: str | None,
+                   gpu: str | None) -> PlanConfig:
+    """The planning options the useful budgets are for: `optimize`'s with the same flags."""
+    device = "cuda" if system.mode == "gpu" else "cpu"
+    return PlanConfig(memory=memory, gpu=gpu, run=mode.for_device(device), headroom=headroom,
+                      device=device, reserve_bytes=system.runtime_reserve_bytes)
+
+
+def _report_for(graph: TensorGraph, system: MemorySystem, costs: KernelCosts,
+                config: PlanConfig) -> dict[str, Any]:
+    """`inspect_report` with the planner's useful budgets for `config` (`optimize`'s)."""
     report = inspect_report(graph, system, costs, api.useful_budgets(graph, config, costs=costs))
     if system.mode == "gpu":
-        report["run"] = {**run.to_dict(), "windows": run.windows}
+        report["run"] = {**config.run.to_dict(), "windows": config.run.windows}
     return report
 
 
@@ -352,11 +362,13 @@ def inspect_command(model: ModelArgs, csv_path: str | None, as_json: bool, mode:
             device = "cuda" if system.mode == "gpu" else "cpu"
             graph, costs = priced(model, graph, device, gpu=gpu)  # optimize's layout
             control.report(stage="working sets and budgets")
-            report = _report_for(graph, system, costs, mode.for_device(device), headroom,
-                                 memory, gpu)
+            report = _report_for(graph, system, costs,
+                                 _budget_config(system, mode, headroom, memory, gpu))
     if kernels_device:  # the kernel table of autotm_py/report/tables.py
         return print_kernel_report(graph, kernels_device, csv_path, as_json,
-                                   system.runtime_reserve_bytes, gpu)
+                                   system.runtime_reserve_bytes, gpu,
+                                   _budget_config(system, mode, headroom, memory, gpu)
+                                   if kernels_device == "cuda" else None)
     if csv_path:
         write_csv(csv_path, report)
     if as_json:

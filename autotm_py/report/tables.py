@@ -29,9 +29,11 @@ KERNEL_COLUMNS = ("id", "name", "op", "working_set_bytes", "live_bytes", "workin
 
 
 def kernel_report(graph: TensorGraph, costs: KernelCosts | None = None, *,
-                  top: int = 10, reserve_bytes: int = 0) -> dict[str, Any]:
+                  top: int = 10, reserve_bytes: int = 0,
+                  sweep_bytes: tuple[int, int] | None = None) -> dict[str, Any]:
     """Per-kernel rows, the `top` signatures by time (or count without costs), the bounds
-    (budgets: with the runtime's `reserve_bytes` on top of the tensors)."""
+    (budgets: with the runtime's `reserve_bytes` on top of the tensors; `sweep_bytes`, the
+    planner's useful budgets where the caller has them: `api.useful_budgets`)."""
     ws = graph.working_set_bytes if costs is None else working_sets(graph, costs)
     live = graph.live_bytes
     rows = []
@@ -54,7 +56,8 @@ def kernel_report(graph: TensorGraph, costs: KernelCosts | None = None, *,
         "max_working_set_bytes": ws_bytes,
         "max_working_set_kernel": ws_kernel,
         "runtime_reserve_bytes": reserve_bytes,
-        "sweep_bytes": [ws_bytes + reserve_bytes, graph.peak_live_bytes + reserve_bytes],
+        "sweep_bytes": list(sweep_bytes) if sweep_bytes is not None else
+        [ws_bytes + reserve_bytes, graph.peak_live_bytes + reserve_bytes],
         "total_time_s": None if costs is None else costs.total_s,
         "estimated_kernels": None if costs is None else costs.n_estimated,
         "signatures": _signatures(graph, costs, top),
@@ -98,12 +101,15 @@ def render_kernel_report(report: Mapping[str, Any], *, limit: int = 20) -> str:
     lo, hi = report["sweep_bytes"]
     reserve, peak = report.get("runtime_reserve_bytes", 0), report["peak_footprint_bytes"]
     plus = f" + the {format_bytes(reserve)} runtime reserve" if reserve else ""
+    bound = f"no GPU plan below this{plus}"
+    if lo != report["max_working_set_bytes"] + reserve:  # the planner's, with more beside it
+        bound = f"with the reserve and the arena's scratch, no GPU plan below {format_bytes(lo)}"
     lines = [
         f"{report['model']}: {report['kernels']} kernels, {report['unique_signatures']} unique "
         "signatures",
         f"peak footprint      {format_bytes(peak)} (at kernel #{report['peak_kernel']})",
         f"largest working set {format_bytes(report['max_working_set_bytes'])} "
-        f"(kernel #{report['max_working_set_kernel']}): no GPU plan below this{plus}",
+        f"(kernel #{report['max_working_set_kernel']}): {bound}",
         f"useful budget sweep [{format_bytes(lo)}, {format_bytes(hi)}]"
         + (f" (with the reserve; budgets of {100 * lo / peak:.0f}% to "
            f"{100 * hi / peak:.0f}% of the peak)" if reserve and peak else
