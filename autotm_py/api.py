@@ -12,15 +12,26 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autotm_py import pipeline
-from autotm_py.config import PlanConfig
+from autotm_py.config import PlanConfig, default_memory
 from autotm_py.errors import ConfigError
 from autotm_py.frontend.onnx import import_onnx as _import_onnx
+from autotm_py.frontend.zoo.dlrm import KAGGLE_TABLES
 from autotm_py.ir.training import derive_training as _derive_training
-from autotm_py.options import Measure, ModelOptions, RunMode
+from autotm_py.memory.tiers import load_memory_system
+from autotm_py.options import SOURCE_META_KEY, Measure, ModelOptions, RunMode
 from autotm_py.planning.baselines import BASELINES, BaselineResult
+from autotm_py.planning.embedding_access import (
+    EmbeddingTable,
+    EmbeddingWorkload,
+    workload_from_json,
+)
+from autotm_py.planning.embedding_study import make_lookups, study
+from autotm_py.planning.embeddings import LookupCosts
 from autotm_py.planning.feasibility import Smallest, smallest_budget
 from autotm_py.profiling import profile as _profiling
 from autotm_py.profiling.calibrate import calibrate as _calibrate
+from autotm_py.profiling.value_file import load_values as _load_values
+from autotm_py.profiling.value_file import value_fills as _value_fills
 
 if TYPE_CHECKING:
     from autotm_py.costs import KernelCosts
@@ -158,6 +169,35 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
                                        iterations=iterations, warmup=warmup)
 
 
+def profile_values(graph: TensorGraph, *, device: str = "cpu", iterations: int = 3,
+                   seed: int = 0, memory: str | None = None) -> dict[str, Any]:
+    """Run `iterations` all-fast iterations through the executor and classify every tensor's
+    values (zero, constant, low-entropy, varied; unchanged between iterations), with its bytes
+    and the copy time out and back at `memory`'s link (default: the GPU-mode default). The
+    initial values are those `autotm run` uses (an ONNX file's own weights, else seeded
+    random). Returns the JSON document `autotm profile --values -o` writes (docs/values.md);
+    `PlanConfig(fills=value_fills(doc))` lets the planner use it."""
+    from autotm_py.profiling.values import profile_values as _profile_values
+
+    masters, weights = pipeline.initial_values(graph, graph.meta.get(SOURCE_META_KEY) or "",
+                                               seed)
+    system = load_memory_system(memory or default_memory("cuda"))
+    return _profile_values(graph, pipeline.all_fast_plan(graph), masters=masters,
+                           memory=system, device=device, iterations=iterations,
+                           weights=weights)
+
+
+def load_values(path: PathLike) -> dict[str, Any]:
+    """A value profile that `autotm profile --values FILE` wrote."""
+    return _load_values(path)
+
+
+def value_fills(doc: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
+    """The planner's facts from a value profile: (tensor name, value) of each tensor found
+    all zero or one constant (`PlanConfig.fills`)."""
+    return _value_fills(doc)
+
+
 def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda",
             mode: RunMode | None = None, measure: Measure | None = None,
             costs: KernelCosts | None = None, masters: Mapping[int, Any] | None = None,
@@ -210,3 +250,45 @@ def with_arena(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None,
     """`plan` with every fast buffer at a packed offset (unchanged if it has an arena). A plan
     planned without `--arena` may need more than its budget this way; `simulate` says so."""
     return pipeline.with_arena(graph, plan, costs, profiles_dir=profiles_dir)
+
+
+def embedding_workload(model: PathLike = "dlrm", *, dim: int = 128, table_scale: int = 2,
+                       batch: int | None = None, pooling: int | None = None,
+                       block_rows: int | None = None) -> EmbeddingWorkload:
+    """The embedding tables of a model as shapes (docs/embeddings.md): ``dlrm`` (the zoo's
+    Criteo Kaggle tables x `table_scale`, `dim` wide: 34.6 GB at the defaults; the dense part's
+    memory is the zoo DLRM's inference peak without its tables), or a workload JSON file."""
+    fields = {"batch": batch, "pooling": pooling, "block_rows": block_rows}
+    if str(model) != "dlrm":
+        return workload_from_json(model, **fields)
+    batch = batch or 2048
+    graph = load_model("dlrm", batch=batch)
+    tables = [t for t in graph.tensors if t.name.startswith("emb.")]
+    dense = graph.peak_live_bytes - sum(t.nbytes for t in tables)
+    return EmbeddingWorkload(
+        f"dlrm (Kaggle tables x{table_scale}, dim {dim})",
+        tuple(EmbeddingTable(f"emb.{i}", rows * table_scale, dim)
+              for i, rows in enumerate(KAGGLE_TABLES)),
+        batch=batch, pooling=pooling or 1, block_rows=block_rows or 4096, dense_bytes=dense)
+
+
+def plan_embeddings(workload: EmbeddingWorkload, budgets: Sequence[int], *,
+                    alpha: float | None = 1.05, seed: int = 0, trace: PathLike | None = None,
+                    memory: str = "h200-pcie5", profile_batches: int = 32,
+                    held_batches: int = 8, copy_ahead: bool = True,
+                    time_limit: float | None = 30.0, with_lru: bool = True,
+                    scatter: bool = True, **costs: float) -> dict[str, Any]:
+    """Block placement of `workload`'s tables for each HBM budget (bytes): the ILP against
+    hot-first greedy, an LRU row cache, all-host (zero-copy) and all-HBM, planned on measured
+    counts of `profile_batches` batches and priced on the `held_batches` after them. `costs`:
+    fields of `planning.embeddings.LookupCosts` to override (e.g. ``dense_s``). `scatter`
+    False: the Zipf ranks are the row ids (a deployment that renumbered rows offline)."""
+    priced = LookupCosts.from_memory(load_memory_system(memory), **costs)
+    lookups = make_lookups(workload, alpha=alpha, seed=seed,
+                           trace_path=None if trace is None else str(trace),
+                           profile_batches=profile_batches, held_batches=held_batches,
+                           scatter=scatter)
+    result = study(workload, lookups, priced, budgets, copy_ahead=copy_ahead,
+                   time_limit=time_limit, with_lru=with_lru)
+    result["memory"] = memory
+    return result

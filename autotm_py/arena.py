@@ -67,6 +67,7 @@ from autotm_py.plan import (
     ArenaBuffer,
     ArenaLayout,
     Compute,
+    Fill,
     Free,
     Move,
     Plan,
@@ -127,6 +128,9 @@ class _Lifetimes(PlanInterpreter):
             self._open(record.tensor, self.index)
         elif record.mode == "async":
             self.sources.add(record.tensor)
+
+    def fill(self, record: Fill) -> None:
+        self._open(record.tensor, self.index)
 
     def compute(self, record: Compute) -> None:
         kernel = self.machine.graph.kernels[record.kernel]

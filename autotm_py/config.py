@@ -118,6 +118,10 @@ class PlanConfig:
     # GPU mode: price with the profiles of this GPU (a name or a part of one: "h200"), not
     # the planning machine's (`profiling.load_costs`); the plan records which (`PlanHeader.gpu`).
     gpu: str | None = None
+    # Facts from a value profile (`autotm profile --values`, docs/values.md): (tensor name,
+    # value) of tensors found all zero or one constant. GPU mode: the planner may drop such a
+    # tensor for free and fill it again before a use instead of copying it. (): no facts.
+    fills: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         self._coerce()

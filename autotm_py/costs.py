@@ -146,6 +146,29 @@ class KernelCosts:
                 f"profiles of the {others}, not of the {self.target or 'target'} (measure them: "
                 f"{fix})")
 
+    @property
+    def n_precision_scaled(self) -> int:
+        """bf16 kernels priced from the profile entry of their fp32 form, scaled by the
+        roofline (no bf16 entry of theirs: `profiling.sources`)."""
+        return int(self.summary.get("precision_scaled", 0) or 0)
+
+    def precision_note(self) -> str | None:
+        """What a plan priced with these costs says when some bf16 kernels were priced from
+        fp32 profiles: their times are the fp32 kernels' scaled by the roofline's bf16/fp32
+        ratio, not measured."""
+        if not self.n_precision_scaled:
+            return None
+        where = f" on the {self.target}" if self.target else ""
+        return (f"{BORROWED_NOTE}{self.n_precision_scaled} of {len(self.times_s)} kernel times "
+                "are bf16 kernels priced from fp32 profiles, scaled by the roofline's bf16/fp32 "
+                f"ratio (measure them: autotm profile MODEL --precision bf16{where})")
+
+    def notes(self) -> tuple[str, ...]:
+        """The notes a plan priced with these costs carries: kernel times from another
+        device's profiles (`borrowed_note`), bf16 kernels priced from fp32 ones
+        (`precision_note`)."""
+        return tuple(n for n in (self.borrowed_note(), self.precision_note()) if n)
+
     @cached_property
     def digest(self) -> str:
         """The identity of these costs: a hash over each kernel's time, device time, workspace

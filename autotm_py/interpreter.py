@@ -2,10 +2,10 @@
 
 The one interpreter of plan records: the simulator (predicted timeline), the verifier (strict
 simulator), the executor (torch) and the report's residency walk subclass it and override
-`compute`, `move`, `free` and `recompute` (and `after` to observe each record's effect). Any
-error raised by a handler is re-raised as a `PlanError`/`ExecutionError` subclass that names
-the record. A walk without a graph (reports of a saved plan) names tensors and kernels from
-the plan's own names tables.
+`compute`, `move`, `free`, `recompute` and `fill` (and `after` to observe each record's
+effect). Any error raised by a handler is re-raised as a `PlanError`/`ExecutionError`
+subclass that names the record. A walk without a graph (reports of a saved plan) names
+tensors and kernels from the plan's own names tables.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.errors import AutoTMError, PlanError
-from autotm_py.plan import Compute, Free, Move, Plan, Recompute, Record
+from autotm_py.plan import Compute, Fill, Free, Move, Plan, Recompute, Record
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -49,7 +49,7 @@ class PlanInterpreter:
 
     def _handlers(self) -> dict[type, Callable[[Any], None]]:
         return {Compute: self.compute, Move: self.move, Free: self.free,
-                Recompute: self.recompute}
+                Recompute: self.recompute, Fill: self.fill}
 
     def dispatch(self, record: Record) -> None:
         handler = self._handlers().get(type(record))
@@ -69,6 +69,8 @@ class PlanInterpreter:
             name, op = self._kernel_name(record.kernel)
             outs = ", ".join(repr(self._tensor_name(t)) for t in record.outputs)
             return f"recompute {name!r} ({op}, #{record.kernel}) for {outs}"
+        if isinstance(record, Fill):
+            return f"fill {self._tensor_name(record.tensor)!r} with {record.value:g}"
         return f"free {self._tensor_name(record.tensor)!r} from {record.tier}"
 
     def _tensor_name(self, tid: int) -> str:
@@ -106,4 +108,8 @@ class PlanInterpreter:
 
     def recompute(self, record: Recompute) -> None:
         """Re-run a forward kernel to regenerate some of its outputs in fast memory."""
+        raise NotImplementedError
+
+    def fill(self, record: Fill) -> None:
+        """Make a fast copy of a tensor with one value in every element."""
         raise NotImplementedError

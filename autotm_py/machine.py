@@ -357,6 +357,12 @@ class MachineModel:
     def copy_time(self, tid: int, to_tier: str, mode: str) -> float:
         return self.copying.copy_time(int(self.graph.tensor_bytes[tid]), to_tier, mode)
 
+    def fill_time(self, tid: int) -> float:
+        """Seconds a fill kernel takes to write tensor `tid` in fast memory with one value (a
+        `Fill` record): its bytes at the fast tier's write bandwidth, on the compute stream."""
+        fast = self.memory.fast
+        return fast.latency_s + int(self.graph.tensor_bytes[tid]) / fast.write_bw
+
     def step_time(self, kernel_s: float, copies: Iterable[tuple[int, str]]) -> float:
         """Length of a step: a kernel of `kernel_s` with overlapped copies (tensor, to_tier)."""
         sums: dict[str, float] = {}

@@ -115,7 +115,7 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
         names = BASELINES if baselines is True else tuple(baselines)
         control.report(stage="planning the baselines")
         result = replace(result, baselines=run_baselines(machine, names, control))
-    notes = [n for n in (machine.costs.borrowed_note(), over_device_note(machine),
+    notes = [n for n in (*machine.costs.notes(), over_device_note(machine),
                          simulated_tier_note(machine.memory)) if n]
     return _noted(result, machine, notes)[0]
 

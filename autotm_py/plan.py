@@ -19,6 +19,10 @@ Records (executed in order by `interpreter.PlanInterpreter` subclasses):
   fast memory; outputs not listed are made and dropped at once (a multi-output kernel re-creates
   them all). Only kernels whose outputs are reproducible bit for bit are re-run
   (`NON_REPRODUCIBLE_OPS`).
+- ``Fill(tensor, value)``: make a fast copy of a tensor whose every element is `value` (a fill
+  kernel on the compute stream, before the next Compute), where a profile found the tensor
+  all zero or one constant (`autotm profile --values`, docs/values.md); it need not be in any
+  tier, so such a tensor is dropped instead of written out and filled instead of read back.
 
 Tensors without a producer (inputs, weights, optimizer state, constants) start where
 `initial` says. Carried tensors (training: W -> W') must end the iteration where their
@@ -89,7 +93,13 @@ class Recompute:
     before: int  # the kernel whose step it belongs to: the next Compute record
 
 
-Record = Compute | Move | Free | Recompute
+@dataclass(frozen=True, slots=True)
+class Fill:
+    tensor: int
+    value: float  # every element's value (0.0: an all-zero tensor)
+
+
+Record = Compute | Move | Free | Recompute | Fill
 
 # Ops whose outputs a re-run cannot reproduce bit for bit (random draws without a seed the
 # plan could replay). Plans never re-run them. Dropout in training mode is among them: our own
@@ -487,8 +497,8 @@ def _check_record(rec: Record, i: int, graph: TensorGraph, n_k: int, n_t: int) -
             raise PlanError(f"record #{i}: move mode {rec.mode!r} is not sync or async")
         if rec.mode == "async" and rec.overlaps is None:
             raise PlanError(f"record #{i}: async move of tensor #{rec.tensor} overlaps no kernel")
-    else:
-        tiers = (rec.tier,)
+    else:  # Free, or Fill (a fast copy)
+        tiers = (getattr(rec, "tier", "fast"),)
     tensor = getattr(rec, "tensor", None)
     if tensor is not None and not 0 <= tensor < n_t:
         raise PlanError(f"record #{i}: tensor #{tensor} does not exist")
@@ -534,6 +544,8 @@ def _record_to_json(rec: Record) -> dict[str, Any]:
     if isinstance(rec, Recompute):
         return {"op": "recompute", "kernel": rec.kernel, "outputs": list(rec.outputs),
                 "before": rec.before}
+    if isinstance(rec, Fill):
+        return {"op": "fill", "tensor": rec.tensor, "value": rec.value}
     return {"op": "free", "tensor": rec.tensor, "tier": rec.tier}
 
 
@@ -550,6 +562,8 @@ def _record_from_json(data: Mapping[str, Any]) -> Record:
     if op == "recompute":
         return Recompute(int(data["kernel"]), tuple(int(t) for t in data["outputs"]),
                          int(data["before"]))
+    if op == "fill":
+        return Fill(int(data["tensor"]), float(data["value"]))
     raise ValueError(f"unknown record op {op!r}")
 
 

@@ -161,6 +161,18 @@ def test_every_module_tensor_read_is_one_initializer(case):
     assert captured.inputs == (("idx",) if name == "lm" else ("x",))
 
 
+
+def computes_the_module(module: nn.Module, x: torch.Tensor, captured, graph) -> None:
+    """The imported graph, run on the captured values, gives the module's output (eval mode)."""
+    found = initializer_values(captured.model, graph)
+    leaves = {tid: torch.from_numpy(v) for tid, v in found.values.items()}
+    leaves.update({tid: torch.from_numpy(np.array(v)) for tid, v in graph.constants.items()})
+    leaves.update(zip(graph.inputs, (x,), strict=True))
+    (out,) = run_graph(graph, leaves).values()
+    with torch.no_grad():
+        want = module.eval()(x)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
 def test_the_tied_weight_is_one_initializer_with_both_names(lm):
     _, _, _, captured, graph, _ = lm
     assert captured.sources["emb.weight"] == ("emb.weight", "head.weight")
@@ -348,3 +360,57 @@ def test_missing_external_data_is_reported_not_refused(mlp, tmp_path):
 def test_a_graph_of_another_model_is_refused(mlp, cnn):
     with pytest.raises(ModelImportError, match="not imported from this model"):
         initializer_values(cnn[3].model, mlp[4])
+
+
+def test_non_persistent_buffers_are_constants_not_state(tmp_path):
+    """A buffer registered with `persistent=False` (transformers' rotary `inv_freq`, read by
+    the cos and the sin) is a constant the module derives, folded into what it makes: no
+    initializer, `unused`, so the Trainer does not see one tensor in two weight slots. A
+    persistent buffer stays state."""
+    from autotm_py.trainer import Trainer
+
+    class Rotary(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 8, 2) / 8.0),
+                                 persistent=False)
+            self.register_buffer("scale", torch.linspace(0.5, 2.0, 8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            angles = torch.outer(torch.arange(x.shape[1], dtype=torch.float32), self.inv_freq)
+            angles = torch.cat((angles, angles), -1)
+            h = self.lin(x) * self.scale
+            return (h * angles.cos() + h.flip(-1) * angles.sin()).mean(1)
+
+    torch.manual_seed(0)
+    module, x = Rotary(), torch.randn(2, 6, 8)
+    captured = capture_module(module, (x,))
+    assert "inv_freq" in captured.unused and "inv_freq" not in captured.sources
+    assert captured.buffers == {"scale"}
+    graph = import_model(captured.model, name="rotary", initializer_weights=True)
+    computes_the_module(module, x, captured, graph)
+    y = torch.tensor([1, 3])
+    trainer = Trainer(module, torch.optim.SGD(module.parameters(), lr=0.1), F.cross_entropy,
+                      example=(x, y), device="cpu", ratio="1:0", plans_dir=tmp_path)
+    with torch.no_grad():
+        want = F.cross_entropy(module(x), y)
+    torch.testing.assert_close(trainer.step(x, y), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_initializer_with_other_bytes_than_its_module_tensor_is_refused(dtype):
+    from onnx import helper
+
+    from autotm_py.frontend.capture import _check_bytes
+
+    tensor = torch.arange(6, dtype=torch.float32).reshape(2, 3).to(dtype)
+    raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes()
+    kind = onnx.TensorProto.FLOAT if dtype == torch.float32 else onnx.TensorProto.BFLOAT16
+    _check_bytes(helper.make_tensor("w", kind, (2, 3), raw, raw=True), tensor, "w")
+    other = bytearray(raw)
+    other[-1] ^= 1
+    with pytest.raises(ModelImportError, match="'w' is not the module's tensor"):
+        _check_bytes(helper.make_tensor("w", kind, (2, 3), bytes(other), raw=True), tensor, "w")
+    with pytest.raises(ModelImportError, match="shape"):
+        _check_bytes(helper.make_tensor("w", kind, (3, 2), raw, raw=True), tensor, "w")

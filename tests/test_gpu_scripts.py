@@ -325,3 +325,69 @@ def test_plan_by_plan_scripts_run_each_spec_under_each_setting(tmp_path):
         "connections=1 vgg19_1-1_gpu round 1", "connections=8 vgg19_1-1_gpu round 1"]
     assert lines[1].split(" rc=")[1].startswith("0 measured 8 -m autotm_py run vgg19")
     assert (tmp_path / "c" / "vgg19_1-1_gpu_c8_r1.txt").exists()
+
+
+def test_transformer_compare_runs_small_and_ranks_kernels_ours_is_slower_on(tmp_path):
+    """experiments/gpu/transformer_compare.py --small (the CPU, tiny shapes) on the in-code
+    GPT-2 (transformers is not a dependency): native, ours through the Trainer and autograd of
+    the imported graph from the same weights, the fused forward's op counts checked; and the
+    table of kernels where ours spends more than native."""
+    compare = _script("transformer_compare")
+    native = {"kernels": [{"name": "gemm_a", "ms": 2.0, "per_step": 4},
+                          {"name": "fmha_cutlassF", "ms": 1.0, "per_step": 2}]}
+    ours = {"kernels": [{"name": "gemm_a", "ms": 2.5, "per_step": 4},
+                        {"name": "fmha_cutlassF", "ms": 0.5, "per_step": 2},
+                        {"name": "vectorized_elementwise_kernel", "ms": 0.2, "per_step": 9}]}
+    rows = compare.slower(native, ours, 15)
+    assert [(r["name"], r["kind"]) for r in rows] == [("gemm_a", "gemm"),
+                                                      ("vectorized_elementwise_kernel",
+                                                       "elementwise")]
+    assert rows[0]["diff_ms"] == pytest.approx(0.5)
+    assert compare.fusion_check("llama", {"ScaledDotProductAttention": 2, "Softmax": 1,
+                                          "RMSNormalization": 5, "Silu": 2}, 2) == \
+        ["Softmax left unfused (1)"]
+    out = subprocess.run([sys.executable, "experiments/gpu/transformer_compare.py",
+                          str(tmp_path), "--small", "--models", "gpt2", "--iterations", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "transformer_compare.json").read_text())
+    assert row["fusion_problems"] == [] and row["forward_ops"]["ScaledDotProductAttention"] == 2
+    assert row["ours_first_loss"] == pytest.approx(row["native_first_loss"], rel=1e-4)
+    assert all(row[k]["median_s"] > 0 for k in ("native", "ours", "autograd"))
+    assert "gpt2 fusion: as intended" in out.stdout
+
+
+def test_bf16_bench_processes_coordinate_and_summarize(tmp_path):
+    """experiments/gpu/bf16_bench.sh's pieces on the CPU (issue 46 item 5): trainer_bench.py in
+    bf16 writes the budgets once its graph exists and touches its signal once its Trainer does,
+    runs the Trainer's bf16 plan under the lock, and bf16_summary.py turns its result and a
+    native process's into rows and the issue's targets."""
+    out = tmp_path / "tiny"
+    out.mkdir()
+    done = subprocess.run(
+        [sys.executable, "experiments/gpu/trainer_bench.py", str(out / "ours_1.json"),
+         "--model", "tiny", "--batch", "256", "--steps", "5", "--device", "cpu", "--shares", "1",
+         "--precision", "bf16", "--time-limit", "10", "--no-eager", "--lock",
+         str(out / "gpu.lock"), "--budgets-out", str(out / "budgets.json"), "--budget-shares",
+         "0.9,0.95", "--signal", str(out / "profiled")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "profiled").exists()
+    budgets = json.loads((out / "budgets.json").read_text())
+    assert 0 < budgets["budgets"]["0.9"] < budgets["budgets"]["0.95"] < budgets["peak_bytes"]
+    ours = json.loads((out / "ours_1.json").read_text())
+    (row,) = ours["rows"]
+    assert ours["eager"] is None and row["ours"]["precision"] == "bf16"
+    assert len(row["ours"]["losses"]) == 5 and row["ours"]["step_s"] > 0
+    losses = row["ours"]["losses"]
+    native = {"model": "tiny", "eager": {"losses": losses, "step_s": 2 * row["ours"]["step_s"]},
+              "native": {"checkpoint": {"0.9": {"median_s": 1.0, "cap": 10}},
+                         "compile": {"0.1": {"0.9": {"median_s": None, "out_of_memory": True}}}}}
+    (out / "native.json").write_text(json.dumps(native))
+    summary = _script("bf16_summary")
+    rows = summary.rows_of(out)
+    assert [r["option"] for r in rows] == ["autocast eager", "ours", "autocast + checkpointing",
+                                           "autocast + torch.compile amb 0.1"]
+    assert rows[1]["loss_max_rel_diff_vs_eager"] == 0.0
+    assert summary.targets(rows)[0].endswith("(met: no slower)")
+    assert summary.main([str(out)]) == 0 and (out / "rows.json").exists()

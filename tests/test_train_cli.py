@@ -46,6 +46,7 @@ def test_train_writes_the_weights_plain_pytorch_trains(exported, tmp_path, capsy
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["moves"] + report["recomputes"] > 0 and report["batch"] == BATCH
+    assert report["precision"] == "fp32"  # auto on the CPU
     opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
     want = []
     for step in range(STEPS):  # the batches in order, again from the start after the last
@@ -59,6 +60,34 @@ def test_train_writes_the_weights_plain_pytorch_trains(exported, tmp_path, capsy
     trained = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(out)).graph.initializer}
     for name, param in module.named_parameters():
         assert np.allclose(trained[name], param.detach().numpy(), rtol=1e-5, atol=1e-7), name
+
+
+def test_train_in_bf16_follows_autocast_and_writes_fp32_weights(exported, tmp_path, capsys):
+    """--precision bf16: the steps as torch.autocast(bfloat16) runs them (losses within 2e-2
+    relative, docs/precision.md), the trained file's weights fp32 masters."""
+    path, module, data, (x, y) = exported
+    out = tmp_path / "trained.onnx"
+    code = main(["train", str(path), "--data", str(data), "--steps", "3", "--lr", "0.05",
+                 "--ratio", "2:1", "--device", "cpu", "--precision", "bf16", "-o", str(out),
+                 "--plans", str(tmp_path / "plans"), "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["precision"] == "bf16"
+    opt = torch.optim.SGD(module.parameters(), lr=0.05)
+    want = []
+    for step in range(3):
+        start = step * BATCH
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(module(x[start:start + BATCH]), y[start:start + BATCH])
+        loss.backward()
+        opt.step()
+        want.append(float(loss.detach()))
+    assert np.allclose(report["losses"], want, rtol=2e-2), (report["losses"], want)
+    trained = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(out)).graph.initializer}
+    for name, param in module.named_parameters():
+        assert trained[name].dtype == np.float32, name
+        assert np.allclose(trained[name], param.detach().numpy(), rtol=2e-2, atol=1e-3), name
 
 
 def test_run_computes_with_the_files_weights(exported, tmp_path, capsys):

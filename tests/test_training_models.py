@@ -59,10 +59,12 @@ def _conv_bn_relu(net: Net, x: int, cin: int, cout: int, hw: int, k: int = 3,
     return net.op("Relu", [bn], (n, cout, hw, hw)) if relu else bn
 
 
-def small_cnn(n: int = 2, size: int = 16) -> TensorGraph:
+def small_cnn(n: int = 2, size: int = 16, *, dropout: bool = True,
+              name: str = "small_cnn") -> TensorGraph:
     """conv-bn-relu, maxpool, a residual block, a two-branch concat, avgpool, global pool,
-    dropout and a Gemm classifier; `n` images of `size` x `size` (a multiple of 4)."""
-    net = Net("small_cnn")
+    dropout (unless `dropout` is False) and a Gemm classifier; `n` images of `size` x `size`
+    (a multiple of 4)."""
+    net = Net(name)
     half, quarter = size // 2, size // 4
     x = net.tensor((n, 3, size, size), Role.INPUT, name="image")
     h = _conv_bn_relu(net, x, 3, 8, size, n=n)
@@ -77,7 +79,8 @@ def small_cnn(n: int = 2, size: int = 16) -> TensorGraph:
                strides=(2, 2), pads=(1, 1, 1, 1), count_include_pad=0)
     h = net.op("GlobalAveragePool", [h], (n, 18, 1, 1))
     h = net.op("Flatten", [h], (n, 18), axis=1)
-    h = net.op("Dropout", [h], (n, 18), ratio=0.25)
+    if dropout:
+        h = net.op("Dropout", [h], (n, 18), ratio=0.25)
     return net.build(net.op("Gemm", [h, net.weight(10, 18), net.weight(10)], (n, 10),
                             transB=1))
 

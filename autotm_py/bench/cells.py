@@ -91,7 +91,7 @@ class ModelRunner:
         except AutoTMError as exc:
             log.warning("bench: %s %s %s %s: %s", self.model, ratio, strategy, solver, exc)
             return {**key, "status": "error", "error": _one_line(exc)}
-        notes = [n for n in (row.get("notes"), self.costs.borrowed_note()) if n]
+        notes = [n for n in (row.get("notes"), *self.costs.notes()) if n]
         row["notes"] = "; ".join(notes + self._failures) or None
         return row
 

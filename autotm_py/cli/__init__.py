@@ -22,7 +22,8 @@ from autotm_py.cli.help import TieredCommand
 from autotm_py.errors import AutoTMError, MissingDependencyError
 from autotm_py.planning import Terminated
 
-COMMAND_MODULES = ("inspect", "zoo", "optimize", "device", "run", "train", "report")
+COMMAND_MODULES = ("inspect", "zoo", "optimize", "device", "run", "train", "report",
+                   "embeddings")
 
 
 @click.group(

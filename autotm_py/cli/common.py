@@ -19,8 +19,9 @@ from autotm_py.errors import ConfigError, MissingDependencyError
 from autotm_py.fileio import write_problem
 from autotm_py.ir import LOSSES
 from autotm_py.options import (
+    AUTO_PRECISION,
     OPTIMIZERS,
-    PRECISIONS,
+    PRECISION_CHOICES,
     SCRATCH_MODES,
     ModelOptions,
     RunMode,
@@ -65,7 +66,7 @@ def _model_args(model: str | None, flags: dict[str, Any]) -> ModelArgs:
                            fuse=not flags["no_fuse"], loss=flags["loss"],
                            loss_chunks=flags["loss_chunks"] or 1,
                            channels_last=bool(flags["channels_last"]),
-                           precision=flags["precision"] or "fp32")
+                           precision=flags["precision"] or AUTO_PRECISION)
     return ModelArgs(model, options, given)
 
 
@@ -115,12 +116,13 @@ def _model_flags(argument: bool, optional: bool = False) -> list[Callable[[F], F
                  "attention, GELU, Linear layers and convolution + ReLU pairs become one "
                  f"kernel each; docs/fusion.md). {FROM_PLAN}"),
         click.option(
-            "--precision", type=click.Choice(PRECISIONS), default=None,
+            "--precision", type=click.Choice(PRECISION_CHOICES), default=None,
             help="fp32, or bf16 as torch.autocast(bfloat16) runs it: matrix products, "
                  "convolutions and attention in bf16 through bf16 copies of their inputs; "
                  "softmax, normalization statistics, sums and the loss in fp32; fp32 master "
-                 f"weights and optimizer state [default: fp32]. {FROM_PLAN} See "
-                 "docs/precision.md."),
+                 "weights and optimizer state. auto: the device's default, fp32 for now "
+                 "(bf16 on GPUs once bf16 profiles ship) [default: auto]. "
+                 f"{FROM_PLAN} See docs/precision.md."),
     ]
 
 
@@ -297,8 +299,10 @@ def parse_dims(values: Sequence[str] | None) -> dict[str, int]:
 
 def load_priced(args: ModelArgs, device: str, *, gpu: str | None = None,
                 profiles_dir: str | None = None) -> tuple[Any, Any]:
-    """MODEL's graph and its costs on `device`, for a command that plans (`priced`)."""
-    return priced(args, load_model_from_cli(args), device, gpu=gpu, profiles_dir=profiles_dir)
+    """MODEL's graph (in `device`'s default precision unless --precision is given) and its
+    costs on `device`, for a command that plans (`priced`)."""
+    return priced(args, load_model_from_cli(args, device=device), device, gpu=gpu,
+                  profiles_dir=profiles_dir)
 
 
 def priced(args: ModelArgs, graph: Any, device: str, *, gpu: str | None = None,
@@ -312,17 +316,22 @@ def priced(args: ModelArgs, graph: Any, device: str, *, gpu: str | None = None,
     return graph, costs
 
 
-def load_model_from_cli(args: ModelArgs, plan: Plan | None = None) -> Any:
+def load_model_from_cli(args: ModelArgs, plan: Plan | None = None, *,
+                        device: str | None = None) -> Any:
     """The graph that MODEL (an ONNX file or a zoo name) and the model options describe.
 
     MODEL not given: the model `plan` records (`plan_source`). Options left unset take their
     defaults, or with `plan` the values recorded in its header
     (`PlanHeader.model`; --batch and --dim together: given neither, both come from the plan),
     so that `simulate`, `run` and `report --model` rebuild the graph the plan was made for.
+    --precision auto (not given, and no plan's) is `device`'s (default: the plan's device;
+    fp32 for a plan that records no model options, made before precisions, or none).
     With `plan`, the graph is checked against it (`Plan.validate`: a mismatch names the
     options that differ)."""
     model = args.model if args.model is not None else plan_source(plan)
-    graph = api.load_model(model, args.for_plan(plan))
+    device = device or (plan.header.device if plan is not None and plan.header.model
+                        else "cpu")
+    graph = api.load_model(model, args.for_plan(plan).on(device))
     check_footprint(graph)
     dropped = (graph.meta.get("training") or {}).get("dropped_output")
     if dropped and plan is None:  # said once, where the graph is made for a new plan

@@ -15,6 +15,7 @@ from autotm_py import api
 from autotm_py.cli import cli
 from autotm_py.cli.common import (
     ModelArgs,
+    check_writable,
     json_option,
     load_model_from_cli,
     model_options,
@@ -24,6 +25,7 @@ from autotm_py.cli.common import (
 from autotm_py.errors import ConfigError
 from autotm_py.fileio import atomic_write_text
 from autotm_py.profiling import MiB
+from autotm_py.report import values_lines
 from autotm_py.units import parse_bytes
 
 DEVICES = click.Choice(["cpu", "cuda"])
@@ -49,17 +51,30 @@ DEVICES = click.Choice(["cpu", "cuda"])
               help="CUDA: after isolated timing, time every kernel inside whole all-fast "
                    "iterations (the graph must fit on the GPU) and keep those times.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--values", "values_out", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE", help="Instead of timing kernels: run all-fast iterations and "
+              "write each tensor's value classes (zero, constant, low-entropy, unchanged) "
+              "here (JSON; docs/values.md).")
+@click.option("--iterations", type=click.IntRange(min=1), default=3, show_default=True,
+              help="With --values: iterations to observe.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="With --values: seed of the random inputs and weights (as `autotm run`).")
 @json_option
 def profile_cmd(model: ModelArgs, device: str, profiles_dir: str | None, repeats: int,
                 warmup: int, max_seconds: float | None, fresh: bool, threads: int | None,
-                in_context: bool, no_progress: bool, as_json: bool) -> None:
+                in_context: bool, no_progress: bool, values_out: str | None, iterations: int,
+                seed: int, as_json: bool) -> None:
     """Measure the kernels of MODEL on a device and cache their times.
 
     Identical kernels (repeated blocks) are measured once; kernels already cached for this
     device are not measured again, so an interrupted run resumes where it stopped.
+    With --values FILE, profile the tensors' values instead (docs/values.md).
     """
     require("torch", "autotm profile")
-    graph = load_model_from_cli(model)
+    graph = load_model_from_cli(model, device=device)  # in the device's precision by default
+    if values_out:
+        _profile_values(graph, device, iterations, seed, values_out, as_json)
+        return
     costs = api.profile(graph, device=device, profiles_dir=profiles_dir, repeats=repeats,
                         warmup=warmup, max_seconds=max_seconds, resume=not fresh,
                         threads=threads, progress=not (no_progress or as_json))
@@ -73,6 +88,19 @@ def profile_cmd(model: ModelArgs, device: str, profiles_dir: str | None, repeats
         print_json(_profile_json(graph.name, costs))
         return
     for line in profile_lines(costs.summary, costs.total_s):
+        click.echo(line)
+
+
+def _profile_values(graph: Any, device: str, iterations: int, seed: int, output: str,
+                    as_json: bool) -> None:
+    """`profile --values`: the value profile of `graph`, written to `output`, shown."""
+    check_writable(output, "--values")
+    doc = api.profile_values(graph, device=device, iterations=iterations, seed=seed)
+    atomic_write_text(output, json.dumps(doc, indent=1) + "\n")
+    if as_json:
+        print_json(doc)
+        return
+    for line in [*values_lines(doc), f"wrote {output}"]:
         click.echo(line)
 
 

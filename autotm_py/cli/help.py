@@ -26,6 +26,8 @@ COMMON: dict[str, tuple[str, ...]] = {
     "profile": ("batch", "dims", "training", "device", "as_json"),
     "train": ("data", "steps", "output", "batch", "ratio", "fast_mem", "optimizer", "lr",
               "device", "as_json"),
+    "embeddings": ("budget", "alpha", "seed", "trace", "block_rows", "batch", "memory",
+                   "as_json"),
 }
 HELP_ALL = "help_all"
 

@@ -356,10 +356,10 @@ def inspect_command(model: ModelArgs, csv_path: str | None, as_json: bool, mode:
     if reserve is not None:
         system = replace(system, runtime_reserve_bytes=parse_bytes(reserve, flag="--reserve"))
     with status.busy("loading the model", as_json) as control:
-        graph = load_model_from_cli(model)
+        device = kernels_device or ("cuda" if system.mode == "gpu" else "cpu")
+        graph = load_model_from_cli(model, device=device)  # its precision: the device's
         if not kernels_device:
             control.report(stage="pricing the kernels")
-            device = "cuda" if system.mode == "gpu" else "cpu"
             graph, costs = priced(model, graph, device, gpu=gpu)  # optimize's layout
             control.report(stage="working sets and budgets")
             report = _report_for(graph, system, costs,

@@ -147,6 +147,10 @@ RATIO_HELP = (
 @click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
               help="Profile cache directory (default: $AUTOTM_PROFILES or ~/.cache/autotm).")
 @click.option("--no-baselines", is_flag=True, help="Skip planning the baselines.")
+@click.option("--values", "values_path", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE", help="A value profile (`autotm profile MODEL --values FILE`): "
+              "GPU mode drops its zero and constant tensors for free and fills them again "
+              "before a use instead of copying them (docs/values.md).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the plan here (JSON).")
 @json_option
@@ -158,7 +162,7 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
                  pin_weights: bool,
                  threads: int | None, headroom: float, reserve: str | None, mode: RunModeArgs,
                  gpu: str | None, profiles_dir: str | None, no_baselines: bool,
-                 output: str | None, as_json: bool) -> int:
+                 values_path: str | None, output: str | None, as_json: bool) -> int:
     """Plan where every tensor of MODEL lives and when it moves, within a fast-memory budget.
 
     MODEL is an ONNX file or a zoo name. Prints the predicted time against all-fast and the
@@ -181,7 +185,8 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
         recompute_depth=recompute_depth, recompute_ratio=recompute_ratio,
         recompute_early=recompute_early, read_pricing=read_pricing,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
-        run=mode.for_device(device), gpu=gpu)
+        run=mode.for_device(device), gpu=gpu,
+        fills=api.value_fills(api.load_values(values_path)) if values_path else ())
     config = api.for_this_gpu(config)  # the link of the GPU here, if any
     control = SolveControl(time_limit_s=time_limit)
     with status.StatusLine(control, status.wanted(as_json)):
@@ -242,6 +247,9 @@ def summary_lines(graph: Any, result: Any, config: Any, costs: Any,
     if costs.n_estimated:
         lines.append(f"costs      {costs.n_estimated} of {len(costs.times_s)} kernel times "
                      "are roofline estimates (no profile)")
+    if costs.n_precision_scaled:
+        lines.append(f"costs      {costs.n_precision_scaled} of {len(costs.times_s)} kernel "
+                     "times are bf16 kernels priced from fp32 profiles (roofline ratio)")
     lines += _layout_lines(graph, config, asked)
     budget = "none (all fast)" if result.budget_bytes is None else \
         format_bytes(result.budget_bytes)
@@ -308,6 +316,10 @@ def _plan_lines(result: Any) -> list[str]:
     lines.append(f"recomputed {float(counts.get('recompute_s', 0.0)) * 1e3:.3f} ms: "
                  f"{int(counts.get('recomputes', 0))} kernel re-runs regenerating "
                  f"{format_bytes(int(counts.get('recomputed_bytes', 0)))}")
+    if counts.get("fills"):
+        lines.append(f"filled     {int(counts['fills'])} fills of zero or constant tensors "
+                     f"writing {format_bytes(int(counts.get('filled_bytes', 0)))} (no copies; "
+                     "--values)")
     lines.append(fast_peak_line(result.fast_peak_bytes or 0, result.budget_bytes,
                                 result.reserve_bytes, result.plannable_bytes))
     if st.solver != "none":

@@ -36,7 +36,7 @@ from autotm_py.config import (
 )
 from autotm_py.errors import ConfigError
 from autotm_py.plan import Plan, costs_drift
-from autotm_py.report import load_measured, make_report
+from autotm_py.report import load_measured, make_report, plot_values, values_lines
 from autotm_py.units import format_bytes
 
 
@@ -61,7 +61,7 @@ def _simulation_from_model(plan: Any, model: ModelArgs, device: str | None,
 
 
 @cli.command("report")
-@click.argument("plan_path", metavar="PLAN")
+@click.argument("plan_path", metavar="PLAN", required=False)
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default="report",
               show_default=True, help="Folder for the figures, summary.md and report.json.")
 @click.option("--timeline", type=click.Path(dir_okay=False), default=None,
@@ -83,11 +83,15 @@ def _simulation_from_model(plan: Any, model: ModelArgs, device: str | None,
               help="Figure formats, comma-separated (any matplotlib can write).")
 @click.option("--max-tensors", type=click.IntRange(min=1), default=300, show_default=True,
               help="Rows of the residency heatmap (moved tensors first, then the largest).")
+@click.option("--values", "values_path", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE", help="Instead of a plan: show a value profile (`autotm profile "
+              "MODEL --values FILE`) as a table and a figure (values.png in -o).")
 @json_option
-def report_cmd(plan_path: str, out_dir: str, timeline: str | None, simulate_plan: bool,
-               model: ModelArgs,
+def report_cmd(plan_path: str | None, out_dir: str, timeline: str | None,
+               simulate_plan: bool, model: ModelArgs,
                device: str | None, profiles: str | None, measured: str | None,
-               trace_path: str | None, formats: str, max_tensors: int, as_json: bool) -> None:
+               trace_path: str | None, formats: str, max_tensors: int,
+               values_path: str | None, as_json: bool) -> None:
     """Figures (memory per tier with the budget, tensor x kernel residency, bytes moved), a
     Markdown summary and optionally a trace of PLAN.
 
@@ -96,8 +100,14 @@ def report_cmd(plan_path: str, out_dir: str, timeline: str | None, simulate_plan
       autotm report plan.json -o report/
       autotm report plan.json --simulate -o report/ --trace trace.json
       autotm report plan.json --timeline timeline.json --measured run.json -o report/
+      autotm report --values values.json -o report/   (a value profile, docs/values.md)
     """
 
+    if values_path:
+        _values_report(values_path, out_dir, formats, as_json)
+        return
+    if plan_path is None:
+        raise ConfigError("give a PLAN (or --values FILE)")
     if sum((bool(timeline), bool(model.model), simulate_plan)) > 1:
         raise ConfigError("give one of --timeline, --model and --simulate")
     check_writable(out_dir, "-o", directory=True)
@@ -125,6 +135,20 @@ def report_cmd(plan_path: str, out_dir: str, timeline: str | None, simulate_plan
         _print_report(result)
     if drift:
         warn(drift)
+
+
+def _values_report(path: str, out_dir: str, formats: str, as_json: bool) -> None:
+    """`report --values`: the value profile's table, and its figure in `out_dir`."""
+    check_writable(out_dir, "-o", directory=True)
+    doc = api.load_values(path)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    files = plot_values(doc, out_dir, tuple(f.strip() for f in formats.split(",") if f.strip()))
+    if as_json:
+        print_json({"files": [str(f) for f in files], "totals": doc.get("totals", {}),
+                    "note": doc.get("note")})
+        return
+    for line in [*values_lines(doc), *(f"wrote {f}" for f in files)]:
+        click.echo(line)
 
 
 def _drift(plan: Any, simulation: Any) -> str | None:
@@ -253,7 +277,8 @@ def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, recom
         raise ConfigError("bench takes its models from --models (comma-separated), not --model")
     spec = BenchSpec(models=_split(models), ratios=_split(ratios),
                      strategies=_split(strategies), recompute=recompute,
-                     solvers=_split(solvers), device=device, memory=memory, model=model.options,
+                     solvers=_split(solvers), device=device, memory=memory,
+                     model=model.options.on(device),
                      time_limit_s=time_limit, gap=gap, pin_weights=pin_weights,
                      profiles_dir=profiles, execute=execute, iterations=iterations,
                      warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,

@@ -19,7 +19,7 @@ from autotm_py.cli.common import (
 from autotm_py.cli.optimize import RATIO_HELP
 from autotm_py.config import PlanConfig
 from autotm_py.ir import LOSSES, Optimizer
-from autotm_py.options import default_run_mode
+from autotm_py.options import AUTO_PRECISION, PRECISION_CHOICES, default_run_mode
 from autotm_py.units import format_bytes, parse_bytes, parse_ratio
 
 
@@ -49,6 +49,12 @@ from autotm_py.units import format_bytes, parse_bytes, parse_ratio
               help="As `optimize --loss` (docs/training.md).")
 @click.option("--device", default="cuda", show_default=True,
               help="cuda (or cuda:N) or cpu (the same plan, run on the CPU).")
+@click.option("--precision", type=click.Choice(PRECISION_CHOICES), default=AUTO_PRECISION,
+              show_default=True,
+              help="fp32, or bf16 as torch.autocast(bfloat16) runs it (fp32 weights and "
+                   "optimizer state; the trained file keeps its fp32 weights); auto: the "
+                   "device's default, fp32 for now (bf16 on GPUs once bf16 profiles ship). "
+                   "See docs/precision.md.")
 @run_mode_options(scratch=False)
 @gpu_option
 @click.option("--seed", type=int, default=0, show_default=True,
@@ -59,8 +65,8 @@ from autotm_py.units import format_bytes, parse_bytes, parse_ratio
 def train_cmd(model: str, data: str, steps: int, output: str, batch: int | None,
               dims: tuple[str, ...], ratio: str | None, fast_mem: str | None, optimizer: str,
               lr: float, momentum: float, weight_decay: float, loss: str, device: str,
-              mode: RunModeArgs, gpu: str | None, seed: int, plans_dir: str | None,
-              as_json: bool) -> None:
+              precision: str, mode: RunModeArgs, gpu: str | None, seed: int,
+              plans_dir: str | None, as_json: bool) -> None:
     """Train the weights of MODEL (an ONNX file) on the arrays of --data for --steps steps under
     a fast-memory budget, and write the trained model to -o.
 
@@ -80,10 +86,12 @@ def train_cmd(model: str, data: str, steps: int, output: str, batch: int | None,
     given = mode.over(default_run_mode(device)) if mode.given else None
     result = train_file(model, data, steps=steps, optimizer=spec, config=config,
                         output=output, loss=loss, batch=batch, dims=parse_dims(dims),
-                        device=device, mode=given, seed=seed, plans_dir=plans_dir)
+                        device=device, mode=given, seed=seed, plans_dir=plans_dir,
+                        precision=precision)
     if as_json:
         print_json({"losses": list(result.losses), "output": str(result.output),
-                    "batch": result.batch, "notes": list(result.notes),
+                    "batch": result.batch, "precision": result.precision,
+                    "notes": list(result.notes),
                     "moves": result.moves, "recomputes": result.recomputes})
         return
     first, last = result.losses[0], result.losses[-1]

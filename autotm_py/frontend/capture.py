@@ -45,6 +45,8 @@ Every other initializer (values the folding computed: a causal mask, an attentio
 constant, and becomes a `Constant` node: the importer treats float initializers as weights,
 so left as initializers they would be trained. State the graph never reads (BatchNorm's
 `num_batches_tracked` in eval mode, unused parameters) has no initializer: `unused`.
+Non-persistent buffers (`register_buffer(..., persistent=False)`: transformers' rotary
+`inv_freq`, causal masks) are no state: they are folded as constants, and listed as `unused`.
 
 What the importer makes of it (torch 2.13): a Linear whose weight the exporter transposes
 (`MatMul(X, Transpose(W))`) imports as a weight of shape (in, out) named after the Transpose
@@ -121,7 +123,8 @@ def capture_module(module: Any, example_inputs: Sequence[Any], *,
             the exported inputs do not match `example_inputs`.
     """
     state = _module_state(module)
-    model = _export(module, tuple(example_inputs), names, set(state.canonical))
+    model = _export(module, tuple(example_inputs), names,
+                    set(state.canonical) - _derived_buffers(module, state))
     sources = _map_initializers(model, state)
     inputs = tuple(i.name for i in model.graph.input)
     if len(inputs) != len(example_inputs):
@@ -150,6 +153,20 @@ def _module_state(module: Any) -> _State:
         groups[first] = ((*names, name), tensor, is_param)
         canonical[name] = first
     return _State(groups, canonical)
+
+
+def _derived_buffers(module: Any, state: _State) -> set[str]:
+    """Names of the non-persistent buffers (`register_buffer(..., persistent=False)`, left out
+    of the state dict): values the module derives from its configuration, such as transformers'
+    rotary `inv_freq` or a causal mask. They are constants of the graph, folded with what they
+    make (rotary cos / sin), not module state: a Llama's `inv_freq` read by two kernels would
+    otherwise be one tensor in two weight slots. A tensor that also has a persistent name (or
+    is a parameter) stays state."""
+    derived = {f"{prefix}.{b}" if prefix else b
+               for prefix, m in module.named_modules(remove_duplicate=False)
+               for b in getattr(m, "_non_persistent_buffers_set", ())}
+    return {name for name, first in state.canonical.items()
+            if not state.groups[first][2] and set(state.groups[first][0]) <= derived}
 
 
 @contextlib.contextmanager
@@ -240,8 +257,11 @@ def _check_bytes(init: onnx.TensorProto, tensor: Any, name: str) -> None:
     import torch
 
     value = tensor.detach().cpu().contiguous()
-    raw = value.reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b""
-    if tuple(init.dims) != tuple(value.shape) or numpy_helper.to_array(init).tobytes() != raw:
+    # compared as byte views, not copies: a 3B-parameter module has 13 GB of them
+    ours = value.reshape(-1).view(torch.uint8).numpy() if value.numel() else np.empty(0, np.uint8)
+    theirs = np.frombuffer(init.raw_data, np.uint8) if init.raw_data else \
+        np.ascontiguousarray(numpy_helper.to_array(init)).reshape(-1).view(np.uint8)
+    if tuple(init.dims) != tuple(value.shape) or not np.array_equal(ours, theirs):
         raise ModelImportError(
             f"the exported initializer '{name}' is not the module's tensor of that name (shape "
             f"{tuple(init.dims)} against {tuple(value.shape)}, or other values): the exporter "

@@ -219,6 +219,17 @@ def _gather(node: OnnxNode, args: list[Any], ctx: EvalContext) -> Arrays:
     return [np.take(data, indices.astype(np.int64), axis=node.attrs.get("axis", 0))]
 
 
+@rule("GatherElements")
+def _gather_elements(node: OnnxNode, args: list[Any], ctx: EvalContext) -> Arrays:
+    """numpy's take_along_axis: onnx's reference GatherElements fails on a broadcast input
+    (BERT's token type ids, `Expand` of a (1, N) buffer gathered by sliced positions)."""
+    data, indices = args
+    axis = int(node.attrs.get("axis", 0)) % max(data.ndim, 1)
+    indices = indices.astype(np.int64)
+    return [np.take_along_axis(data, np.where(indices < 0, indices + data.shape[axis], indices),
+                               axis=axis)]
+
+
 @rule("Unsqueeze")
 def _unsqueeze(node: OnnxNode, args: list[Any], ctx: EvalContext) -> Arrays:
     x = args[0]

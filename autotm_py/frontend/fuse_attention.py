@@ -22,7 +22,9 @@ becomes `ScaledDotProductAttention(Q, K, V[, mask])` with scale = c * c_q * c_k.
   the masked row where the fused op returns garbage); a run-time C only with F = -inf and
   C in the "keep" orientation;
 - a constant keep mask (or constant additive mask with 0 on and below the diagonal and F-like
-  values above it) equal to the lower triangle of (L, S) becomes is_causal=1 and no mask.
+  values above it) equal to the lower triangle of (L, S) becomes is_causal=1 and no mask; an
+  additive mask may repeat that (L, S) slice over leading axes (transformers' (B, 1, L, S));
+  a constant additive mask of zeros is dropped (no mask).
 A non-causal bool mask together with an additive mask is not fused (one mask slot).
 """
 
@@ -168,8 +170,14 @@ def _additive_ok(m: Matcher, mask: int, scores: int) -> bool:
 
 
 def _masked_fill(value: float, dtype: str) -> bool:
+    return _all_masked_fill(np.array([value]), dtype)
+
+
+def _all_masked_fill(values: np.ndarray, dtype: str) -> bool:
+    """Every value is one a masked score is filled with (vectorised: a causal mask at seq 2048
+    has two million of them, once per attention)."""
     lowest = float(np.finfo(np.dtype("float16" if dtype == "bfloat16" else dtype)).min)
-    return value <= MASKED_FILL_MAX or value == lowest or value == -math.inf
+    return bool(np.all((values <= MASKED_FILL_MAX) | (values == lowest) | (values == -math.inf)))
 
 
 def _where(m: Matcher, k: Kernel, t: int, acc: _Acc, mm2: Kernel) -> Rewrite | None:
@@ -204,20 +212,34 @@ def _is_causal(keep: np.ndarray | None, l_len: int, s_len: int) -> bool:
     return bool(np.array_equal(keep.reshape(l_len, s_len), np.tri(l_len, s_len, dtype=bool)))
 
 
+def _one_slice(value: np.ndarray, l_len: int, s_len: int) -> np.ndarray | None:
+    """The (L, S) mask of a constant whose leading axes repeat one slice (transformers' masks
+    are (B, 1, L, S) of one slice per batch row), else None."""
+    if value.ndim < 2 or value.shape[-2:] != (l_len, s_len):
+        return None
+    slices = value.reshape(-1, l_len, s_len)
+    return slices[0] if (slices == slices[:1]).all() else None
+
+
+def _additive_zero(m: Matcher, mask: int | None) -> bool:
+    """A constant additive mask of zeros (BERT's mask when no attention_mask is given): adding
+    it changes nothing, so the fused op needs no mask."""
+    value = m.constant(mask) if mask is not None else None
+    return value is not None and not np.asarray(value).any()
+
+
 def _additive_causal(m: Matcher, mask: int | None, l_len: int, s_len: int) -> bool:
-    """A constant additive mask that is 0 on and below the diagonal and masked above."""
+    """A constant additive mask that is 0 on and below the diagonal and masked above (the
+    same (L, S) slice for every leading index)."""
     value = m.constant(mask) if mask is not None else None
     if value is None:
         return False
-    value = np.asarray(value, dtype=np.float64)
-    if value.ndim < 2 or value.shape[-2:] != (l_len, s_len) or \
-            any(d != 1 for d in value.shape[:-2]):
+    value = _one_slice(np.asarray(value, dtype=np.float64), l_len, s_len)
+    if value is None:
         return False
-    value = value.reshape(l_len, s_len)
     lower = np.tri(l_len, s_len, dtype=bool)
     dtype = m.graph.tensors[mask].dtype  # type: ignore[index]
-    return bool((value[lower] == 0.0).all() and
-                all(_masked_fill(float(v), dtype) for v in value[~lower]))
+    return bool((value[lower] == 0.0).all() and _all_masked_fill(value[~lower], dtype))
 
 
 def _unscaled(m: Matcher, t: int) -> tuple[int, float, tuple[int, ...]]:
@@ -257,6 +279,8 @@ def _scores(m: Matcher, mm1: Kernel, acc: _Acc, mm2: Kernel) -> Rewrite | None:
         mask = acc.keep
     elif not causal and _additive_causal(m, acc.add, l_len, s_len):
         causal, mask = True, None
+    elif not causal and acc.keep is None and _additive_zero(m, acc.add):
+        mask = None
     removed = (*acc.removed, *q_removed, *k_removed, *key_t.removed)
     if not m.interior_ok(removed, keep=(mm2.outputs[0],)):
         return None

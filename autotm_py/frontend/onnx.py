@@ -36,6 +36,7 @@ from autotm_py.frontend.onnx_load import (
     read_model_file,
     structure_hash,
 )
+from autotm_py.frontend.softmax_guard import drop_softmax_guards
 from autotm_py.ir.graph import TensorGraph
 
 __all__ = ["import_model", "import_onnx"]
@@ -90,6 +91,7 @@ def import_model(model: onnx.ModelProto, *, batch: int | None = None,
         model = onnx.inliner.inline_local_functions(model)
     graph = parse_graph(model, opset=opset, source=label,
                         name=name or model.graph.name or "model", base_dir=base_dir)
+    graph, _ = drop_softmax_guards(graph, model.opset_import)  # before IsNaN is refused
     _check_ops(graph)
     binding = bind_inputs(graph.inputs, source=label, batch=batch, dims=dims,
                           defaults=parse_default_dims(model, label))

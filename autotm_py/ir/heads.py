@@ -17,6 +17,9 @@
   Transpose of an initializer read nowhere else, `frontend/fold.py`). The fusion pass leaves
   it alone (it already is one GEMM), so the forward graph and its hash stay what they were.
 A weight that a Gather also reads as its table is "tied" (the embedding is the head's weight).
+Under bf16 autocast (`ir.precision`) the head writes bf16 and a Cast up to float32 makes the
+output; the head is found behind that Cast (`Head.low`: the chunked loss then multiplies in
+bf16 and takes the loss in fp32, as autocast does).
 Anything else is no head; the string `find_head` returns then names what it found and what
 would make it one.
 """
@@ -32,6 +35,7 @@ from autotm_py.ir.rules.base import BACKWARD_DOMAIN, FLOAT_DTYPES
 from autotm_py.ir.rules.fused import LINEAR
 
 NOT_LINEAR = "not by a fused Linear layer"
+LOW_FLOATS = frozenset({"bfloat16", "float16"})
 
 
 class _Kernel(Protocol):
@@ -73,6 +77,9 @@ class Head:
     weight: str
     bias_name: str | None
     tied: bool
+    # the head's own output where a Cast up to float32 makes the logits from it (bf16
+    # autocast, `ir.precision`: the product in bf16, the loss in fp32); None: none between
+    low: int | None = None
 
     @property
     def text(self) -> str:
@@ -96,6 +103,12 @@ def find_head(kernels: Sequence[_Kernel], tensors: Sequence[_Tensor],
     not by a fused Linear layer..." naming the pattern found and what would make it a head."""
     made = {t: k for k in kernels for t in k.outputs}
     k = made.get(logits)
+    low = None
+    if k is not None and _up_cast(k, tensors):  # bf16 autocast: the head, then its fp32 copy
+        low = k.inputs[0]
+        if any(low in other.inputs for other in kernels if other is not k):
+            return f"other kernels read the output's {tensors[low].dtype} form"
+        k = made.get(low)
     if k is None:
         return f"the output is an input of the graph, {NOT_LINEAR}"
     problem = _problem(k, tensors, made)
@@ -104,9 +117,24 @@ def find_head(kernels: Sequence[_Kernel], tensors: Sequence[_Tensor],
     x, w = k.inputs[0], k.inputs[1]
     bias = k.inputs[2] if len(k.inputs) > 2 else None
     trans = int(k.attr("transB", 0)) if k.op_type != "MatMul" else 0
-    tied = any(g.op_type == "Gather" and g.domain == "" and g.inputs[0] == w for g in kernels)
-    return Head(k.op_type, k.name, x, w, bias, trans, tensors[w].name,
-                None if bias is None else tensors[bias].name, tied)
+    master = _master(w, made)  # bf16: the head reads a copy of the weight
+    tied = any(g.op_type == "Gather" and g.domain == "" and g.inputs[0] in (w, master)
+               for g in kernels)
+    return Head(k.op_type, k.name, x, w, bias, trans, tensors[master].name,
+                None if bias is None else tensors[_master(bias, made)].name, tied, low)
+
+
+def _master(t: int, made: dict[int, _Kernel]) -> int:
+    """The tensor `t` is a Cast of (the fp32 weight of a bf16 copy), else `t`."""
+    k = made.get(t)
+    return k.inputs[0] if k is not None and k.op_type == "Cast" and k.domain == "" else t
+
+
+def _up_cast(k: _Kernel, tensors: Sequence[_Tensor]) -> bool:
+    """`k` is a Cast of a bf16 or fp16 tensor up to float32 (what `ir.precision` puts after a
+    head whose output is a graph output)."""
+    return k.op_type == "Cast" and k.domain == "" and \
+        tensors[k.inputs[0]].dtype in LOW_FLOATS and tensors[k.outputs[0]].dtype == "float32"
 
 
 def _problem(k: _Kernel, tensors: Sequence[_Tensor], made: dict[int, _Kernel]) -> str | None:
@@ -156,6 +184,9 @@ def _matmul_problem(k: _Kernel, tensors: Sequence[_Tensor], made: dict[int, _Ker
         return f"{what} of {x.dtype} by {w.dtype}, {NOT_LINEAR}"
     maker = made.get(k.inputs[1])
     if maker is None and w.role == Role.WEIGHT:
+        return None
+    if maker is not None and maker.op_type == "Cast" and \
+            tensors[maker.inputs[0]].role == Role.WEIGHT:  # bf16: a copy of the weight
         return None
     if maker is not None and maker.op_type == "Transpose" and maker.domain == "" and \
             tuple(maker.attr("perm") or (1, 0)) == (1, 0) and \

@@ -35,7 +35,7 @@ from autotm_py.ir.graph import Kernel, Role, TensorGraph
 from autotm_py.ir.layout import is_channels_last
 from autotm_py.ir.rules.base import FLOAT_DTYPES
 from autotm_py.ir.rules.fused import SDPA, sdpa_workspace
-from autotm_py.options import PRECISION_KEY, PRECISIONS
+from autotm_py.options import AUTO_PRECISION, PRECISION_KEY, PRECISIONS
 
 META_KEY = PRECISION_KEY  # graph.meta[META_KEY] == "bf16" on a converted graph
 BF16, FP32_DTYPE = "bfloat16", "float32"
@@ -56,6 +56,12 @@ __all__ = ["FP32", "LOWER", "META_KEY", "PRECISIONS", "check_precision", "precis
 
 
 def check_precision(precision: object) -> str:
+    """`precision` when it is fp32 or bf16; "auto" must have been resolved for a device first
+    (`options.ModelOptions.on`, `options.default_precision`)."""
+    if precision == AUTO_PRECISION:
+        raise ConfigError("precision 'auto' is the device's (bf16 on a GPU, fp32 on the CPU): "
+                          "resolve it for a device first (ModelOptions.on(device)), or give "
+                          "fp32 or bf16")
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     return str(precision)

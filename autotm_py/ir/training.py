@@ -260,6 +260,9 @@ def _chunked_loss(tape: Tape, logits: int, labels: int, head: Head | str, chunks
                           "--loss-chunks 1")
     # from the tape, not the graph: a dropped final softmax moved the kernels after it
     producer = next(i for i, d in enumerate(tape.kernels) if logits in d.outputs)
+    if head.low is not None:  # bf16: the head's kernel replaced, the Cast up after it dropped
+        del tape.kernels[producer]
+        producer = next(i for i, d in enumerate(tape.kernels) if head.low in d.outputs)
     out = tape.tensors[logits]
     tape.rename(logits, "loss")
     out.shape, out.role = (), Role.OUTPUT
@@ -270,9 +273,18 @@ def _chunked_loss(tape: Tape, logits: int, labels: int, head: Head | str, chunks
     tape.kernels[producer] = KernelDraft(
         f"{tape.kernels[producer].name}+loss", LINEAR_CE, BACKWARD_DOMAIN,
         {"transB": head.trans_b, "chunks": chunks}, [*inputs, labels], [logits, lse],
-        linear_ce_workspace(x_shape, linear_ce_classes(tape.shape(head.w), head.trans_b),
-                            chunks, out.dtype))
+        _chunk_workspace(tape, head, x_shape, chunks, out.dtype))
     return producer
+
+
+def _chunk_workspace(tape: Tape, head: Head, x_shape: tuple[int, ...], chunks: int,
+                     dtype: str) -> int:
+    """One block's logits in `dtype`; in bf16 (`head.low`) that block and its fp32 copy."""
+    classes = linear_ce_classes(tape.shape(head.w), head.trans_b)
+    own = linear_ce_workspace(x_shape, classes, chunks, dtype)
+    if head.low is None:
+        return own
+    return own + linear_ce_workspace(x_shape, classes, chunks, tape.dtype(head.low))
 
 
 def chunkable_logits_bytes(graph: TensorGraph, kid: int) -> int | None:

@@ -279,17 +279,23 @@ def _block_logits(buf: torch.Tensor, rows: torch.Tensor, w: torch.Tensor,
     return logits
 
 
+def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The loss's dtype for logits in `dtype`: float32 for bf16 and fp16 (autocast's losses
+    run in fp32: the product in bf16, its block cast up), else their own."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
 def _ce_forward(args: Tensors, trans: bool, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, logsumexp of each row); args X, W[, B], labels."""
     rows, w, bias, labels = _ce_operands(args, trans)
-    n = rows.shape[0]
+    n, acc = rows.shape[0], _loss_dtype(rows.dtype)
     blocks = _blocks(n, chunks)
     lse = torch.empty(n, dtype=getattr(torch, lse_dtype(str(rows.dtype).split(".")[-1])),
                       device=rows.device)
     buf = torch.empty((blocks[0].stop, w.shape[1]), dtype=rows.dtype, device=rows.device)
-    total = torch.zeros((), dtype=rows.dtype, device=rows.device)
+    total = torch.zeros((), dtype=acc, device=rows.device)
     for block in blocks:
-        logits = _block_logits(buf, rows[block], w, bias)
+        logits = _block_logits(buf, rows[block], w, bias).to(acc)
         picked = logits.gather(1, labels[block].unsqueeze(1)).squeeze(1)
         top = logits.amax(1)
         block_lse = logits.sub_(top.unsqueeze(1)).exp_().sum(1).log_().add_(top)
@@ -310,13 +316,14 @@ def _ce_backward(args: Tensors, trans: bool, chunks: int,
     db = torch.empty(classes, dtype=rows.dtype, device=rows.device) if mask[2] else None
     blocks = _blocks(n, chunks)
     buf = torch.empty((blocks[0].stop, classes), dtype=rows.dtype, device=rows.device)
-    minus_one = torch.full((blocks[0].stop, 1), -1.0, dtype=rows.dtype, device=rows.device)
+    acc = _loss_dtype(rows.dtype)
+    minus_one = torch.full((blocks[0].stop, 1), -1.0, dtype=acc, device=rows.device)
     for i, block in enumerate(blocks):
         part = rows[block]
-        grad = _block_logits(buf, part, w, bias)
+        grad = _block_logits(buf, part, w, bias).to(acc)
         grad.sub_(lse[block].unsqueeze(1).to(grad.dtype)).exp_()
         grad.scatter_add_(1, labels[block].unsqueeze(1), minus_one[: grad.shape[0]])
-        grad.mul_(1.0 / n)
+        grad = grad.mul_(1.0 / n).to(rows.dtype)  # the logits' gradient in their dtype
         if dx is not None:
             torch.mm(grad, w.t(), out=dx[block])
         if dw is not None:

@@ -93,9 +93,11 @@ def fast_intervals(p: TensorPaths, w: Walk, birth: int, last: int) -> list[tuple
     return out
 
 
-def emit(b: ScheduleBuilder, tid: int, p: TensorPaths, w: Walk) -> None:
+def emit(b: ScheduleBuilder, tid: int, p: TensorPaths, w: Walk,
+         fill: float | None = None) -> None:
     """Add the tensor's initial tier, moves and frees to the schedule (its regenerations are
-    added per producer by `decode`)."""
+    added per producer by `decode`). `fill`: the tensor's known value; its reads are fills and
+    its writes drops (no copy: it needs no slow copy)."""
     g = p.gadgets
     kernels = g.kernels
     if g.given:
@@ -103,11 +105,17 @@ def emit(b: ScheduleBuilder, tid: int, p: TensorPaths, w: Walk) -> None:
     fast, slow = w.start == F0, w.start != F0
     for layer, kind in w.events:
         k = kernels[layer]
-        if kind in READS:
+        if kind in READS and fill is not None:
+            b.fill(tid, k, fill)
+            fast = True
+        elif kind in READS:
             b.read(tid, k, "sync" if kind == SYNC_READ else MODE_NAMES[g.read[layer]])
             fast = True
         elif kind == REGEN:
             fast = True
+        elif kind == WRITE and fill is not None:
+            b.free(tid, FAST, k)
+            fast = False
         elif kind == WRITE:
             b.evict(tid, k, MODE_NAMES[g.write[layer]])
             fast, slow = False, True
@@ -166,7 +174,7 @@ def decode(f: Formulation, *, config: Mapping[str, Any], solver: SolverStats,
                 b.free(tid, FAST, max([machine.live_ranges[tid][1], *users[tid]]))
             continue
         w = prune_reads(p, walks[tid], users[tid])
-        emit(b, tid, p, w)
+        emit(b, tid, p, w, f.fills.get(tid))
         intervals[tid] = fast_intervals(p, w, machine.live_ranges[tid][0], p.gadgets.last)
     for kid, kernel in enumerate(graph.kernels):
         b.compute(kid, tuple(FAST if tid not in intervals or

@@ -15,6 +15,8 @@ Families, in build order:
                   or one-hot IO configurations with marginal rows (host, measured tables);
   (5) moves       sync reads/writes add their copy time; async ones feed the epigraph (a
                   spread read: its shares over the kernels until its use, `read_shares`);
+                  a known-value tensor (`fills`) is written out for nothing and read back
+                  by a fill kernel on the compute stream (its fill time);
   (6) epigraph    y_k >= T_k and y_k >= each async term sum of kernel k;
   (7) objective   sum_k (y_k or T_k) + sync copy times + regeneration times;
   (8) regeneration (with recomputation) z_{p,u}: producer p re-run before kernel u; each kept
@@ -29,6 +31,7 @@ import bisect
 import itertools
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +79,9 @@ class Formulation:
     # price an async read over the kernels until its tensor's next use (copies join at their
     # use) instead of against the one kernel it is issued beside (AutoTM's step join)
     spread_reads: bool = False
+    # tensors a value profile found all zero or one constant -> that value
+    # (`recompute.fill_candidates`): dropped for free and filled again instead of copied
+    fills: Mapping[int, float] = field(default_factory=dict)
     prob: pulp.LpProblem = field(default_factory=lambda: pulp.LpProblem("autotm", pulp.LpMinimize))
     paths: list[TensorPaths | None] = field(default_factory=list)
     x: list[list[Any]] = field(default_factory=list)  # edge variables per tensor
@@ -143,15 +149,17 @@ def residency_edges(p: TensorPaths, kid: int) -> tuple[int, ...]:
 
 def build(machine: MachineModel, strategy: str, window: int, candidates: int | None = None,
           fixed: frozenset[int] = frozenset(), *, recompute: RecomputeSpec | None = None,
-          moves: bool = True, spread_reads: bool = False) -> Formulation:
+          moves: bool = True, spread_reads: bool = False,
+          fills: Mapping[int, float] | None = None) -> Formulation:
     """Build the ILP: every family below, in order, then the objective. `fixed` tensors stay
     in fast memory (`gadgets.small_tensors`): they enter as constants. `recompute`: where
     tensors may be regenerated (None: move-only); `moves=False`: no copies (recompute-only);
     `spread_reads`: async reads priced over the kernels until their use (`read_shares`), else
-    against the kernel they are issued beside (AutoTM)."""
+    against the kernel they are issued beside (AutoTM). `fills`: known-value tensors, filled
+    instead of copied (family 5)."""
     started = time.perf_counter()
     f = Formulation(machine, strategy, window, candidates, fixed, recompute, moves,
-                    spread_reads=spread_reads)
+                    spread_reads=spread_reads, fills=dict(fills or {}))
     add_paths(f)
     add_steady_state(f)
     add_capacity(f)
@@ -339,6 +347,10 @@ def add_moves(f: Formulation) -> None:
         nbytes = int(machine.graph.tensor_bytes[tid])
         for e, v in zip(p.edges, f.x[tid], strict=True):
             if e.kind not in (READ, WRITE, SYNC_READ):
+                continue
+            if tid in f.fills:  # no copy: a write is a drop, a read a fill kernel
+                if e.kind != WRITE:
+                    _add(f.objective, v, machine.fill_time(tid) * MS)
                 continue
             to = SLOW if e.kind == WRITE else FAST
             mode = SYNC if e.kind == SYNC_READ else \

@@ -196,3 +196,25 @@ def recompute_spec(machine: MachineModel, *, depth: int, ratio: float | None,
         ends=tuple(ends),
         groups={k: tuple(sorted(v)) for k, v in sorted(groups.items())},
     )
+
+
+def fill_candidates(machine: MachineModel, fills: Collection[tuple[str, float]]
+                    ) -> dict[int, float]:
+    """Tensor id -> value of the known-value tensors (`PlanConfig.fills`, by name) that the
+    ILP may drop for free and fill instead of copying (`formulation` family 5): GPU mode only
+    (a host-mode kernel may read the slow copy, which a dropped tensor lacks); never a pinned
+    or carried tensor, nor one a kernel makes that must outlive the iteration."""
+    if not fills or not machine.gpu:
+        return {}
+    graph = machine.graph
+    # written by the iteration (W -> W'); a persistent tensor is its own pair (t, t)
+    carried = {t for first, last in machine.steady_pairs if first != last for t in (first, last)}
+    by_name = {t.name: t for t in graph.tensors}
+    out: dict[int, float] = {}
+    for name, value in fills:
+        t = by_name.get(name)
+        if t is None or t.id in machine.pinned or t.id in carried or not graph.tensor_bytes[t.id]:
+            continue
+        if t.producer is None or t.id not in machine.survivors:
+            out[t.id] = float(value)
+    return out

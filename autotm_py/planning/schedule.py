@@ -3,7 +3,8 @@ canonical order that the ILP's memory accounting assumes.
 
 For each kernel k, in this order:
 
-1. blocking reads into fast memory that k needs (``Move(t, fast, sync)``);
+1. blocking reads into fast memory that k needs (``Move(t, fast, sync)``), and the fills of
+   known-value tensors (``Fill(t, value)``) in their place;
 1b. regenerations before k (``Recompute(p, outputs, before=k)``), in producer order, so that a
    regenerated input is there before the re-run that reads it;
 2. overlapped copies of step k (``Move(t, to, async, overlaps=k)``), reads first;
@@ -27,6 +28,7 @@ from autotm_py.options import SOURCE_META_KEY, ModelOptions
 from autotm_py.plan import (
     Compute,
     CostsIdentity,
+    Fill,
     Free,
     Move,
     Plan,
@@ -63,6 +65,10 @@ class ScheduleBuilder:
             self._overlapped_reads.setdefault(kid, []).append(Move(tid, FAST, "async", kid))
         else:
             self._reads.setdefault(kid, []).append(Move(tid, FAST, "sync"))
+
+    def fill(self, tid: int, kid: int, value: float) -> None:
+        """Make `tid`'s fast copy with a fill kernel before kernel `kid` (where a read would)."""
+        self._reads.setdefault(kid, []).append(Fill(tid, value))
 
     def evict(self, tid: int, kid: int, mode: str = "sync") -> None:
         """Write `tid` to the slow tier after kernel `kid` (sync) or beside it (async), then
@@ -103,7 +109,11 @@ def move_counts(records: tuple[Record, ...], graph: TensorGraph) -> dict[str, in
     recomputations (``recomputes``, ``recomputed_bytes``: the outputs they keep)."""
     counts: dict[str, int] = {}
     for rec in records:
-        if isinstance(rec, Recompute):
+        if isinstance(rec, Fill):
+            counts["fills"] = counts.get("fills", 0) + 1
+            counts["filled_bytes"] = counts.get("filled_bytes", 0) + int(
+                graph.tensor_bytes[rec.tensor])
+        elif isinstance(rec, Recompute):
             counts["recomputes"] = counts.get("recomputes", 0) + 1
             counts["recomputed_bytes"] = counts.get("recomputed_bytes", 0) + sum(
                 int(graph.tensor_bytes[t]) for t in rec.outputs)

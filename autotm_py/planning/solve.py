@@ -28,7 +28,12 @@ from autotm_py.planning.feasibility import (
     smallest_budget,
 )
 from autotm_py.planning.gadgets import small_tensors
-from autotm_py.planning.recompute import RecomputeSpec, early_window, recompute_spec
+from autotm_py.planning.recompute import (
+    RecomputeSpec,
+    early_window,
+    fill_candidates,
+    recompute_spec,
+)
 from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
@@ -48,6 +53,11 @@ RECOMPUTE_TIME_LIMIT_S = 180.0
 # the async stages more search than it gives (Inception-v4 b64 at 25%: 2% better in the sync
 # model, 6.6% worse at the end; ResNet-200 and DenseNet-264: 10-49% better, kept to the end).
 EARLY_MIN_GAIN = 0.05
+# async models at least this large start from the sync plan with its copies overlapped
+# (`_overlap_start`): HiGHS may not improve on the sync plan in its time there; on smaller
+# models it does, and a start within the gap of the optimum would end the search at a plan
+# that may pack worse into an arena (a 868-variable MLP plan did)
+OVERLAP_START_MIN_VARIABLES = 50_000
 # The segment spans the start tries, in eighths of W: long segments suit deep models (ResNet-200:
 # 16-32 of W = 32), short ones small graphs, whose whole backward pass is shorter than W.
 SEGMENT_SPANS = (8, 6, 4, 2, 1)
@@ -323,7 +333,8 @@ class _Search:
         self.control.report(stage="building", strategy=_stage_name(stage), solver=config.solver)
         f = formulation.build(self.machine, stage.strategy, config.async_window, candidates,
                               self.small, recompute=recompute, moves=stage.mode != "only",
-                              spread_reads=config.read_pricing == "spread")
+                              spread_reads=config.read_pricing == "spread",
+                              fills=fill_candidates(self.machine, config.fills))
         log.info("built the %s ILP (depth %d%s): %d variables, %d constraints in %.2f s",
                  f.name, stage.depth, ", regenerations fixed" if stage.fixed else "",
                  f.n_vars, f.n_rows, f.build_s)
@@ -412,6 +423,7 @@ def _start(f: formulation.Formulation, stage: Stage,
 
     base = warmstart.events_of(best[0]) if best is not None else None
     warm = base is not None and warmstart.apply(f, base)
+    segmented = False
     if stage.early and not stage.fixed:
         segmented = warm and _segment_start(f, base, best[1].objective, stage.early, notes)
         if stage.strategy == "sync" and not segmented:
@@ -420,7 +432,28 @@ def _start(f: formulation.Formulation, stage: Stage,
             return None
     if warm and stage.fixed:
         warmstart.fix_regenerations(f)
+    if warm and f.strategy == "async" and not segmented and \
+            f.n_vars >= OVERLAP_START_MIN_VARIABLES:
+        _overlap_start(f, base)  # type: ignore[arg-type]
     return warm
+
+
+def _overlap_start(f: formulation.Formulation, base: Events) -> None:
+    """Start an async model from `base`, which it holds, with its blocking copies overlapped
+    where memory allows (`warmstart.overlap_copies`), when that point holds every row and is
+    faster; else keep `base`."""
+    import autotm_py.planning.warmstart as warmstart
+
+    before = warmstart.objective_value(f)
+    better = warmstart.overlap_copies(f, base)
+    if better is None or not warmstart.apply(f, better):
+        return
+    after = warmstart.objective_value(f)
+    if after < before - 1e-9 and warmstart.holds(f):
+        log.info("%s starts from its copies overlapped: %.3f ms (%.3f ms with them blocking)",
+                 f.name, after, before)
+        return
+    warmstart.apply(f, base)
 
 
 def _segment_start(f: formulation.Formulation, base: Events, base_ms: float,

@@ -16,10 +16,12 @@ IO configurations from them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autotm_py.memory.tiers import FAST
 from autotm_py.planning.decode import effective_users, prune_reads, regenerations, walk
 from autotm_py.planning.formulation import MIB, MS, residency_edges, residency_pieces
 from autotm_py.planning.gadgets import ASYNC, SYNC
@@ -42,6 +44,7 @@ from autotm_py.planning.paths import (
 
 if TYPE_CHECKING:
     from autotm_py.planning.formulation import Formulation
+    from autotm_py.planning.gadgets import TensorGadgets
     from autotm_py.planning.paths import TensorPaths
 
 Events = dict[int, tuple[int, list[tuple[int, str]]]]  # tensor -> (start kind, [(kernel, kind)])
@@ -187,3 +190,98 @@ def _continuous(f: Formulation, values: dict[int, list[float]]) -> None:
 
 def _value(expr: dict) -> float:
     return sum(c * (v.varValue or 0.0) for v, c in expr.items())
+
+
+def overlap_copies(f: Formulation, events: Events) -> Events | None:
+    """`events` (a sync plan `f` holds: `apply` ran) with its blocking copies overlapped where
+    memory allows: each sync read moved to an async read gadget before its use, each sync
+    write to an async write gadget after it, provided no other move of the tensor lies between
+    and every kernel on the way has room for it (the capacity rows and the regenerations'
+    memory rows, at the start's values). A read goes to the latest gadget whose kernels up to
+    the use hide its copy (else the earliest), a write to the first gadget after it: the
+    tensor holds fast memory no longer than the overlap needs, which keeps the plan packable
+    into an arena. Tensors go largest first. None when nothing moved. The async model's own
+    search starts from a sync plan otherwise, and on a large graph (a 3B decoder, 90k
+    variables) HiGHS may not improve on it in the time it has."""
+    room = _room(f)
+    if room is None:
+        return None
+    machine = f.machine
+    used = np.array([u.varValue or 0.0 for u in f.capacity])
+    # seconds of kernels before kernel k: ahead[k] - ahead[j] is kernels j .. k-1
+    ahead = np.concatenate([[0.0], np.cumsum([machine.fast_time(k) for k in range(len(used))])])
+    out, moved = dict(events), 0
+    for tid in sorted(events, key=lambda t: -int(machine.sizes[t])):
+        p = f.paths[tid] if tid < len(f.paths) else None
+        if p is None:
+            continue
+        start, evs = events[tid]
+        copy_s = machine.copy_time(tid, FAST, "async")
+        new = _overlapped(p, start, evs, float(machine.sizes[tid]) * MIB, used, room,
+                          lambda lo, hi, c=copy_s: ahead[hi] - ahead[lo] >= c)
+        if new is not None:
+            out[tid] = (start, new)
+            moved += 1
+    return out if moved else None
+
+
+def _room(f: Formulation) -> np.ndarray | None:
+    """Per kernel, the most U_k may reach: its bound, less where a regeneration's memory row
+    (3b) at that kernel has less slack; None without capacity rows."""
+    if not f.capacity:
+        return None
+    room = np.array([u.upBound if u.upBound is not None else np.inf for u in f.capacity])
+    used = np.array([u.varValue or 0.0 for u in f.capacity])
+    for k, row in f.regen_memory:
+        room[k] = min(room[k], used[k] - (row.value() or 0.0))
+    return room
+
+
+def _overlapped(p: TensorPaths, start: int, evs: list[tuple[int, str]], size: float,
+                used: np.ndarray, room: np.ndarray, hides: Callable[[int, int], bool]
+                ) -> list[tuple[int, str]] | None:
+    """The tensor's events with its sync reads moved earlier and sync writes later (`used`
+    updated for what moved), or None when none could. `hides(lo, hi)`: kernels lo .. hi-1
+    take as long as the tensor's copy."""
+    g = p.gadgets
+    out, changed = sorted(evs, key=lambda e: e[0]), False
+    for i, (k, kind) in enumerate(list(out)):
+        # a read moves back only over kernels where the tensor is in the slow tier alone
+        before = (out[i - 1][0] if out[i - 1][1] in (WRITE, DROP) else None) if i else \
+            (-1 if start == S else None)
+        after = out[i + 1][0] if i + 1 < len(out) else max(g.last, g.kernels[-1]) + 1
+        if kind == READ_SYNC and before is not None:
+            spots = [kk for kk in _spots(g, g.read, ASYNC) if before < kk < k
+                     and _fits(used, room, kk, k, size)]
+            hidden = [kk for kk in spots if hides(kk, k)]
+            moved = hidden[-1] if hidden else (spots[0] if spots else None)
+            if moved is not None:
+                used[moved:k] += size
+                out[i], changed = (moved, READ_ASYNC), True
+        elif kind == WRITE and k in g.kernels and g.write[g.kernels.index(k)] == SYNC:
+            moved = next((kk for kk in _spots(g, g.write, ASYNC) if k < kk < after
+                          and _fits(used, room, k + 1, kk + 1, size)), None)
+            if moved is not None:
+                used[k + 1:moved + 1] += size
+                out[i], changed = (moved, WRITE), True
+    return out if changed else None
+
+
+def _spots(g: TensorGadgets, modes: tuple[int, ...], mode: int) -> list[int]:
+    """The kernels of the gadgets whose move (`modes`: read or write) has `mode`."""
+    return [k for k, m in zip(g.kernels, modes, strict=True) if m == mode]
+
+
+def _fits(used: np.ndarray, room: np.ndarray, lo: int, hi: int, size: float) -> bool:
+    """Whether `size` more fits on every kernel of [lo, hi)."""
+    return hi <= lo or bool(np.all(used[lo:hi] + size <= room[lo:hi] + 1e-9))
+
+
+def objective_value(f: Formulation) -> float:
+    """The objective (ms, its constant part included) at the variables' current values."""
+    return float(f.prob.objective.value())
+
+
+def holds(f: Formulation, eps: float = 1e-6) -> bool:
+    """Whether every row of `f` holds at the variables' current values."""
+    return all(row.valid(eps) for row in f.prob.constraints.values())

@@ -7,10 +7,19 @@ and all-fast placement, else the sum of its parts' entries where it fuses kernel
 measured (`kernel_parts`: ConvGrad is ConvGradData then ConvGradFilter), else a batch-scaled
 entry of that set; a kernel no set serves gets the roofline estimate of the best-ranked set's
 device, flagged `estimated`. Parts and batch-scaled entries are flagged `scaled`.
+
+A bf16 kernel (`--precision bf16`) that a set has no bf16 entry for, but whose fp32 form (the
+same op, shapes, attributes and layout, every bfloat16 slot float32) it has, exact or
+batch-scaled, is priced from that entry times the roofline's ratio of the two kernels' work
+(`Roofline.work_s`: the bf16/fp32 peak ratio where compute-bound, the bytes ratio where
+memory-bound; the launch cost kept; its workspace scaled by the bytes ratio), before any
+other set is asked. These are counted (`summary["precision_scaled"]`) and a plan priced so
+says so (`KernelCosts.precision_note`). Casts have no fp32 form (roofline estimates).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -24,7 +33,7 @@ from autotm_py.ir.rules.fused import CONV_RELU
 from autotm_py.profiling.cache import ESTIMATED, ProfileEntry, ProfileSet
 from autotm_py.profiling.costmodel import CPU_REFERENCE, H100_SXM, OpShape, Roofline
 from autotm_py.profiling.fingerprint import Fingerprint, closeness
-from autotm_py.profiling.scaling import BatchIndex
+from autotm_py.profiling.scaling import BatchIndex, Scaled, scale_time
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import Kernel, TensorGraph
@@ -32,6 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXACT, SCALED, ROOFLINE = "measured", "scaled", "estimated"
+FROM_FP32 = "fp32-scaled"  # a bf16 kernel priced from its fp32 form's entry
+LOW, HIGH = "bfloat16", "float32"
+CASTS = frozenset({"Cast", "CastGrad"})  # no fp32 form: a cast to bf16 is bf16's own
 
 
 def all_fast(kernel: Kernel) -> str:
@@ -141,6 +153,20 @@ def _composed(s: ProfileSet, parts: Sequence[tuple[str, str]], rank: int) -> Ker
                       sum(d for d in device if d) if all(device) else None)
 
 
+def fp32_signature(signature: str) -> str | None:
+    """The signature of the same kernel in fp32 (every bfloat16 slot float32, in the same
+    JSON as `ir.graph.kernel_signature`), or None for a kernel without a bfloat16 slot and for
+    casts (whose fp32 form is no kernel of an fp32 graph)."""
+    body = json.loads(signature)
+    op = str(body["op"]).rpartition("::")[2]
+    slots = [d for _, d in body["in"] + body["out"]]
+    if LOW not in slots or op in CASTS or any(v == LOW for _, v in body["attrs"]):
+        return None
+    for side in ("in", "out"):
+        body[side] = [[shape, HIGH if d == LOW else d] for shape, d in body[side]]
+    return json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
+
+
 def _device_time(t: KernelTime) -> float:
     """A kernel's GPU time where some kernels of the graph have one: its in-context device
     time; 0 where an in-context profile saw it launch nothing (`KernelCosts.replayed` prices
@@ -210,8 +236,34 @@ class CostSources:
             if hit is not None:
                 return KernelTime(hit.median_s, hit.p10_s, hit.p90_s, SCALED, rank,
                                   hit.workspace_bytes)
+            low = self._from_fp32(kernel.signature, shape, placement, rank, roofline, batch)
+            if low is not None:
+                return low
         t = self.roofline.time_s(shape or OpShape.of_kernel(graph, kernel))
         return KernelTime(t, t, t, ROOFLINE, -1)
+
+    def _from_fp32(self, signature: str, shape: OpShape, placement: str, rank: int,
+                   roofline: Roofline, batch: int | None) -> KernelTime | None:
+        """A bf16 kernel's time from set `rank`'s entry of its fp32 form (exact, else
+        batch-scaled), scaled by `roofline`'s work of the bf16 kernel over the fp32 one; None
+        where the set has neither or the kernel has no fp32 form (`fp32_signature`)."""
+        fp32 = fp32_signature(signature)
+        if fp32 is None:
+            return None
+        exact = self.sets[rank].get(fp32, placement)
+        fp32_shape = OpShape.of_signature(fp32)
+        entry: ProfileEntry | Scaled | None = exact
+        if exact is None or exact.source == ESTIMATED:
+            entry = self._index(rank).find(fp32_shape, placement, roofline, batch)
+        if entry is None:
+            return None
+        measured = roofline.work_s(fp32_shape)
+        factor = roofline.work_s(shape) / measured if measured > 0 else 1.0
+        times = (scale_time(t, factor, roofline.launch_s)
+                 for t in (entry.median_s, entry.p10_s, entry.p90_s))
+        # the workspace as the operands: scaled by the bytes ratio (an estimate until measured)
+        workspace = int((entry.workspace_bytes or 0) * shape.bytes / max(fp32_shape.bytes, 1))
+        return KernelTime(*times, FROM_FP32, rank, workspace)
 
     def costs(self, graph: TensorGraph, **summary: object) -> KernelCosts:
         """Every kernel's time (each unique signature looked up once)."""
@@ -242,6 +294,7 @@ class CostSources:
                     if self.sets[r].fingerprint.name != self.target.name}
         summary.update(kernels=len(times), unique=graph.unique_signatures,
                        exact=how[EXACT], scaled=how[SCALED], estimated=how[ROOFLINE],
+                       precision_scaled=how[FROM_FP32],
                        borrowed=sum(n for r, n in used.items()
                                     if self.sets[r].fingerprint.name in borrowed),
                        borrowed_from=sorted(borrowed))

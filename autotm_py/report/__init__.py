@@ -17,6 +17,8 @@ _EXPORTS = {
     "kernel_report": "autotm_py.report.tables",
     "render_kernel_report": "autotm_py.report.tables",
     "load_measured": "autotm_py.report.timeline",
+    "plot_values": "autotm_py.report.values",
+    "values_lines": "autotm_py.report.values",
 }
 
 __all__ = sorted(_EXPORTS)

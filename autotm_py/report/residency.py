@@ -29,7 +29,7 @@ import numpy as np
 from autotm_py.errors import PlanError
 from autotm_py.interpreter import PlanInterpreter
 from autotm_py.memory.accounting import PINNED_ROLES, aligned
-from autotm_py.plan import Compute, Free, Move, Plan, Recompute
+from autotm_py.plan import Compute, Fill, Free, Move, Plan, Recompute
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -191,6 +191,10 @@ class _Walker(PlanInterpreter):
         self._check(record.tensor)
         gone = _BITS[record.tier] | (REGEN_BIT if record.tier == "fast" else 0)
         self.set_mask(record.tensor, int(self.mask[record.tensor]) & ~gone)
+
+    def fill(self, record: Fill) -> None:
+        self._check(record.tensor)
+        self.set_mask(record.tensor, int(self.mask[record.tensor]) | FAST_BIT)
 
     def recompute(self, record: Recompute) -> None:
         for tid in record.outputs:

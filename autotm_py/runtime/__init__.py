@@ -13,6 +13,7 @@ from autotm_py.exports import lazy_exports
 # public name -> module that defines it
 _EXPORTS = {
     "use_replay_work_queues": "autotm_py.runtime.device",
+    "PlacedTables": "autotm_py.runtime.embedding_bag",
     "give_back": "autotm_py.runtime.drivers",
     "fit_checkpointing": "autotm_py.runtime.eager",
     "measure_autograd": "autotm_py.runtime.eager",

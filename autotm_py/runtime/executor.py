@@ -35,9 +35,9 @@ import torch
 
 from autotm_py.errors import ExecutionError
 from autotm_py.interpreter import PlanInterpreter
-from autotm_py.kernels.util import in_layout
+from autotm_py.kernels.util import empty_like_tensor, in_layout
 from autotm_py.memory.tiers import FAST, SLOW
-from autotm_py.plan import INITIAL, Compute, Free, Move, Plan, Recompute
+from autotm_py.plan import INITIAL, Compute, Fill, Free, Move, Plan, Recompute
 from autotm_py.runtime.memory import CachingMemory, overlaps, same_place
 from autotm_py.runtime.pinned import PinnedPool, slow_tier_layout
 
@@ -339,6 +339,19 @@ class Executor(PlanInterpreter):
                 raise ExecutionError(f"recompute of {self.graph.name_of(tid)!r}: it is already "
                                      "in the fast tier")
             self.state.fast[tid] = value if slot is None else self._in_slot(value, slot)
+
+    def fill(self, record: Fill) -> None:
+        """Make the fast copy of a known-value tensor with a fill kernel on the compute stream
+        (in its slot at fixed addresses), instead of copying it from the slow tier."""
+        tid = record.tensor
+        if tid in self.state.fast:
+            raise ExecutionError(f"fill of {self.graph.name_of(tid)!r}: it is already in the "
+                                 "fast tier")
+        self.state.enqueued += 1
+        slot = self.fast_slot(tid)
+        value = slot if slot is not None else empty_like_tensor(self.graph.tensors[tid],
+                                                                 self.device)
+        self.state.fast[tid] = value.fill_(record.value)
 
     def wait_for_copy_out(self, tid: int) -> None:
         """Before `tid`'s fast copy is written over: the copy to the slow tier reading it ends."""

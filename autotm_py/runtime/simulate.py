@@ -17,6 +17,8 @@ clock of the last rule):
   bytes need longer than either engine alone, both are stretched evenly, the fluid lower
   bound of bytes / both_directions_bw. (AutoTM's runtime, and the ILP's objective, join a
   step's copies at its end instead: an upper bound on this timeline.)
+- a ``Fill`` is a kernel on the compute stream that writes its tensor's bytes at the fast
+  tier's write bandwidth (`MachineModel.fill_time`);
 - a kernel lasts `MachineModel.kernel_time` for its placement; a ``Recompute`` re-runs its
   kernel on the compute stream before the step's kernel (and before its async copies start),
   for the kernel's all-fast time;
@@ -56,6 +58,7 @@ from autotm_py.plan import (
     TIER_CODES,
     ArenaBuffer,
     Compute,
+    Fill,
     Free,
     Move,
     Plan,
@@ -111,6 +114,7 @@ class Simulator(PlanInterpreter):
         self.violations: list[str] = []
         self.peak = (0, -1)
         self.moved: dict[str, int] = {}
+        self.filled = 0  # bytes written by Fill records
         layout = plan.arena
         self.slots = arena.SlotMap() if layout is not None else None
         self.offsets = layout.offsets() if layout is not None else {}
@@ -279,6 +283,21 @@ class Simulator(PlanInterpreter):
         else:
             self.release(tid, tier)
         self.mark(self.clock)
+
+    def fill(self, rec: Fill) -> None:
+        """A fill kernel makes the fast copy: no copy between tiers, its bytes written at the
+        fast tier's bandwidth on the compute stream."""
+        tid = rec.tensor
+        if tid in self.machine.pinned or self.state[tid, 0] != ABSENT:
+            self.violate(f"fill of {self.name(tid)}: it is already in the fast tier")
+            return
+        self.produced[tid] = True
+        self.alloc(tid, FAST)
+        self._await(tid, self.leaving)
+        start = self.clock
+        self.clock = start + self.machine.fill_time(tid)
+        self.filled += int(self.graph.tensor_bytes[tid])
+        self.mark(start)
 
     def recompute(self, rec: Recompute) -> None:
         kid, kernel = rec.kernel, self.graph.kernels[rec.kernel]
@@ -531,4 +550,4 @@ class Simulator(PlanInterpreter):
             strict=self.strict, notes=tuple(self.plan.header.notes),
             recomputes=tuple(self.recomputes),
             reserve_bytes=self.machine.reserve_bytes, plannable_bytes=self.machine.tensor_budget,
-            costs_digest=self.machine.profile_costs.digest)
+            costs_digest=self.machine.profile_costs.digest, filled_bytes=self.filled)

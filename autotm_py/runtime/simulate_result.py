@@ -74,6 +74,7 @@ class SimulationResult:
     reserve_bytes: int = 0
     plannable_bytes: int | None = None
     costs_digest: str = ""  # `KernelCosts.digest` of the costs it was priced with
+    filled_bytes: int = 0  # bytes written by Fill records (known-value tensors, no copy)
 
     @property
     def ok(self) -> bool:

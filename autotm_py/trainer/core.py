@@ -34,11 +34,11 @@ from autotm_py.errors import ConfigError
 from autotm_py.frontend.capture import capture_module
 from autotm_py.frontend.onnx import import_model
 from autotm_py.ir.layout import has_convolutions, to_channels_last
-from autotm_py.ir.precision import check_precision, with_precision
+from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import derive_training
-from autotm_py.options import RunMode
+from autotm_py.options import AUTO_PRECISION, RunMode
 from autotm_py.runtime.reference import init_values
-from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for
+from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for, precision_on
 from autotm_py.trainer.spec import Example, loss_rule, optimizer_of, split_example
 from autotm_py.trainer.state import StateMap
 from autotm_py.units import format_bytes
@@ -56,8 +56,10 @@ class Trainer:
     on a GPU). `loss_chunks` > 1: a language model's output layer and its cross-entropy as
     one kernel over that many blocks of tokens, so the logits never exist whole (as
     `--loss-chunks`; the loss function must be a cross-entropy over the last axis).
-    `precision`: "fp32" (default) or "bf16", the step as `torch.autocast("cuda",
-    torch.bfloat16)` runs it, with fp32 weights and optimizer state (docs/precision.md)."""
+    `precision`: "fp32", "bf16" (the step as `torch.autocast("cuda", torch.bfloat16)` runs
+    it, with fp32 weights and optimizer state: docs/precision.md) or "auto" (default): the
+    device's (`options.default_precision`: fp32 for now; on a GPU without bf16 arithmetic
+    always)."""
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[..., Any], example: Any, *, budget: int | str | None = None,
@@ -66,7 +68,7 @@ class Trainer:
                  gpu: str | None = None, time_limit_s: float | None = 300.0,
                  plans_dir: str | os.PathLike[str] | None = None,
                  channels_last: bool | None = None, profile: bool | None = None,
-                 loss_chunks: int = 1, precision: str = "fp32") -> None:
+                 loss_chunks: int = 1, precision: str = AUTO_PRECISION) -> None:
         if (budget is None) == (ratio is None):
             raise ConfigError("Trainer: give either budget (bytes, e.g. '4GiB') or ratio "
                               "(fast:slow, e.g. '1:3'), not both and not neither")
@@ -79,8 +81,9 @@ class Trainer:
         # region the device's free memory: the Trainer's own plan keeps within the budget)
         self.notes: list[str] = pipeline.prepare_cuda(self.device, self.mode, None)
         self.example = split_example(example)
+        self.precision = precision_on(precision, self.device)
         self.graph, captured = self._capture(loss_fn, channels_last, loss_chunks,
-                                             check_precision(precision))
+                                             self.precision)
         self.map = StateMap.of(self.graph, captured, module)
         # GPU mode on either device: kernels read fast memory, copies cross the link. On the
         # CPU nothing keeps fast memory for itself (the GPU presets reserve cuBLAS's).

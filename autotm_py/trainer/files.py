@@ -32,11 +32,12 @@ from autotm_py.frontend.onnx import import_onnx
 from autotm_py.frontend.weights import initializer_values
 from autotm_py.ir.graph import Role, TensorGraph
 from autotm_py.ir.optim import Optimizer
+from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import derive_training
 from autotm_py.kernels.util import in_layout, torch_dtype
-from autotm_py.options import RunMode
+from autotm_py.options import AUTO_PRECISION, RunMode
 from autotm_py.runtime.reference import init_values
-from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for
+from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for, precision_on
 from autotm_py.trainer.state import as_source, weight_sources
 
 LABELS = "labels"
@@ -52,6 +53,7 @@ class FileTraining:
     notes: tuple[str, ...] = ()
     moves: int = 0
     recomputes: int = 0
+    precision: str = "fp32"  # the precision it trained in (`--precision`, auto resolved)
 
 
 def train_file(model: str | os.PathLike[str], data: str | os.PathLike[str], *, steps: int,
@@ -59,13 +61,16 @@ def train_file(model: str | os.PathLike[str], data: str | os.PathLike[str], *, s
                loss: str = "auto", batch: int | None = None,
                dims: Mapping[str, int] | None = None, device: str = "cpu",
                mode: RunMode | None = None, seed: int = 0,
-               plans_dir: str | os.PathLike[str] | None = None) -> FileTraining:
+               plans_dir: str | os.PathLike[str] | None = None,
+               precision: str = AUTO_PRECISION) -> FileTraining:
     """Train the weights of ONNX file `model` for `steps` steps on the arrays of `data` under
-    `config`'s budget, and write the trained model to `output`."""
+    `config`'s budget, and write the trained model to `output`. `precision`: fp32, bf16
+    (autocast's, fp32 weights: docs/precision.md) or auto (the device's)."""
     if steps < 1:
         raise ConfigError(f"--steps {steps}: at least 1")
+    precision = precision_on(precision, device)
     arrays = read_arrays(data)
-    forward = import_onnx(model, batch=batch, dims=dims)
+    forward = with_precision(import_onnx(model, batch=batch, dims=dims), precision)
     graph = derive_training(forward, optimizer=replace(optimizer, lr_input=True), loss=loss)
     feeds = _feeds(graph, forward, arrays, data)
     found = initializer_values(model, graph)
@@ -81,7 +86,8 @@ def train_file(model: str | os.PathLike[str], data: str | os.PathLike[str], *, s
     sources = weight_sources(model, graph, found=found)
     _write(model, loop.finals(), sources, graph, output)
     return FileTraining(tuple(losses), Path(output), feeds.batch, tuple(notes + loop.notes),
-                        sum(1 for _ in plan.moves()), sum(1 for _ in plan.recomputes()))
+                        sum(1 for _ in plan.moves()), sum(1 for _ in plan.recomputes()),
+                        precision)
 
 
 def read_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:

@@ -23,7 +23,8 @@ from autotm_py.config import PlanConfig
 from autotm_py.costs import BORROWED_NOTE
 from autotm_py.errors import ConfigError, ExecutionError
 from autotm_py.ir.graph import TensorGraph
-from autotm_py.options import RunMode
+from autotm_py.ir.precision import check_precision
+from autotm_py.options import AUTO_PRECISION, RunMode, default_precision
 from autotm_py.plan import Plan
 from autotm_py.runtime.drivers import ReplayDriver
 from autotm_py.runtime.execute import new_executor
@@ -62,6 +63,15 @@ def plan_for(graph: TensorGraph, config: PlanConfig, device: str, *,
         raise ConfigError(result.message if least is None else
                           least.message(result.budget_bytes or 0, face))
     return result.plan
+
+
+def precision_on(precision: str, device: str) -> str:
+    """`precision` ("fp32", "bf16" or "auto") for training on `device`: auto is the device's
+    (`options.default_precision`; fp32 on a GPU without bf16 arithmetic)."""
+    if precision != AUTO_PRECISION:
+        return check_precision(precision)
+    cuda = device.startswith("cuda")
+    return default_precision(device, cuda and torch.cuda.is_bf16_supported())
 
 
 def gpu_name(device: str) -> str | None:

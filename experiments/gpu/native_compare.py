@@ -126,14 +126,41 @@ def cnn_sequential(net) -> torch.nn.Sequential:
                                torch.nn.Flatten(), net.classifier)
 
 
-def measure_step(step: Callable[[], None], iterations: int, warmup: int = 2) -> dict[str, Any]:
+def _alloc_retries() -> int:
+    """torch's allocator retries so far (none under the placed allocator, which keeps no
+    torch statistics)."""
+    from autotm_py.runtime import placed
+
+    if placed.active() is not None:
+        return 0
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0)
+
+
+def measure_step(step: Callable[[], Any], iterations: int, warmup: int = 2,
+                 device: str | None = None) -> dict[str, Any]:
     """`step` run `iterations` times after `warmup`: the median and each run's seconds (CUDA
-    events), the allocated and reserved peaks, and the allocator's retries during the runs."""
+    events), the allocated and reserved peaks (torch's allocator's, or the placed allocator's
+    in a process that installed it: `runtime.device.peaks`), and the allocator's retries
+    during the runs. On the CPU (`device` "cpu": a script's smoke test) wall seconds and no
+    memory figures."""
+    from autotm_py.runtime.device import peaks, reset_peaks
+
+    device = device or DEV
+    if not device.startswith("cuda"):
+        for _ in range(warmup):
+            step()
+        times = []
+        for _ in range(iterations):
+            started = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - started)
+        return {"median_s": statistics.median(times), "times_s": times, "peak_bytes": None,
+                "reserved_peak_bytes": None, "alloc_retries": 0}
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+    reset_peaks(device)
+    retries = _alloc_retries()
     times = []
     for _ in range(iterations):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -142,10 +169,10 @@ def measure_step(step: Callable[[], None], iterations: int, warmup: int = 2) -> 
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / 1e3)
+    allocated, reserved = peaks(device)
     return {"median_s": statistics.median(times), "times_s": times,
-            "peak_bytes": int(torch.cuda.max_memory_allocated()),
-            "reserved_peak_bytes": int(torch.cuda.max_memory_reserved()),
-            "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries}
+            "peak_bytes": int(allocated), "reserved_peak_bytes": int(reserved),
+            "alloc_retries": _alloc_retries() - retries}
 
 
 def timed(step: Callable[[], None], iterations: int, warmup: int = 2) -> tuple[float, int]:

@@ -42,6 +42,10 @@ from autotm_py.trainer import Trainer  # noqa: E402
 
 # the first pattern a kernel's name matches names its kind (cuDNN and CUTLASS names)
 KINDS = (("copy", r"^Memcpy|^Memset"),
+         # transformers' (transformer_compare.py): before "gemm" (fmha kernels are CUTLASS's)
+         # and "batch norm" (layer norm kernels are Welford's)
+         ("attention", r"fmha|flash|attention|_efficient_attention|mem_eff"),
+         ("layer norm", r"layer_norm|layernorm|GammaBeta|rms_norm|RowwiseMoments"),
          ("conv weight grad", r"wgrad|dgrad_wgrad|_wgrad|bwd_filter|convolve_w|wgrad_"),
          ("conv data grad", r"dgrad|bwd_data"),
          ("conv forward", r"fprop|implicit_convolve|conv2d|xmma|implicit_gemm|convolve"),
@@ -128,16 +132,24 @@ def trainer_step(net, loss_fn, data, args):
     return trainer.step, trainer, dict(sorted(ops.items(), key=lambda kv: -kv[1]))
 
 
-def table(result: dict, top: int) -> list[str]:
-    e, o = result["eager"], result["ours"]
-    lines = [f"{result['model']} b{result['batch']}, ours {result.get('ours_describe')}: wall / "
-             "busy / kernel-sum ms per step",
-             f"  eager {e['wall_ms']:.2f} / {e['busy_ms']:.2f} / {e['kernel_ms']:.2f}",
-             f"  ours  {o['wall_ms']:.2f} / {o['busy_ms']:.2f} / {o['kernel_ms']:.2f}",
-             "kind | eager ms | ours ms | ours - eager"]
+def side_by_side(title: str, e: dict, o: dict, names: tuple[str, str] = ("eager", "ours")
+                 ) -> list[str]:
+    """Wall, busy and kernel-sum times of two profiled sides (`profiled`), then their kernel
+    kinds side by side."""
+    width = max(len(n) for n in names)
+    lines = [f"{title}: wall / busy / kernel-sum ms per step"]
+    lines += [f"  {n:<{width}} {s['wall_ms']:.2f} / {s['busy_ms']:.2f} / {s['kernel_ms']:.2f}"
+              for n, s in zip(names, (e, o), strict=True)]
+    lines.append(f"  kind | {names[0]} ms | {names[1]} ms | {names[1]} - {names[0]}")
     for kind in dict.fromkeys([*e["kinds_ms"], *o["kinds_ms"]]):
         a, b = e["kinds_ms"].get(kind, 0.0), o["kinds_ms"].get(kind, 0.0)
         lines.append(f"  {kind} | {a:.2f} | {b:.2f} | {b - a:+.2f}")
+    return lines
+
+
+def table(result: dict, top: int) -> list[str]:
+    lines = side_by_side(f"{result['model']} b{result['batch']}, ours "
+                         f"{result.get('ours_describe')}", result["eager"], result["ours"])
     for side in ("eager", "ours"):
         lines.append(f"top kernels, {side}: ms per step, launches per step, name")
         lines += [f"  {k['ms']:7.3f} {k['per_step']:5.0f}  {k['name'][:110]}"

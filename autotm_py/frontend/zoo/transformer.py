@@ -142,19 +142,20 @@ def feed_forward_head(b: NetBuilder, x: str) -> str:
 GPT2 = {"layers": 12, "d": 768, "heads": 12, "vocab": 50257, "positions": 1024}
 
 
-def _gpt2_block(b: NetBuilder, x: str, mask: str) -> str:
-    d = GPT2["d"]
+def _gpt2_block(b: NetBuilder, x: str, mask: str, cfg: dict[str, int]) -> str:
+    d = cfg["d"]
     a = fused_attention(b, layer_norm(b, x, d, eps=1e-5, name="ln_1"), d=d,
-                        heads=GPT2["heads"], mask=mask, name="attn")
+                        heads=cfg["heads"], mask=mask, name="attn")
     x = b.op("Add", x, a)
     m = feed_forward(b, layer_norm(b, x, d, eps=1e-5, name="ln_2"), d=d, dff=4 * d,
                      act="tanh", name="mlp", names=("c_fc", "c_proj"))
     return b.op("Add", x, m)
 
 
-def gpt2_small(batch: int, seq: int) -> onnx.ModelProto:
-    """Pre-LN decoder, causal self-attention, tanh GELU, LM head tied to the token table."""
-    cfg, b = GPT2, NetBuilder("gpt2_small")
+def gpt_decoder(cfg: dict[str, int] = GPT2, name: str = "gpt2_small") -> NetBuilder:
+    """Pre-LN decoder, causal self-attention, tanh GELU, LM head tied to the token table, of
+    any size (`cfg` as GPT2: layers, d, heads, vocab, positions); the builder, output added."""
+    b = NetBuilder(name)
     ids = _ids(b, "input_ids")
     square = seq_square(b, ids)
     tokens, table = embedding(b, ids, cfg["vocab"], cfg["d"], name="wte")
@@ -162,8 +163,14 @@ def gpt2_small(batch: int, seq: int) -> onnx.ModelProto:
     x, mask = b.op("Add", tokens, pos), causal_mask(b, square)
     for i in range(cfg["layers"]):
         with b.scope(f"h.{i}"):
-            x = _gpt2_block(b, x, mask)
+            x = _gpt2_block(b, x, mask, cfg)
     x = layer_norm(b, x, cfg["d"], eps=1e-5, name="ln_f")
     b.add_output(tied_logits(b, x, table), "logits", ["batch", "seq", cfg["vocab"]])
+    return b
+
+
+def gpt2_small(batch: int, seq: int) -> onnx.ModelProto:
+    """Pre-LN decoder, causal self-attention, tanh GELU, LM head tied to the token table."""
+    b = gpt_decoder()
     return b.build({"batch": batch, "seq": seq}, "GPT-2 small (124M, tied LM head)",
-                   {"input_ids": cfg["vocab"]})
+                   {"input_ids": GPT2["vocab"]})

@@ -275,7 +275,8 @@ function _record(x, ctx)
     op == "move" && return _move(x, ctx)
     op == "free" && return _free(x, ctx)
     op == "recompute" && return _recompute(x, ctx)
-    _fail(ctx, "unknown record op $(repr(op)) (expected compute, move, free or recompute)")
+    op == "fill" && return _fill(x, ctx)
+    _fail(ctx, "unknown record op $(repr(op)) (expected compute, move, free, recompute or fill)")
 end
 
 _compute(x, ctx) = Compute(_req(_id, x, "kernel", ctx), _req(_tier_codes, x, "placement", ctx))
@@ -290,6 +291,8 @@ function _move(x, ctx)
 end
 
 _free(x, ctx) = Free(_req(_id, x, "tensor", ctx), _req(_tier_name, x, "tier", ctx))
+
+_fill(x, ctx) = Fill(_req(_id, x, "tensor", ctx), _req(_float, x, "value", ctx))
 
 function _recompute(x, ctx)
     outputs = _req(_ids, x, "outputs", ctx)

@@ -16,8 +16,8 @@ Where a copy of a tensor lives: `FAST` (GPU memory, or DRAM in host mode) or `SL
 """
 @enum Tier FAST SLOW
 
-"One step of the schedule: a [`Compute`](@ref), [`Move`](@ref), [`Free`](@ref) or
-[`Recompute`](@ref)."
+"One step of the schedule: a [`Compute`](@ref), [`Move`](@ref), [`Free`](@ref),
+[`Recompute`](@ref) or [`Fill`](@ref)."
 abstract type Record end
 
 """
@@ -68,6 +68,19 @@ struct Recompute <: Record
     kernel::Int
     outputs::Vector{Int}
     before::Int
+end
+
+"""
+    Fill(tensor, value)
+
+Make a fast copy of tensor `tensor` (0-based id) whose every element is `value`, with a fill
+kernel on the compute stream before the next `Compute`: a tensor that a value profile found
+all zero or one constant, which the plan drops instead of writing out and fills instead of
+reading back. The tensor need not be in any tier.
+"""
+struct Fill <: Record
+    tensor::Int
+    value::Float64
 end
 
 # Compute and Recompute hold Vectors, so the default `==` (identity) would make equal records

@@ -1,0 +1,215 @@
+"""A GPT decoder whose weights and optimizer state do not fit the cap, trained through
+`autotm_py.Trainer` (issue 49 items 1 and 3), beside what PyTorch offers on one GPU.
+
+The model is defined here (no hub): a pre-LN GPT decoder (`trainer_bench.GPT2`: tied token
+embedding, `scaled_dot_product_attention`, tanh GELU), bf16 autocast with fp32 master weights,
+AdamW (lr 1e-4, weight decay 0.1). Default size: d=3072, 28 layers, 24 heads, vocabulary 50257,
+sequence 2048: 3.33B parameters, 53 GB of fp32 weights, gradients and Adam state, so under a
+24 GiB cap most of them must live in pinned host memory and stream in and out.
+
+One part per process (`--part`), because the Trainer's placed allocator leaves torch's memory
+caps without effect in its process:
+- `ours`: `Trainer(module, AdamW, lm_loss, example, budget=CAP, precision="bf16",
+  loss_chunks=16)` on the GPU; the plan decides what stays in HBM and what streams; the
+  optimizer update runs on the GPU on streamed state (the planner has no CPU-side update yet);
+- `uncapped`: the same module under `torch.autocast("cuda", torch.bfloat16)`, AdamW
+  (fused) on the GPU, no cap: the speed of unlimited memory where it fits the H200;
+- `fsdp`: FSDP2 (`fully_shard`) on one GPU with `CPUOffloadPolicy` (parameters, gradients and
+  AdamW state in pinned host memory, the optimizer step on the CPU), bf16 parameters through
+  `MixedPrecisionPolicy`, each block activation-checkpointed, under the same cap
+  (`set_per_process_memory_fraction`, budget + 64 MiB as the other benchmarks).
+Every part runs `--steps` steps on the same seeded batches from the same seeded weights and
+writes step times (median after the first three), tokens/s, the loss of every step, the
+process's peak host memory (VmHWM) and the GPU's reserved peak to OUT.json as it goes.
+
+Expected on an H200 (not yet measured): capture ~3 min, kernel profiling ~2 min, the solve a
+few minutes on its 16 cores; each step ~1-2 s: run one part per device command.
+
+    python3 experiments/gpu/beyond_card.py OUT.json --part ours --cap 24GiB [--steps 20]
+    python3 experiments/gpu/beyond_card.py OUT.json --part uncapped
+    python3 experiments/gpu/beyond_card.py OUT.json --part fsdp --cap 24GiB
+    python3 experiments/gpu/beyond_card.py OUT.json --small --part ours   # CPU smoke test
+`--small`: a 4-layer, 128-wide model on the CPU (fsdp is not run there): checks the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
+
+from trainer_bench import GPT2, lm_loss  # noqa: E402
+
+from autotm_py.units import parse_bytes  # noqa: E402
+
+SLACK = 64 << 20  # caps are budget + 64 MiB, as trainer_bench.py and native_compare.py
+SIZES = {"3b": {"dim": 3072, "layers": 28, "heads": 24, "seq": 2048, "vocab": 50257},
+         "small": {"dim": 128, "layers": 4, "heads": 4, "seq": 64, "vocab": 512}}
+
+
+def host_peak_bytes() -> int | None:
+    """This process's peak resident memory (VmHWM), pinned host buffers included."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def build(size: dict[str, int], batch: int, steps: int):
+    """(module, batches on the CPU), seeded: every part trains the same weights on the same
+    data."""
+    torch.manual_seed(0)
+    net = GPT2(vocab=size["vocab"], dim=size["dim"], layers=size["layers"],
+               heads=size["heads"], seq=size["seq"])
+    gen = torch.Generator().manual_seed(1)
+    tokens = [torch.randint(0, size["vocab"], (batch, size["seq"] + 1), generator=gen)
+              for _ in range(steps)]
+    return net, [(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in tokens]
+
+
+def adamw(params, fused: bool = False):
+    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=fused)
+
+
+def timed(step, data) -> dict[str, Any]:
+    losses, seconds = [], []
+    for x, y in data:
+        start = time.perf_counter()
+        losses.append(float(step(x, y)))
+        seconds.append(time.perf_counter() - start)
+    return {"losses": losses, "step_s": statistics.median(seconds[3:] or seconds),
+            "seconds": seconds}
+
+
+def ours(net, data, args) -> dict[str, Any]:
+    from autotm_py.trainer import Trainer
+
+    started = time.perf_counter()
+    trainer = Trainer(net, adamw(net.parameters()), lm_loss, example=data[0],
+                      budget=args.cap, device=args.device, precision="bf16",
+                      loss_chunks=args.loss_chunks, time_limit_s=args.time_limit,
+                      plans_dir=args.plans or tempfile.mkdtemp())
+    setup_s = time.perf_counter() - started
+    row = timed(trainer.step, data)
+    plan = trainer.plan
+    return row | {"setup_s": setup_s, "budget_bytes": plan.header.budget_bytes,
+                  "peak_bytes": trainer.graph.peak_live_bytes,
+                  "predicted_s": plan.header.predicted_time_s,
+                  "status": plan.header.solver.status, "describe": trainer.describe(),
+                  "notes": trainer.notes}
+
+
+def uncapped(net, data, device: str) -> dict[str, Any]:
+    net = net.to(device).train()
+    opt = adamw(net.parameters(), fused=device.startswith("cuda"))
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+            out = net(x.to(device))
+        loss = lm_loss(out.float(), y.to(device))
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return timed(step, data)
+
+
+def fsdp_offload(net, data, cap: int, device: str) -> dict[str, Any]:
+    """FSDP2 on one GPU with CPU offload, each block checkpointed, under the cap."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    torch.cuda.set_per_process_memory_fraction(
+        min(1.0, (cap + SLACK) / torch.cuda.get_device_properties(device).total_memory))
+    policy = {"offload_policy": CPUOffloadPolicy(),
+              "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                reduce_dtype=torch.float32)}
+    net.checkpointed = True
+    for block in net.blocks:
+        fully_shard(block, **policy)
+    fully_shard(net, **policy)
+    opt = adamw(net.parameters())
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = lm_loss(net(x.to(device)).float(), y.to(device))
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    try:
+        return timed(step, data)
+    except torch.OutOfMemoryError as e:
+        return {"out_of_memory": str(e).splitlines()[0]}
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--part", choices=("ours", "uncapped", "fsdp"), required=True)
+    p.add_argument("--cap", default="24GiB", help="fast-memory budget (ours) and cap (fsdp)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--loss-chunks", type=int, default=16)
+    p.add_argument("--time-limit", type=float, default=300.0, help="solver seconds")
+    p.add_argument("--plans", help="plan cache folder (a second run starts without solving)")
+    p.add_argument("--small", action="store_true", help="tiny model on the CPU")
+    args = p.parse_args(argv)
+    size = SIZES["small" if args.small else "3b"]
+    args.device = "cpu" if args.small else "cuda"
+    if args.small:
+        args.cap = "3MiB"
+    if args.part == "fsdp" and args.small:
+        p.error("--part fsdp needs a GPU (FSDP2's CPU offload)")
+    if args.part == "ours" and not args.small:  # before CUDA starts: the placed allocator
+        from autotm_py.pipeline import prepare_cuda
+        from autotm_py.trainer.loop import GPU_MODE
+
+        print("\n".join(prepare_cuda("cuda", GPU_MODE, None)) or "placed allocator", flush=True)
+    net, data = build(size, args.batch, args.steps)
+    params = sum(t.numel() for t in net.parameters())
+    result: dict[str, Any] = {"part": args.part, "size": size, "batch": args.batch,
+                              "params": params, "cap": args.cap, "args": vars(args) | {
+                                  "out": str(args.out)}}
+    print(f"{params / 1e9:.2f}B parameters, {args.part}", flush=True)
+    if args.part == "ours":
+        row = ours(net, data, args)
+    elif args.part == "uncapped":
+        row = uncapped(net, data, args.device)
+    else:
+        row = fsdp_offload(net, data, parse_bytes(args.cap), args.device)
+    row["host_peak_bytes"] = host_peak_bytes()
+    if args.device == "cuda":
+        from autotm_py.runtime.device import peaks
+
+        row["gpu_peaks_bytes"] = list(peaks("cuda"))
+    if "step_s" in row:
+        row["tokens_per_s"] = args.batch * size["seq"] / row["step_s"]
+    result[args.part] = row
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in row.items() if k not in ("losses", "seconds")}),
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,421 @@
+"""DLRM inference with its embedding tables placed at row blocks, measured across HBM budgets
+(issue 48 item 4; docs/embeddings.md).
+
+The zoo's DLRM (Criteo Kaggle tables x --table-scale, --dim wide: 34.6 GB at the defaults; the
+zoo's MLPs, widened to --dim) runs inference batches whose lookups come from a seeded Zipf law
+(--zipf, --seed; the skew is written with the results). For each share of the tables' bytes
+(--shares, 10% to 100%), the block-placement ILP plans from the counts of --profile-batches
+batches, and these run on the batches after them, each measured as lookup + MLP latency and
+throughput:
+- ilp: resident blocks in HBM, zero-copy blocks read over PCIe from pinned host memory (the
+  pinned tensor aliased as a device tensor), copy-ahead blocks gathered on the host and copied
+  ahead of their batch on a side stream;
+- lru: an LRU row cache of the same bytes in HBM, warmed on the profile batches; misses read
+  zero-copy and written into the cache. Its bookkeeping (which rows hit, which slot a miss
+  takes) is computed before the timed loop, so only its fills and reads are timed: a lower
+  bound on an LRU cache's time;
+- all-host: every row read zero-copy (UVM-style, no cache), once;
+- all-hbm: every row in HBM, once, where it fits.
+
+    python3 experiments/gpu/dlrm_embeddings.py OUT_DIR [--small] [--shares 0.1,0.25,0.5,0.75,1]
+        [--zipf 1.05] [--seed 0] [--ranked] [--batch 2048] [--dim 128] [--table-scale 2]
+        [--block-rows 4096] [--iterations 20] [--time-limit 30]
+
+Writes OUT_DIR/dlrm_embeddings.json (and .png where matplotlib is installed) and prints a
+table. First, on the device, tiny tables under five placements are looked up and compared with
+torch.nn.functional.embedding_bag (`self_check` in the JSON). `--small` runs tiny tables on the
+CPU (every tier a CPU tensor): a smoke test of the script, whose times mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from autotm_py import api
+from autotm_py.frontend.zoo.dlrm import BOTTOM_MLP, KAGGLE_TABLES, TOP_HIDDEN
+from autotm_py.memory.tiers import load_memory_system
+from autotm_py.planning.embedding_access import EmbeddingTable, EmbeddingWorkload
+from autotm_py.planning.embedding_study import describe, make_lookups
+from autotm_py.planning.embeddings import (
+    HBM,
+    HOST,
+    LookupCosts,
+    Placement,
+    predict,
+    solve_placement,
+)
+from autotm_py.runtime.embedding_bag import PlacedTables, pinned_empty
+
+
+def small_workload() -> EmbeddingWorkload:
+    tables = tuple(EmbeddingTable(f"emb.{i}", max(rows // 2000, 8), 16)
+                   for i, rows in enumerate(KAGGLE_TABLES))
+    return EmbeddingWorkload("dlrm-small (Kaggle rows / 2000, dim 16)", tables, batch=64,
+                             block_rows=16, dense_bytes=0)
+
+
+class DenseDLRM(torch.nn.Module):
+    """The zoo DLRM's MLPs and dot interaction, the bottom MLP ending at the tables' width."""
+
+    def __init__(self, dim: int, tables: int) -> None:
+        super().__init__()
+        bottom = (*BOTTOM_MLP[:-1], dim)
+        pairs = (tables + 1) * tables // 2
+        self.bottom = _mlp(bottom, last_relu=True)
+        self.top = _mlp((dim + pairs, *TOP_HIDDEN, 2), last_relu=False)
+        self.register_buffer("lower", torch.tril_indices(tables + 1, tables + 1, -1))
+
+    def forward(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
+        x = self.bottom(dense)
+        stacked = torch.stack([x, *pooled], dim=1)
+        dots = torch.bmm(stacked, stacked.transpose(1, 2))
+        return self.top(torch.cat([x, dots[:, self.lower[0], self.lower[1]]], dim=1))
+
+
+def _mlp(sizes: tuple[int, ...], last_relu: bool) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
+        if last_relu or i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+class LruCache:
+    """An LRU row cache in HBM: slots of rows, bookkeeping on the host (precomputed)."""
+
+    def __init__(self, tables: PlacedTables, capacity_rows: int) -> None:
+        self.tables, self.capacity = tables, max(capacity_rows, 0)
+        self.rows = torch.empty(self.capacity, tables.dim, device=tables.device)
+        self.slot_of: OrderedDict[int, int] = OrderedDict()
+        self.free = list(range(self.capacity - 1, -1, -1))
+
+    def plan(self, batch: list[np.ndarray]) -> tuple[Any, ...]:
+        """(host rows to fill, their slots, each index's slot) of one batch; LRU order kept."""
+        starts = np.cumsum([0, *self.tables.rows[:-1]])
+        keys = np.concatenate([ix + s for ix, s in zip(batch, starts, strict=True)])
+        fill_rows, fill_slots = [], []
+        for key in np.unique(keys).tolist():
+            if key in self.slot_of:
+                self.slot_of.move_to_end(key)
+                continue
+            if not self.free:
+                _, slot = self.slot_of.popitem(last=False)
+                self.free.append(slot)
+            slot = self.free.pop()
+            self.slot_of[key] = slot
+            fill_rows.append(key)
+            fill_slots.append(slot)
+        slots = np.fromiter((self.slot_of[k] for k in keys.tolist()), dtype=np.int64,
+                            count=len(keys))
+        dev = self.tables.device
+        return (torch.as_tensor(fill_rows, dtype=torch.long).to(dev),
+                torch.as_tensor(fill_slots, dtype=torch.long).to(dev),
+                torch.as_tensor(slots).to(dev))
+
+    def lookup(self, planned: tuple[Any, ...], offsets: list[torch.Tensor],
+               per_table: int) -> list[Any]:
+        fill_rows, fill_slots, slots = planned
+        if len(fill_rows):
+            self.rows[fill_slots] = self.tables.host_view.index_select(0, fill_rows)
+        gathered = self.rows.index_select(0, slots)
+        bags = torch.cat([o + t * per_table for t, o in enumerate(offsets)])
+        pooled = F.embedding_bag(torch.arange(len(slots), device=slots.device), gathered, bags,
+                                 mode="sum")
+        return list(pooled.split([len(o) for o in offsets]))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def inputs(workload: EmbeddingWorkload, held: list, iterations: int, device: torch.device,
+           seed: int) -> list[dict[str, Any]]:
+    """Per timed iteration: the dense features, each table's indices (host and device) and
+    bag offsets (one bag of `pooling` indices per sample)."""
+    gen = torch.Generator().manual_seed(seed)
+    n, p = workload.lookups_per_batch, workload.pooling
+    offsets = torch.arange(0, n, p, device=device)
+    out = []
+    for it in range(iterations):
+        batch = held[it % len(held)]
+        host = [torch.as_tensor(ix) for ix in batch]
+        out.append({"dense": torch.randn(workload.batch, BOTTOM_MLP[0], generator=gen).to(device),
+                    "host": host, "device": [ix.to(device) for ix in host],
+                    "offsets": [offsets] * len(batch), "numpy": batch})
+    return out
+
+
+def time_loop(step: Any, batches: list[dict[str, Any]], device: torch.device,
+              warmup: int) -> dict[str, float]:
+    """Run `step(k)` for every batch; per-batch latency (median, p90) and throughput over the
+    timed ones."""
+    times = []
+    for k in range(len(batches)):
+        sync(device)
+        started = time.perf_counter()
+        step(k)
+        sync(device)
+        if k >= warmup:
+            times.append(time.perf_counter() - started)
+    times.sort()
+    batch = len(batches[0]["dense"])
+    return {"latency_ms_median": 1e3 * statistics.median(times),
+            "latency_ms_p90": 1e3 * times[int(0.9 * (len(times) - 1))],
+            "throughput_samples_s": batch * len(times) / sum(times), "timed": len(times)}
+
+
+def run_placed(tables: PlacedTables, model: DenseDLRM, batches: list[dict[str, Any]],
+               warmup: int) -> dict[str, float]:
+    """Lookup + MLPs per batch; the next batch's copy-ahead rows gathered and copied on a side
+    stream while this batch runs."""
+    device = tables.device
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    staged = [None] * len(batches)
+    staged[0] = tables.prefetch(batches[0]["host"])
+
+    def step(k: int) -> None:
+        if k + 1 < len(batches):
+            if stream is None:
+                staged[k + 1] = tables.prefetch(batches[k + 1]["host"])
+            else:
+                with torch.cuda.stream(stream):
+                    staged[k + 1] = tables.prefetch(batches[k + 1]["host"])
+        if stream is not None:
+            current = torch.cuda.current_stream(device)
+            current.wait_stream(stream)
+            if staged[k] is not None:  # made on the side stream, read on this one
+                staged[k].rows.record_stream(current)
+                staged[k].slots.record_stream(current)
+        b = batches[k]
+        with torch.no_grad():
+            model(b["dense"], tables.lookup(b["device"], b["offsets"], staged=staged[k]))
+        staged[k] = None
+
+    return time_loop(step, batches, device, warmup)
+
+
+def run_lru(cache: LruCache, model: DenseDLRM, batches: list[dict[str, Any]],
+            warmup: int, per_table: int) -> dict[str, float]:
+    planned = [cache.plan(b["numpy"]) for b in batches]  # bookkeeping, not timed
+
+    def step(k: int) -> None:
+        b = batches[k]
+        with torch.no_grad():
+            model(b["dense"], cache.lookup(planned[k], b["offsets"], per_table))
+
+    return time_loop(step, batches, cache.tables.device, warmup)
+
+
+def self_check(device: torch.device, seed: int) -> bool:
+    """The placed lookups on `device` (zero-copy host reads included) equal embedding_bag on
+    the whole tables, for tiny tables under all-host, all-HBM, all-copy and random placements."""
+    w = small_workload()
+    gen = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(t.rows, t.dim, generator=gen) for t in w.tables]
+    rng = np.random.default_rng(seed)
+    nb = [w.blocks_of(i) for i in range(len(w.tables))]
+    batch = [torch.as_tensor(rng.integers(0, t.rows, 3 * w.batch)) for t in w.tables]
+    offsets = [torch.arange(0, 3 * w.batch, 3)] * len(w.tables)
+    placements = [[np.full(n, code, dtype=np.int8) for n in nb] for code in (0, 1, 2)]
+    placements += [[rng.integers(0, 3, n).astype(np.int8) for n in nb] for _ in range(2)]
+    for where in placements:
+        tables = PlacedTables.from_weights(weights, where, w.block_rows, device)
+        got = tables.lookup(batch, offsets, staged=tables.prefetch(batch))
+        for g, wt, ix, o in zip(got, weights, batch, offsets, strict=True):
+            if not torch.allclose(g.cpu(), F.embedding_bag(ix, wt, o, mode="sum"), atol=1e-5):
+                return False
+    cache = LruCache(tables, sum(t.rows for t in w.tables) // 3)  # the LRU path, the same way
+    for _ in range(2):
+        got = cache.lookup(cache.plan([ix.numpy() for ix in batch]),
+                           [o.to(device) for o in offsets], 3 * w.batch)
+        for g, wt, ix, o in zip(got, weights, batch, offsets, strict=True):
+            if not torch.allclose(g.cpu(), F.embedding_bag(ix, wt, o, mode="sum"), atol=1e-5):
+                return False
+    return True
+
+
+def measure_placement(name: str, share: float, where: list[np.ndarray], context: dict,
+                      **extra: Any) -> dict[str, Any]:
+    w, model, batches = context["workload"], context["model"], context["batches"]
+    tables = PlacedTables.uninitialized([t.rows for t in w.tables], w.tables[0].dim, where,
+                                        w.block_rows, context["device"], host=context["host"])
+    return {"name": name, "share": share, **extra,
+            **run_placed(tables, model, batches, context["warmup"])}
+
+
+def measure_lru(share: float, context: dict) -> dict[str, Any]:
+    w = context["workload"]
+    capacity = int(share * w.table_bytes) // w.tables[0].row_bytes
+    widest = max(len(np.unique(np.concatenate([ix + k * (1 << 40) for k, ix in
+                                               enumerate(b)])))
+                 for b in context["profile"] + context["held"])
+    if capacity < widest:
+        return {"name": "lru", "share": share, "skipped": f"{capacity} rows hold less than "
+                f"one batch's {widest} distinct rows"}
+    tables = PlacedTables.uninitialized([t.rows for t in w.tables], w.tables[0].dim,
+                                        [np.zeros(w.blocks_of(i), dtype=np.int8)
+                                         for i in range(len(w.tables))],
+                                        w.block_rows, context["device"], host=context["host"])
+    cache = LruCache(tables, capacity)
+    for batch in context["profile"]:  # warmed on the batches the ILP was planned from
+        cache.plan(batch)
+    return {"name": "lru", "share": share, "hbm_bytes": capacity * w.tables[0].row_bytes,
+            **run_lru(cache, context["model"], context["batches"], context["warmup"],
+                      w.lookups_per_batch)}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--shares", default="0.1,0.25,0.5,0.75,1.0")
+    ap.add_argument("--zipf", type=float, default=1.05)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ranked", action="store_true", help="Zipf rank = row id")
+    ap.add_argument("--batch", type=int, default=2048)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--table-scale", type=int, default=2)
+    ap.add_argument("--block-rows", type=int, default=4096)
+    ap.add_argument("--profile-batches", type=int, default=32)
+    ap.add_argument("--held-batches", type=int, default=8)
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--memory", default="h200-pcie5")
+    return ap.parse_args(argv)
+
+
+def setup(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device("cpu" if args.small or not torch.cuda.is_available() else "cuda")
+    workload = small_workload() if args.small else api.embedding_workload(
+        "dlrm", dim=args.dim, table_scale=args.table_scale, batch=args.batch,
+        block_rows=args.block_rows)
+    lookups = make_lookups(workload, alpha=args.zipf, seed=args.seed,
+                           profile_batches=args.profile_batches,
+                           held_batches=args.held_batches, scatter=not args.ranked)
+    torch.manual_seed(args.seed)
+    dim, rows = workload.tables[0].dim, sum(t.rows for t in workload.tables)
+    model = DenseDLRM(dim, len(workload.tables)).to(device).eval()
+    host = pinned_empty(rows, dim) if device.type == "cuda" else torch.empty(rows, dim)
+    if args.small:
+        host.normal_()
+    return {"device": device, "workload": workload, "lookups": lookups, "model": model,
+            "host": host, "profile": lookups.profile, "held": lookups.held,
+            "batches": inputs(workload, lookups.held, args.warmup + args.iterations, device,
+                              args.seed),
+            "warmup": args.warmup, "seed": args.seed,
+            "costs": LookupCosts.from_memory(load_memory_system(args.memory))}
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = setup(args)
+    checked = self_check(ctx["device"], args.seed)
+    print(f"self-check on {ctx['device']}: placed lookups equal embedding_bag: {checked}",
+          file=sys.stderr)
+    w, lookups, costs = ctx["workload"], ctx["lookups"], ctx["costs"]
+    rows = []
+    host_where = Placement.uniform(w, HOST)
+    rows.append(measure_placement("all-host", 0.0, list(host_where.where), ctx,
+                                  predicted_ms=1e3 * predict(w, host_where, lookups.held_counts,
+                                                             costs).batch_s))
+    for share in (float(x) for x in args.shares.split(",")):
+        budget = int(share * w.table_bytes) + w.dense_bytes
+        result = solve_placement(w, lookups.counts, costs, budget, time_limit=args.time_limit)
+        if result.placement is not None:
+            p = result.placement
+            rows.append(measure_placement(
+                "ilp", share, list(p.where), ctx, status=result.status, blocks=p.blocks(),
+                hbm_bytes=p.resident_bytes(w) + p.staging_bytes(w, lookups.counts),
+                predicted_ms=1e3 * predict(w, p, lookups.held_counts, costs).batch_s,
+                greedy_predicted_ms=1e3 * (result.greedy_s or 0.0)))
+        rows.append(measure_lru(share, ctx))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    if ctx["device"].type == "cuda":
+        torch.cuda.empty_cache()  # the earlier configurations' blocks, cached
+    if ctx["device"].type == "cpu" or torch.cuda.mem_get_info()[0] > 1.2 * w.table_bytes:
+        full = Placement.uniform(w, HBM)
+        rows.append(measure_placement("all-hbm", 1.0, list(full.where), ctx,
+                                      predicted_ms=1e3 * predict(w, full, lookups.held_counts,
+                                                                 costs).batch_s))
+    report = {"workload": describe(w), "skew": lookups.skew,
+              "hot_10pct_share": hot_10pct(lookups, w), "device": device_name(ctx["device"]),
+              "torch": torch.__version__, "small": args.small, "args": vars(args),
+              "self_check": checked,
+              "rows": rows}
+    (out / "dlrm_embeddings.json").write_text(json.dumps(report, indent=2, default=str))
+    print_table(report)
+    plot(report, out / "dlrm_embeddings.png")
+    return 0
+
+
+def hot_10pct(lookups: Any, workload: EmbeddingWorkload) -> float:
+    from autotm_py.planning.embedding_access import hot_share
+
+    return hot_share(lookups.held_counts, workload, 0.10, lookups.counts)
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"{report['workload']['name']} on {report['device']}; skew {report['skew']}: the "
+          f"hottest 10% of the bytes (by profile counts) serve "
+          f"{100 * report['hot_10pct_share']:.1f}% of the held-out lookups")
+    print(f"{'config':>9} {'share':>6} {'predicted ms':>13} {'median ms':>10} {'p90 ms':>8} "
+          f"{'samples/s':>12}")
+    for r in report["rows"]:
+        if "skipped" in r:
+            print(f"{r['name']:>9} {r['share']:>6.2f}  skipped: {r['skipped']}")
+            continue
+        pred = "-" if r.get("predicted_ms") is None else f"{r['predicted_ms']:.4f}"
+        print(f"{r['name']:>9} {r['share']:>6.2f} {pred:>13} "
+              f"{r['latency_ms_median']:>10.3f} {r['latency_ms_p90']:>8.3f} "
+              f"{r['throughput_samples_s']:>12.0f}")
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, style in (("ilp", "o-"), ("lru", "s--")):
+        pts = [(r["share"], r["latency_ms_median"]) for r in report["rows"]
+               if r["name"] == name and "latency_ms_median" in r]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), style, label=name)
+    for name, style in (("all-host", ":"), ("all-hbm", "-.")):
+        for r in report["rows"]:
+            if r["name"] == name:
+                ax.axhline(r["latency_ms_median"], linestyle=style, color="gray", label=name)
+    ax.set_xlabel("share of the tables' bytes in HBM")
+    ax.set_ylabel("lookup + MLP latency per batch (ms)")
+    ax.set_title(f"{report['device']}: {report['skew']}", fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
