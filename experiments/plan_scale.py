@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,10 +37,8 @@ def export(args: argparse.Namespace, folder: Path) -> Path:
     b = gpt_decoder(cfg, name=f"gpt_{args.layers}x{args.d}")
     model = b.build({"batch": args.batch, "seq": args.seq}, "GPT decoder (plan_scale.py)",
                     {"input_ids": args.vocab})
-    params = sum(int(__import__("math").prod(i.dims)) for i in model.graph.initializer)
+    params = sum(math.prod(i.dims) for i in model.graph.initializer)
     path = folder / f"gpt_{args.layers}x{args.d}.onnx"
-    import onnx
-
     onnx.save(model, path)
     print(f"{path.name}: {params / 1e9:.2f}B parameters", flush=True)
     return path
