@@ -36,6 +36,8 @@ Lifetimes, in half-steps (record i spans [2i, 2i + 2)):
   once and cannot share a slot: W's slot is then held to the end of the iteration, W' keeps a
   slot of its own, and the executor copies W' into W's slot when the iteration ends (inside the
   timed and captured iteration, `Executor.finish`; `Lifetimes.boundary`);
+- a view of its input's bytes (a reshape, `SAME_BYTES_VIEWS`) whose input dies at it takes
+  the input's slot in place too (`_alias_views`): the executor finds it there, uncopied;
 
 Packing: items (a buffer, or the two pieces of a steady pair) are placed largest first, each at
 the lowest offset where it overlaps no placed item live at the same time (greedy by size, as
@@ -241,6 +243,7 @@ def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
                 continue
             in_place.add((tail.record, last))
         groups.append((a, z))
+    _alias_views(machine, plan, spans, groups, in_place)
     # a window: the compute's scratch a buffer of its own, live while it runs; the rest share
     # the region
     scratch = {r: n for r, n in walk.scratch.items() if r not in walk.windowed}
@@ -249,6 +252,54 @@ def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
                      if n > 0 and record in walk.windowed]
     return Lifetimes(tuple(spans), scratch, tuple(groups), frozenset(in_place), end,
                      frozenset(boundary))
+
+
+# Ops whose torch kernels return their input's bytes in the same element order (a view of a
+# row-major input, or the input itself): `memory.scratch.VIEW_OPS` but the transposes.
+SAME_BYTES_VIEWS = frozenset({"Reshape", "ReshapeGrad", "Flatten", "Squeeze", "Unsqueeze",
+                              "Identity"})
+
+
+def _alias_views(machine: MachineModel, plan: Plan, spans: list[Span],
+                 groups: list[tuple[int, ...]], in_place: set[tuple[int, int]]) -> None:
+    """A view whose input dies at it takes the input's slot in place: its output is the
+    input's bytes already (`SAME_BYTES_VIEWS`, row-major, one dtype and size), so the
+    executor finds it in its slot and copies nothing (`Executor._in_slot`: `same_place`).
+    Before, every such view was copied into a slot of its own (reshapes into and out of
+    attention heads and their gradients: 7 a layer in GPT-2 small, whose step on an H200 made
+    184 device-to-device copies, 16 a layer in a Llama, 354 copies and 448 copy kernels;
+    counted on the CPU in the Trainer's arena plans). Only where the input's fast copy is
+    freed right after the view (`frees_after`: nothing reads it again) and ends no later than
+    the view's, and neither is in a group already (one pair per slot, as an in-place update)."""
+    graph = machine.graph
+    grouped = {i for group in groups for i in group}
+    live: dict[tuple[int, int], int] = {(s.record, s.tensor): i for i, s in enumerate(spans)}
+    by_tensor: dict[int, list[int]] = {}
+    for i, s in enumerate(spans):
+        by_tensor.setdefault(s.tensor, []).append(i)
+    for index, record in enumerate(plan.records):
+        if not isinstance(record, Compute):
+            continue
+        kernel = graph.kernels[record.kernel]
+        if kernel.op_type not in SAME_BYTES_VIEWS or len(kernel.outputs) != 1 or \
+                FAST not in record.placement[:1] or record.placement[-1] != FAST:
+            continue
+        src, out = kernel.inputs[0], kernel.outputs[0]
+        a_in, b_out = graph.tensors[src], graph.tensors[out]
+        if a_in.channels_last or b_out.channels_last or a_in.dtype != b_out.dtype or \
+                a_in.nbytes != b_out.nbytes or not frees_after(plan.records, index, src):
+            continue
+        z = live.get((index, out))
+        a = next((i for i in by_tensor.get(src, ())
+                  if spans[i].start <= 2 * index < spans[i].end), None)
+        if a is None or z is None or a in grouped or z in grouped:
+            continue
+        head, tail = spans[a], spans[z]
+        if head.nbytes != tail.nbytes or head.end > tail.end or tail.start != 2 * index:
+            continue
+        groups.append((a, z))
+        grouped.update((a, z))
+        in_place.add((index, out))
 
 
 def _updates_in_place(plan: Plan, machine: MachineModel, tail: Span, first: int) -> bool:

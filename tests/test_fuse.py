@@ -433,3 +433,34 @@ def test_fuse_refuses_a_training_graph():
 
     with pytest.raises(GraphError, match="fuse the forward graph"):
         fuse_graph(derive_training(attention_graph()))
+
+
+@pytest.mark.parametrize(("dtype", "masked", "head", "kv_heads", "want"), [
+    (torch.bfloat16, False, 64, 4, "forced"),
+    (torch.float16, False, 128, 4, "forced"),
+    (torch.float32, False, 64, 4, "efficient"),   # fp32: no half-precision kernel
+    (torch.bfloat16, True, 64, 4, "efficient"),   # a mask: the memory-efficient pair takes it
+    (torch.bfloat16, False, 160, 4, "efficient"),  # head wider than 128
+    (torch.bfloat16, False, 60, 4, "efficient"),  # head not a multiple of 8
+    (torch.bfloat16, False, 64, 2, "efficient"),  # fewer key/value heads than query heads
+])
+def test_cuda_attention_backend_follows_the_operands(monkeypatch, dtype, masked, head, kv_heads,
+                                                     want):
+    """Which CUDA kernel pair runs an attention (`kernels.fused._cuda_backend`) depends on the
+    operands alone, so the forward and its gradient kernel always pick the same one; the
+    environment variable forces one of the half-precision pairs, and only for operands they
+    take. (The kernels themselves run in tests/test_fuse_gpu.py on the device machine.)"""
+    from autotm_py.errors import ConfigError
+    from autotm_py.kernels import fused as kernels_fused
+
+    q = torch.zeros(2, 4, 16, head, dtype=dtype)
+    kv = torch.zeros(2, kv_heads, 16, head, dtype=dtype)
+    mask = torch.zeros(16, 16) if masked else None
+    for forced in ("cudnn", "flash", "efficient"):
+        monkeypatch.setenv(kernels_fused.SDPA_BACKEND_ENV, forced)
+        expected = forced if want == "forced" else want
+        assert kernels_fused._cuda_backend(q, kv, kv, mask) == expected
+    monkeypatch.setenv(kernels_fused.SDPA_BACKEND_ENV, "fast")
+    if want == "forced":
+        with pytest.raises(ConfigError, match="AUTOTM_SDPA_BACKEND='fast'"):
+            kernels_fused._cuda_backend(q, kv, kv, mask)

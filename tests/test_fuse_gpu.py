@@ -88,6 +88,62 @@ def test_attention_kernels_on_cuda_match_autograd(mask, causal, rank, seq, head,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cudnn", "flash"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", [None, "blhe"])
+def test_half_attention_backends_on_cuda_match_autograd(backend, causal, layout, monkeypatch):
+    """bf16 attention without a mask on cuDNN's and flash attention's kernel pairs
+    (`kernels.fused._cuda_backend`): output and gradients against autograd of the math form in
+    float64 on the same bf16 values, within twice the error of torch's own bf16 autograd of
+    F.scaled_dot_product_attention (+1e-3 of the largest element); with layout "blhe" written
+    in that layout."""
+    from autotm_py.ir.graph import Kernel, freeze_attrs
+    from autotm_py.kernels import KERNELS
+    from autotm_py.kernels import fused as kernels_fused
+
+    monkeypatch.setenv(kernels_fused.SDPA_BACKEND_ENV, backend)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 4, 200, 64, generator=gen).to(torch.bfloat16)
+                     for _ in range(4))
+    attrs = {"scale": 0.125, "is_causal": int(causal), **({"layout": layout} if layout else {})}
+
+    def kernel(op: str, n_in: int, n_out: int, **more) -> Kernel:
+        return Kernel(0, op, op, "autotm", freeze_attrs({**attrs, **more}),
+                      tuple(range(n_in)), tuple(range(n_out)), "")
+
+    def io(t: torch.Tensor) -> torch.Tensor:  # (B, H, L, E) <-> the kernels' layout
+        return t.transpose(1, 2).contiguous() if layout else t
+
+    given = [io(t.cuda()) for t in (q, k, v)]
+    assert kernels_fused._cuda_backend(*(t.cuda() for t in (q, k, v)), None) == backend
+    out, lse = KERNELS[SDPA](kernel(SDPA, 3, 2), given)
+    grads = KERNELS[SDPA_GRAD](kernel(SDPA_GRAD, 6, 3, output_mask=(1, 1, 1)),
+                               [io(dout.cuda()), *given, out, lse])
+    if layout:
+        assert all(t.is_contiguous() for t in (out, *grads))
+
+    def autograd(dtype: torch.dtype, device: str) -> list[torch.Tensor]:
+        leaves = [t.to(device, dtype).requires_grad_(True) for t in (q, k, v)]
+        ref = _attention_reference(*leaves, None, causal, 0.125)
+        ref.backward(dout.to(device, dtype))
+        return [ref.detach().double().cpu()] + [t.grad.double().cpu() for t in leaves]
+
+    exact = autograd(torch.float64, "cpu")
+    leaves = [t.cuda().requires_grad_(True) for t in (q, k, v)]
+    native = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal,
+                                                              scale=0.125)
+    native.backward(dout.cuda())
+    torch_bf16 = [native.detach().double().cpu()] + [t.grad.double().cpu() for t in leaves]
+    for name, got, theirs, want in zip(("out", "dq", "dk", "dv"),
+                                       [io(out), *(io(g) for g in grads)], torch_bf16, exact,
+                                       strict=True):
+        peak = want.abs().max()
+        ours_err = float((got.double().cpu() - want).abs().max() / peak)
+        torch_err = float((theirs - want).abs().max() / peak)
+        assert ours_err <= 2 * torch_err + 1e-3, (name, ours_err, torch_err)
+
+
+@pytest.mark.gpu
 def test_fused_tiny_decoder_trains_on_cuda_like_on_cpu():
     torch.backends.cuda.matmul.allow_tf32 = False
     graph = derive_training(fuse_graph(tiny_decoder()))

@@ -76,6 +76,7 @@ def lru_time(workload: EmbeddingWorkload, warm: Trace, trace: Trace, capacity_by
             lookup += (len(rows) - misses) * costs.hbm_access(row_bytes)
             served += len(rows) - misses
             total += len(rows)
-    lookup /= max(len(trace), 1)
+    # one pooling pass, as a placement's (its fills' two small kernels not counted)
+    lookup = lookup / max(len(trace), 1) + costs.launch_s + costs.pass_floor(workload)
     return LookupTime(lookup, 0.0, lookup + costs.dense_s, cache.capacity,
                       served / total if total else 1.0)

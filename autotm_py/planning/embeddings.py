@@ -7,6 +7,7 @@ any counts (the simulator), `greedy` is the hot-first baseline, `solve_placement
 
 One batch, in the model (equations E1-E4 of docs/embeddings.md):
   lookup L = sum over blocks of accesses x (HBM cost if resident or staged, else zero-copy cost)
+             + launches + one pooling pass's latency (two if any block is copied ahead)
   copy   C = copy latency (if any block is copied ahead) + staged rows x row bytes / copy bw
   batch  T = max(L + dense, C)   (the copy of batch k+1 overlaps batch k)
   memory: resident bytes + staging bytes (each copied block's most rows in one batch) <= budget
@@ -25,6 +26,15 @@ from autotm_py.memory.tiers import MemorySystem
 from autotm_py.planning.embedding_access import BlockCounts, EmbeddingWorkload
 
 HOST, HBM, COPY = 0, 1, 2  # where a block is served from: zero-copy host, resident, copy-ahead
+# The fixed costs' defaults, from H200 measurements of 2026-12-02 (torch 2.11; batch 2048 of
+# the 26 Kaggle tables x2, dim 128: 53,248 bags of one row): one embedding_bag over 53,248
+# random HBM rows took 0.085 ms, 26 steps of its kernel (53,248 x 4 chunks / 8192 warps) for
+# 0.006 ms of row traffic, so chain_s = 0.079 ms / 26; the all-HBM lookup (0.493 ms a batch
+# with the MLPs, 0.342 ms without, at 14:03 UTC) took 0.151 ms, the other 0.066 ms its
+# launches. One point each, on one device: stated, not fitted.
+KERNEL_WARPS = 1024 * 8  # torch's CUDA embedding_bag: a grid of 1024 blocks of 32 x 8 threads
+CHAIN_S = 0.079e-3 / 26
+LAUNCH_S = 0.066e-3
 WHERE = ("host", "hbm", "copy")
 
 
@@ -39,12 +49,20 @@ class LookupCosts:
     access_latency_s: float = 1e-9  # one zero-copy read's latency over the reads in flight
     granule: int = 64  # a zero-copy read moves whole granules (PCIe requests, L2 sectors)
     dense_s: float = 0.0  # the rest of a batch on the compute stream (MLPs)
+    # fixed costs the row traffic leaves out (docs/embeddings.md, "The costs"): a lookup's
+    # kernel launches, once per batch; and each pooling pass's latency, per sequential step
+    # of torch's embedding_bag kernel (a fixed grid of 8192 warps, each taking bag x 32-float
+    # chunks one after another, a chain of dependent loads each), added to the traffic. The
+    # HBM + zero-copy rows are one pass; staged (copied-ahead) rows a second
+    launch_s: float = 0.0
+    chain_s: float = 0.0
 
     @classmethod
     def from_memory(cls, memory: MemorySystem, **overrides: float) -> LookupCosts:
         link = memory.link
         costs = cls(hbm_bw=memory.fast.read_bw, link_bw=link.read_bw,
-                    copy_bw=link.async_read_bw, copy_latency_s=link.latency_s)
+                    copy_bw=link.async_read_bw, copy_latency_s=link.latency_s,
+                    launch_s=LAUNCH_S, chain_s=CHAIN_S)
         return replace(costs, **overrides)
 
     def hbm_access(self, row_bytes: int) -> float:
@@ -56,6 +74,11 @@ class LookupCosts:
 
     def copy_rows(self, rows: float, row_bytes: int) -> float:
         return rows * row_bytes / self.copy_bw
+
+    def pass_floor(self, workload: EmbeddingWorkload) -> float:
+        """One pooling pass's latency: its kernel's sequential steps x chain_s."""
+        chunks = workload.batch * sum(-(-t.dim // 32) for t in workload.tables)
+        return -(-chunks // KERNEL_WARPS) * workload.pooling * self.chain_s
 
 
 @dataclass(frozen=True)
@@ -109,8 +132,10 @@ def predict(workload: EmbeddingWorkload, placement: Placement, counts: BlockCoun
         lookup += acc[~fast].sum() * costs.host_access(t.row_bytes)
         copy += costs.copy_rows(counts.distinct[i][w == COPY].sum(), t.row_bytes)
         served += acc[fast].sum()
+    lookup += costs.launch_s + costs.pass_floor(workload)
     if any((w == COPY).any() for w in placement.where):
         copy += costs.copy_latency_s
+        lookup += costs.pass_floor(workload)  # the staged rows' own pooling pass
     total = counts.total_accesses
     return LookupTime(lookup, copy, max(lookup + costs.dense_s, copy),
                       placement.resident_bytes(workload)
@@ -270,8 +295,10 @@ def _solve_one(workload: EmbeddingWorkload, counts: BlockCounts, costs: LookupCo
         if with_copy else []
     base = sum(acc * costs.host_access(t.row_bytes) for t, acc in
                zip(workload.tables, (a.sum() for a in counts.accesses), strict=True))
+    base += costs.launch_s + costs.pass_floor(workload) * (2 if with_copy else 1)  # constants
     in_fast = [x_hbm[k] + (x_copy[k] if with_copy else 0) for k in range(len(terms))]
-    # E1: lookup time (every access zero-copy, less what each block in HBM saves) and copy time
+    # E1: lookup time (every access zero-copy, less what each block in HBM saves, plus the
+    # launches and the pooling passes) and copy time
     lookup = base * US - pulp.lpSum(term[2] * US * f for term, f in zip(terms, in_fast,
                                                                         strict=True))
     copy = (costs.copy_latency_s * US + pulp.lpSum(t[3] * US * c for t, c in

@@ -114,7 +114,7 @@ def memory_for(graph: TensorGraph, plan: Plan, device: torch.device, mode: RunMo
         if plan.arena is None:
             raise ConfigError("the plan has no arena: plan with `autotm optimize --arena`, or "
                               "pack it first (`api.with_arena`)")
-        return ArenaMemory(plan.arena, device)
+        return ArenaMemory(plan.arena, device, graph, plan, sgd_foreach=not timing_kernels)
     return CachingMemory(graph, plan, device, static_inputs=mode.replay,
                          sgd_foreach=not timing_kernels)
 

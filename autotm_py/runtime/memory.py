@@ -12,7 +12,10 @@ where each fast copy it makes lives and how kernels write their outputs there:
   `Plan.arena`). Kernels that can write their outputs in place (`kernels.into`) write into
   their slots; where the placed allocator is torch's (`runtime.placed`) the others allocate
   their outputs at their slots and their scratch in the record's window; elsewhere their
-  outputs are copied into the slots.
+  outputs are copied into the slots. Runs of SGD updates written in place into their
+  weights' slots go as one multi-tensor update (`ArenaMemory._run_sgd`), the learning rate
+  read on the device where it is a tensor; a view that takes its dying input's slot
+  (`arena._alias_views`) is found in its slot and copied nowhere.
 
 The slow tier is the executor's pinned host pool (`runtime.pinned`) under every strategy.
 A strategy reaches the executor it serves (`ex`) for the iteration's state and for ordering:
@@ -31,13 +34,14 @@ import torch
 
 from autotm_py.errors import ExecutionError
 from autotm_py.kernels import run_kernel, run_kernel_into, run_kernel_raw
+from autotm_py.kernels.grad_tensor import learning_rate, sgd_update_many
 from autotm_py.kernels.util import empty_like_tensor, memory_format, typed_view
 from autotm_py.memory.scratch import OVERWRITES
 from autotm_py.memory.tiers import FAST
 from autotm_py.plan import INITIAL
 from autotm_py.runtime import placed as placed_allocator
 from autotm_py.runtime.device import prime_blas_workspaces
-from autotm_py.runtime.reuse import overwritable_inputs, update_runs
+from autotm_py.runtime.reuse import overwritable_inputs, sgd_runs, update_runs
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import Kernel, Tensor, TensorGraph
@@ -233,12 +237,18 @@ class ArenaMemory(CachingMemory):
 
     defers_reuse = True  # at planned addresses a slot's next tenant waits (`Executor.claim`)
 
-    def __init__(self, layout: ArenaLayout, device: torch.device) -> None:
+    def __init__(self, layout: ArenaLayout, device: torch.device,
+                 graph: TensorGraph | None = None, plan: Plan | None = None, *,
+                 sgd_foreach: bool = True) -> None:
         if device.type == "cuda":
             prime_blas_workspaces(device)
         self.arena = DeviceArena(layout, device)
         self.slots = self.arena
         self._overwritable, self._updates = {}, {}
+        # runs of SGD updates written in place into their weights' slots, run as multi-tensor
+        # updates at their first record (`_run_sgd`; not where kernels are timed one by one)
+        self._sgd_runs = sgd_runs(graph, plan) \
+            if sgd_foreach and graph is not None and plan is not None else {}
         self.placed = placed_allocator.active()
         if self.placed is not None:
             self.placed.set_arena(self.arena.buffer.data_ptr(), self.arena.nbytes)
@@ -250,6 +260,60 @@ class ArenaMemory(CachingMemory):
         if self.placed is None:
             return contextlib.nullcontext()
         return self._window(ex, kernel_id)
+
+    def launch(self, ex: Executor, kernel: Kernel, args: list[torch.Tensor],
+               slots: list[torch.Tensor | None] | None) -> list[torch.Tensor]:
+        """Run a Compute's kernel (`run`); the first SGD update of a run runs the run's
+        updates as one multi-tensor update, and those are then done at their records."""
+        if self._sgd_runs:
+            run = self._sgd_runs.get(ex.index)
+            if run is not None:
+                self._run_sgd(ex, run)
+            if ex.index in ex.state.updated:
+                return slots  # type: ignore[return-value]  # W'[, buf'] written in place
+        return super().launch(ex, kernel, args, slots)
+
+    def _run_sgd(self, ex: Executor, records: tuple[int, ...]) -> None:
+        """A run of SGD updates (`reuse.sgd_runs`) as torch.optim.SGD(foreach=True) or
+        (fused=True) runs them: one multi-tensor update of every weight whose W' (and buf')
+        takes W's (and buf's) slot in place (`grad_tensor.sgd_update_many`). Until now each
+        update was its own `addcmul` (the lr a device tensor): 147 launches, 3.2 ms per step
+        on a 0.85e9-parameter Llama on an H200 against torch's 2.6 ms of multi-tensor
+        kernels. An update whose output has another slot runs at its own record."""
+        assert self.arena is not None
+        weights: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        bufs: list[torch.Tensor] = []
+        taken: list[int] = []
+        first = ex.graph.kernels[ex.plan.records[records[0]].kernel]  # type: ignore[union-attr]
+        momentum = float(first.attr("momentum", 0.0))
+        for index in records:
+            kernel = ex.graph.kernels[ex.plan.records[index].kernel]  # type: ignore[union-attr]
+            pairs = [(kernel.inputs[0], kernel.outputs[0])]
+            if momentum:
+                pairs.append((kernel.inputs[2], kernel.outputs[1]))
+            olds = [ex.read(tid, FAST) for tid, _ in pairs]
+            news = [self.arena.view(index, ex.graph.tensors[tid]) for _, tid in pairs]
+            grad = ex.read(kernel.inputs[1], FAST)
+            if not all(new is not None and same_place(old, new) and not overlaps(grad, new)
+                       for old, new in zip(olds, news, strict=True)):
+                continue
+            for (tid, _), new in zip(pairs, news, strict=True):
+                if ex.state.busy:
+                    ex.claim(new, None)  # type: ignore[arg-type]
+                ex.wait_for_copy_out(tid)  # a copy of W (buf) to the slow tier ends first
+            weights.append(olds[0])
+            grads.append(grad)
+            bufs += olds[1:]
+            taken.append(index)
+        if len(taken) < 2:
+            return  # each at its record, as before
+        lr = learning_rate(first, [ex.read(first.inputs[-1], FAST)]) \
+            if first.attr("lr") is None else float(first.attr("lr"))
+        if sgd_update_many(weights, grads, bufs, lr, momentum,
+                           float(first.attr("weight_decay", 0.0)),
+                           bool(first.attr("nesterov", 0))):
+            ex.state.updated.update(taken)
 
     @contextlib.contextmanager
     def _window(self, ex: Executor, kernel_id: int) -> Iterator[None]:

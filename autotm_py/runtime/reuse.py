@@ -18,6 +18,7 @@ update, as torch's optimizer does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from autotm_py.ir.graph import Role
@@ -84,9 +85,20 @@ def update_runs(graph: TensorGraph, plan: Plan, overwritable: dict[int, int]
     step at the end of an iteration). Running them together at the first one
     changes no value (each reads only its own weight and gradient, which are ready there) and
     no peak (they allocate nothing; the frees between them only come later)."""
+    def lr_of(index: int, kernel: Kernel) -> object:
+        return kernel.attr("lr") if plain_sgd(kernel) and overwritable.get(index) == 0 else None
+
+    return _runs(graph, plan, lr_of)
+
+
+def _runs(graph: TensorGraph, plan: Plan,
+          form_of: Callable[[int, Kernel], object]) -> dict[int, tuple[int, ...]]:
+    """Record index of the first update of a run -> the run's record indices: two or more
+    compute records in fast memory whose kernels have one form (`form_of`, None: not an
+    update of a run) with nothing but frees between them."""
     runs: dict[int, tuple[int, ...]] = {}
     current: list[int] = []
-    lr = None
+    form: object = None
 
     def close() -> None:
         if len(current) > 1:
@@ -97,13 +109,36 @@ def update_runs(graph: TensorGraph, plan: Plan, overwritable: dict[int, int]
         if isinstance(record, Free):
             continue
         kernel = graph.kernels[record.kernel] if isinstance(record, Compute) else None
-        if kernel is None or not plain_sgd(kernel) or overwritable.get(index) != 0 \
-                or SLOW in record.placement:  # type: ignore[union-attr]
+        this = None if kernel is None else form_of(index, kernel)
+        if this is None or SLOW in record.placement:  # type: ignore[union-attr]
             close()
             continue
-        if current and kernel.attr("lr") != lr:
+        if current and this != form:
             close()
-        lr = kernel.attr("lr")
+        form = this
         current.append(index)
     close()
     return runs
+
+
+def sgd_form(graph: TensorGraph, kernel: Kernel) -> tuple[object, ...] | None:
+    """What an SGD update of any form computes besides its own tensors (the learning rate's
+    attribute or input tensor, momentum, weight decay, Nesterov, the weight's dtype), so that
+    updates of one form may run as one multi-tensor update; None if `kernel` is no SGDUpdate."""
+    if kernel.op_type != "SGDUpdate":
+        return None
+    momentum = float(kernel.attr("momentum", 0.0))
+    lr_input = kernel.inputs[-1] if len(kernel.inputs) == (4 if momentum else 3) else None
+    return (kernel.attr("lr"), lr_input, momentum, float(kernel.attr("weight_decay", 0.0)),
+            bool(kernel.attr("nesterov", 0)), graph.tensors[kernel.inputs[0]].dtype)
+
+
+def sgd_runs(graph: TensorGraph, plan: Plan) -> dict[int, tuple[int, ...]]:
+    """Record index of the first SGD update of a run -> the record indices of the run's
+    updates, for an arena (where W' takes W's slot in place: `arena.lifetimes`, checked again
+    by the executor when it runs them): two or more SGD updates of one form (`sgd_form`: any
+    form, the learning rate an attribute or the one input tensor) with every operand in fast
+    memory and nothing but frees between them. As `update_runs`, running them together at the
+    first changes no value (each reads only its own weight, gradient and buffer, ready there)
+    and no peak (written in place, they allocate nothing)."""
+    return _runs(graph, plan, lambda _index, kernel: sgd_form(graph, kernel))

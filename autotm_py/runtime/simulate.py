@@ -371,10 +371,12 @@ class Simulator(PlanInterpreter):
     def _check_scratch(self, kid: int) -> None:
         assert self.plan.arena is not None
         ends = {last for _, last in self.graph.carried}
+        view = self.graph.kernels[kid].op_type in arena.SAME_BYTES_VIEWS
         for tid in self.in_place:
-            if tid not in ends:
+            if tid not in ends and not view:
                 self.violate(f"output {self.name(tid)} takes an input's slot in place, which "
-                             "only an output that ends a carried pair may")
+                             "only an output that ends a carried pair, or a view of the "
+                             "input's bytes (`arena.SAME_BYTES_VIEWS`), may")
         self.in_place = []
         need = int(self.machine.scratch[kid])
         have = self.scratch.get(self.index)

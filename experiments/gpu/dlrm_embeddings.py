@@ -16,15 +16,35 @@ throughput:
   bound on an LRU cache's time;
 - all-host: every row read zero-copy (UVM-style, no cache), once;
 - all-hbm: every row in HBM, once, where it fits.
+Placements are looked up in one pass over a unified view of both tiers; one with both HBM and
+zero-copy blocks is also timed with the padded per-tier lookup (`padded` in its row), and
+every placement row has its lookup's kernels' device times (`lookup_kernels_us`); a probe of
+one embedding_bag over the host table, indices at a pad row or not (`pad_probe_ms`), says
+what pad reads cost (docs/embeddings.md, "Why the placements got slower").
+
+The comparison is meant to be fair. Every configuration runs the same MLPs on the same inputs
+with the same call (`mlp_ms_median` times them alone), its indices and offsets already on the
+device, a device synchronization before and after each batch. None pays per batch for host
+work that a deployment would do once: the LRU's bookkeeping is precomputed (above), and the
+placed tables' block -> (tier, slot) maps are device tensors built at placement time, their
+batch layout at the first (warm-up) batch, so a placed lookup is a fixed number of device
+kernels with no host synchronization (checked: `lookup_sync_free`). Where a placement copies
+blocks ahead, batch k+1's host gather and copy are issued after batch k's kernels, on a side
+stream, and count only where they outlast them. Each ilp row has the ILP's and hot-first
+greedy's times on the profile counts they were planned from (`planned_ms`,
+`greedy_planned_ms`; the ILP's is never larger) and on the held-out batches (`predicted_ms`,
+`greedy_predicted_ms`).
 
     python3 experiments/gpu/dlrm_embeddings.py OUT_DIR [--small] [--shares 0.1,0.25,0.5,0.75,1]
         [--zipf 1.05] [--seed 0] [--ranked] [--batch 2048] [--dim 128] [--table-scale 2]
         [--block-rows 4096] [--iterations 20] [--time-limit 30]
 
-Writes OUT_DIR/dlrm_embeddings.json (and .png where matplotlib is installed) and prints a
-table. First, on the device, tiny tables under five placements are looked up and compared with
-torch.nn.functional.embedding_bag (`self_check` in the JSON). `--small` runs tiny tables on the
-CPU (every tier a CPU tensor): a smoke test of the script, whose times mean nothing.
+Writes OUT_DIR/dlrm_embeddings.json (and .png where matplotlib is installed), nothing else,
+and prints a table. First, on the device, tiny tables under five placements are looked up and
+compared with torch.nn.functional.embedding_bag (`self_check` in the JSON), and a placed lookup
+runs under torch.cuda.set_sync_debug_mode("error") (`lookup_sync_free`). `--small` runs tiny
+tables on the CPU (every tier a CPU tensor): a smoke test of the script, whose times mean
+nothing.
 """
 
 from __future__ import annotations
@@ -52,10 +72,11 @@ from autotm_py.planning.embeddings import (
     HOST,
     LookupCosts,
     Placement,
+    greedy,
     predict,
     solve_placement,
 )
-from autotm_py.runtime.embedding_bag import PlacedTables, pinned_empty
+from autotm_py.runtime.embedding_bag import PlacedTables, pinned_empty, zero_copy_view
 
 
 def small_workload() -> EmbeddingWorkload:
@@ -126,14 +147,15 @@ class LruCache:
 
     def lookup(self, planned: tuple[Any, ...], offsets: list[torch.Tensor],
                per_table: int) -> list[Any]:
+        """The fills (zero-copy reads written into the cache), then the bags pooled from the
+        cache rows by one embedding_bag: the same pooling as `PlacedTables.lookup`'s."""
         fill_rows, fill_slots, slots = planned
         if len(fill_rows):
             self.rows[fill_slots] = self.tables.host_view.index_select(0, fill_rows)
-        gathered = self.rows.index_select(0, slots)
-        bags = torch.cat([o + t * per_table for t, o in enumerate(offsets)])
-        pooled = F.embedding_bag(torch.arange(len(slots), device=slots.device), gathered, bags,
-                                 mode="sum")
-        return list(pooled.split([len(o) for o in offsets]))
+        lay = self.tables.layout([per_table] * len(offsets), [len(o) for o in offsets])
+        bags = torch.cat(offsets) + lay.bag_shift
+        pooled = F.embedding_bag(slots, self.rows, bags, mode="sum")
+        return list(pooled.split(list(lay.bags)))
 
 
 def sync(device: torch.device) -> None:
@@ -178,31 +200,46 @@ def time_loop(step: Any, batches: list[dict[str, Any]], device: torch.device,
 
 
 def run_placed(tables: PlacedTables, model: DenseDLRM, batches: list[dict[str, Any]],
-               warmup: int) -> dict[str, float]:
-    """Lookup + MLPs per batch; the next batch's copy-ahead rows gathered and copied on a side
-    stream while this batch runs."""
+               warmup: int, padded: bool = False) -> dict[str, float]:
+    """Lookup + MLPs per batch, launched (device kernels only, nothing waits), then, while
+    they run, the next batch's copy-ahead rows gathered on the host and copied on a side
+    stream; a placement without copy-ahead blocks does no per-batch host work at all."""
     device = tables.device
-    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-    staged = [None] * len(batches)
+    copying = tables.copies_ahead
+    stream = torch.cuda.Stream(device) if device.type == "cuda" and copying else None
+    staged: list[Any] = [None] * len(batches)
     staged[0] = tables.prefetch(batches[0]["host"])
 
     def step(k: int) -> None:
-        if k + 1 < len(batches):
+        if stream is not None:
+            current = torch.cuda.current_stream(device)
+            current.wait_stream(stream)  # batch k's staged rows, copied on the side stream
+            staged[k].rows.record_stream(current)
+            staged[k].slots.record_stream(current)
+        b = batches[k]
+        with torch.no_grad():
+            model(b["dense"], tables.lookup(b["device"], b["offsets"], staged=staged[k],
+                                            padded=padded))
+        staged[k] = None
+        if copying and k + 1 < len(batches):  # overlaps batch k on the device
             if stream is None:
                 staged[k + 1] = tables.prefetch(batches[k + 1]["host"])
             else:
                 with torch.cuda.stream(stream):
                     staged[k + 1] = tables.prefetch(batches[k + 1]["host"])
-        if stream is not None:
-            current = torch.cuda.current_stream(device)
-            current.wait_stream(stream)
-            if staged[k] is not None:  # made on the side stream, read on this one
-                staged[k].rows.record_stream(current)
-                staged[k].slots.record_stream(current)
-        b = batches[k]
+
+    return time_loop(step, batches, device, warmup)
+
+
+def time_mlp(model: DenseDLRM, batches: list[dict[str, Any]], tables: int, dim: int,
+             device: torch.device, warmup: int) -> dict[str, float]:
+    """The MLPs and interaction alone, on pooled rows of zeros: the part of every
+    configuration's time that is not the lookup (the same model, inputs and call for all)."""
+    pooled = [torch.zeros(len(batches[0]["dense"]), dim, device=device)] * tables
+
+    def step(k: int) -> None:
         with torch.no_grad():
-            model(b["dense"], tables.lookup(b["device"], b["offsets"], staged=staged[k]))
-        staged[k] = None
+            model(batches[k]["dense"], pooled)
 
     return time_loop(step, batches, device, warmup)
 
@@ -219,6 +256,34 @@ def run_lru(cache: LruCache, model: DenseDLRM, batches: list[dict[str, Any]],
     return time_loop(step, batches, cache.tables.device, warmup)
 
 
+def sync_free(device: torch.device, seed: int) -> bool | None:
+    """Whether a placed lookup (all tiers, the layout already made) runs without any
+    device-to-host synchronization: run under torch.cuda.set_sync_debug_mode("error"), which
+    raises at any synchronizing call (None on the CPU, where nothing can be checked)."""
+    if device.type != "cuda":
+        return None
+    w = small_workload()
+    rng = np.random.default_rng(seed)
+    where = [rng.integers(0, 3, w.blocks_of(i)).astype(np.int8) for i in range(len(w.tables))]
+    tables = PlacedTables.uninitialized([t.rows for t in w.tables], w.tables[0].dim, where,
+                                        w.block_rows, device)
+    host = [torch.as_tensor(rng.integers(0, t.rows, w.batch)) for t in w.tables]
+    batch = [ix.to(device) for ix in host]
+    offsets = [torch.arange(w.batch, device=device)] * len(w.tables)
+    staged = tables.prefetch(host)
+    tables.lookup(batch, offsets, staged=staged)  # the layout, made once
+    sync(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tables.lookup(batch, offsets, staged=staged)
+    except RuntimeError as exc:
+        print(f"the placed lookup synchronizes: {exc}", file=sys.stderr)
+        return False
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return True
+
+
 def self_check(device: torch.device, seed: int) -> bool:
     """The placed lookups on `device` (zero-copy host reads included) equal embedding_bag on
     the whole tables, for tiny tables under all-host, all-HBM, all-copy and random placements."""
@@ -231,12 +296,15 @@ def self_check(device: torch.device, seed: int) -> bool:
     offsets = [torch.arange(0, 3 * w.batch, 3)] * len(w.tables)
     placements = [[np.full(n, code, dtype=np.int8) for n in nb] for code in (0, 1, 2)]
     placements += [[rng.integers(0, 3, n).astype(np.int8) for n in nb] for _ in range(2)]
+    on_device = [ix.to(device) for ix in batch], [o.to(device) for o in offsets]
     for where in placements:
         tables = PlacedTables.from_weights(weights, where, w.block_rows, device)
-        got = tables.lookup(batch, offsets, staged=tables.prefetch(batch))
-        for g, wt, ix, o in zip(got, weights, batch, offsets, strict=True):
-            if not torch.allclose(g.cpu(), F.embedding_bag(ix, wt, o, mode="sum"), atol=1e-5):
-                return False
+        for padded in (False, True):  # the unified lookup, and the per-tier one
+            got = tables.lookup(*on_device, staged=tables.prefetch(batch), padded=padded)
+            for g, wt, ix, o in zip(got, weights, batch, offsets, strict=True):
+                if not torch.allclose(g.cpu(), F.embedding_bag(ix, wt, o, mode="sum"),
+                                      atol=1e-5):
+                    return False
     cache = LruCache(tables, sum(t.rows for t in w.tables) // 3)  # the LRU path, the same way
     for _ in range(2):
         got = cache.lookup(cache.plan([ix.numpy() for ix in batch]),
@@ -249,11 +317,85 @@ def self_check(device: torch.device, seed: int) -> bool:
 
 def measure_placement(name: str, share: float, where: list[np.ndarray], context: dict,
                       **extra: Any) -> dict[str, Any]:
+    """Lookup + MLPs per batch with the unified lookup (`unified`: whether the placement's
+    view over both tiers was made); a placement with both HBM and zero-copy blocks is also
+    timed with the per-tier padded lookup (`padded`: the first executor's, for comparison)."""
     w, model, batches = context["workload"], context["model"], context["batches"]
     tables = PlacedTables.uninitialized([t.rows for t in w.tables], w.tables[0].dim, where,
                                         w.block_rows, context["device"], host=context["host"])
-    return {"name": name, "share": share, **extra,
-            **run_placed(tables, model, batches, context["warmup"])}
+    row = {"name": name, "share": share, **extra, "unified": tables.unified is not None,
+           **run_placed(tables, model, batches, context["warmup"]),
+           "lookup_kernels_us": lookup_kernels(tables, batches)}
+    if {HBM, HOST} <= tables.tiers:
+        row["padded"] = {**run_placed(tables, model, batches, context["warmup"], padded=True),
+                         "lookup_kernels_us": lookup_kernels(tables, batches, padded=True)}
+    return row
+
+
+def lookup_kernels(tables: PlacedTables, batches: list[dict[str, Any]],
+                   padded: bool = False) -> dict[str, float] | None:
+    """Device time per lookup (us, the mean over 5 batches) of each kernel the lookup runs,
+    by name, from torch.profiler: where a lookup's time goes (None on the CPU, or where the
+    profiler records no device activity)."""
+    if tables.device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for b in batches[:5]:
+                staged = tables.prefetch(b["host"])
+                tables.lookup(b["device"], b["offsets"], staged=staged, padded=padded)
+            sync(tables.device)
+    except Exception as exc:
+        print(f"lookup kernel profile failed: {exc}", file=sys.stderr)
+        return None
+    out: dict[str, float] = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        if us and e.key and not e.key.startswith(("aten::", "cudaDevice", "Memcpy")):
+            out[e.key[:80]] = out.get(e.key[:80], 0.0) + us / 5
+    return out or None
+
+
+def pad_probe(context: dict) -> dict[str, float] | None:
+    """What one embedding_bag over a batch's lookups (every table's, one row a bag) costs,
+    median ms by CUDA events, when its indices are: `host_pad_P`, P% at one host row given as
+    padding_idx and the rest at random host rows (the padded lookup's host-tier kernel when P%
+    of the lookups are served from HBM); `host_one_row`, all at that row without padding_idx;
+    `host_spread`, all at random host rows (all-host); `hbm_one_row`, all at one HBM row. If
+    pads were skipped, host_pad_100 would cost what hbm_one_row does. None on the CPU."""
+    device = context["device"]
+    if device.type != "cuda":
+        return None
+    w = context["workload"]
+    n, host = w.lookups_per_batch * len(w.tables), context["host"]
+    view = zero_copy_view(host, device)
+    hbm = torch.zeros(1024, host.shape[1], device=device)
+    bags = torch.arange(n, device=device)
+    gen = torch.Generator().manual_seed(context["seed"])
+    pad = host.shape[0] // 2
+    spread = torch.randint(0, host.shape[0], (n,), generator=gen)
+    draw = torch.rand(n, generator=gen)
+    cases = {f"host_pad_{p}": (view, torch.where(draw < p / 100, pad, spread).to(device), pad)
+             for p in (90, 99, 100)}
+    cases.update({"host_one_row": (view, torch.full((n,), pad, device=device), None),
+                  "host_spread": (view, spread.to(device), None),
+                  "hbm_one_row": (hbm, torch.zeros(n, dtype=torch.long, device=device), None)})
+    out = {}
+    for name, (weight, idx, padding_idx) in cases.items():
+        times = []
+        for k in range(context["warmup"] + 10):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                enable_timing=True)
+            start.record()
+            F.embedding_bag(idx, weight, bags, mode="sum", padding_idx=padding_idx)
+            stop.record()
+            stop.synchronize()
+            if k >= context["warmup"]:
+                times.append(start.elapsed_time(stop))
+        out[name] = statistics.median(times)
+    return out
 
 
 def measure_lru(share: float, context: dict) -> dict[str, Any]:
@@ -326,8 +468,9 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ctx = setup(args)
     checked = self_check(ctx["device"], args.seed)
-    print(f"self-check on {ctx['device']}: placed lookups equal embedding_bag: {checked}",
-          file=sys.stderr)
+    no_sync = sync_free(ctx["device"], args.seed)
+    print(f"self-check on {ctx['device']}: placed lookups equal embedding_bag: {checked}; "
+          f"placed lookup free of device synchronization: {no_sync}", file=sys.stderr)
     w, lookups, costs = ctx["workload"], ctx["lookups"], ctx["costs"]
     rows = []
     host_where = Placement.uniform(w, HOST)
@@ -339,11 +482,15 @@ def main(argv: list[str]) -> int:
         result = solve_placement(w, lookups.counts, costs, budget, time_limit=args.time_limit)
         if result.placement is not None:
             p = result.placement
+            hot_first = greedy(w, lookups.counts, costs, budget)
             rows.append(measure_placement(
                 "ilp", share, list(p.where), ctx, status=result.status, blocks=p.blocks(),
                 hbm_bytes=p.resident_bytes(w) + p.staging_bytes(w, lookups.counts),
                 predicted_ms=1e3 * predict(w, p, lookups.held_counts, costs).batch_s,
-                greedy_predicted_ms=1e3 * (result.greedy_s or 0.0)))
+                greedy_predicted_ms=1e3 * predict(w, hot_first, lookups.held_counts,
+                                                  costs).batch_s,
+                planned_ms=1e3 * (result.objective_s or 0.0),
+                greedy_planned_ms=1e3 * (result.greedy_s or 0.0)))
         rows.append(measure_lru(share, ctx))
         print(json.dumps(rows[-1]), file=sys.stderr)
     if ctx["device"].type == "cuda":
@@ -353,10 +500,14 @@ def main(argv: list[str]) -> int:
         rows.append(measure_placement("all-hbm", 1.0, list(full.where), ctx,
                                       predicted_ms=1e3 * predict(w, full, lookups.held_counts,
                                                                  costs).batch_s))
+    probe = pad_probe(ctx)
+    mlp = time_mlp(ctx["model"], ctx["batches"], len(w.tables), w.tables[0].dim, ctx["device"],
+                   ctx["warmup"])  # last, on a device warmed by the others
     report = {"workload": describe(w), "skew": lookups.skew,
               "hot_10pct_share": hot_10pct(lookups, w), "device": device_name(ctx["device"]),
               "torch": torch.__version__, "small": args.small, "args": vars(args),
-              "self_check": checked,
+              "self_check": checked, "lookup_sync_free": no_sync,
+              "mlp_ms_median": mlp["latency_ms_median"], "pad_probe_ms": probe,
               "rows": rows}
     (out / "dlrm_embeddings.json").write_text(json.dumps(report, indent=2, default=str))
     print_table(report)
@@ -379,7 +530,9 @@ def print_table(report: dict[str, Any]) -> None:
           f"hottest 10% of the bytes (by profile counts) serve "
           f"{100 * report['hot_10pct_share']:.1f}% of the held-out lookups")
     print(f"{'config':>9} {'share':>6} {'predicted ms':>13} {'median ms':>10} {'p90 ms':>8} "
-          f"{'samples/s':>12}")
+          f"{'samples/s':>12} {'padded median ms':>17}")
+    print(f"the MLPs alone (in every row's time): {report['mlp_ms_median']:.3f} ms; placed "
+          f"lookup free of device synchronization: {report['lookup_sync_free']}")
     for r in report["rows"]:
         if "skipped" in r:
             print(f"{r['name']:>9} {r['share']:>6.2f}  skipped: {r['skipped']}")
@@ -387,7 +540,11 @@ def print_table(report: dict[str, Any]) -> None:
         pred = "-" if r.get("predicted_ms") is None else f"{r['predicted_ms']:.4f}"
         print(f"{r['name']:>9} {r['share']:>6.2f} {pred:>13} "
               f"{r['latency_ms_median']:>10.3f} {r['latency_ms_p90']:>8.3f} "
-              f"{r['throughput_samples_s']:>12.0f}")
+              f"{r['throughput_samples_s']:>12.0f} "
+              f"{r['padded']['latency_ms_median'] if 'padded' in r else float('nan'):>17.3f}")
+    if report.get("pad_probe_ms"):
+        print("one embedding_bag over a batch's lookups (ms): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in report["pad_probe_ms"].items()))
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

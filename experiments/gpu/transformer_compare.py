@@ -135,14 +135,16 @@ def batch_of(shape: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def native_step(net: nn.Module, device: str):
-    """One SGD step of `net` on (x, y): what a PyTorch user runs; returns the loss."""
+def native_step(net: nn.Module, device: str, precision: str = "fp32"):
+    """One SGD step of `net` on (x, y): what a PyTorch user runs (bf16: the forward and the
+    loss under torch.autocast); returns the loss."""
     net = net.to(device).train()
     opt = torch.optim.SGD(net.parameters(), lr=LR, foreach=True)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        loss = tb.lm_loss(net(x.to(device)), y.to(device))
+        with tb.autocast(device, precision):
+            loss = tb.lm_loss(net(x.to(device)), y.to(device))
         loss.backward()
         opt.step()
         return loss.detach()
@@ -206,18 +208,21 @@ def run_model(name: str, args: argparse.Namespace, device: str) -> dict[str, Any
     cuda = device.startswith("cuda")
     started = time.perf_counter()
     module, shape = build(name, args.small, args.llama_layers)
+    if args.batch:
+        shape["batch"] = args.batch
     params = sum(p.numel() for p in module.parameters())
     x, y = batch_of(shape)
     row: dict[str, Any] = {"model": name, "batch": shape["batch"], "seq": shape["seq"],
                            "parameters": params, "config": shape["config"],
                            "device": torch.cuda.get_device_name() if cuda else "cpu",
-                           "iterations": args.iterations}
+                           "iterations": args.iterations, "precision": args.precision,
+                           "loss_chunks": args.loss_chunks}
     print(f"{name}: {params / 1e6:.1f}M parameters, b{shape['batch']} s{shape['seq']}",
           flush=True)
     ours_module = copy.deepcopy(module)  # the Trainer starts from the same weights
 
     # ---- native eager
-    step = native_step(module, device)
+    step = native_step(module, device, args.precision)
     row["native_first_loss"] = float(step(x, y))
     row["native"] = nc.measure_step(lambda: step(x, y), args.iterations, warmup=1,
                                     device=device)
@@ -230,7 +235,8 @@ def run_model(name: str, args: argparse.Namespace, device: str) -> dict[str, Any
     t0 = time.perf_counter()
     trainer = Trainer(ours_module, torch.optim.SGD(ours_module.parameters(), lr=LR),
                       tb.lm_loss, example=(x, y), ratio="1:0", device=device,
-                      time_limit_s=120, plans_dir=tempfile.mkdtemp())
+                      time_limit_s=120, plans_dir=tempfile.mkdtemp(),
+                      precision=args.precision, loss_chunks=args.loss_chunks)
     row["trainer_setup_s"] = time.perf_counter() - t0
     graph = trainer.graph
     row["forward_ops"] = forward_ops(graph)
@@ -288,6 +294,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--no-ops", action="store_true", help="skip the kernel profiles")
     p.add_argument("--llama-layers", type=int, default=16)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: ours in bf16, native under torch.autocast(bf16)")
+    p.add_argument("--batch", type=int, default=0, help="batch size (default: the model's)")
+    p.add_argument("--loss-chunks", type=int, default=1,
+                   help="ours: the output layer and its loss in this many blocks of tokens")
     p.add_argument("--small", action="store_true", help="tiny shapes on the CPU (a smoke "
                    "test: asserts the fusion; its times mean nothing)")
     args = p.parse_args(argv)
