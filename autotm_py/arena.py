@@ -62,6 +62,7 @@ import numpy as np
 from autotm_py.errors import PlanError
 from autotm_py.interpreter import PlanInterpreter
 from autotm_py.memory.accounting import ALIGN_BYTES
+from autotm_py.memory.scratch import VIEW_OPS
 from autotm_py.memory.tiers import FAST
 from autotm_py.plan import (
     INITIAL,
@@ -255,9 +256,8 @@ def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
 
 
 # Ops whose torch kernels return their input's bytes in the same element order (a view of a
-# row-major input, or the input itself): `memory.scratch.VIEW_OPS` but the transposes.
-SAME_BYTES_VIEWS = frozenset({"Reshape", "ReshapeGrad", "Flatten", "Squeeze", "Unsqueeze",
-                              "Identity"})
+# row-major input, or the input itself): the views but the transposes.
+SAME_BYTES_VIEWS = VIEW_OPS - {"Transpose", "TransposeGrad"}
 
 
 def _alias_views(machine: MachineModel, plan: Plan, spans: list[Span],

@@ -205,9 +205,10 @@ def _forward_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
         return out, lse
-    if q.device.type == "cuda" and _cuda_backend(q, k, v, mask) != "efficient":
-        return _half_forward(_cuda_backend(q, k, v, mask), q, k, v, causal, scale)
-    if q.device.type == "cuda":
+    backend = _cuda_backend(q, k, v, mask) if q.device.type == "cuda" else None
+    if backend in ("cudnn", "flash"):
+        return _half_forward(backend, q, k, v, causal, scale)
+    if backend is not None:
         try:
             out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
                 q, k, v, _efficient_bias(mask, q, k), True, 0.0, causal, scale=scale)
@@ -255,10 +256,10 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scale)
         return grads[0], grads[1], grads[2]
-    if q.device.type == "cuda" and _cuda_backend(q, k, v, mask) != "efficient":
-        return _half_backward(_cuda_backend(q, k, v, mask), dout, q, k, v, out, lse, causal,
-                              scale)
-    if q.device.type == "cuda":
+    backend = _cuda_backend(q, k, v, mask) if q.device.type == "cuda" else None
+    if backend in ("cudnn", "flash"):
+        return _half_backward(backend, dout, q, k, v, out, lse, causal, scale)
+    if backend is not None:
         try:
             pad = -lse.shape[-1] % 32  # the kernel's logsumexp rows are padded to 32
             grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
@@ -364,20 +365,20 @@ def _ce_forward(args: Tensors, trans: bool, chunks: int) -> tuple[torch.Tensor, 
                       device=rows.device)
     buf = torch.empty((blocks[0].stop, w.shape[1]), dtype=rows.dtype, device=rows.device)
     total = torch.zeros((), dtype=acc, device=rows.device)
+    half = acc != rows.dtype  # the logits in bf16 or fp16, the loss in fp32
     for block in blocks:
         logits = _block_logits(buf, rows[block], w, bias)
         label = labels[block].unsqueeze(1)
-        if acc != logits.dtype:  # one fused pass: bf16 in, fp32 math and out (autocast's loss)
-            picked_logp = torch.log_softmax(logits, 1, dtype=acc).gather(1, label).squeeze(1)
-            block_lse = logits.gather(1, label).squeeze(1).to(acc) - picked_logp
-            lse[block] = block_lse
-            total -= picked_logp.sum()
-            continue
-        picked = logits.gather(1, label).squeeze(1)
-        top = logits.amax(1)
-        block_lse = logits.sub_(top.unsqueeze(1)).exp_().sum(1).log_().add_(top)
+        picked = logits.gather(1, label).squeeze(1).to(acc)
+        if half:  # one fused pass: bf16 in, fp32 math and out (autocast's loss)
+            block_loss = -torch.log_softmax(logits, 1, dtype=acc).gather(1, label).squeeze(1)
+            block_lse = picked + block_loss
+        else:
+            top = logits.amax(1)
+            block_lse = logits.sub_(top.unsqueeze(1)).exp_().sum(1).log_().add_(top)
+            block_loss = block_lse - picked
         lse[block] = block_lse
-        total += (block_lse - picked).sum()
+        total += block_loss.sum()
     return total / n, lse.reshape(args[0].shape[:-1])
 
 
@@ -394,18 +395,19 @@ def _ce_backward(args: Tensors, trans: bool, chunks: int,
     blocks = _blocks(n, chunks)
     buf = torch.empty((blocks[0].stop, classes), dtype=rows.dtype, device=rows.device)
     acc = _loss_dtype(rows.dtype)
+    half = acc != rows.dtype  # the logits in bf16 or fp16, their loss and softmax in fp32
     minus_one = torch.full((blocks[0].stop, 1), -1.0, dtype=acc, device=rows.device)
     for i, block in enumerate(blocks):
         part = rows[block]
         logits = _block_logits(buf, part, w, bias)
-        if acc != logits.dtype:  # softmax in one fused pass (bf16 in, fp32 math and out) ...
+        if half:  # softmax in one fused pass (bf16 in, fp32 math and out) ...
             grad = torch.softmax(logits, 1, dtype=acc)
         else:
             grad = logits.sub_(lse[block].unsqueeze(1).to(logits.dtype)).exp_()
         grad.scatter_add_(1, labels[block].unsqueeze(1), minus_one[: grad.shape[0]])
         # ... and the logits' gradient in their dtype, scaled and rounded in one pass (over
         # the block's bf16 logits, which the softmax has read)
-        grad = torch.mul(grad, 1.0 / n, out=logits) if acc != logits.dtype else grad.mul_(1.0 / n)
+        grad = torch.mul(grad, 1.0 / n, out=logits) if half else grad.mul_(1.0 / n)
         if dx is not None:
             torch.mm(grad, w.t(), out=dx[block])
         if dw is not None:

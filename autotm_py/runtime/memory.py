@@ -200,7 +200,7 @@ class CachingMemory:
                 lr = float(kernel.attr("lr"))
                 ex.state.updated.add(index)
         if weights:
-            torch._foreach_add_(weights, grads, alpha=-lr)
+            sgd_update_many(weights, grads, [], lr)  # a float lr, plain SGD: one foreach add
             ex.state.overwritten += len(weights)
 
     def notes(self, graph: TensorGraph, plan: Plan) -> list[str]:
