@@ -112,11 +112,13 @@ def pinned_empty(rows: int, dim: int, dtype: torch.dtype = torch.float32) -> tor
     skip = (-buf.data_ptr() % 4096) // elem
     host = buf[skip:skip + rows * dim].view(rows, dim)
     if host.numel():
-        err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(),
-                                                   host.numel() * host.element_size(), 3)
+        # the whole buffer from its storage's start: torch's `is_pinned` asks about the
+        # storage's first byte, and a tensor it does not see as pinned gets copied into
+        # torch's pinned allocator (`PlacedTables._install`), tens of GB each time
+        size = buf.numel() * buf.element_size()
+        err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), size, 3)
         if not err == 0:
-            raise RuntimeError(f"cudaHostRegister of {host.numel() * host.element_size()} "
-                               f"bytes failed: {err}")
+            raise RuntimeError(f"cudaHostRegister of {size} bytes failed: {err}")
     return host
 
 

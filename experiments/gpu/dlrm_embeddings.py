@@ -199,8 +199,28 @@ def time_loop(step: Any, batches: list[dict[str, Any]], device: torch.device,
             "throughput_samples_s": batch * len(times) / sum(times), "timed": len(times)}
 
 
+def time_graphed(step: Any, batches: list[dict[str, Any]], device: torch.device,
+                 warmup: int) -> dict[str, float]:
+    """`time_loop` of each batch's `step` captured into a CUDA graph of its own (after one
+    eager step, which makes the lookup's cached layout): the latency without the host's
+    per-op launch costs, which in eager steps (15-40 small kernels a batch, the lookup's
+    device time 0.08-0.5 ms) make the host the bottleneck and bury the placement's effect.
+    The same as `time_loop` where graphs cannot be made (the CPU)."""
+    if device.type != "cuda":
+        return time_loop(step, batches, device, warmup)
+    step(0)
+    sync(device)
+    graphs = []
+    for k in range(len(batches)):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step(k)
+        graphs.append(graph)
+    return time_loop(lambda k: graphs[k].replay(), batches, device, warmup)
+
+
 def run_placed(tables: PlacedTables, model: DenseDLRM, batches: list[dict[str, Any]],
-               warmup: int, padded: bool = False) -> dict[str, float]:
+               warmup: int, padded: bool = False, graphed: bool = False) -> dict[str, float]:
     """Lookup + MLPs per batch, launched (device kernels only, nothing waits), then, while
     they run, the next batch's copy-ahead rows gathered on the host and copied on a side
     stream; a placement without copy-ahead blocks does no per-batch host work at all."""
@@ -228,11 +248,13 @@ def run_placed(tables: PlacedTables, model: DenseDLRM, batches: list[dict[str, A
                 with torch.cuda.stream(stream):
                     staged[k + 1] = tables.prefetch(batches[k + 1]["host"])
 
+    if graphed and not copying:  # copy-ahead rows are gathered on the host: not capturable
+        return time_graphed(step, batches, device, warmup)
     return time_loop(step, batches, device, warmup)
 
 
 def time_mlp(model: DenseDLRM, batches: list[dict[str, Any]], tables: int, dim: int,
-             device: torch.device, warmup: int) -> dict[str, float]:
+             device: torch.device, warmup: int, graphed: bool = False) -> dict[str, float]:
     """The MLPs and interaction alone, on pooled rows of zeros: the part of every
     configuration's time that is not the lookup (the same model, inputs and call for all)."""
     pooled = [torch.zeros(len(batches[0]["dense"]), dim, device=device)] * tables
@@ -241,11 +263,11 @@ def time_mlp(model: DenseDLRM, batches: list[dict[str, Any]], tables: int, dim: 
         with torch.no_grad():
             model(batches[k]["dense"], pooled)
 
-    return time_loop(step, batches, device, warmup)
+    return (time_graphed if graphed else time_loop)(step, batches, device, warmup)
 
 
 def run_lru(cache: LruCache, model: DenseDLRM, batches: list[dict[str, Any]],
-            warmup: int, per_table: int) -> dict[str, float]:
+            warmup: int, per_table: int, graphed: bool = False) -> dict[str, float]:
     planned = [cache.plan(b["numpy"]) for b in batches]  # bookkeeping, not timed
 
     def step(k: int) -> None:
@@ -253,6 +275,8 @@ def run_lru(cache: LruCache, model: DenseDLRM, batches: list[dict[str, Any]],
         with torch.no_grad():
             model(b["dense"], cache.lookup(planned[k], b["offsets"], per_table))
 
+    if graphed:  # the cache's rows refilled by the captured fills, in batch order again
+        return time_graphed(step, batches, cache.tables.device, warmup)
     return time_loop(step, batches, cache.tables.device, warmup)
 
 
@@ -325,6 +349,7 @@ def measure_placement(name: str, share: float, where: list[np.ndarray], context:
                                         w.block_rows, context["device"], host=context["host"])
     row = {"name": name, "share": share, **extra, "unified": tables.unified is not None,
            **run_placed(tables, model, batches, context["warmup"]),
+           "graphed": run_placed(tables, model, batches, context["warmup"], graphed=True),
            "lookup_kernels_us": lookup_kernels(tables, batches)}
     if {HBM, HOST} <= tables.tiers:
         row["padded"] = {**run_placed(tables, model, batches, context["warmup"], padded=True),
@@ -414,9 +439,10 @@ def measure_lru(share: float, context: dict) -> dict[str, Any]:
     cache = LruCache(tables, capacity)
     for batch in context["profile"]:  # warmed on the batches the ILP was planned from
         cache.plan(batch)
+    args = (cache, context["model"], context["batches"], context["warmup"],
+            w.lookups_per_batch)
     return {"name": "lru", "share": share, "hbm_bytes": capacity * w.tables[0].row_bytes,
-            **run_lru(cache, context["model"], context["batches"], context["warmup"],
-                      w.lookups_per_batch)}
+            **run_lru(*args), "graphed": run_lru(*args, graphed=True)}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -503,11 +529,14 @@ def main(argv: list[str]) -> int:
     probe = pad_probe(ctx)
     mlp = time_mlp(ctx["model"], ctx["batches"], len(w.tables), w.tables[0].dim, ctx["device"],
                    ctx["warmup"])  # last, on a device warmed by the others
+    mlp_graphed = time_mlp(ctx["model"], ctx["batches"], len(w.tables), w.tables[0].dim,
+                           ctx["device"], ctx["warmup"], graphed=True)
     report = {"workload": describe(w), "skew": lookups.skew,
               "hot_10pct_share": hot_10pct(lookups, w), "device": device_name(ctx["device"]),
               "torch": torch.__version__, "small": args.small, "args": vars(args),
               "self_check": checked, "lookup_sync_free": no_sync,
-              "mlp_ms_median": mlp["latency_ms_median"], "pad_probe_ms": probe,
+              "mlp_ms_median": mlp["latency_ms_median"],
+              "mlp_graphed_ms_median": mlp_graphed["latency_ms_median"], "pad_probe_ms": probe,
               "rows": rows}
     (out / "dlrm_embeddings.json").write_text(json.dumps(report, indent=2, default=str))
     print_table(report)
@@ -530,9 +559,10 @@ def print_table(report: dict[str, Any]) -> None:
           f"hottest 10% of the bytes (by profile counts) serve "
           f"{100 * report['hot_10pct_share']:.1f}% of the held-out lookups")
     print(f"{'config':>9} {'share':>6} {'predicted ms':>13} {'median ms':>10} {'p90 ms':>8} "
-          f"{'samples/s':>12} {'padded median ms':>17}")
-    print(f"the MLPs alone (in every row's time): {report['mlp_ms_median']:.3f} ms; placed "
-          f"lookup free of device synchronization: {report['lookup_sync_free']}")
+          f"{'samples/s':>12} {'padded median ms':>17} {'graphed median ms':>18}")
+    print(f"the MLPs alone (in every row's time): {report['mlp_ms_median']:.3f} ms, graphed "
+          f"{report['mlp_graphed_ms_median']:.3f} ms; placed lookup free of device "
+          f"synchronization: {report['lookup_sync_free']}")
     for r in report["rows"]:
         if "skipped" in r:
             print(f"{r['name']:>9} {r['share']:>6.2f}  skipped: {r['skipped']}")
@@ -541,7 +571,8 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"{r['name']:>9} {r['share']:>6.2f} {pred:>13} "
               f"{r['latency_ms_median']:>10.3f} {r['latency_ms_p90']:>8.3f} "
               f"{r['throughput_samples_s']:>12.0f} "
-              f"{r['padded']['latency_ms_median'] if 'padded' in r else float('nan'):>17.3f}")
+              f"{r['padded']['latency_ms_median'] if 'padded' in r else float('nan'):>17.3f} "
+              f"{r['graphed']['latency_ms_median'] if 'graphed' in r else float('nan'):>18.3f}")
     if report.get("pad_probe_ms"):
         print("one embedding_bag over a batch's lookups (ms): " + ", ".join(
             f"{k} {v:.3f}" for k, v in report["pad_probe_ms"].items()))
@@ -556,15 +587,22 @@ def plot(report: dict[str, Any], path: Path) -> None:
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, style in (("ilp", "o-"), ("lru", "s--")):
-        pts = [(r["share"], r["latency_ms_median"]) for r in report["rows"]
-               if r["name"] == name and "latency_ms_median" in r]
-        if pts:
-            ax.plot(*zip(*pts, strict=True), style, label=name)
-    for name, style in (("all-host", ":"), ("all-hbm", "-.")):
-        for r in report["rows"]:
-            if r["name"] == name:
-                ax.axhline(r["latency_ms_median"], linestyle=style, color="gray", label=name)
+    # graphed (each batch one CUDA graph: the device's time) solid, eager steps faint
+    for graphed, alpha, tag in ((True, 1.0, " (graphed)"), (False, 0.35, " (eager)")):
+        def latency(r: dict[str, Any], graphed: bool = graphed) -> float | None:
+            r = r.get("graphed", {}) if graphed else r
+            return r.get("latency_ms_median")
+
+        for name, style in (("ilp", "o-"), ("lru", "s--")):
+            pts = [(r["share"], latency(r)) for r in report["rows"]
+                   if r["name"] == name and latency(r) is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, alpha=alpha, label=name + tag)
+        for name, style in (("all-host", ":"), ("all-hbm", "-.")):
+            for r in report["rows"]:
+                if r["name"] == name and latency(r) is not None:
+                    ax.axhline(latency(r), linestyle=style, color="gray", alpha=alpha,
+                               label=name + tag)
     ax.set_xlabel("share of the tables' bytes in HBM")
     ax.set_ylabel("lookup + MLP latency per batch (ms)")
     ax.set_title(f"{report['device']}: {report['skew']}", fontsize=8)
