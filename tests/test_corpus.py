@@ -208,6 +208,38 @@ def test_the_training_graph_plans_and_verifies_at_two_budgets(name):
         assert sim.total_s == pytest.approx(result.predicted_time_s)
 
 
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_peak_a_ratio_divides_holds_every_working_set(name):
+    """The unconstrained peak (`graph.peak_live_bytes`, what `--ratio` divides) counts the
+    running kernel's workspace as its working set does, so no kernel's working set is above
+    its live bytes (the LSTM classifier's LSTMGrad, whose recomputation workspace is most of
+    it, was 1.4x the peak: every ratio was below it)."""
+    graph = _training(name)
+    assert np.all(graph.working_set_bytes <= graph.live_bytes)
+    assert graph.peak_live_bytes >= graph.max_working_set[0]
+
+
+def test_an_lstm_ratio_budget_plans_or_names_the_kernel_it_is_below():
+    """Without the reserve, 4:1 of the LSTM classifier's peak holds its largest working set
+    (LSTMGrad's inputs, outputs and workspace) and plans; 1:1 is below that kernel alone, and
+    the result names it and the smallest budget above the ratio's."""
+    graph = _training("lstm_classifier")
+    costs = load_costs(graph, device="cuda")
+    ws, ws_kernel = graph.max_working_set
+    assert graph.kernels[ws_kernel].op_type == "LSTMGrad"
+    results = {ratio: api.optimize(graph, _config(ratio=parse_ratio(ratio), reserve_bytes=0,
+                                                  time_limit_s=TIME_LIMIT_S), costs=costs)
+               for ratio in ("1:1", "4:1")}
+    plans = results["4:1"]
+    assert plans.feasible and plans.plan is not None, plans.message
+    assert plans.budget_bytes == int(graph.peak_live_bytes * 0.8) >= ws
+    half = results["1:1"]
+    assert not half.feasible and half.budget_bytes == graph.peak_live_bytes // 2 < ws
+    assert half.min_feasible_budget_bytes is not None and half.smallest is not None
+    assert half.budget_bytes < half.min_feasible_budget_bytes <= plans.budget_bytes
+    assert half.smallest.short(half.budget_bytes) == f"kernel #{ws_kernel} LSTMGrad"
+
+
 # ---- training ----------------------------------------------------------------------------------
 def _module_losses(name: str, graph: TensorGraph, values: dict[int, torch.Tensor]
                    ) -> list[float]:

@@ -235,6 +235,73 @@ def test_a_bf16_chunked_loss_trains_as_the_unchunked_bf16_loss(tmp_path):
     assert _relative(chunked, plain) <= LOSS_RTOL, (chunked, plain)
 
 
+def _bf16_lm_training(fused: bool) -> TensorGraph:
+    """The bf16 training graph of the small tied-head language model (`tiny_decoder`)."""
+    forward = fuse_graph(tiny_decoder()) if fused else tiny_decoder()
+    return derive_training(with_precision(forward, "bf16"), optimizer="sgd")
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_the_bf16_loss_reads_the_bf16_logits_with_no_cast_around_it(fused):
+    """Issue 46: the unchunked loss reads the head's bf16 logits itself (the fp32 Cast that
+    `ir.precision` puts after the head is dropped), computes its loss and log-probabilities in
+    fp32, and writes the logits' gradient in bf16 for the head's backward (no CastGrad)."""
+    g = _bf16_lm_training(fused)
+    training = g.meta["training"]
+    loss = g.kernels[training["loss_kernel"]]
+    assert loss.op_type == "SoftmaxCrossEntropy"
+    assert not fused or training["head"]["tied"]  # the fused Linear by the tied embedding
+    logits = g.tensors[loss.inputs[0]]
+    assert logits.dtype == BF16
+    assert g.kernels[logits.producer].op_type == ("Linear" if fused else "MatMul")
+    assert [g.kernels[u].op_type for u in logits.users] == ["SoftmaxCrossEntropy"]
+    assert [g.tensors[t].dtype for t in loss.outputs] == [FP32_DTYPE, FP32_DTYPE]
+    (grad,) = [k for k in g.kernels if k.op_type == "SoftmaxCrossEntropyGrad"]
+    assert grad.inputs[0] == loss.outputs[1] and grad.attr("to") == BF16
+    dlogits = g.tensors[grad.outputs[0]]
+    assert dlogits.dtype == BF16 and dlogits.shape == logits.shape
+    assert "CastGrad" not in {g.kernels[u].op_type for u in dlogits.users}
+    # no tensor of the logits' shape in fp32 but the log-probabilities
+    wide = [t.name for t in g.tensors if t.shape == logits.shape and t.dtype == FP32_DTYPE]
+    assert wide == [g.name_of(loss.outputs[1])]
+    # torch's upcast copy inside each kernel is its workspace
+    assert loss.workspace_bytes == grad.workspace_bytes == logits.nbytes * 2
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_the_bf16_loss_and_logits_gradient_equal_autocast_and_autograd(fused):
+    """One step on the CPU: our loss and the logits' bf16 gradient against
+    `torch.autocast("cpu", bfloat16)` + torch.autograd of cross-entropy on the same bf16
+    logits (autocast runs cross_entropy in fp32 and hands back a bf16 gradient), within
+    LOSS_RTOL; and the kernels' direct (`out=`) forms write the same bits."""
+    from autotm_py.kernels import run_kernel, run_kernel_into
+
+    g = _bf16_lm_training(fused)
+    loss_kernel = g.kernels[g.meta["training"]["loss_kernel"]]
+    (grad_kernel,) = [k for k in g.kernels if k.op_type == "SoftmaxCrossEntropyGrad"]
+    values = init_values(g, seed=4)
+    values = {**values, **run_graph(g, values, keep=range(len(g.tensors)))}
+    logits, labels = (values[t] for t in loss_kernel.inputs)
+    x = logits.detach().clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = F.cross_entropy(x.reshape(-1, x.shape[-1]), labels.reshape(-1))
+    want.backward()
+    got, dlogits = values[loss_kernel.outputs[0]], values[grad_kernel.outputs[0]]
+    assert got.dtype == want.dtype == torch.float32
+    assert dlogits.dtype == x.grad.dtype == torch.bfloat16
+    assert _relative([got.item()], [want.item()]) <= LOSS_RTOL
+    scale = x.grad.float().abs().max().item()
+    torch.testing.assert_close(dlogits.float(), x.grad.float(), rtol=LOSS_RTOL,
+                               atol=LOSS_RTOL * scale)
+    for kernel in (loss_kernel, grad_kernel):
+        args = [values[t] for t in kernel.inputs]
+        outs = [torch.empty(g.tensors[t].shape, dtype=getattr(torch, g.tensors[t].dtype))
+                for t in kernel.outputs]
+        assert run_kernel_into(kernel, args, outs), kernel.name
+        for a, b in zip(outs, run_kernel(kernel, args), strict=True):
+            assert torch.equal(a, b), kernel.name
+
+
 def test_fifty_bf16_trainer_steps_follow_autocast_training(tmp_path):
     """Issue 46, acceptance 4: 50 steps of Trainer(precision="bf16") on the CPU follow
     torch.autocast("cpu", bfloat16) training's loss curve (every step within LOSS_RTOL), and
@@ -312,6 +379,12 @@ def test_bf16_kernels_are_priced_from_their_fp32_profiles_by_the_roofline_ratio(
     assert {k.op_type for k in bf16.kernels if c16.estimated[k.id]} <= {"Cast", "CastGrad"}
     assert fp32_signature(next(k for k in bf16.kernels if k.op_type == "Cast").signature) \
         is None
+    # the loss on bf16 logits and its bf16 gradient (`to`): priced from the fp32 loss's entries
+    for op in ("SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad"):
+        low = next(k for k in bf16.kernels if k.op_type == op)
+        assert fp32_signature(low.signature) == \
+            next(k for k in fp32.kernels if k.op_type == op).signature, op
+        assert c16.n_precision_scaled and not c16.estimated[low.id], op
     shipped = Path(__file__).resolve().parents[1] / "profiles" / "h100-80gb-hbm3.json"
     (h100,) = json.loads(shipped.read_text())["sets"].values()
     roofline = Roofline.from_dict(h100["roofline"])

@@ -224,17 +224,26 @@ class TensorGraph:
         return tuple(ranges)
 
     @cached_property
+    def kernel_workspace_bytes(self) -> np.ndarray:
+        """Each kernel's workspace in the IR (int64 array of length N): bytes it allocates
+        beyond its slots while it runs."""
+        return np.fromiter((k.workspace_bytes for k in self.kernels), dtype=np.int64,
+                           count=len(self.kernels))
+
+    @cached_property
     def live_bytes(self) -> np.ndarray:
-        """Bytes of all live tensors at each kernel (int64 array of length N)."""
+        """Bytes live while each kernel runs (int64 array of length N): every live tensor plus
+        the kernel's own workspace, so never below its working set (`working_set_bytes`)."""
         delta = np.zeros(len(self.kernels) + 1, dtype=np.int64)
         for t, (start, end) in zip(self.tensors, self.live_ranges, strict=True):
             delta[start] += t.nbytes
             delta[end + 1] -= t.nbytes
-        return np.cumsum(delta[:-1])
+        return np.cumsum(delta[:-1]) + self.kernel_workspace_bytes
 
     @cached_property
     def peak_live_bytes(self) -> int:
-        """The unconstrained footprint: the largest live total over the iteration."""
+        """The unconstrained footprint: the largest live total over the iteration (tensors and
+        the running kernel's workspace), at least the largest working set."""
         return int(self.live_bytes.max()) if len(self.kernels) else 0
 
     @cached_property
@@ -251,10 +260,8 @@ class TensorGraph:
     def working_set_bytes(self) -> np.ndarray:
         """Each kernel's distinct inputs + outputs + workspace: what must fit for it to run."""
         sizes = self.tensor_bytes
-        return np.array(
-            [int(sizes[list(set(k.io))].sum()) + k.workspace_bytes for k in self.kernels],
-            dtype=np.int64,
-        )
+        return np.array([int(sizes[list(set(k.io))].sum()) for k in self.kernels],
+                        dtype=np.int64) + self.kernel_workspace_bytes
 
     @cached_property
     def max_working_set(self) -> tuple[int, int]:

@@ -104,7 +104,7 @@ def find_head(kernels: Sequence[_Kernel], tensors: Sequence[_Tensor],
     made = {t: k for k in kernels for t in k.outputs}
     k = made.get(logits)
     low = None
-    if k is not None and _up_cast(k, tensors):  # bf16 autocast: the head, then its fp32 copy
+    if k is not None and up_cast(k, tensors):  # bf16 autocast: the head, then its fp32 copy
         low = k.inputs[0]
         if any(low in other.inputs for other in kernels if other is not k):
             return f"other kernels read the output's {tensors[low].dtype} form"
@@ -130,9 +130,10 @@ def _master(t: int, made: dict[int, _Kernel]) -> int:
     return k.inputs[0] if k is not None and k.op_type == "Cast" and k.domain == "" else t
 
 
-def _up_cast(k: _Kernel, tensors: Sequence[_Tensor]) -> bool:
+def up_cast(k: _Kernel, tensors: Sequence[_Tensor]) -> bool:
     """`k` is a Cast of a bf16 or fp16 tensor up to float32 (what `ir.precision` puts after a
-    head whose output is a graph output)."""
+    head whose output is a graph output; the chunked and the unchunked loss drop it and read
+    the half tensor, `ir/training.py`)."""
     return k.op_type == "Cast" and k.domain == "" and \
         tensors[k.inputs[0]].dtype in LOW_FLOATS and tensors[k.outputs[0]].dtype == "float32"
 

@@ -19,7 +19,9 @@ following autocast's CUDA lists:
   cuDNN's and torch's mixed batch norm do.
 
 A float graph output left in bf16 is cast back to fp32 and keeps its name (the bf16 tensor
-gets `::bf16`): the loss the training derivation adds reads fp32, as autocast's losses do.
+gets `::bf16`). The softmax cross-entropy the training derivation adds drops that Cast and
+reads the bf16 tensor, computing in fp32 inside its kernel (`ir/training.py`); its chunked form
+does the same.
 Forward tensor ids are kept (new tensors come after them); the graph's meta records the
 precision under `META_KEY`, which `options.ModelOptions.of_graph` reads back.
 """

@@ -14,10 +14,13 @@ new `TensorGraph` with, in execution order:
    that head by one `LinearCrossEntropy` kernel, at its place, that works through the rows in
    that many blocks and never holds the whole logits (`ir/rules/fused.py`; the logits
    tensor's id becomes the loss's; meta["training"]["head"] says which head it was, also
-   where the plain loss could be chunked). A softmax cross-entropy on the output of a final
-   Softmax or LogSoftmax (directly or through Reshape/Transpose...) drops that kernel and
-   trains on its input, the logits (`_train_on_logits`, recorded in meta["training"]
-   ["dropped_output"]); where it cannot, a Softmax is refused (cross-entropy on probabilities);
+   where the plain loss could be chunked). Under bf16 autocast (`ir.precision`) the plain
+   softmax cross-entropy reads the head's bf16 output behind the fp32 Cast, which it drops
+   (`_cross_entropy`: fp32 loss and log-probabilities, a bf16 gradient). A softmax
+   cross-entropy on the output of a final Softmax or LogSoftmax (directly or through
+   Reshape/Transpose...) drops that kernel and trains on its input, the logits
+   (`_train_on_logits`, recorded in meta["training"]["dropped_output"]); where it cannot, a
+   Softmax is refused (cross-entropy on probabilities);
 3. backward kernels in reverse forward order (ops of domain "autotm", see `TRAINING_OPS`),
    with partial gradients of tensors that have several users summed by `GradAccumulate` as
    soon as the next partial arrives (as nGraph's and PyTorch's autodiff do);
@@ -34,6 +37,7 @@ the graph outputs are the loss and those next values. Runs in O(kernels).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +45,9 @@ import numpy as np
 
 from autotm_py.errors import ConfigError, GraphError, UnsupportedOpError, unsupported_summary
 from autotm_py.ir.builder import GraphBuilder
+from autotm_py.ir.dtypes import DTYPE_SIZES
 from autotm_py.ir.graph import Role, TensorGraph
-from autotm_py.ir.heads import Head, find_head
+from autotm_py.ir.heads import LOW_FLOATS, Head, find_head, up_cast
 from autotm_py.ir.layout import is_channels_last
 from autotm_py.ir.loss import (
     LOSSES,
@@ -177,15 +182,51 @@ def _attach_loss(graph: TensorGraph, tape: Tape, choice: str = "auto", chunks: i
     if chunks > 1:
         kid = _chunked_loss(tape, logits, labels, head, chunks)
         return kid, labels, dropped, head.meta() if isinstance(head, Head) else None
-    loss = tape.new_tensor("loss", (), dtype, Role.OUTPUT)
-    outputs = [loss]
-    if spec.op_type == "SoftmaxCrossEntropy":
-        outputs.append(tape.new_tensor(f"{tape.name(logits)}::log_prob", shape, dtype,
-                                       Role.ACTIVATION))
-    tape.kernels.append(KernelDraft("loss", spec.op_type, BACKWARD_DOMAIN, dict(spec.attrs),
-                                    [logits, labels], outputs))
+    if spec.op_type != "SoftmaxCrossEntropy":
+        loss = tape.new_tensor("loss", (), dtype, Role.OUTPUT)
+        tape.kernels.append(KernelDraft("loss", spec.op_type, BACKWARD_DOMAIN,
+                                        dict(spec.attrs), [logits, labels], [loss]))
+    else:
+        _cross_entropy(tape, logits, labels, spec)
     return len(tape.kernels) - 1, labels, dropped, \
         None if isinstance(head, str) else head.meta()
+
+
+def _cross_entropy(tape: Tape, logits: int, labels: int, spec: LossChoice) -> None:
+    """Append the unchunked softmax cross-entropy on `logits`: loss and log-probabilities in
+    float32 for bf16 or fp16 logits (`kernels.util.loss_dtype`), else in theirs. Under bf16
+    autocast (`ir.precision`) the logits are a Cast up of the head's bf16 output, read by the
+    loss alone: that Cast is dropped and the loss reads the bf16 tensor, computing in fp32
+    inside its kernel (torch's upcast copy is its workspace); the fp32 tensor becomes the
+    log-probabilities, and the gradient is written in bf16 (no Cast before or after it)."""
+    low = _half_logits(tape, logits)
+    read = tape.dtype(logits if low is None else low)
+    dtype = "float32" if read in LOW_FLOATS else read
+    loss = tape.new_tensor("loss", (), dtype, Role.OUTPUT)
+    if low is None:
+        log_prob = tape.new_tensor(f"{tape.name(logits)}::log_prob", tape.shape(logits), dtype,
+                                   Role.ACTIVATION)
+    else:  # the fp32 copy's tensor (float32 already) holds the log-probabilities
+        tape.rename(logits, f"{tape.name(logits)}::log_prob")
+        log_prob, logits = logits, low
+    upcast = 0 if dtype == read else math.prod(tape.shape(logits)) * DTYPE_SIZES[dtype]
+    tape.kernels.append(KernelDraft("loss", spec.op_type, BACKWARD_DOMAIN, dict(spec.attrs),
+                                    [logits, labels], [loss, log_prob], upcast))
+
+
+def _half_logits(tape: Tape, logits: int) -> int | None:
+    """The bf16 (or fp16) tensor that `logits` is a Cast up to float32 of, the Cast dropped,
+    where nothing but the loss reads either (the Cast `ir.precision` puts after a head whose
+    output is the graph's); else None, the tape unchanged."""
+    made = next((i for i, d in enumerate(tape.kernels) if logits in d.outputs), None)
+    if made is None or not up_cast(tape.kernels[made], tape.tensors):
+        return None
+    low = tape.kernels[made].inputs[0]
+    if any(low in d.inputs or logits in d.inputs
+           for i, d in enumerate(tape.kernels) if i != made):
+        return None
+    del tape.kernels[made]
+    return low
 
 
 def _train_on_logits(graph: TensorGraph, tape: Tape, out: int, spec: LossChoice,

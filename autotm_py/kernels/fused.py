@@ -71,7 +71,13 @@ from autotm_py.ir.rules.fused import (
     lse_dtype,
 )
 from autotm_py.kernels.nn import conv, cudnn_window
-from autotm_py.kernels.util import register, sum_to
+from autotm_py.kernels.util import (
+    log_softmax_rows,
+    loss_dtype,
+    register,
+    softmax_grad_rows,
+    sum_to,
+)
 
 Tensors = Sequence[torch.Tensor]
 FLASH_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -350,16 +356,10 @@ def _block_logits(buf: torch.Tensor, rows: torch.Tensor, w: torch.Tensor,
     return logits
 
 
-def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The loss's dtype for logits in `dtype`: float32 for bf16 and fp16 (autocast's losses
-    run in fp32: the product in bf16, its block cast up), else their own."""
-    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-
-
 def _ce_forward(args: Tensors, trans: bool, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, logsumexp of each row); args X, W[, B], labels."""
     rows, w, bias, labels = _ce_operands(args, trans)
-    n, acc = rows.shape[0], _loss_dtype(rows.dtype)
+    n, acc = rows.shape[0], loss_dtype(rows.dtype)
     blocks = _blocks(n, chunks)
     lse = torch.empty(n, dtype=getattr(torch, lse_dtype(str(rows.dtype).split(".")[-1])),
                       device=rows.device)
@@ -371,7 +371,7 @@ def _ce_forward(args: Tensors, trans: bool, chunks: int) -> tuple[torch.Tensor, 
         label = labels[block].unsqueeze(1)
         picked = logits.gather(1, label).squeeze(1).to(acc)
         if half:  # one fused pass: bf16 in, fp32 math and out (autocast's loss)
-            block_loss = -torch.log_softmax(logits, 1, dtype=acc).gather(1, label).squeeze(1)
+            block_loss = -log_softmax_rows(logits, 1).gather(1, label).squeeze(1)
             block_lse = picked + block_loss
         else:
             top = logits.amax(1)
@@ -394,7 +394,7 @@ def _ce_backward(args: Tensors, trans: bool, chunks: int,
     db = torch.empty(classes, dtype=rows.dtype, device=rows.device) if mask[2] else None
     blocks = _blocks(n, chunks)
     buf = torch.empty((blocks[0].stop, classes), dtype=rows.dtype, device=rows.device)
-    acc = _loss_dtype(rows.dtype)
+    acc = loss_dtype(rows.dtype)
     half = acc != rows.dtype  # the logits in bf16 or fp16, their loss and softmax in fp32
     minus_one = torch.full((blocks[0].stop, 1), -1.0, dtype=acc, device=rows.device)
     for i, block in enumerate(blocks):
@@ -404,10 +404,10 @@ def _ce_backward(args: Tensors, trans: bool, chunks: int,
             grad = torch.softmax(logits, 1, dtype=acc)
         else:
             grad = logits.sub_(lse[block].unsqueeze(1).to(logits.dtype)).exp_()
-        grad.scatter_add_(1, labels[block].unsqueeze(1), minus_one[: grad.shape[0]])
         # ... and the logits' gradient in their dtype, scaled and rounded in one pass (over
         # the block's bf16 logits, which the softmax has read)
-        grad = torch.mul(grad, 1.0 / n, out=logits) if half else grad.mul_(1.0 / n)
+        grad = softmax_grad_rows(grad, labels[block], 1.0 / n, logits if half else None,
+                                 minus_one)
         if dx is not None:
             torch.mm(grad, w.t(), out=dx[block])
         if dw is not None:

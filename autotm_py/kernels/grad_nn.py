@@ -31,7 +31,9 @@ from autotm_py.kernels.util import (
     negate,
     pad_spatial,
     register,
+    softmax_grad_rows,
     sum_to,
+    torch_dtype,
 )
 
 Tensors = Sequence[torch.Tensor]
@@ -312,7 +314,9 @@ def global_max_pool_grad(k: Kernel, args: Tensors) -> torch.Tensor:
 
 @register("SoftmaxCrossEntropyGrad")
 def softmax_cross_entropy_grad(k: Kernel, args: Tensors) -> torch.Tensor:
-    """(softmax - onehot(label)) * per-row weight / normalizer, with d(loss) = 1."""
+    """(softmax - onehot(label)) * per-row weight / normalizer, with d(loss) = 1; computed in
+    the log-probabilities' dtype and written in `to` where given (fp32 log-probabilities of
+    bf16 logits: the gradient rounded once to bf16, `util.softmax_grad_rows`)."""
     log_prob, labels = args[0], args[1]
     weights = args[2] if len(args) > 2 else None
     axis = int(k.attr("axis"))
@@ -328,9 +332,10 @@ def softmax_cross_entropy_grad(k: Kernel, args: Tensors) -> torch.Tensor:
         lab = torch.where(keep, lab, torch.zeros_like(lab))
     if str(k.attr("reduction", "mean")) == "mean":
         coef = coef / coef.sum()
-    grad = rows.exp()
-    grad.scatter_add_(1, lab.unsqueeze(1), -torch.ones_like(grad[:, :1]))
-    grad.mul_(coef.unsqueeze(1))
+    to = k.attr("to")
+    out = None if to is None else torch.empty(rows.shape, dtype=torch_dtype(to),
+                                              device=rows.device)
+    grad = softmax_grad_rows(rows.exp(), lab, coef.unsqueeze(1), out)
     moved = list(log_prob.movedim(axis, -1).shape)
     return grad.reshape(moved).movedim(-1, axis)
 

@@ -28,7 +28,13 @@ from autotm_py.ir.rules.geometry import torch_avg_pool_ok, window
 from autotm_py.kernels.batch_norm import batch_norm_training_into
 from autotm_py.kernels.grad_tensor import decayed_grad, descend, learning_rate
 from autotm_py.kernels.nn import cudnn_window
-from autotm_py.kernels.util import attrs
+from autotm_py.kernels.util import (
+    attrs,
+    log_softmax_rows,
+    loss_dtype,
+    softmax_grad_rows,
+    torch_dtype,
+)
 
 Tensors = Sequence[torch.Tensor]
 IntoImpl = Callable[[Kernel, Tensors, Tensors], bool]
@@ -300,15 +306,21 @@ def batch_norm(k: Kernel, args: Tensors, outs: Tensors) -> bool:
 @into("SoftmaxCrossEntropy")
 def softmax_cross_entropy(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     """Loss and log-probabilities with classes on the last axis, no class weights, the mean
-    reduction (`memory.scratch.writes_in_place`)."""
+    reduction (`memory.scratch.writes_in_place`); ours on bf16 logits in fp32, as
+    `nn.softmax_cross_entropy` (torch's upcast copy is the kernel's workspace)."""
     scores, labels = args[0], args[1]
     axis = int(k.attr("axis", 1 if k.domain == "" else -1)) % scores.dim()
     if len(args) > 2 or len(outs) != 2 or axis != scores.dim() - 1 or \
             str(k.attr("reduction", "mean")) != "mean" or k.attr("ignore_index") is not None:
         return False
     loss, log_prob = outs
-    A._log_softmax.out(scores, axis, False, out=log_prob)
-    total = torch.empty((), dtype=scores.dtype, device=scores.device)
+    if log_prob.dtype == scores.dtype:
+        A._log_softmax.out(scores, axis, False, out=log_prob)
+    elif k.domain and log_prob.dtype == loss_dtype(scores.dtype):
+        log_softmax_rows(scores, axis, out=log_prob)
+    else:
+        return False
+    total = torch.empty((), dtype=log_prob.dtype, device=scores.device)
     A.nll_loss_forward.output(log_prob.reshape(-1, scores.shape[-1]),
                               labels.reshape(-1).long(), None, 1, -100, output=loss,
                               total_weight=total)
@@ -324,10 +336,13 @@ def softmax_cross_entropy_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
         return False
     rows = log_prob.reshape(-1, log_prob.shape[-1])
     grad = outs[0].view(rows.shape)
+    if grad.dtype != torch_dtype(k.attr("to", str(rows.dtype).split(".")[-1])):
+        return False
     lab = labels.reshape(-1).long()
     coef = torch.ones(lab.shape, dtype=rows.dtype, device=rows.device)
     coef = coef / coef.sum()
-    torch.exp(rows, out=grad)
-    grad.scatter_add_(1, lab.unsqueeze(1), -torch.ones_like(grad[:, :1]))
-    grad.mul_(coef.unsqueeze(1))
+    if grad.dtype == rows.dtype:
+        softmax_grad_rows(torch.exp(rows, out=grad), lab, coef.unsqueeze(1))
+    else:  # fp32 softmax (a temporary: the kernel's workspace), rounded once into bf16
+        softmax_grad_rows(rows.exp(), lab, coef.unsqueeze(1), grad)
     return True

@@ -22,6 +22,7 @@ from autotm_py.kernels.batch_norm import batch_norm_training
 from autotm_py.kernels.util import (
     attrs,
     conv_padding,
+    log_softmax_rows,
     pad_spatial,
     register,
     unsupported,
@@ -263,11 +264,13 @@ def class_last(t: torch.Tensor, axis: int) -> torch.Tensor:
 
 @register("SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropy")
 def softmax_cross_entropy(k: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
-    """Loss and log-probabilities; ONNX semantics (weights, ignore_index, reductions)."""
+    """Loss and log-probabilities; ONNX semantics (weights, ignore_index, reductions). Ours
+    (the training derivation's, domain "autotm") reads bf16 or fp16 logits as they are and
+    computes in fp32 (`util.log_softmax_rows`): its loss and log-probabilities are fp32."""
     scores, labels = args[0], args[1]
     weights = args[2] if len(args) > 2 else None
     axis = int(k.attr("axis", 1 if k.domain == "" else -1)) % scores.dim()
-    log_prob = torch.log_softmax(scores, axis)
+    log_prob = log_softmax_rows(scores, axis) if k.domain else torch.log_softmax(scores, axis)
     ignore = k.attr("ignore_index")
     reduction = str(k.attr("reduction", "mean"))
     loss = F.nll_loss(class_last(log_prob, axis), labels.reshape(-1).long(), weight=weights,

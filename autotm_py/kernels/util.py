@@ -56,6 +56,41 @@ def unsupported(k: Kernel, why: str) -> UnsupportedOpError:
                               what=f"the torch kernels ({why})")
 
 
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def loss_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype our softmax cross-entropy computes and writes its loss in, for logits in
+    `dtype`: float32 for bf16 and fp16 (autocast's losses run in fp32; the logits stay half
+    and are upcast inside the kernel), else their own. The unchunked loss (`SoftmaxCrossEntropy`)
+    and the chunked one (`LinearCrossEntropy`) share it."""
+    return torch.float32 if dtype in HALF_DTYPES else dtype
+
+
+def log_softmax_rows(logits: torch.Tensor, axis: int,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """log_softmax over `axis` in `loss_dtype` of the logits: half logits read as they are and
+    upcast by torch (`log_softmax(x, dim, dtype=float32)`, what autocast's fp32 list calls for
+    log_softmax), written into `out` when given."""
+    acc = loss_dtype(logits.dtype)
+    if out is None:
+        return torch.log_softmax(logits, axis, dtype=acc)
+    return torch.log_softmax(logits, axis, dtype=acc, out=out)
+
+
+def softmax_grad_rows(probs: torch.Tensor, labels: torch.Tensor, scale: float | torch.Tensor,
+                      out: torch.Tensor | None = None,
+                      minus_one: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits' gradient (softmax - onehot(labels)) * scale of (rows, classes) softmax
+    probabilities `probs` (overwritten), computed in their dtype (fp32 for half logits) and
+    rounded once into `out` (the logits' dtype, bf16 under autocast) when given, else in place.
+    `scale`: one float or a (rows, 1) column; `minus_one`: a (>= rows, 1) column of -1."""
+    if minus_one is None:
+        minus_one = torch.full((probs.shape[0], 1), -1.0, dtype=probs.dtype, device=probs.device)
+    probs.scatter_add_(1, labels.unsqueeze(1), minus_one[: probs.shape[0]])
+    return probs.mul_(scale) if out is None else torch.mul(probs, scale, out=out)
+
+
 def sum_to(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """Sum over broadcast axes so the result has `shape` (the adjoint of broadcasting)."""
     shape = tuple(shape)

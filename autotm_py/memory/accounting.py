@@ -90,18 +90,21 @@ def live_bytes(n_kernels: int, sizes: np.ndarray, ranges: Sequence[tuple[int, in
 
 def live_peak(graph: TensorGraph, sizes: np.ndarray, ranges: tuple[tuple[int, int], ...],
               exclude: frozenset[int] = frozenset()) -> tuple[int, int]:
-    """(bytes, kernel) of the largest sum of `sizes` over the tensors live at one kernel."""
+    """(bytes, kernel) of the largest sum of `sizes` over the tensors live at one kernel plus
+    that kernel's workspace (the IR's), as `graph.peak_live_bytes` counts it."""
     n = len(graph.kernels)
     if n == 0:
         return 0, -1
-    live = live_bytes(n, sizes, ranges, (t for t in range(len(ranges)) if t not in exclude))
+    live = live_bytes(n, sizes, ranges, (t for t in range(len(ranges)) if t not in exclude)) \
+        + graph.kernel_workspace_bytes
     kid = int(live.argmax())
     return int(live[kid]), kid
 
 
 def ratio_base(graph: TensorGraph, pinned: frozenset[int]) -> int:
     """What a ratio divides: the unconstrained peak (`graph.peak_live_bytes`, as `autotm
-    inspect` prints it), or with pinned tensors the peak of the placeable ones."""
+    inspect` prints it, workspace included), or with pinned tensors the peak of the placeable
+    ones and the workspace."""
     if not pinned:
         return int(graph.peak_live_bytes)
     return live_peak(graph, graph.tensor_bytes, live_ranges(graph), pinned)[0]

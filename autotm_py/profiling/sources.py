@@ -160,7 +160,12 @@ def fp32_signature(signature: str) -> str | None:
     body = json.loads(signature)
     op = str(body["op"]).rpartition("::")[2]
     slots = [d for _, d in body["in"] + body["out"]]
-    if LOW not in slots or op in CASTS or any(v == LOW for _, v in body["attrs"]):
+    if LOW not in slots or op in CASTS:
+        return None
+    # a kernel told to write bf16 (`to`: the loss gradient of bf16 logits, which reads fp32
+    # log-probabilities) writes fp32 in its fp32 form untold
+    body["attrs"] = [[k, v] for k, v in body["attrs"] if not (k == "to" and v == LOW)]
+    if any(v == LOW for _, v in body["attrs"]):
         return None
     for side in ("in", "out"):
         body[side] = [[shape, HIGH if d == LOW else d] for shape, d in body[side]]

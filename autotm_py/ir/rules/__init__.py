@@ -17,8 +17,10 @@ RULES: dict[str, Rule] = {**elementwise.RULES, **nn.RULES, **shape.RULES, **fuse
 TRAINING_OPS: dict[str, str] = {
     # loss
     "SoftmaxCrossEntropy": "logits, labels -> loss, log_prob: mean softmax cross-entropy "
-                           "over the class axis `axis` (the loss that derive_training adds)",
-    "SoftmaxCrossEntropyGrad": "log_prob, labels[, weights] -> dlogits (d loss = 1)",
+                           "over the class axis `axis` (the loss that derive_training adds; "
+                           "bf16 or fp16 logits: loss and log_prob in float32)",
+    "SoftmaxCrossEntropyGrad": "log_prob, labels[, weights] -> dlogits (d loss = 1; in "
+                               "dtype `to` where given: bf16 logits' fp32 log_prob)",
     "MeanSquaredError": "prediction, target -> loss: mean of (prediction - target)^2 "
                         "(--loss mse)",
     "MeanSquaredErrorGrad": "prediction, target -> dprediction = 2 (prediction - target) / "
