@@ -16,6 +16,7 @@ from autotm_py.config import PlanConfig, default_memory
 from autotm_py.errors import ConfigError
 from autotm_py.frontend.onnx import import_onnx as _import_onnx
 from autotm_py.frontend.zoo.dlrm import KAGGLE_TABLES
+from autotm_py.ir.conv_split import split_conv_grads as _split_conv_grads
 from autotm_py.ir.training import derive_training as _derive_training
 from autotm_py.memory.tiers import load_memory_system
 from autotm_py.options import SOURCE_META_KEY, Measure, ModelOptions, RunMode
@@ -80,6 +81,12 @@ def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike |
             **options: Any) -> KernelCosts:
     """Measure every unique kernel on `device` (cached), return the graph's costs."""
     return _profiling.profile(graph, device=device, profiles_dir=profiles_dir, **options)
+
+
+def split_conv_grads(graph: TensorGraph, names: Sequence[str] | None = None) -> TensorGraph:
+    """`graph` with its fused convolution backward kernels `names` (None: all) split into
+    their filter and data parts (`ir.conv_split`; `optimize --split-conv-grads`)."""
+    return _split_conv_grads(graph, names)
 
 
 def load_costs(graph: TensorGraph, *, device: str = "cuda",

@@ -68,6 +68,8 @@ DEFAULT_RECOMPUTE_EARLY = 32
 # sped up one (ResNet-200 at 25%: 4.3% measured) and no other, with a larger ILP
 # (experiments/journal/gpu-2026-11.md).
 READ_PRICINGS: tuple[str, ...] = ("step", "spread")
+# --split-conv-grads: when the planner splits fused convolution backward kernels (`PlanConfig`)
+SPLIT_MODES: tuple[str, ...] = ("auto", "on", "off")
 DEFAULT_READ_PRICING = "step"
 # The plan names of the three families, as headers, `autotm bench --strategies` and reports
 # write them: "<strategy>" (move-only), "<strategy>+recompute" (joint), "recompute-only".
@@ -122,9 +124,18 @@ class PlanConfig:
     # value) of tensors found all zero or one constant. GPU mode: the planner may drop such a
     # tensor for free and fill it again before a use instead of copying it. (): no facts.
     fills: tuple[tuple[str, float], ...] = ()
+    # Fused convolution backward kernels (ConvGrad: dY, X, W -> dX, dW) split into their
+    # filter and data parts (`ir.conv_split`; docs/planning.md): "auto" where that makes an
+    # infeasible budget feasible, "on" every one, "off" none (SPLIT_MODES). The plan is then
+    # for the split graph (`PlanResult.graph`); "off" here, as the Trainer and the benchmark
+    # run a plan on the graph they gave; `autotm optimize` defaults to "auto".
+    split_conv_grads: str = "off"
 
     def __post_init__(self) -> None:
         self._coerce()
+        if self.split_conv_grads not in SPLIT_MODES:
+            raise ConfigError(f"--split-conv-grads {self.split_conv_grads!r}: choose one of "
+                              f"{', '.join(SPLIT_MODES)}")
         self._check_recompute()
         if self.ratio is not None and self.fast_mem_bytes is not None:
             raise ConfigError("give either --ratio or --fast-mem, not both")

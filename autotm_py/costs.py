@@ -117,6 +117,51 @@ class KernelCosts:
             return self.times_s[k]
         return io_bytes / SLOT_COPY_BYTES_PER_S
 
+    def spliced(self, origins: Sequence[tuple[int, bool]], fresh: KernelCosts) -> KernelCosts:
+        """The costs of a graph whose kernels were split into parts (`ir.conv_split`):
+        `origins[k]` is (the kernel here that kernel k is or is a part of, whether a part),
+        `fresh` the split graph's costs from the profiles. A kernel kept costs what it did
+        here. A part costs what `fresh` says, but where `fresh` only estimates it and the
+        kernel it came from was measured, the parts share that kernel's times in proportion to
+        their estimates (its one launch more is not priced) and, like a part whose workspace
+        is not measured, take its workspace (an upper bound: the fused call runs them one
+        after the other)."""
+        n = len(origins)
+        measured = {o for o, part in origins if part and not self.estimated[o]}
+        shares = {o: sum(fresh.times_s[k] for k, (p, part) in enumerate(origins)
+                         if part and p == o) for o in measured}
+
+        def one(k: int, mine: Sequence[Any], theirs: Sequence[Any], field_: str) -> Any:
+            o, part = origins[k]
+            if not part:
+                return mine[o]
+            if field_ == "workspace_bytes":
+                return max(theirs[k], mine[o]) if fresh.estimated[k] else theirs[k]
+            if not (fresh.estimated[k] and o in measured):
+                return theirs[k]
+            if field_ == "scaled":
+                return mine[o]
+            return mine[o] * (fresh.times_s[k] / shares[o] if shares[o] > 0 else 0.5)
+
+        def column(field_: str, default: Any) -> tuple:
+            mine, theirs = getattr(self, field_), getattr(fresh, field_)
+            if not mine and not theirs:
+                return ()
+            return tuple(one(k, mine or (default,) * len(self.times_s),
+                             theirs or (default,) * n, field_) for k in range(n))
+
+        estimated = tuple(self.estimated[o] if not part else bool(fresh.estimated[k])
+                          for k, (o, part) in enumerate(origins))
+        placements = {k: self.measured_placements[o] for k, (o, part) in enumerate(origins)
+                      if not part and o in self.measured_placements}
+        placements.update({k: fresh.measured_placements[k] for k, (_, part) in
+                           enumerate(origins) if part and k in fresh.measured_placements})
+        return replace(
+            self, times_s=column("times_s", 0.0), p10_s=column("p10_s", 0.0),
+            p90_s=column("p90_s", 0.0), estimated=estimated, measured_placements=placements,
+            scaled=column("scaled", False), workspace_bytes=column("workspace_bytes", 0),
+            device_s=column("device_s", 0.0))
+
     @property
     def total_s(self) -> float:
         return sum(self.times_s)

@@ -38,6 +38,10 @@ PRECISION_KEY = "precision"  # graph.meta's key of a converted graph's precision
 LAYOUT_KEY, CHANNELS_LAST = "layout", "channels-last"
 
 
+# graph.meta's key of the fused convolution backward kernels a split graph split, by name
+# (`ir.conv_split` sets it; read here from the meta alone)
+SPLIT_KEY = "conv_grad_split"
+
 # TensorGraph.meta key of the model a graph was loaded from (an ONNX file's absolute path or a
 # zoo name; `pipeline.load_graph` sets it, plans record it as `PlanHeader.source`)
 SOURCE_META_KEY = "model_source"
@@ -61,8 +65,12 @@ class ModelOptions:
     # --precision: fp32, or bf16 autocast (`ir.precision`); "auto" until resolved for a device
     # (`on`); a graph is built resolved (the default here, without a device, is fp32)
     precision: str = "fp32"
+    # the fused convolution backward kernels split into their parts, by name
+    # (`ir.conv_split`): the planner's `--split-conv-grads`, recorded so a plan rebuilds them
+    split_conv_grads: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "split_conv_grads", tuple(self.split_conv_grads or ()))
         if self.batch is not None and self.batch <= 0:
             raise ConfigError(f"--batch {self.batch}: must be a positive integer")
         bad = [f"{k}={v}" for k, v in dict(self.dims or {}).items() if int(v) <= 0]
@@ -90,13 +98,14 @@ class ModelOptions:
                    loss=None if training is None else training.get("loss_rule", "auto"),
                    loss_chunks=1 if training is None else int(training.get("loss_chunks", 1)),
                    channels_last=meta.get(LAYOUT_KEY) == CHANNELS_LAST,
-                   precision=str(meta.get(PRECISION_KEY, "fp32")))
+                   precision=str(meta.get(PRECISION_KEY, "fp32")),
+                   split_conv_grads=tuple(meta.get(SPLIT_KEY) or ()))
 
     def differences(self, other: ModelOptions) -> list[str]:
         """In words, the options where `other` differs from this one."""
         out = []
         for name in ("batch", "dims", "training", "optimizer", "fuse", "loss", "loss_chunks",
-                     "channels_last", "precision"):
+                     "channels_last", "precision", "split_conv_grads"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if dict(mine or {}) != dict(theirs or {}) if name == "dims" else mine != theirs:
                 out.append(f"{name} {theirs!r} (the plan's: {mine!r})")
@@ -123,7 +132,8 @@ class ModelOptions:
         return ModelOptions(**{**asdict(self), "precision": default_precision(device)})
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "dims": dict(self.dims or {})}
+        return {**asdict(self), "dims": dict(self.dims or {}),
+                "split_conv_grads": list(self.split_conv_grads)}
 
 
 @dataclass(frozen=True)

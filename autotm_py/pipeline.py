@@ -26,14 +26,8 @@ from typing import TYPE_CHECKING, Any
 from autotm_py import arena
 from autotm_py.config import default_memory
 from autotm_py.costs import KernelCosts
-from autotm_py.errors import AutoTMError, ConfigError, PlanError, SolverError
-from autotm_py.frontend.onnx import import_onnx
-from autotm_py.frontend.onnx_load import check_external_locations
-from autotm_py.frontend.weights import initializer_values
-from autotm_py.frontend.zoo import ZOO, build_graph
-from autotm_py.ir.layout import to_channels_last
-from autotm_py.ir.precision import with_precision
-from autotm_py.ir.training import derive_training
+from autotm_py.errors import AutoTMError, PlanError, SolverError
+from autotm_py.ir.conv_split import fused_conv_grads
 from autotm_py.machine import MachineModel, over_device_note
 from autotm_py.memory import accounting
 from autotm_py.memory.accounting import ALIGN_BYTES
@@ -44,22 +38,32 @@ from autotm_py.memory.tiers import (
     preset,
     simulated_tier_note,
 )
-from autotm_py.options import SOURCE_META_KEY, Measure, ModelOptions, RunMode
+from autotm_py.options import Measure, RunMode
 from autotm_py.plan import Plan
 from autotm_py.planning import baselines as baseline_plans
 from autotm_py.planning import solve
 from autotm_py.planning.baselines import BASELINES, BaselineResult
 from autotm_py.planning.bounds import transfer_bound
 from autotm_py.planning.control import SolveControl
+from autotm_py.planning.feasibility import kernel_needs, smallest_budget
 from autotm_py.planning.solve import PlanResult
 from autotm_py.profiling.cache import user_profiles_dir
 from autotm_py.profiling.fingerprint import detected_gpu
 from autotm_py.profiling.in_context import profile_in_context as _profile
 from autotm_py.profiling.profile import load_costs
-from autotm_py.profiling.profile import profile as profile_kernels
 from autotm_py.runtime.simulate import Simulator
 from autotm_py.runtime.simulate_result import SimulationResult
 from autotm_py.units import format_bytes
+
+# the models as workloads (`workload`), part of what the pipeline offers its callers
+from autotm_py.workload import (  # noqa: F401
+    Workload,
+    device_costs,
+    initial_values,
+    load_graph,
+    load_workload,
+    split_workload,
+)
 
 if TYPE_CHECKING:
     from autotm_py.config import PlanConfig
@@ -97,9 +101,74 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
     """Plan `graph` under `config` and verify the plan (in GPU mode with `config.run.arena`, packed
     into an arena that fits the budget). `baselines`: also plan and simulate these baselines
     (True: all of them) for comparison. `control`: progress reports and stop requests (a stop
-    ends the search with the best plan so far and skips the baselines)."""
+    ends the search with the best plan so far and skips the baselines).
+
+    `config.split_conv_grads`: "on" plans the graph with its fused convolution backward
+    kernels split into their parts (`ir.conv_split`); "auto" does so where the budget is
+    infeasible because of them and the split makes it feasible (the plan's notes say so). The
+    result's `graph` is then the split graph, the one the plan is for."""
     control = control or SolveControl(time_limit_s=config.time_limit_s)
     machine = machine_for(graph, config, costs, profiles_dir=profiles_dir)
+    mode = config.split_conv_grads
+    if mode == "on" and fused_conv_grads(graph):
+        return _split_and_plan(machine, config, costs, profiles_dir, baselines, control,
+                               fused_conv_grads(graph))
+    result = _optimize(machine, config, costs, profiles_dir, baselines, control)
+    if mode != "auto" or result.status != "infeasible" or result.smallest is None or \
+            machine.tensor_budget is None or control.stop_requested:
+        return result
+    # the one decision point of `--split-conv-grads auto`: the fused convolution backward
+    # kernels whose own working set the budget cannot hold, split where that makes it fit
+    needs = kernel_needs(machine)
+    over = [k for k in fused_conv_grads(graph) if needs[k] > machine.tensor_budget]
+    if not over or max(needs) > max(needs[k] for k in over):
+        return result  # another kernel needs more: splitting cannot make it fit
+    return _split_and_plan(machine, config, costs, profiles_dir, baselines, control, over,
+                           infeasible=result)
+
+
+def _split_and_plan(machine: MachineModel, config: PlanConfig, costs: KernelCosts | None,
+                    profiles_dir: PathLike | None, baselines: bool | Sequence[str],
+                    control: SolveControl, kernels: Sequence[int],
+                    infeasible: PlanResult | None = None) -> PlanResult:
+    """Plan the graph of `machine` with its fused convolution backward `kernels` split
+    (`ir.conv_split`) at the same budget in bytes. With `infeasible` (the unsplit graph's
+    result, `--split-conv-grads auto`): that result, its message saying so, unless the split
+    graph's smallest feasible budget fits the budget and it gets a plan."""
+    graph = machine.graph
+    split_config = replace(config, ratio=None, fast_mem_bytes=machine.user_budget,
+                           split_conv_grads="off")
+    costs = costs or load_costs(graph, device=config.device, profiles_dir=profiles_dir,
+                                gpu=config.gpu)
+    work = split_workload(Workload(graph, costs), [graph.kernels[k].name for k in kernels],
+                          device=config.device, gpu=config.gpu, profiles_dir=profiles_dir)
+    split, costs = work.graph, work.costs
+    split_machine = machine_for(split, split_config, costs, profiles_dir=profiles_dir)
+    before = smallest_budget(machine, config.strategy).budget_bytes
+    least = smallest_budget(split_machine, config.strategy)
+    after = least.budget_bytes
+    what = f"{len(kernels)} convolution backward kernel{'s' if len(kernels) > 1 else ''}"
+    if infeasible is not None and split_machine.tensor_budget is not None and \
+            least.plan_bytes > split_machine.tensor_budget:
+        return replace(infeasible, message=f"{infeasible.message} (splitting {what} into their "
+                       f"filter and data parts would lower it to {format_bytes(after)} only)")
+    result = _optimize(split_machine, split_config, costs, profiles_dir, baselines, control)
+    if result.plan is None:
+        return infeasible or replace(result, graph=split)
+    why = "so that the budget fits" if infeasible is not None else "(--split-conv-grads on)"
+    note = (f"split {what} {why}: smallest feasible budget {format_bytes(before)} -> "
+            f"{format_bytes(after)} (each into ConvGradFilter, then ConvGradData: "
+            "docs/planning.md)")
+    plan = result.plan.with_header(config=config.to_dict(),
+                                   notes=(*result.plan.header.notes, note))
+    return replace(result, plan=plan, graph=split)
+
+
+def _optimize(machine: MachineModel, config: PlanConfig, costs: KernelCosts | None,
+              profiles_dir: PathLike | None, baselines: bool | Sequence[str],
+              control: SolveControl) -> PlanResult:
+    """`optimize` of `machine`'s graph as it is."""
+    graph = machine.graph
     if machine.arena_mode:
         result, machine = fit_arena(machine, config, control)
         if machine.windowed and result.plan is not None and result.plan.arena is None and \
@@ -345,48 +414,6 @@ def profile_in_context(graph: TensorGraph, *, device: str = "cuda",
                     iterations=iterations, warmup=warmup)
 
 
-# ---- models -------------------------------------------------------------------------------
-def load_graph(model: PathLike, options: ModelOptions | None = None) -> TensorGraph:
-    """An ONNX file or zoo model as the `TensorGraph` that `options` (`ModelOptions`) describe."""
-    options = options or ModelOptions()
-    path = Path(model)
-    dims = dict(options.dims or {})
-    if path.exists() or path.suffix == ".onnx" or os.sep in str(model):
-        graph = import_onnx(path, batch=options.batch, dims=dims, fuse=options.fuse)
-        source = str(path.resolve())
-    elif str(model) in ZOO:
-        graph = build_graph(str(model), batch=options.batch, dims=dims, fuse=options.fuse)
-        source = str(model)
-    else:
-        raise ConfigError(f"model {str(model)!r} is neither an existing file nor a zoo model "
-                          f"({', '.join(sorted(ZOO))}); see `autotm zoo list`")
-    graph = replace(graph, meta={**graph.meta, SOURCE_META_KEY: source})
-    graph = with_precision(graph, options.precision)
-    if options.training:
-        graph = derive_training(graph, optimizer=options.optimizer or "sgd",
-                                loss=options.loss or "auto", loss_chunks=options.loss_chunks)
-    return to_channels_last(graph) if options.channels_last else graph
-
-
-@dataclass(frozen=True)
-class Workload:
-    """A model built and priced once: its graph and its kernel costs."""
-
-    graph: TensorGraph
-    costs: KernelCosts
-
-
-def load_workload(model: PathLike, options: ModelOptions, *, device: str = "cuda",
-                  gpu: str | None = None, profiles_dir: PathLike | None = None,
-                  shipped_dir: PathLike | None = None) -> Workload:
-    """The graph `options` build of `model`, priced with the profiles of `device` (of the GPU
-    `gpu` names, in GPU mode). `shipped_dir` stands in for the shipped profiles (a bench
-    worker's copy of them)."""
-    graph = load_graph(model, options)
-    return Workload(graph, load_costs(graph, device=device, profiles_dir=profiles_dir,
-                                      shipped_dir=shipped_dir, gpu=gpu))
-
-
 @dataclass(frozen=True)
 class BudgetFacts:
     """What a budget of `config` means for a graph: the user's budget in bytes, the all-fast
@@ -515,50 +542,6 @@ def user_budget(graph: TensorGraph, config: PlanConfig,
     return accounting.resolve_budget(graph, ratio=config.ratio,
                                      fast_mem_bytes=config.fast_mem_bytes, pinned=pinned,
                                      memory=memory)
-
-
-def device_costs(graph: TensorGraph, device: str, gpu: str | None = None, *,
-                 measure: bool = False) -> KernelCosts:
-    """The kernel costs of `graph` on `device` ("cuda" prices with `gpu`'s profiles);
-    `measure`: first measure on this machine the kernels no profile has (cached)."""
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    if measure:
-        return profile_kernels(graph, device=kind, progress=False)
-    return load_costs(graph, device=kind, gpu=gpu if kind == "cuda" else None)
-
-
-def initial_values(graph: TensorGraph, model: PathLike, seed: int = 0
-                   ) -> tuple[dict[int, Any], str]:
-    """The values a run of `graph` starts from, and what they are in words: an ONNX file's own
-    initializers where it has data for them, seeded random values for every other tensor
-    without a producer (all of them for a zoo model, whose weights no file holds)."""
-    from autotm_py.kernels.util import in_layout, torch_dtype
-    from autotm_py.runtime.reference import init_values
-
-    masters = init_values(graph, seed=seed)
-    path = Path(model)
-    if not (path.is_file() and path.suffix == ".onnx"):
-        return masters, (f"seeded random values (--seed {seed}): a zoo model has no weights "
-                         "of its own (times and memory do not depend on them)")
-    found = initializer_values(path, graph)
-    import torch
-
-    for tid, value in found.values.items():
-        t = graph.tensors[tid]
-        masters[tid] = in_layout(torch.from_numpy(value).to(torch_dtype(t.dtype)), t)
-    text = f"the file's own weights ({len(found.values)})"
-    if found.missing:
-        text += (f"; external data {', '.join(_missing_data_files(path))} is missing: seeded "
-                 f"random values (--seed {seed}) for the {len(found.missing)} weights it holds")
-    return masters, text
-
-
-def _missing_data_files(path: Path) -> list[str]:
-    """The external-data files that `path` names and its folder lacks."""
-    import onnx
-
-    proto = onnx.load(str(path), load_external_data=False)
-    return sorted(check_external_locations(proto, path.parent, str(path))) or ["(unknown)"]
 
 
 def default_plans_dir() -> Path:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotm_py import api, pipeline
+from autotm_py import api, workload
 from autotm_py.bench import BenchSpec, child
 from autotm_py.bench import run_bench as _run_bench
 from autotm_py.cli import main
@@ -142,13 +142,13 @@ def test_a_plan_read_back_is_priced_against_the_same_all_fast(onnx_path, tmp_pat
     """A plan read from --plans is compared with the all-fast iteration priced as the sweep
     prices it (replayed with --graph: device times, no launch gaps), as a plan solved in the
     sweep is. The tiny model's costs get device times (as in-context profiles have)."""
-    load_costs = pipeline.load_costs
+    load_costs = workload.load_costs
 
     def with_device_times(graph, **kw):
         costs = load_costs(graph, **kw)
         return replace(costs, device_s=tuple(t / 2 for t in costs.times_s))
 
-    monkeypatch.setattr(pipeline, "load_costs", with_device_times)
+    monkeypatch.setattr(workload, "load_costs", with_device_times)  # where models are priced
     kw = dict(plans_dir=str(tmp_path / "plans"))
     solved = _run_bench(arena_spec(onnx_path, **kw), tmp_path / "a.csv", workers=1).rows[0]
     read = _run_bench(arena_spec(onnx_path, **kw), tmp_path / "b.csv", workers=1).rows[0]

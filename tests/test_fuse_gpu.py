@@ -231,3 +231,38 @@ def test_the_fused_llama_trains_on_cuda_like_on_cpu():
     for a, b in zip(cpu, cuda, strict=True):
         for tid in graph.outputs:
             assert_close(b[tid].cpu(), a[tid], graph.name_of(tid), rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask", [(1, 1), (1, 0), (0, 1)])
+def test_rms_norm_grad_on_cuda_is_aten_fused_backward(dtype, mask, monkeypatch):
+    """On CUDA RMSNormGrad runs aten's fused backward (not the written-out composite), and it
+    gives the composite's gradients: float32 within 1e-5, bfloat16 within its rounding."""
+    from autotm_py.ir.graph import Kernel, freeze_attrs
+    from autotm_py.kernels import fused as kernels_fused
+    from autotm_py.kernels import run_kernel
+
+    gen = torch.Generator().manual_seed(0)
+    x, dy = (torch.randn(3, 37, 256, generator=gen).to("cuda", dtype) for _ in range(2))
+    w = (torch.rand(256, generator=gen) + 0.5).to("cuda", dtype)
+    norm = Kernel(id=0, name="n", op_type="RMSNormalization", domain="autotm",
+                  attrs=freeze_attrs({"axis": 2, "epsilon": 1e-6}), inputs=(0, 1),
+                  outputs=(2, 3), signature="")
+    _, rstd = run_kernel(norm, [x, w])
+    grad = Kernel(id=1, name="g", op_type="RMSNormGrad", domain="autotm",
+                  attrs=freeze_attrs({"axis": 2, "output_mask": mask}), inputs=(0, 1, 2, 3),
+                  outputs=tuple(range(4, 4 + sum(mask))), signature="")
+    calls = []
+    fused = kernels_fused._fused_rms_norm_grad
+    monkeypatch.setattr(kernels_fused, "_fused_rms_norm_grad",
+                        lambda *a: calls.append(1) or fused(*a))
+    got = run_kernel(grad, [dy, x, rstd, w])
+    assert calls == [1]
+    monkeypatch.setattr(kernels_fused, "_fused_rms_norm_grad", lambda *a: None)
+    want = run_kernel(grad, [dy, x, rstd, w])
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for g, r in zip(got, want, strict=True):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        torch.testing.assert_close(g.float(), r.float(), rtol=tol,
+                                   atol=tol * float(r.abs().max()))

@@ -20,6 +20,7 @@ from autotm_py.bench import child
 from autotm_py.bench.ship import PlanBox
 from autotm_py.config import PlanConfig
 from autotm_py.errors import AutoTMError
+from autotm_py.ir import split_names
 from autotm_py.options import RunMode
 from autotm_py.plan import Plan
 from autotm_py.report import PlanView, plan_metrics
@@ -70,6 +71,10 @@ class ModelRunner:
             work = pipeline.load_workload(self.source, spec.model, device=spec.device,
                                           gpu=spec.gpu, profiles_dir=spec.profiles_dir,
                                           shipped_dir=shipped_dir)
+            if spec.split_conv_grads:
+                work = pipeline.split_workload(work, device=spec.device, gpu=spec.gpu,
+                                               profiles_dir=spec.profiles_dir,
+                                               shipped_dir=shipped_dir)
             self.graph, self.costs = work.graph, work.costs
             self.view = PlanView.from_graph(self.graph)
         except AutoTMError as exc:
@@ -302,7 +307,9 @@ class ModelRunner:
         s = self.spec
         if not s.run.arena:
             return self._run(plan, replay=s.run.replay)
-        request = child.RunRequest(model=self.source, options=s.model.to_dict(),
+        # the child builds the graph again: the split, if any, with it
+        options = replace(s.model, split_conv_grads=split_names(self.graph))
+        request = child.RunRequest(model=self.source, options=options.to_dict(),
                                    mode=s.run.to_dict(), device=self._device,
                                    iterations=s.iterations, warmup=s.warmup,
                                    device_busy=s.run.replay)

@@ -106,6 +106,10 @@ class BenchSpec:
     read_pricing: str = DEFAULT_READ_PRICING  # `optimize --read-pricing`
     gpu: str | None = None  # `--gpu`: plans priced with this GPU's profiles (GPU mode)
     recompute: str = "auto"  # `--recompute`, for the strategies that do not fix it
+    # `--split-conv-grads`: every model's fused convolution backward kernels split into their
+    # parts (`ir.conv_split`) before anything is planned or run; its ratios divide the split
+    # graph's peak, and its rows and plans are named "+split"
+    split_conv_grads: bool = False
 
     def __post_init__(self) -> None:
         if not self.models or not self.ratios:
@@ -191,6 +195,7 @@ class BenchSpec:
                                        (f"loss{model.loss_chunks}", model.loss_chunks > 1),
                                        ("nhwc", model.channels_last),
                                        (f"gpu-{gpu_slug(self.gpu or '')}", bool(self.gpu)),
+                                       ("split", self.split_conv_grads),
                                        *self._model_parts())
                  if on]
         return "+".join(parts) or None

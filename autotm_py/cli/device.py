@@ -50,6 +50,10 @@ DEVICES = click.Choice(["cpu", "cuda"])
 @click.option("--in-context", is_flag=True,
               help="CUDA: after isolated timing, time every kernel inside whole all-fast "
                    "iterations (the graph must fit on the GPU) and keep those times.")
+@click.option("--split-conv-grads", is_flag=True,
+              help="Also measure the graph with its fused convolution backward kernels split "
+                   "into their filter and data parts (`optimize --split-conv-grads`), so plans "
+                   "that split them are priced with their own times.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--values", "values_out", type=click.Path(dir_okay=False), default=None,
               metavar="FILE", help="Instead of timing kernels: run all-fast iterations and "
@@ -62,8 +66,8 @@ DEVICES = click.Choice(["cpu", "cuda"])
 @json_option
 def profile_cmd(model: ModelArgs, device: str, profiles_dir: str | None, repeats: int,
                 warmup: int, max_seconds: float | None, fresh: bool, threads: int | None,
-                in_context: bool, no_progress: bool, values_out: str | None, iterations: int,
-                seed: int, as_json: bool) -> None:
+                in_context: bool, split_conv_grads: bool, no_progress: bool,
+                values_out: str | None, iterations: int, seed: int, as_json: bool) -> None:
     """Measure the kernels of MODEL on a device and cache their times.
 
     Identical kernels (repeated blocks) are measured once; kernels already cached for this
@@ -75,15 +79,19 @@ def profile_cmd(model: ModelArgs, device: str, profiles_dir: str | None, repeats
     if values_out:
         _profile_values(graph, device, iterations, seed, values_out, as_json)
         return
-    costs = api.profile(graph, device=device, profiles_dir=profiles_dir, repeats=repeats,
-                        warmup=warmup, max_seconds=max_seconds, resume=not fresh,
-                        threads=threads, progress=not (no_progress or as_json))
-    if in_context:
-        summary = costs.summary
-        costs = api.profile_in_context(graph, device=device, profiles_dir=profiles_dir)
-        costs = replace(costs, summary={**costs.summary, **{k: summary[k] for k in
-                                        ("measured_now", "seconds", "cache_file")
-                                        if k in summary}, "in_context": True})
+    graphs = [graph]
+    if split_conv_grads and api.split_conv_grads(graph) is not graph:
+        graphs.append(api.split_conv_grads(graph))
+    for g in graphs:  # the split graph's costs (its parts) after the graph's own
+        costs = api.profile(g, device=device, profiles_dir=profiles_dir, repeats=repeats,
+                            warmup=warmup, max_seconds=max_seconds, resume=not fresh,
+                            threads=threads, progress=not (no_progress or as_json))
+        if in_context:
+            summary = costs.summary
+            costs = api.profile_in_context(g, device=device, profiles_dir=profiles_dir)
+            costs = replace(costs, summary={**costs.summary, **{k: summary[k] for k in
+                                            ("measured_now", "seconds", "cache_file")
+                                            if k in summary}, "in_context": True})
     if as_json:
         print_json(_profile_json(graph.name, costs))
         return

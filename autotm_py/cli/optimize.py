@@ -46,6 +46,7 @@ from autotm_py.config import (
     PLAN_NAMES,
     READ_PRICINGS,
     RECOMPUTE_MODES,
+    SPLIT_MODES,
     PlanConfig,
 )
 from autotm_py.errors import ConfigError
@@ -136,6 +137,14 @@ RATIO_HELP = (
                    "from above); spread: over the kernels from that one to the tensor's next "
                    "use, where the executor waits for it (an estimate, not a bound; a larger "
                    "ILP).")
+@click.option("--split-conv-grads", type=click.Choice(SPLIT_MODES), default="auto",
+              show_default=True,
+              help="Split a fused convolution backward kernel (ConvGrad: dY, X, W -> dX, dW) "
+                   "into ConvGradFilter then ConvGradData, which never hold X and dX together "
+                   "(about one launch more on a GPU). auto: the ones whose working set the "
+                   "budget cannot hold, where that makes an infeasible budget feasible; on: "
+                   "every one; off: none. The plan's notes say so; run and simulate rebuild "
+                   "the split from the plan.")
 @click.option("--pin-weights", is_flag=True,
               help="The paper's rule: inputs, weights and optimizer state stay in fast "
                    "memory, outside the budget.")
@@ -159,7 +168,7 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
                  time_limit: float | None, async_window: int,
                  async_candidates: int | None, recompute: str, recompute_depth: int,
                  recompute_ratio: float, recompute_early: int, read_pricing: str,
-                 pin_weights: bool,
+                 split_conv_grads: str, pin_weights: bool,
                  threads: int | None, headroom: float, reserve: str | None, mode: RunModeArgs,
                  gpu: str | None, profiles_dir: str | None, no_baselines: bool,
                  values_path: str | None, output: str | None, as_json: bool) -> int:
@@ -185,7 +194,7 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
         recompute_depth=recompute_depth, recompute_ratio=recompute_ratio,
         recompute_early=recompute_early, read_pricing=read_pricing,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
-        run=mode.for_device(device), gpu=gpu,
+        run=mode.for_device(device), gpu=gpu, split_conv_grads=split_conv_grads,
         fills=api.value_fills(api.load_values(values_path)) if values_path else ())
     config = api.for_this_gpu(config)  # the link of the GPU here, if any
     control = SolveControl(time_limit_s=time_limit)

@@ -230,6 +230,10 @@ def _split(text: str) -> tuple[str, ...]:
 @click.option("--read-pricing", type=click.Choice(READ_PRICINGS),
               default=DEFAULT_READ_PRICING, show_default=True,
               help="How plans price the reads of moved tensors (`optimize --read-pricing`).")
+@click.option("--split-conv-grads", is_flag=True,
+              help="Split every fused convolution backward kernel into its filter and data "
+                   "parts before planning and running (`optimize --split-conv-grads on`); the "
+                   "ratios divide the split graph's peak; rows are named +split.")
 @gpu_option
 @click.option("--plans", "plans_dir", type=click.Path(file_okay=False), default=None,
               help="Keep each solved plan in this folder (gzip-compressed JSON) and reuse "
@@ -255,7 +259,7 @@ def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, recom
               solvers: str, device: str, memory: str | None, time_limit: float | None,
               gap: float, pin_weights: bool, profiles: str | None, execute: bool,
               iterations: int, warmup: int, headroom: float, fit: bool, mode: RunModeArgs,
-              read_pricing: str,
+              read_pricing: str, split_conv_grads: bool,
               gpu: str | None, plans_dir: str | None,
               output: str, engine: str, workers: int | None,
               address: str | None, threads: int | None,
@@ -283,7 +287,7 @@ def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, recom
                      profiles_dir=profiles, execute=execute, iterations=iterations,
                      warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,
                      threads=threads, run=mode.for_device(device), read_pricing=read_pricing,
-                     gpu=gpu)
+                     gpu=gpu, split_conv_grads=split_conv_grads)
     if "channels_last" not in model.given:  # optimize's layout, for the whole sweep
         spec = replace(spec, model=sweep_layout(spec.models, spec.model, device=device, gpu=gpu,
                                                 profiles_dir=profiles))

@@ -17,6 +17,7 @@ _EXPORTS = {
     "LOSSES": "autotm_py.ir.loss",
     "Optimizer": "autotm_py.ir.optim",
     "chunkable_logits_bytes": "autotm_py.ir.training",
+    "split_names": "autotm_py.ir.conv_split",
 }
 
 __all__ = ["DTYPE_SIZES", "GraphBuilder", "Kernel", "Role", "Tensor", "TensorGraph", "rebuild",

@@ -63,6 +63,9 @@ PLACED_OPS = frozenset({
     "ScaledDotProductAttention", "ScaledDotProductAttentionGrad", "LayerNormalization",
     "LinearCrossEntropyGrad",  # allocates dX, dW, dB at their sizes before its block buffer
     "ConvRelu",  # cuDNN's fused call allocates Y (elsewhere: the convolution's, ReLU'd in place)
+    # ConvGrad's parts (`ir.conv_split`): the same convolution_backward call with one output
+    # asked for, which it allocates as ConvGrad does (not measured on their own)
+    "ConvGradData", "ConvGradFilter",
 })
 # Ops whose torch kernels return a view of an input: the executor copies the view into the
 # output's slot and nothing is allocated.

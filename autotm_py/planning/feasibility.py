@@ -70,17 +70,24 @@ def min_feasible_budget(machine: MachineModel, strategy: str,
     `fixed` (kept fast for life) count wherever they are alive (over `ranges`: the live
     ranges, extended by recomputation). Regenerations never raise it: a plan may always keep
     or move instead. (Recompute-only plans may be infeasible above it: nothing can move.)"""
-    graph = machine.graph
-    n = len(graph.kernels)
+    n = len(machine.graph.kernels)
     if not n:
         return 0, -1
     if machine.gpu and strategy == "static":
         return machine.peak
-    resident = machine.live_bytes(fixed, ranges)
-    need = [int(machine.workspace[k]) + _own_bytes(machine, k, fixed) + int(resident[k])
-            for k in range(n)]
+    need = kernel_needs(machine, fixed, ranges)
     kid = max(range(n), key=need.__getitem__)
     return need[kid], kid
+
+
+def kernel_needs(machine: MachineModel, fixed: frozenset[int] = frozenset(),
+                 ranges: Sequence[tuple[int, int]] | None = None) -> list[int]:
+    """Per kernel, the smallest budget of the plan's tensors at which it can run (the moving
+    strategies' rule of `min_feasible_budget`: its workspace, its own inputs and outputs in GPU
+    mode, and the tensors in `fixed` alive there)."""
+    resident = machine.live_bytes(fixed, ranges)
+    return [int(machine.workspace[k]) + _own_bytes(machine, k, fixed) + int(resident[k])
+            for k in range(len(machine.graph.kernels))]
 
 
 def _own_bytes(machine: MachineModel, kid: int, fixed: frozenset[int]) -> int:

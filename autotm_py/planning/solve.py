@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autotm_py.errors import SolverError
+from autotm_py.ir.conv_split import split_names
 from autotm_py.plan import Plan, SolverStats
 from autotm_py.planning.baselines import BaselineResult, all_fast
 from autotm_py.planning.control import SolveControl
@@ -38,6 +39,7 @@ from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
     from autotm_py.config import PlanConfig
+    from autotm_py.ir.graph import TensorGraph
     from autotm_py.machine import MachineModel
     from autotm_py.planning import formulation
     from autotm_py.planning.solvers import SolveOutcome
@@ -95,6 +97,9 @@ class PlanResult:
     reserve_bytes: int = 0
     plannable_bytes: int | None = None
     scratch_bytes: int = 0
+    # the graph the plan is for where the pipeline rewrote the one it was given (its
+    # convolution backward kernels split: `pipeline.optimize`); None: the given one
+    graph: TensorGraph | None = None
 
     @property
     def feasible(self) -> bool:
@@ -121,6 +126,7 @@ class PlanResult:
             "solver": asdict(self.stats),
             "counts": dict(self.plan.header.counts) if self.plan else {},
             "baselines": {k: v.to_dict() for k, v in self.baselines.items()},
+            "split_conv_grads": list(split_names(self.graph)) if self.graph else [],
         }
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotm_py.costs import KernelCosts
+from autotm_py.ir.conv_split import CONV_GRAD_PARTS
 from autotm_py.ir.graph import kernel_signature
 from autotm_py.ir.layout import CHANNELS_LAST, labelled_signature, signature_layout
 from autotm_py.ir.rules.fused import CONV_RELU
@@ -89,8 +90,7 @@ class KernelTime:
 
 # Kernels that run what other kernels ran before a fusion of the backward (ConvGrad: one
 # convolution_backward for what ConvGradData and ConvGradFilter computed): op -> its parts.
-PARTS = {"ConvGrad": ("ConvGradData", "ConvGradFilter"),
-         "ConvTransposeGrad": ("ConvTransposeGradData", "ConvTransposeGradFilter")}
+PARTS = CONV_GRAD_PARTS
 
 
 def kernel_parts(graph: TensorGraph, kernel: Kernel) -> tuple[tuple[str, str], ...]:

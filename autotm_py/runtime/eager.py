@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -58,27 +58,17 @@ def measure_autograd(graph: TensorGraph, *, device: str = "cuda", iterations: in
     """Time torch.autograd training iterations of a training graph's forward part (see the
     module docstring for the variants). A capped run that runs out of memory raises
     `ExecutionError`."""
-    meta = graph.meta.get("training")
-    if meta is None:
-        raise ConfigError(f"graph {graph.name!r} is not a training graph; derive it with "
-                          "--training to compare against torch.autograd")
+    meta = _training_meta(graph)
     dev = check_device(device)
     cuda = dev.startswith("cuda")
-    if cuda:
-        configure_cuda(deterministic=False)
-    values = init_values(graph, seed, dev)
-    params = {w: values[w].clone().requires_grad_(True) for w, _ in meta["weight_grads"]}
-    opt = torch.optim.SGD(list(params.values()), lr=float(meta["learning_rate"]),
-                          foreach=True)
-    n_forward, loss_id = meta["forward_kernels"], meta["loss"]
-    parts = forward_segments(graph, n_forward, segments or 1, keep=(loss_id,))
+    step, parts = _autograd_step(graph, meta, dev, seed, save_on_cpu, segments)
     cap = apply_cap(cap_budget_bytes, dev, cap_budget_bytes is not None, cap_slack_bytes)
     times: list[float] = []
     host_times: list[float] = []
     peak = 0
     try:
         for i in range(warmup + iterations):
-            sample = _iteration(graph, parts, values, params, opt, loss_id, dev, save_on_cpu)
+            sample = time_region(torch.device(dev), step)
             if i >= warmup:
                 times.append(sample.seconds)
                 host_times.append(sample.host_seconds)
@@ -144,11 +134,39 @@ def _forward(graph: TensorGraph, parts: list[Segment], env: dict[int, torch.Tens
         env.update(zip(seg.outputs, outs, strict=True))
 
 
-def _iteration(graph, parts, values, params, opt, loss_id, dev, save_on_cpu):
+def autograd_step(graph: TensorGraph, *, device: str = "cuda", seed: int = 0,
+                  save_on_cpu: bool = False, segments: int | None = None
+                  ) -> Callable[[], torch.Tensor]:
+    """One torch.autograd training iteration of `measure_autograd` as a function (on seeded
+    values, made once): it runs the step and returns the loss. For profilers
+    (experiments/gpu/transformer_compare.py compares its kernels with ours)."""
+    meta = _training_meta(graph)
+    return _autograd_step(graph, meta, check_device(device), seed, save_on_cpu, segments)[0]
+
+
+def _training_meta(graph: TensorGraph) -> dict:
+    meta = graph.meta.get("training")
+    if meta is None:
+        raise ConfigError(f"graph {graph.name!r} is not a training graph; derive it with "
+                          "--training to compare against torch.autograd")
+    return meta
+
+
+def _autograd_step(graph: TensorGraph, meta: dict, dev: str, seed: int, save_on_cpu: bool,
+                   segments: int | None) -> tuple[Callable[[], torch.Tensor], list[Segment]]:
+    """The iteration function and the forward's segments."""
+    if dev.startswith("cuda"):
+        configure_cuda(deterministic=False)
+    values = init_values(graph, seed, dev)
+    params = {w: values[w].clone().requires_grad_(True) for w, _ in meta["weight_grads"]}
+    opt = torch.optim.SGD(list(params.values()), lr=float(meta["learning_rate"]),
+                          foreach=True)
+    n_forward, loss_id = meta["forward_kernels"], meta["loss"]
+    parts = forward_segments(graph, n_forward, segments or 1, keep=(loss_id,))
     offload = torch.autograd.graph.save_on_cpu(pin_memory=dev.startswith("cuda")) \
         if save_on_cpu else contextlib.nullcontext()
 
-    def step() -> None:
+    def step() -> torch.Tensor:
         env = {**values, **params}
         with offload:
             _forward(graph, parts, env)
@@ -157,5 +175,6 @@ def _iteration(graph, parts, values, params, opt, loss_id, dev, save_on_cpu):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        return loss.detach()
 
-    return time_region(torch.device(dev), step)
+    return step, parts

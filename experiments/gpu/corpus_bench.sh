@@ -21,11 +21,14 @@
 # Variables: RATIOS (default 1:1,1:3), STRATEGIES (async+recompute), TIME_LIMIT (solver
 # seconds per plan, 120), SCALE (gpu; small runs the committed CPU sizes), CORPUS (a folder
 # that already holds the exports), PLANS (OUT_DIR/plans), EXTRA (more bench options).
+# SPLIT=1: every fused convolution backward kernel split into its filter and data parts
+# (`bench --split-conv-grads`, rows named +split), the parts measured in context too.
 # SOLVE=1 (on the CPU machine, in this checkout's environment): only solve the plans into
 # PLANS, rows without measurements; carry PLANS and the exports to the GPU machine with the
 # same variables and the GPU run only executes them.
 set -u
 [ -n "${SOLVE:-}" ] || . experiments/gpu/setup.sh  # SOLVE: this machine's environment
+split=$([ -z "${SPLIT:-}" ] || echo --split-conv-grads)
 out=$1
 shift
 mkdir -p "$out"
@@ -52,12 +55,12 @@ for model in "$@"; do
     # estimates of kernels no shipped profile has
     echo "== profile $model $(date -u +%H:%M:%S)"
     python3 -m autotm_py profile "$corpus/$model.onnx" --training --device cuda --in-context \
-        --no-progress 2>&1 | tail -n 2
+        $split --no-progress 2>&1 | tail -n 2
   fi
   echo "== $model ${RATIOS:-1:1,1:3} $(date -u +%H:%M:%S)"
   python3 -m autotm_py bench --models "$corpus/$model.onnx" --ratios "${RATIOS:-1:1,1:3}" \
       --strategies "${STRATEGIES:-async+recompute}" --device cuda --training \
-      --time-limit "${TIME_LIMIT:-120}" --arena --replay ${EXTRA:-} \
+      --time-limit "${TIME_LIMIT:-120}" --arena --replay $split ${EXTRA:-} \
       $([ -n "${SOLVE:-}" ] || echo --execute) \
       --plans "$plans" --workers 1 --no-progress -o "$out/corpus_bench.csv" 2>&1 | tail -n 8
 done

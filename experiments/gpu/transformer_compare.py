@@ -13,7 +13,8 @@ item 3), each model in one process on one GPU, fp32, plain SGD (lr 0.01, no mome
 - autograd: torch.autograd over our kernels of the same imported graph
   (`runtime.eager.measure_autograd`, as native_compare.py runs it);
 - per op: the CUDA kernels of `--profiled` steps of native and ours, by kind and by name
-  (trainer_kernels.profiled), and the top `--top` kernels where ours spends more than native.
+  (trainer_kernels.profiled), and the top `--top` kernels where ours spends more than native;
+  then the same of autograd's steps against ours (`runtime.eager.autograd_step`).
 
 The placed allocator is installed before CUDA starts (as the Trainer's default mode needs), so
 the native and autograd steps allocate from its region too. Each model's row also gives the
@@ -173,7 +174,8 @@ def fusion_check(name: str, ops: dict[str, int], layers: int) -> list[str]:
 
 
 def slower(native: dict[str, Any], ours: dict[str, Any], top: int) -> list[dict[str, Any]]:
-    """Kernels (by name) where ours spends more time per step than native, most first."""
+    """Kernels (by name) where ours spends more time per step than `native` (the native
+    model's, or autograd's of our graph: then read "native" as autograd), most first."""
     a = {k["name"]: k for k in native["kernels"]}
     b = {k["name"]: k for k in ours["kernels"]}
     rows = [{"name": n, "kind": tk.kind_of(n),
@@ -187,13 +189,17 @@ def slower(native: dict[str, Any], ours: dict[str, Any], top: int) -> list[dict[
 
 
 def kernel_lines(row: dict[str, Any]) -> list[str]:
-    e, o = row["ops"]["native"], row["ops"]["ours"]
-    lines = tk.side_by_side(f"{row['model']} (profiled steps)", e, o, ("native", "ours"))
-    lines.append("  where ours is slower: +ms, native ms (launches), ours ms (launches), kind, "
-                 "kernel")
-    lines += [f"  {r['diff_ms']:+7.3f} {r['native_ms']:7.3f} ({r['native_per_step']:3.0f}) "
-              f"{r['ours_ms']:7.3f} ({r['ours_per_step']:3.0f})  {r['kind']}: {r['name'][:100]}"
-              for r in row["slower"]]
+    lines: list[str] = []
+    for other, key in (("native", "slower"), ("autograd", "slower_than_autograd")):
+        if key not in row:
+            continue
+        e, o = row["ops"][other], row["ops"]["ours"]
+        lines += tk.side_by_side(f"{row['model']} (profiled steps)", e, o, (other, "ours"))
+        lines.append(f"  where ours is slower: +ms, {other} ms (launches), ours ms (launches), "
+                     "kind, kernel")
+        lines += [f"  {r['diff_ms']:+7.3f} {r['native_ms']:7.3f} ({r['native_per_step']:3.0f}) "
+                  f"{r['ours_ms']:7.3f} ({r['ours_per_step']:3.0f})  {r['kind']}: "
+                  f"{r['name'][:100]}" for r in row[key]]
     return lines
 
 
@@ -264,6 +270,13 @@ def run_model(name: str, args: argparse.Namespace, device: str) -> dict[str, Any
     auto = eager.measure_autograd(graph, device=device, iterations=args.iterations, warmup=2)
     row["autograd"] = {"median_s": auto.median_s, "times_s": list(auto.iteration_times_s),
                        "peak_bytes": auto.peak_fast_bytes, "host_median_s": auto.host_median_s}
+    if cuda and not args.no_ops:  # where ours is slower than autograd of the same graph
+        step = eager.autograd_step(graph, device=device)
+        step()  # warm: the profiled steps do not allocate the gradients for the first time
+        row["ops"]["autograd"] = tk.profiled(lambda x, y: step(), [(x, y)] * args.profiled)
+        row["slower_than_autograd"] = slower(row["ops"]["autograd"], row["ops"]["ours"],
+                                             args.top)
+        step = None
     graph = None
     free(device)
 

@@ -254,6 +254,7 @@ function _optmodel(x, ctx)
         _opt(_int, x, "loss_chunks", 1, ctx),
         _opt(_bool, x, "channels_last", false, ctx),
         _opt(_str, x, "precision", "fp32", ctx),
+        _opt(_strings, x, "split_conv_grads", String[], ctx),
     )
 end
 

@@ -128,6 +128,8 @@ struct ModelOptions
     loss_chunks::Int  # --loss-chunks (1: the plain loss; absent in older plans)
     channels_last::Bool  # --channels-last (false: row-major; absent in older plans)
     precision::String  # --precision: fp32 or bf16 (fp32: absent in older plans)
+    split_conv_grads::Vector{String}  # --split-conv-grads: the fused convolution backward
+    # kernels split, by name (none: absent in older plans)
 end
 
 """The kernel costs the plan was solved with: `digest` (a hash over every kernel's time,

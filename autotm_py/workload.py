@@ -1,0 +1,138 @@
+"""Models as workloads: an ONNX file or zoo model built into the training graph its options
+describe (`load_graph`), priced with the profiles of a device (`load_workload`,
+`device_costs`), with its convolution backward kernels split (`split_workload`), and the values
+a run starts from (`initial_values`). The composition floor's first unit: `pipeline` plans and
+runs what these build (docs/developer.md, "Layers").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotm_py.costs import KernelCosts
+from autotm_py.errors import ConfigError
+from autotm_py.frontend.onnx import import_onnx
+from autotm_py.frontend.onnx_load import check_external_locations
+from autotm_py.frontend.weights import initializer_values
+from autotm_py.frontend.zoo import ZOO, build_graph
+from autotm_py.ir.conv_split import part_origins, split_conv_grads
+from autotm_py.ir.layout import to_channels_last
+from autotm_py.ir.precision import with_precision
+from autotm_py.ir.training import derive_training
+from autotm_py.options import SOURCE_META_KEY, ModelOptions
+from autotm_py.profiling.profile import load_costs
+from autotm_py.profiling.profile import profile as profile_kernels
+
+if TYPE_CHECKING:
+    from autotm_py.ir.graph import TensorGraph
+
+PathLike = str | os.PathLike[str]
+
+
+def load_graph(model: PathLike, options: ModelOptions | None = None) -> TensorGraph:
+    """An ONNX file or zoo model as the `TensorGraph` that `options` (`ModelOptions`) describe."""
+    options = options or ModelOptions()
+    path = Path(model)
+    dims = dict(options.dims or {})
+    if path.exists() or path.suffix == ".onnx" or os.sep in str(model):
+        graph = import_onnx(path, batch=options.batch, dims=dims, fuse=options.fuse)
+        source = str(path.resolve())
+    elif str(model) in ZOO:
+        graph = build_graph(str(model), batch=options.batch, dims=dims, fuse=options.fuse)
+        source = str(model)
+    else:
+        raise ConfigError(f"model {str(model)!r} is neither an existing file nor a zoo model "
+                          f"({', '.join(sorted(ZOO))}); see `autotm zoo list`")
+    graph = replace(graph, meta={**graph.meta, SOURCE_META_KEY: source})
+    graph = with_precision(graph, options.precision)
+    if options.training:
+        graph = derive_training(graph, optimizer=options.optimizer or "sgd",
+                                loss=options.loss or "auto", loss_chunks=options.loss_chunks)
+    graph = to_channels_last(graph) if options.channels_last else graph
+    # a plan made for a graph with its convolution backward kernels split rebuilds them
+    return split_conv_grads(graph, options.split_conv_grads) \
+        if options.split_conv_grads else graph
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model built and priced once: its graph and its kernel costs."""
+
+    graph: TensorGraph
+    costs: KernelCosts
+
+
+def load_workload(model: PathLike, options: ModelOptions, *, device: str = "cuda",
+                  gpu: str | None = None, profiles_dir: PathLike | None = None,
+                  shipped_dir: PathLike | None = None) -> Workload:
+    """The graph `options` build of `model`, priced with the profiles of `device` (of the GPU
+    `gpu` names, in GPU mode). `shipped_dir` stands in for the shipped profiles (a bench
+    worker's copy of them)."""
+    graph = load_graph(model, options)
+    return Workload(graph, load_costs(graph, device=device, profiles_dir=profiles_dir,
+                                      shipped_dir=shipped_dir, gpu=gpu))
+
+
+def split_workload(work: Workload, names: Sequence[str] | None = None, *, device: str = "cuda",
+                   gpu: str | None = None, profiles_dir: PathLike | None = None,
+                   shipped_dir: PathLike | None = None) -> Workload:
+    """`work` with the fused convolution backward kernels `names` (None: every one) split into
+    their parts (`ir.conv_split`): the kernels kept cost what they did, the parts what the
+    profiles say, or their share of the fused kernel's measured time where the profiles only
+    estimate them (`KernelCosts.spliced`)."""
+    split = split_conv_grads(work.graph, names)
+    if split is work.graph:
+        return work
+    fresh = load_costs(split, device=device, profiles_dir=profiles_dir, shipped_dir=shipped_dir,
+                       gpu=gpu)
+    return Workload(split, work.costs.spliced(part_origins(work.graph, split), fresh))
+
+
+
+
+def device_costs(graph: TensorGraph, device: str, gpu: str | None = None, *,
+                 measure: bool = False) -> KernelCosts:
+    """The kernel costs of `graph` on `device` ("cuda" prices with `gpu`'s profiles);
+    `measure`: first measure on this machine the kernels no profile has (cached)."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    if measure:
+        return profile_kernels(graph, device=kind, progress=False)
+    return load_costs(graph, device=kind, gpu=gpu if kind == "cuda" else None)
+
+
+def initial_values(graph: TensorGraph, model: PathLike, seed: int = 0
+                   ) -> tuple[dict[int, Any], str]:
+    """The values a run of `graph` starts from, and what they are in words: an ONNX file's own
+    initializers where it has data for them, seeded random values for every other tensor
+    without a producer (all of them for a zoo model, whose weights no file holds)."""
+    from autotm_py.kernels.util import in_layout, torch_dtype
+    from autotm_py.runtime.reference import init_values
+
+    masters = init_values(graph, seed=seed)
+    path = Path(model)
+    if not (path.is_file() and path.suffix == ".onnx"):
+        return masters, (f"seeded random values (--seed {seed}): a zoo model has no weights "
+                         "of its own (times and memory do not depend on them)")
+    found = initializer_values(path, graph)
+    import torch
+
+    for tid, value in found.values.items():
+        t = graph.tensors[tid]
+        masters[tid] = in_layout(torch.from_numpy(value).to(torch_dtype(t.dtype)), t)
+    text = f"the file's own weights ({len(found.values)})"
+    if found.missing:
+        text += (f"; external data {', '.join(_missing_data_files(path))} is missing: seeded "
+                 f"random values (--seed {seed}) for the {len(found.missing)} weights it holds")
+    return masters, text
+
+
+def _missing_data_files(path: Path) -> list[str]:
+    """The external-data files that `path` names and its folder lacks."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    return sorted(check_external_locations(proto, path.parent, str(path))) or ["(unknown)"]
