@@ -219,9 +219,13 @@ def default_run_mode(device: str) -> RunMode:
 # The precision a GPU plans, runs and trains in unless told otherwise (`default_precision`).
 # bf16 is meant to become it (issue 46; `--precision bf16` works everywhere) but is not yet:
 # with the shipped fp32 profiles (bf16 kernels priced from their fp32 entries) the README's
-# quick start, ResNet-50 training at 1:4, took 127 s of CPU and stopped at the 300 s time limit
-# on the 2-core machine in bf16 against 21 s (optimal) in fp32 (2026-12-02). Flip it here,
-# once bf16 profiles ship and the bf16 search is as quick: every face resolves auto from it.
+# quick start, ResNet-50 training at 1:4, planned in 35.5 s of wall time in bf16 against 18.2 s
+# in fp32, both optimal (the 2-core machine, 2026-12-03). Each solve now takes fp32's time (the
+# bf16 ConvGrads are priced from the same parts as fp32's: before, their batch-scaled workspace
+# made the search 5x slower, 94.7 s in all); the bf16 plan's first packing missed the arena by
+# 2 MB and the fit loop solved again (docs/precision.md, "How quickly a bf16 plan is found").
+# Flip it here once bf16 profiles ship and the quick start plans within about 1.5x of fp32's
+# time: every face resolves auto from it.
 GPU_DEFAULT_PRECISION = "fp32"
 
 

@@ -1,7 +1,7 @@
 """The fused attention kernels on CUDA (device machine; marked gpu): the memory-efficient
 forward with logsumexp and its backward against autograd in float64, and a fused training
 graph trained on CUDA like on the CPU, with the plain and the chunked loss (--loss-chunks);
-RMSNormalization and Silu (the corpus Llama) likewise."""
+RMSNormalization, Silu and RotaryEmbedding (the corpus Llama) likewise."""
 
 from __future__ import annotations
 
@@ -220,12 +220,37 @@ def test_rms_norm_and_silu_on_cuda_match_autograd(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_kernels_on_cuda_are_the_rotation_and_its_transpose(dtype):
+    """RotaryEmbedding and its gradient on CUDA (broadcast (1, 1, S, D) tables) against the
+    float64 composite on the CPU, each also written into its slot bitwise."""
+    from autotm_py.ir.graph import Kernel, freeze_attrs
+    from autotm_py.kernels import run_kernel, run_kernel_into
+
+    gen = torch.Generator().manual_seed(0)
+    x, dy = (torch.randn(2, 4, 33, 64, generator=gen, dtype=torch.float64) for _ in range(2))
+    cos, sin = (torch.randn(1, 1, 33, 64, generator=gen, dtype=torch.float64) for _ in range(2))
+    xr = x.clone().requires_grad_(True)
+    want = xr * cos + torch.cat((-xr[..., 32:], xr[..., :32]), -1) * sin
+    (dx,) = torch.autograd.grad(want, xr, dy)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else \
+        {"rtol": 2e-2, "atol": 5e-2}
+    for op, a, ref in (("RotaryEmbedding", x, want.detach()), ("RotaryEmbeddingGrad", dy, dx)):
+        kernel = Kernel(0, op, op, "autotm", freeze_attrs({}), (0, 1, 2), (3,), "")
+        args = [t.to("cuda", dtype) for t in (a, cos, sin)]
+        (got,) = run_kernel(kernel, args)
+        torch.testing.assert_close(got.double().cpu(), ref, **tol)
+        out = torch.full_like(got, float("nan"))
+        assert run_kernel_into(kernel, args, [out]) and torch.equal(out, got)
+
+
+@pytest.mark.gpu
 def test_the_fused_llama_trains_on_cuda_like_on_cpu():
     torch.backends.cuda.matmul.allow_tf32 = False
     path = Path(__file__).resolve().parent.parent / "models" / "corpus" / "llama_gqa.onnx"
     graph = derive_training(import_onnx(path))
-    assert {"RMSNormalization", "RMSNormGrad", "Silu", "SiluGrad"} <= \
-        {k.op_type for k in graph.kernels}
+    assert {"RMSNormalization", "RMSNormGrad", "Silu", "SiluGrad", "RotaryEmbedding",
+            "RotaryEmbeddingGrad"} <= {k.op_type for k in graph.kernels}
     cpu = train_steps(graph, steps=3, seed=2)
     cuda = train_steps(graph, steps=3, seed=2, device="cuda")
     for a, b in zip(cpu, cuda, strict=True):
@@ -240,7 +265,7 @@ def test_rms_norm_grad_on_cuda_is_aten_fused_backward(dtype, mask, monkeypatch):
     """On CUDA RMSNormGrad runs aten's fused backward (not the written-out composite), and it
     gives the composite's gradients: float32 within 1e-5, bfloat16 within its rounding."""
     from autotm_py.ir.graph import Kernel, freeze_attrs
-    from autotm_py.kernels import fused as kernels_fused
+    from autotm_py.kernels import decoder as kernels_decoder
     from autotm_py.kernels import run_kernel
 
     gen = torch.Generator().manual_seed(0)
@@ -254,12 +279,12 @@ def test_rms_norm_grad_on_cuda_is_aten_fused_backward(dtype, mask, monkeypatch):
                   attrs=freeze_attrs({"axis": 2, "output_mask": mask}), inputs=(0, 1, 2, 3),
                   outputs=tuple(range(4, 4 + sum(mask))), signature="")
     calls = []
-    fused = kernels_fused._fused_rms_norm_grad
-    monkeypatch.setattr(kernels_fused, "_fused_rms_norm_grad",
+    fused = kernels_decoder._fused_rms_norm_grad
+    monkeypatch.setattr(kernels_decoder, "_fused_rms_norm_grad",
                         lambda *a: calls.append(1) or fused(*a))
     got = run_kernel(grad, [dy, x, rstd, w])
     assert calls == [1]
-    monkeypatch.setattr(kernels_fused, "_fused_rms_norm_grad", lambda *a: None)
+    monkeypatch.setattr(kernels_decoder, "_fused_rms_norm_grad", lambda *a: None)
     want = run_kernel(grad, [dy, x, rstd, w])
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for g, r in zip(got, want, strict=True):

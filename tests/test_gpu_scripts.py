@@ -344,8 +344,13 @@ def test_transformer_compare_runs_small_and_ranks_kernels_ours_is_slower_on(tmp_
                                                        "elementwise")]
     assert rows[0]["diff_ms"] == pytest.approx(0.5)
     assert compare.fusion_check("llama", {"ScaledDotProductAttention": 2, "Softmax": 1,
-                                          "RMSNormalization": 5, "Silu": 2}, 2) == \
+                                          "RMSNormalization": 5, "Silu": 2,
+                                          "RotaryEmbedding": 4}, 2) == \
         ["Softmax left unfused (1)"]
+    assert compare.fusion_check("llama", {"ScaledDotProductAttention": 2, "RMSNormalization": 5,
+                                          "Silu": 2, "RotaryEmbedding": 3, "Neg": 1,
+                                          "Concat": 1}, 2) == \
+        ["RotaryEmbedding: 3, expected 4", "Neg left unfused (1)", "Concat left unfused (1)"]
     out = subprocess.run([sys.executable, "experiments/gpu/transformer_compare.py",
                           str(tmp_path), "--small", "--models", "gpt2", "--iterations", "2"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -71,6 +71,40 @@ def test_direct_outputs_are_bitwise_the_kernels(make):
     assert must <= set(written), written
 
 
+def test_the_llama_gated_mlp_is_written_in_place():
+    """The corpus Llama's SwiGLU (Silu, its gradient, the gate and up products' gradients) is
+    written into its slots, bitwise; a MulGrad that sums a broadcast operand back is copied."""
+    from pathlib import Path
+
+    from autotm_py.frontend.onnx import import_onnx
+    from autotm_py.ir import GraphBuilder, Role
+
+    path = Path(__file__).resolve().parent.parent / "models" / "corpus" / "llama_gqa.onnx"
+    graph = derive_training(import_onnx(path), optimizer="sgd")
+    values = _every_value(graph)
+    written = collections.Counter()
+    for kernel in graph.kernels:
+        if kernel.op_type not in ("Silu", "SiluGrad", "MulGrad"):
+            continue
+        args = [values[t] for t in kernel.inputs]
+        outs = [torch.full(graph.tensors[t].shape, float("nan")) for t in kernel.outputs]
+        assert run_kernel_into(kernel, args, outs) == writes_in_place(graph, kernel)
+        if writes_in_place(graph, kernel):
+            assert torch.equal(outs[0], run_kernel(kernel, args)[0]), kernel.name
+            written[kernel.op_type] += 1
+    assert written["Silu"] == written["SiluGrad"] >= 1 and written["MulGrad"] >= 2, written
+    b = GraphBuilder("broadcast")
+    dy = b.add_tensor("dy", (4, 3), "float32", Role.INPUT)
+    row = b.add_tensor("row", (3,), "float32", Role.INPUT)
+    out = b.add_tensor("drow", (3,), "float32", Role.OUTPUT)
+    b.add_kernel("MulGrad", [dy, row], [out], domain="autotm", attrs={"shape": (3,)})
+    b.inputs, b.outputs = [dy, row], [out]
+    g = b.build()
+    assert not writes_in_place(g, g.kernels[0])
+    assert not run_kernel_into(g.kernels[0], [torch.ones(4, 3), torch.ones(3)],
+                               [torch.empty(3)])
+
+
 @pytest.mark.parametrize("bias", ["none", "last"])
 @pytest.mark.parametrize("weight", ["plain", "transposed"])
 def test_linear_forms_are_bitwise_the_kernels(bias, weight):

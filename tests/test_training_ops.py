@@ -315,6 +315,12 @@ CASES: list[Case] = [
     Case("RMSNormalization", [W(2, 3, 6), W(6)], {"axis": 2, "epsilon": 1e-6}, "weighted"),
     Case("RMSNormalization", [W(4, 5)], {"axis": 1, "epsilon": 0.1}, "no-weight"),
     Case("Silu", [W(2, 3, 4)]),
+    # the rotary embedding: cos and sin tables are constants (no gradient), broadcast or not
+    Case("RotaryEmbedding", [W(2, 3, 5, 8), const(np.cos(RNG.uniform(0, 6, (1, 1, 5, 8))),
+         "float32"), const(np.sin(RNG.uniform(0, 6, (1, 1, 5, 8))), "float32")],
+         id="broadcast-tables"),
+    Case("RotaryEmbedding", [W(4, 6), const(RNG.standard_normal((4, 6)), "float32"),
+         const(RNG.standard_normal((4, 6)), "float32")], id="full-tables"),
     # recurrent layers (ir/rules/recurrent.py): X, W, R, B and the initial states all trained
     Case("LSTM", [W(5, 2, 3), W(1, 16, 3), W(1, 16, 4), W(1, 32), W(1, 2, 4), W(1, 2, 4)],
          {"direction": "forward", "hidden_size": 4, "layout": 0}, "forward", n_out=3),

@@ -3,7 +3,7 @@ fused kernel each.
 
     fused = fuse_graph(graph)            # import_onnx/import_model call it unless fuse=False
     fused.meta["fusion"]     # {"attention": 12, "gelu": 13, "linear": 74, "conv_relu": 0,
-                             #  "rms_norm": 0, "silu": 0}
+                             #  "rms_norm": 0, "silu": 0, "rotary": 0}
 
 Patterns (each in its own module; docs/fusion.md has the exact forms):
 - scaled dot-product attention (`fuse_attention`): MatMul(Q, K^T) -> scale -> mask ->
@@ -20,7 +20,11 @@ Patterns (each in its own module; docs/fusion.md has the exact forms):
 - RMSNorm (`fuse_rms_norm`): Pow/ReduceMean/Add/Sqrt/Div (or Reciprocal)/Mul and the
   optional weight Mul of Llama-style models become `RMSNormalization` (domain "autotm"),
   whose backward saves X and one rstd per row;
-- SiLU (`fuse_silu`): Mul(X, Sigmoid(X)) becomes `Silu` (domain "autotm"), saving only X.
+- SiLU (`fuse_silu`): Mul(X, Sigmoid(X)) becomes `Silu` (domain "autotm"), saving only X;
+- rotary position embedding (`fuse_rotary`): X * COS + Concat(-X[h:], X[:h]) * SIN
+  (transformers' apply_rotary_pos_emb: Slice, Slice, Neg, Concat, Mul, Mul, Add) becomes
+  `RotaryEmbedding` (domain "autotm"): three launches forward, one three-launch
+  `RotaryEmbeddingGrad` backward.
 
 A pattern matches only when the fused op computes the same function (constants checked,
 softmax over the last axis, K^T really the transpose of K, intermediate tensors read by
@@ -45,6 +49,7 @@ from autotm_py.frontend.fuse_conv_relu import match_conv_relu
 from autotm_py.frontend.fuse_gelu import match_gelu
 from autotm_py.frontend.fuse_linear import match_linear
 from autotm_py.frontend.fuse_rms_norm import match_rms_norm
+from autotm_py.frontend.fuse_rotary import match_rotary
 from autotm_py.frontend.fuse_silu import match_silu
 from autotm_py.ir.builder import GraphBuilder
 from autotm_py.ir.graph import TensorGraph
@@ -52,19 +57,19 @@ from autotm_py.ir.graph import TensorGraph
 log = logging.getLogger(__name__)
 
 FUSION_META_KEY = "fusion"
-KINDS = ("attention", "gelu", "linear", "conv_relu", "rms_norm", "silu")
+KINDS = ("attention", "gelu", "linear", "conv_relu", "rms_norm", "silu", "rotary")
 
 
 # ---- the pass ---------------------------------------------------------------------------------
 def find_rewrites(graph: TensorGraph) -> list[Rewrite]:
     """Every accepted, mutually disjoint rewrite of the graph: attention, GELU, Linear,
-    convolution + ReLU, RMSNorm, then SiLU."""
+    convolution + ReLU, RMSNorm, SiLU, then the rotary embedding."""
     m = Matcher(graph)
     accepted: list[Rewrite] = []
     removed: set[int] = set()
     produced: set[int] = set()  # existing tensors that accepted rewrites produce again
     for matcher in (match_attention, match_gelu, match_linear, match_conv_relu, match_rms_norm,
-                    match_silu):
+                    match_silu, match_rotary):
         for k in graph.kernels:
             rewrite = matcher(m, k)
             if rewrite is not None and _disjoint(graph, rewrite, removed, produced):

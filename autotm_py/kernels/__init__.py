@@ -25,6 +25,7 @@ import torch
 from autotm_py.errors import ExecutionError, UnsupportedOpError
 from autotm_py.ir.graph import Kernel
 from autotm_py.kernels import (  # noqa: F401  (importing registers the kernels)
+    decoder,
     fused,
     grad_nn,
     grad_tensor,

@@ -44,11 +44,8 @@ on an H200 bitwise the unfused pair's for every VGG19 shape in both layouts,
 `experiments/gpu/conv_relu_probe.py`); elsewhere, and under torch.autograd (that op has no
 derivative), the convolution and then the ReLU, in place unless autograd records it.
 
-`RMSNormalization` calls aten's `_fused_rms_norm` (one kernel on CUDA and the CPU; it returns
-rstd per row too, the training graph's second output); `RMSNormGrad` calls
-`_fused_rms_norm_backward` on CUDA and elsewhere is its gradient written out in float32
-(float64 for float64) torch ops, because this torch has no CPU kernel for it. `Silu` and
-`SiluGrad` are aten's `silu` and `silu_backward`.
+The Llama-style decoder's fused ops (RMSNorm, SiLU, the rotary embedding) are in
+`kernels/decoder.py`.
 """
 
 from __future__ import annotations
@@ -64,10 +61,6 @@ from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.fused import (
     BLHE,
     CONV_RELU,
-    RMS_NORM,
-    RMS_NORM_GRAD,
-    SILU,
-    SILU_GRAD,
     block_rows,
     lse_dtype,
 )
@@ -77,7 +70,6 @@ from autotm_py.kernels.util import (
     loss_dtype,
     register,
     softmax_grad_rows,
-    sum_to,
 )
 
 Tensors = Sequence[torch.Tensor]
@@ -486,80 +478,3 @@ def conv_relu(kernel: Kernel, args: Tensors) -> torch.Tensor:
                                             list(geo.strides), list(geo.begins),
                                             list(geo.dilations), 1)
     return conv(kernel, args).relu_()
-
-
-# ---- RMSNorm and SiLU ------------------------------------------------------------------------
-def _rms_shape(kernel: Kernel, x: torch.Tensor) -> list[int]:
-    """The normalized shape: the axes from `axis` on (the last axis, as the pass fuses it)."""
-    return list(x.shape[int(kernel.attr("axis", -1)) % x.dim():])
-
-
-@register(RMS_NORM)
-def rms_norm(kernel: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
-    x = args[0]
-    shape = _rms_shape(kernel, x)
-    weight = args[1].expand(shape) if len(args) > 1 else None
-    eps = float(kernel.attr("epsilon"))
-    if hasattr(torch.ops.aten, "_fused_rms_norm"):
-        y, rstd = torch.ops.aten._fused_rms_norm(x, shape, weight, eps)
-    else:  # torch before 2.8: the unfused chain, in rstd's dtype, inside the kernel
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        dims = tuple(range(x.dim() - len(shape), x.dim()))
-        rstd = torch.rsqrt(x.to(acc).pow(2).mean(dims, keepdim=True) + eps)
-        y = (x.to(acc) * rstd).to(x.dtype)
-        y = y if weight is None else y * weight
-    return (y, rstd)[: len(kernel.outputs)]
-
-
-@register(RMS_NORM_GRAD)
-def rms_norm_grad(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
-    """dX = rstd (g - xhat mean(g xhat)), g = dY * Scale, xhat = X rstd; dScale = sum of
-    dY xhat over the rows. Computed in rstd's dtype (float32 for half inputs), as aten's."""
-    dy, x, rstd = args[:3]
-    mask = kernel.attr("output_mask", (1, 0))
-    fused = _fused_rms_norm_grad(kernel, dy, x, rstd, args[3] if len(args) > 3 else None, mask)
-    if fused is not None:
-        return fused
-    dims = tuple(range(int(kernel.attr("axis")), x.dim()))
-    acc = rstd.dtype
-    xhat = x.to(acc) * rstd
-    g = dy.to(acc) * args[3].to(acc) if len(args) > 3 else dy.to(acc)
-    outs = []
-    if mask[0]:
-        outs.append((rstd * (g - xhat * (g * xhat).mean(dims, keepdim=True))).to(x.dtype))
-    if mask[1]:
-        outs.append(sum_to(dy.to(acc) * xhat, args[3].shape).to(args[3].dtype))
-    return outs
-
-
-def _fused_rms_norm_grad(kernel: Kernel, dy: torch.Tensor, x: torch.Tensor,
-                         rstd: torch.Tensor, scale: torch.Tensor | None,
-                         mask: Sequence[int]) -> list[torch.Tensor] | None:
-    """aten's `_fused_rms_norm_backward` where it has a kernel (CUDA): two passes over dY and
-    X where the written-out gradient makes nine (on a Llama-style decoder of 0.85e9 parameters,
-    b4 s1024, an H200: the composite's passes were most of the 9 ms a step that ours spent
-    beyond torch.autograd of the same graph in elementwise and reduction kernels). None where
-    it has none (the CPU), or for operands of mixed dtypes or an rstd it did not make."""
-    op = getattr(torch.ops.aten, "_fused_rms_norm_backward", None)
-    if op is None or not x.is_cuda or dy.dtype != x.dtype or \
-            (scale is not None and scale.dtype != x.dtype):
-        return None
-    shape = _rms_shape(kernel, x)
-    if rstd.shape != (*x.shape[:x.dim() - len(shape)], *([1] * len(shape))):
-        return None
-    weight = scale.expand(shape) if scale is not None else None
-    dx, dw = op(dy, x, shape, rstd, weight, [bool(mask[0]), bool(mask[1] and weight is not None)])
-    outs = [dx] if mask[0] else []
-    if mask[1] and scale is not None:
-        outs.append(sum_to(dw, scale.shape))
-    return outs
-
-
-@register(SILU)
-def silu(kernel: Kernel, args: Tensors) -> torch.Tensor:
-    return F.silu(args[0])
-
-
-@register(SILU_GRAD)
-def silu_grad(kernel: Kernel, args: Tensors) -> torch.Tensor:
-    return torch.ops.aten.silu_backward(args[0], args[1])

@@ -26,6 +26,7 @@ import torch
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import torch_avg_pool_ok, window
 from autotm_py.kernels.batch_norm import batch_norm_training_into
+from autotm_py.kernels.decoder import rotary_grad_into, rotary_into
 from autotm_py.kernels.grad_tensor import decayed_grad, descend, learning_rate
 from autotm_py.kernels.nn import cudnn_window
 from autotm_py.kernels.util import (
@@ -122,6 +123,31 @@ def gelu(k: Kernel, args: Tensors, outs: Tensors) -> bool:
 def gelu_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     A.gelu_backward.grad_input(args[0], args[1], approximate=str(k.attr("approximate", "none")),
                                grad_input=outs[0])
+    return True
+
+
+@into("Silu")
+def silu(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    A.silu.out(args[0], out=outs[0])  # what F.silu computes
+    return True
+
+
+@into("SiluGrad")
+def silu_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    A.silu_backward.grad_input(args[0], args[1], grad_input=outs[0])
+    return True
+
+
+@into("MulGrad")
+def mul_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """dY * other where nothing is summed: the product has the gradient's shape (a SwiGLU's
+    gate and up gradients; a broadcast operand's gradient is reduced and copied instead)."""
+    dy, other = args
+    out = outs[0]
+    if out.dtype != torch.result_type(dy, other) or \
+            tuple(out.shape) != tuple(torch.broadcast_shapes(dy.shape, other.shape)):
+        return False
+    torch.mul(dy, other, out=out)
     return True
 
 
@@ -265,6 +291,19 @@ def linear_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
             torch.mm(rows.t(), dy_rows, out=out)
     if mask[2]:
         torch.sum(dy_rows, 0, out=next(slots).view(-1))
+    return True
+
+
+@into("RotaryEmbedding", "RotaryEmbeddingGrad")
+def rotary(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """The product and the two addcmul_ of `kernels.fused` straight into the slot (operands
+    and output of one dtype, the output of the broadcast shape)."""
+    a, cos, sin = args
+    out = outs[0]
+    if len({a.dtype, cos.dtype, sin.dtype, out.dtype}) != 1 or \
+            tuple(out.shape) != tuple(torch.broadcast_shapes(a.shape, cos.shape, sin.shape)):
+        return False
+    (rotary_into if k.op_type == "RotaryEmbedding" else rotary_grad_into)(out, a, cos, sin)
     return True
 
 

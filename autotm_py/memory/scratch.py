@@ -36,7 +36,8 @@ DIRECT_OPS = frozenset({
     "Add", "Sub", "Mul", "Max", "Min", "Div", "Sum", "GradAccumulate", "Relu", "ReluGrad",
     "Gelu", "GeluGrad", "MatMul", "MatMulGradA", "MatMulGradB", "BatchNormalization", "Conv",
     "SGDUpdate", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad", "Linear", "LinearGrad",
-    "Concat", "AveragePool",
+    "Concat", "AveragePool", "RotaryEmbedding", "RotaryEmbeddingGrad", "Silu", "SiluGrad",
+    "MulGrad",
 })
 # Elementwise ops whose torch kernels (`kernels.into`) may write their output over the inputs
 # at these positions, each element read before it is written (Sum: the first two only, which
@@ -93,12 +94,16 @@ def writes_in_place(graph: TensorGraph, kernel: Kernel) -> bool:
         return geo.nd in (2, 3) and torch_avg_pool_ok(geo)
     if kernel.op_type == "SGDUpdate":  # weight decay and Nesterov allocate a temporary
         return not (kernel.attr("weight_decay", 0) or kernel.attr("nesterov", 0))
-    if kernel.op_type == "Concat":  # one dtype in and out
+    if kernel.op_type in ("Concat", "RotaryEmbedding", "RotaryEmbeddingGrad"):  # one dtype
         return len({graph.tensors[t].dtype for t in (*kernel.inputs, *kernel.outputs)}) == 1
     if kernel.op_type in ("SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad"):
         return _plain_cross_entropy(graph, kernel)
     if kernel.op_type in ("MatMulGradA", "MatMulGradB"):
         return _plain_matmul_grad(graph, kernel)
+    if kernel.op_type == "MulGrad":  # no broadcast operand to sum back; one dtype
+        shapes = [graph.tensors[t].shape for t in (*kernel.inputs, *kernel.outputs)]
+        dtypes = {graph.tensors[t].dtype for t in (*kernel.inputs, *kernel.outputs)}
+        return len(set(shapes)) == 1 and len(dtypes) == 1
     return True
 
 

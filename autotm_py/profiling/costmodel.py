@@ -101,10 +101,13 @@ VIEW_OPS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", 
 
 # Kernels that stream their operands more than once: training-mode batch normalization reads
 # X for the statistics and again to normalize; its gradient reads X and dY for the reductions
-# and again for dX. Traffic = bytes * factor.
+# and again for dX. The rotary embedding and its gradient (three launches: a product, then an
+# addcmul_ into each half of the output) read X twice and write and read Y back: 5 X-sized
+# passes where the bytes count 2 (COS and SIN broadcast, small). Traffic = bytes * factor.
 MEMORY_PASSES: dict[str, float] = {"BatchNormalization": 1.5, "BatchNormGrad": 1.6,
                                    "LayerNormalization": 1.5, "LayerNormGrad": 1.6,
-                                   "RMSNormalization": 1.5, "RMSNormGrad": 1.6}
+                                   "RMSNormalization": 1.5, "RMSNormGrad": 1.6,
+                                   "RotaryEmbedding": 2.5, "RotaryEmbeddingGrad": 2.5}
 
 
 # ---- FLOP rules --------------------------------------------------------------------------------
@@ -189,6 +192,8 @@ for _op in ("Softmax", "LogSoftmax"):
 FLOP_RULES["BatchNormalization"] = per_element(4)
 FLOP_RULES["LayerNormalization"] = per_element(8)
 FLOP_RULES["RMSNormalization"] = per_element(5)  # square, mean, rsqrt-scale, weight
+# rotary: a product, then a multiply-add into each half (three passes over Y, two over X)
+FLOP_RULES["RotaryEmbedding"] = per_element(3)
 FLOP_RULES["LRN"] = lambda s: 2.0 * _out(s) * float(s.attr("size", 5))
 FLOP_RULES["SoftmaxCrossEntropyLoss"] = per_element(6, of="in")
 for _op in ("ReduceMean", "ReduceSum", "GlobalAveragePool", "GlobalMaxPool"):
@@ -262,6 +267,7 @@ for _op in ("ErfGrad", "GeluGrad", "SiluGrad", "PowGradBase", "PowGradExponent",
 FLOP_RULES["BatchNormGrad"] = per_element(8, of="in")
 FLOP_RULES["LayerNormGrad"] = per_element(10, of="in")
 FLOP_RULES["RMSNormGrad"] = per_element(8, of="in")
+FLOP_RULES["RotaryEmbeddingGrad"] = per_element(3)  # the same three passes, for dX
 
 
 @_rule("SGDUpdate", "AdamUpdate")

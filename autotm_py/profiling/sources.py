@@ -9,12 +9,13 @@ entry of that set; a kernel no set serves gets the roofline estimate of the best
 device, flagged `estimated`. Parts and batch-scaled entries are flagged `scaled`.
 
 A bf16 kernel (`--precision bf16`) that a set has no bf16 entry for, but whose fp32 form (the
-same op, shapes, attributes and layout, every bfloat16 slot float32) it has, exact or
-batch-scaled, is priced from that entry times the roofline's ratio of the two kernels' work
-(`Roofline.work_s`: the bf16/fp32 peak ratio where compute-bound, the bytes ratio where
-memory-bound; the launch cost kept; its workspace scaled by the bytes ratio), before any
-other set is asked. These are counted (`summary["precision_scaled"]`) and a plan priced so
-says so (`KernelCosts.precision_note`). Casts have no fp32 form (roofline estimates).
+same op, shapes, attributes and layout, every bfloat16 slot float32) it has, exact, as its
+parts or batch-scaled (the fp32 kernel's order), is priced from that entry times the
+roofline's ratio of the two kernels' work (`Roofline.work_s`: the bf16/fp32 peak ratio where
+compute-bound, the bytes ratio where memory-bound; the launch cost kept; its workspace scaled
+by the bytes ratio), before any other set is asked. These are counted
+(`summary["precision_scaled"]`) and a plan priced so says so (`KernelCosts.precision_note`).
+Casts have no fp32 form (roofline estimates).
 """
 
 from __future__ import annotations
@@ -241,25 +242,25 @@ class CostSources:
             if hit is not None:
                 return KernelTime(hit.median_s, hit.p10_s, hit.p90_s, SCALED, rank,
                                   hit.workspace_bytes)
-            low = self._from_fp32(kernel.signature, shape, placement, rank, roofline, batch)
+            low = self._from_fp32(kernel.signature, shape, placement, rank, roofline, batch,
+                                  parts)
             if low is not None:
                 return low
         t = self.roofline.time_s(shape or OpShape.of_kernel(graph, kernel))
         return KernelTime(t, t, t, ROOFLINE, -1)
 
     def _from_fp32(self, signature: str, shape: OpShape, placement: str, rank: int,
-                   roofline: Roofline, batch: int | None) -> KernelTime | None:
-        """A bf16 kernel's time from set `rank`'s entry of its fp32 form (exact, else
-        batch-scaled), scaled by `roofline`'s work of the bf16 kernel over the fp32 one; None
-        where the set has neither or the kernel has no fp32 form (`fp32_signature`)."""
+                   roofline: Roofline, batch: int | None,
+                   parts: Sequence[tuple[str, str]] = ()) -> KernelTime | None:
+        """A bf16 kernel's time from set `rank`'s entry of its fp32 form, found as the fp32
+        graph finds it (exact, else the sum of its parts' entries, else batch-scaled), scaled
+        by `roofline`'s work of the bf16 kernel over the fp32 one; None where the set has none
+        of them or the kernel has no fp32 form (`fp32_signature`)."""
         fp32 = fp32_signature(signature)
         if fp32 is None:
             return None
-        exact = self.sets[rank].get(fp32, placement)
         fp32_shape = OpShape.of_signature(fp32)
-        entry: ProfileEntry | Scaled | None = exact
-        if exact is None or exact.source == ESTIMATED:
-            entry = self._index(rank).find(fp32_shape, placement, roofline, batch)
+        entry = self._fp32_entry(fp32, fp32_shape, placement, rank, roofline, batch, parts)
         if entry is None:
             return None
         measured = roofline.work_s(fp32_shape)
@@ -269,6 +270,23 @@ class CostSources:
         # the workspace as the operands: scaled by the bytes ratio (an estimate until measured)
         workspace = int((entry.workspace_bytes or 0) * shape.bytes / max(fp32_shape.bytes, 1))
         return KernelTime(*times, FROM_FP32, rank, workspace)
+
+    def _fp32_entry(self, fp32: str, fp32_shape: OpShape, placement: str, rank: int,
+                    roofline: Roofline, batch: int | None, parts: Sequence[tuple[str, str]]
+                    ) -> ProfileEntry | KernelTime | Scaled | None:
+        """What set `rank` prices the fp32 form of a kernel with, in `lookup`'s order: its
+        exact entry, its parts' measured entries summed (`_composed`; the parts' fp32 forms),
+        a batch-scaled entry. In that order so that a bf16 kernel and its fp32 twin come from
+        the same measurement: ResNet-50's ConvGrad at batch 256 is priced from its parts
+        measured at 256 (workspace under 1 MiB); priced from the whole kernel measured at
+        batch 32 instead, its workspace scaled by 8 made 52 bf16 kernels up to 624 MiB of
+        workspace that the fp32 graph does not have (docs/precision.md)."""
+        exact = self.sets[rank].get(fp32, placement)
+        if exact is not None and exact.source != ESTIMATED:
+            return exact
+        twins = [(fp32_signature(sig) or sig, pl) for sig, pl in parts]
+        return _composed(self.sets[rank], twins, rank) or \
+            self._index(rank).find(fp32_shape, placement, roofline, batch)
 
     def costs(self, graph: TensorGraph, **summary: object) -> KernelCosts:
         """Every kernel's time (each unique signature looked up once)."""

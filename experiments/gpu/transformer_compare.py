@@ -19,7 +19,8 @@ item 3), each model in one process on one GPU, fp32, plain SGD (lr 0.01, no mome
 The placed allocator is installed before CUDA starts (as the Trainer's default mode needs), so
 the native and autograd steps allocate from its region too. Each model's row also gives the
 op counts of the imported forward graph: attention fused to ScaledDotProductAttention, no
-Softmax left; RMSNorm -> RMSNormalization and x * sigmoid(x) -> Silu (Llama), GELU, the
+Softmax left; RMSNorm -> RMSNormalization, x * sigmoid(x) -> Silu and q * cos +
+rotate_half(q) * sin -> RotaryEmbedding, no Neg or Concat left (Llama), GELU, the
 bias-free projections as MatMul by a weight. `--small` (CPU, tiny shapes: a smoke test whose
 times mean nothing) asserts that fusion and skips the kernel profile.
 
@@ -162,7 +163,8 @@ def fusion_check(name: str, ops: dict[str, int], layers: int) -> list[str]:
     """What is not fused as intended (empty: all of it)."""
     want = {"ScaledDotProductAttention": layers}
     if name == "llama":
-        want |= {"RMSNormalization": 2 * layers + 1, "Silu": layers}
+        want |= {"RMSNormalization": 2 * layers + 1, "Silu": layers,
+                 "RotaryEmbedding": 2 * layers}  # q and k of every layer
     else:  # BERT's MLM head has one GELU more
         want["Gelu"] = layers + (name == "bert")
     bad = [f"{op}: {ops.get(op, 0)}, expected {n}" for op, n in want.items()
@@ -170,6 +172,8 @@ def fusion_check(name: str, ops: dict[str, int], layers: int) -> list[str]:
     bad += [f"{op} left unfused ({ops[op]})" for op in ("Softmax", "IsNaN", "Sigmoid", "Pow",
                                                          "ReduceMean", "Erf", "Tanh")
             if ops.get(op)]
+    if name == "llama":  # rotate_half's negation and concatenation
+        bad += [f"{op} left unfused ({ops[op]})" for op in ("Neg", "Concat") if ops.get(op)]
     return bad
 
 

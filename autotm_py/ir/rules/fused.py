@@ -74,6 +74,22 @@ the weight, all tensors the unfused backward kept, are no tensors any more.
 
 Saved for the backward: X only (the unfused pair kept X and sigmoid(X)).
 
+`RotaryEmbedding` (domain "autotm") replaces the rotary position embedding of Llama-style
+models as transformers writes it (`apply_rotary_pos_emb`: q * cos + rotate_half(q) * sin,
+rotate_half(x) = cat(-x[..., h:], x[..., :h]), h = D / 2), which exporters write as two Slices,
+Neg, Concat, two Muls and an Add:
+
+    inputs   X (..., D), COS, SIN (each of last axis D, broadcastable to X's shape; no
+             gradient: constants or inputs that depend on no trainable weight)
+    outputs  Y (X's shape):  Y[:h] = X[:h] COS[:h] - X[h:] SIN[:h]
+                             Y[h:] = X[h:] COS[h:] + X[:h] SIN[h:]
+
+    RotaryEmbeddingGrad: dY, COS, SIN -> dX   (the transposed rotation:
+        dX[:h] = dY[:h] COS[:h] + dY[h:] SIN[h:],  dX[h:] = dY[h:] COS[h:] - dY[:h] SIN[:h])
+
+Nothing is saved for the backward but COS and SIN (as for the unfused Muls); the halves, their
+negation, the rotated copy and the two products are no tensors any more.
+
 `LinearCrossEntropy` (domain "autotm") is made by the training derivation, not the fusion pass:
 with `--loss-chunks N` (N > 1) a softmax cross-entropy over the last axis of a `Linear`'s
 output (a language model's vocabulary head) becomes one kernel that never holds the whole
@@ -114,6 +130,8 @@ RMS_NORM = "RMSNormalization"
 RMS_NORM_GRAD = "RMSNormGrad"
 SILU = "Silu"
 SILU_GRAD = "SiluGrad"
+ROTARY = "RotaryEmbedding"
+ROTARY_GRAD = "RotaryEmbeddingGrad"
 
 # op type -> "inputs -> outputs: meaning" (the forward ops of ours a fused graph may contain)
 FUSED_OPS: dict[str, str] = {
@@ -125,6 +143,8 @@ FUSED_OPS: dict[str, str] = {
     RMS_NORM: "X[, Scale] -> Y[, InvStdDev]: X / sqrt(mean(X^2 over axes >= axis) + epsilon) "
               "* Scale (attrs axis, epsilon)",
     SILU: "X -> Y = X * sigmoid(X)",
+    ROTARY: "X, COS, SIN -> Y = X * COS + rotate_half(X) * SIN, rotate_half(X) = "
+            "cat(-X[..., h:], X[..., :h]), h = D / 2 (transformers' apply_rotary_pos_emb)",
 }
 FUSED_TRAINING_OPS: dict[str, str] = {
     SDPA_GRAD: "dO, Q, K, V, O, logsumexp[, mask] -> dQ, dK, dV (masked; scores recomputed "
@@ -137,6 +157,8 @@ FUSED_TRAINING_OPS: dict[str, str] = {
     RMS_NORM_GRAD: "dY, X, InvStdDev[, Scale] -> dX, dScale (masked; dScale summed over the "
                    "rows)",
     SILU_GRAD: "dY, X -> dX = dY * s (1 + X (1 - s)), s = sigmoid(X)",
+    ROTARY_GRAD: "dY, COS, SIN -> dX = dY * COS + rotate_half^T(dY * SIN), rotate_half^T(Z) = "
+                 "cat(Z[..., h:], -Z[..., :h]) (COS and SIN get no gradient)",
 }
 
 Grads = list[int | None]
@@ -291,6 +313,19 @@ def silu_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> 
     return [g]
 
 
+def rotary_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> Grads:
+    """One RotaryEmbeddingGrad for dX from COS and SIN alone (the rotation is linear in X);
+    COS and SIN are no differentiable slots (the fusion pass fuses only those that depend on
+    no trainable weight)."""
+    dy = dys[0]
+    assert dy is not None
+    if not needs[0]:
+        return [None] * len(k.inputs)
+    g = tape.new_grad(k.inputs[0])
+    tape.emit(ROTARY_GRAD, [dy, *k.inputs[1:3]], [g], grad_name(k, "grad"))
+    return [g, None, None]
+
+
 RULES: dict[str, Rule] = {
     SDPA: Rule(sdpa_backward, inputs=(0, 1, 2), prepare=sdpa_prepare),
     LINEAR: Rule(linear_backward),
@@ -298,4 +333,5 @@ RULES: dict[str, Rule] = {
     CONV_RELU: Rule(conv_relu_backward),
     RMS_NORM: Rule(rms_norm_backward, prepare=rms_norm_prepare),
     SILU: Rule(silu_backward),
+    ROTARY: Rule(rotary_backward, inputs=(0,)),
 }
