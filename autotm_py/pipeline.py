@@ -109,10 +109,9 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
     result's `graph` is then the split graph, the one the plan is for."""
     control = control or SolveControl(time_limit_s=config.time_limit_s)
     machine = machine_for(graph, config, costs, profiles_dir=profiles_dir)
-    mode = config.split_conv_grads
-    if mode == "on" and fused_conv_grads(graph):
-        return _split_and_plan(machine, config, costs, profiles_dir, baselines, control,
-                               fused_conv_grads(graph))
+    mode, fused = config.split_conv_grads, fused_conv_grads(graph)
+    if mode == "on" and fused:
+        return _split_and_plan(machine, config, costs, profiles_dir, baselines, control, fused)
     result = _optimize(machine, config, costs, profiles_dir, baselines, control)
     if mode != "auto" or result.status != "infeasible" or result.smallest is None or \
             machine.tensor_budget is None or control.stop_requested:
@@ -120,7 +119,7 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
     # the one decision point of `--split-conv-grads auto`: the fused convolution backward
     # kernels whose own working set the budget cannot hold, split where that makes it fit
     needs = kernel_needs(machine)
-    over = [k for k in fused_conv_grads(graph) if needs[k] > machine.tensor_budget]
+    over = [k for k in fused if needs[k] > machine.tensor_budget]
     if not over or max(needs) > max(needs[k] for k in over):
         return result  # another kernel needs more: splitting cannot make it fit
     return _split_and_plan(machine, config, costs, profiles_dir, baselines, control, over,

@@ -79,10 +79,9 @@ def profile_cmd(model: ModelArgs, device: str, profiles_dir: str | None, repeats
     if values_out:
         _profile_values(graph, device, iterations, seed, values_out, as_json)
         return
-    graphs = [graph]
-    if split_conv_grads and api.split_conv_grads(graph) is not graph:
-        graphs.append(api.split_conv_grads(graph))
-    for g in graphs:  # the split graph's costs (its parts) after the graph's own
+    split = api.split_conv_grads(graph) if split_conv_grads else graph
+    # the split graph's costs (its parts) after the graph's own
+    for g in [graph] if split is graph else [graph, split]:
         costs = api.profile(g, device=device, profiles_dir=profiles_dir, repeats=repeats,
                             warmup=warmup, max_seconds=max_seconds, resume=not fresh,
                             threads=threads, progress=not (no_progress or as_json))

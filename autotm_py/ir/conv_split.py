@@ -90,17 +90,17 @@ def _add_parts(b: GraphBuilder, graph: TensorGraph, k: Kernel) -> None:
     dx, dw = k.outputs[:2]
     attrs = {key: value for key, value in k.attrs_dict.items() if key != "output_mask"}
     stem = k.name.removesuffix("/grad")  # the rules' names: <conv>/grad -> <conv>/grad_data
-    shape = graph.tensors
+    tensors = graph.tensors
     # each part keeps the fused kernel's own workspace (none from the rules: measured
     # workspace comes with the costs, `KernelCosts.spliced`)
     b.add_kernel(filter_op, [dy, x], [dw], name=f"{stem}/grad_filter", domain=k.domain,
-                 attrs={**attrs, "shape": shape[dw].shape}, workspace_bytes=k.workspace_bytes)
+                 attrs={**attrs, "shape": tensors[dw].shape}, workspace_bytes=k.workspace_bytes)
     if len(k.outputs) > 2:
         db = k.outputs[2]
         b.add_kernel(BIAS_PART, [dy], [db], name=f"{stem}/grad_bias", domain=k.domain,
-                     attrs={"shape": shape[db].shape})
+                     attrs={"shape": tensors[db].shape})
     b.add_kernel(data_op, [dy, w], [dx], name=f"{stem}/grad_data", domain=k.domain,
-                 attrs={**attrs, "shape": shape[dx].shape}, workspace_bytes=k.workspace_bytes)
+                 attrs={**attrs, "shape": tensors[dx].shape}, workspace_bytes=k.workspace_bytes)
 
 
 def part_origins(graph: TensorGraph, split: TensorGraph) -> list[tuple[int, bool]]:

@@ -18,7 +18,7 @@ Function whose backward is that gradient kernel.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,7 @@ from autotm_py.ir.rules.fused import (
 from autotm_py.kernels.util import register, sum_to
 
 Tensors = Sequence[torch.Tensor]
+RotaryInto = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 # ---- RMSNorm and SiLU ------------------------------------------------------------------------
@@ -135,12 +136,17 @@ def rotary_grad_into(out: torch.Tensor, dy: torch.Tensor, cos: torch.Tensor,
     out[..., h:].addcmul_(dy[..., :h], sin[..., :h], value=-1)
 
 
-def _rotary_out(a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rotated(write: RotaryInto, a: torch.Tensor, cos: torch.Tensor,
+             sin: torch.Tensor) -> torch.Tensor:
+    """`write` (`rotary_into` or `rotary_grad_into`) of `a` into a new tensor of the operands'
+    broadcast shape and promoted dtype."""
     shape = torch.broadcast_shapes(a.shape, cos.shape, sin.shape)
     dtype = a.dtype
-    for t in (cos, sin):
+    for t in (cos, sin):  # promote_types only where they differ: it is a dispatched op
         dtype = dtype if t.dtype == dtype else torch.promote_types(dtype, t.dtype)
-    return torch.empty(shape, dtype=dtype, device=a.device)
+    out = torch.empty(shape, dtype=dtype, device=a.device)
+    write(out, a, cos, sin)
+    return out
 
 
 class _Rotary(torch.autograd.Function):
@@ -151,15 +157,12 @@ class _Rotary(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(cos, sin)
         ctx.x_dtype, ctx.x_shape = x.dtype, x.shape
-        out = _rotary_out(x, cos, sin)
-        rotary_into(out, x, cos, sin)
-        return out
+        return _rotated(rotary_into, x, cos, sin)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         cos, sin = ctx.saved_tensors
-        dx = _rotary_out(dy, cos, sin)
-        rotary_grad_into(dx, dy, cos, sin)
+        dx = _rotated(rotary_grad_into, dy, cos, sin)
         if dx.shape != ctx.x_shape:  # an X that the tables broadcast
             dx = sum_to(dx, ctx.x_shape)
         return dx.to(ctx.x_dtype), None, None
@@ -173,14 +176,10 @@ def rotary(kernel: Kernel, args: Tensors) -> torch.Tensor:
         return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
     if torch.is_grad_enabled() and x.requires_grad:
         return _Rotary.apply(x, cos, sin)
-    out = _rotary_out(x, cos, sin)
-    rotary_into(out, x, cos, sin)
-    return out
+    return _rotated(rotary_into, x, cos, sin)
 
 
 @register(ROTARY_GRAD)
 def rotary_grad(kernel: Kernel, args: Tensors) -> torch.Tensor:
     dy, cos, sin = args
-    out = _rotary_out(dy, cos, sin)
-    rotary_grad_into(out, dy, cos, sin)
-    return out
+    return _rotated(rotary_grad_into, dy, cos, sin)

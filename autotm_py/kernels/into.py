@@ -296,7 +296,7 @@ def linear_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
 
 @into("RotaryEmbedding", "RotaryEmbeddingGrad")
 def rotary(k: Kernel, args: Tensors, outs: Tensors) -> bool:
-    """The product and the two addcmul_ of `kernels.fused` straight into the slot (operands
+    """The product and the two addcmul_ of `kernels.decoder` straight into the slot (operands
     and output of one dtype, the output of the broadcast shape)."""
     a, cos, sin = args
     out = outs[0]
