@@ -237,7 +237,7 @@ def fit_arena(machine: MachineModel, config: PlanConfig, control: SolveControl |
             notes.append(solve.packing_note(result))
             return _noted(*last, notes)
         try:
-            layout = arena.pack(machine, result.plan)
+            layout = arena.pack(machine, result.plan, limit=limit)
         except arena.ArenaError as exc:
             return _noted(result, machine, [*notes, f"no arena: {exc}"])
         excess = 0 if limit is None else layout.nbytes - limit
