@@ -64,6 +64,7 @@ from autotm_py.ir.rules.fused import (
     block_rows,
     lse_dtype,
 )
+from autotm_py.kernels.loss_grad import fused_softmax_grad
 from autotm_py.kernels.nn import conv, cudnn_window
 from autotm_py.kernels.util import (
     log_softmax_rows,
@@ -387,20 +388,15 @@ def _ce_backward(args: Tensors, trans: bool, chunks: int,
     db = torch.empty(classes, dtype=rows.dtype, device=rows.device) if mask[2] else None
     blocks = _blocks(n, chunks)
     buf = torch.empty((blocks[0].stop, classes), dtype=rows.dtype, device=rows.device)
-    acc = loss_dtype(rows.dtype)
-    half = acc != rows.dtype  # the logits in bf16 or fp16, their loss and softmax in fp32
-    minus_one = torch.full((blocks[0].stop, 1), -1.0, dtype=acc, device=rows.device)
+    minus_one = torch.full((blocks[0].stop, 1), -1.0, dtype=loss_dtype(rows.dtype),
+                           device=rows.device)
     for i, block in enumerate(blocks):
         part = rows[block]
         logits = _block_logits(buf, part, w, bias)
-        if half:  # softmax in one fused pass (bf16 in, fp32 math and out) ...
-            grad = torch.softmax(logits, 1, dtype=acc)
-        else:
-            grad = logits.sub_(lse[block].unsqueeze(1).to(logits.dtype)).exp_()
-        # ... and the logits' gradient in their dtype, scaled and rounded in one pass (over
-        # the block's bf16 logits, which the softmax has read)
-        grad = softmax_grad_rows(grad, labels[block], 1.0 / n, logits if half else None,
-                                 minus_one)
+        # on CUDA one pass over the block's logits, in place (`loss_grad`); else torch's ops
+        grad = fused_softmax_grad(logits, labels[block], 1.0 / n, logits, lse[block])
+        if grad is None:
+            grad = _block_grad(logits, lse[block], labels[block], 1.0 / n, minus_one)
         if dx is not None:
             torch.mm(grad, w.t(), out=dx[block])
         if dw is not None:
@@ -422,6 +418,18 @@ def _ce_backward(args: Tensors, trans: bool, chunks: int,
     if db is not None:
         outs.append(db.reshape(inputs[2].shape))
     return outs
+
+
+def _block_grad(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, scale: float,
+                minus_one: torch.Tensor) -> torch.Tensor:
+    """A block's logits' gradient with torch's ops, written over the logits."""
+    acc = loss_dtype(logits.dtype)
+    if acc != logits.dtype:  # bf16 or fp16 logits: softmax in one fused pass (fp32 out) ...
+        probs = torch.softmax(logits, 1, dtype=acc)
+        # ... and the gradient scaled and rounded into the logits, which the softmax has read
+        return softmax_grad_rows(probs, labels, scale, logits, minus_one)
+    probs = logits.sub_(lse.unsqueeze(1).to(logits.dtype)).exp_()
+    return softmax_grad_rows(probs, labels, scale, None, minus_one)
 
 
 class _LinearCrossEntropyFn(torch.autograd.Function):

@@ -28,6 +28,7 @@ from autotm_py.ir.rules.geometry import torch_avg_pool_ok, window
 from autotm_py.kernels.batch_norm import batch_norm_training_into
 from autotm_py.kernels.decoder import rotary_grad_into, rotary_into
 from autotm_py.kernels.grad_tensor import decayed_grad, descend, learning_rate
+from autotm_py.kernels.loss_grad import fused_softmax_grad
 from autotm_py.kernels.nn import cudnn_window
 from autotm_py.kernels.util import (
     attrs,
@@ -378,6 +379,8 @@ def softmax_cross_entropy_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     if grad.dtype != torch_dtype(k.attr("to", str(rows.dtype).split(".")[-1])):
         return False
     lab = labels.reshape(-1).long()
+    if fused_softmax_grad(rows, lab, 1.0 / lab.numel(), grad) is not None:
+        return True
     coef = torch.ones(lab.shape, dtype=rows.dtype, device=rows.device)
     coef = coef / coef.sum()
     if grad.dtype == rows.dtype:

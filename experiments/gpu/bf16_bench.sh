@@ -9,8 +9,10 @@
 #   - ours_1: all fast; writes the three budgets (budgets.json) as soon as its graph exists, then
 #     profiles the bf16 kernels into the profile cache (the GPU held: gpu.lock) and touches
 #     `profiled`; its placed allocator's region is ALL_FAST_REGION bytes (default 48 GiB);
-#   - ours_0.5, ours_0.333, ours_0.25: start once the budgets exist, each with the placed
-#     allocator's region its budget (what does not fit is reported as overflow); they capture
+#   - ours_0.5, ours_0.333, ours_0.25: start once the budgets exist, each planned under its
+#     budget in bytes from budgets.json (the natives' caps: before 2026-12-03's fix they took
+#     their share of their own chunked graph's peak, half the bytes) with the placed
+#     allocator's region that budget (what does not fit is reported as overflow); they capture
 #     while ours_1 profiles, solve (LIMIT s each) side by side once it has, and time their steps
 #     one at a time (gpu.lock);
 #   - native: eager autocast steps uncapped, torch.compile at the first of COMPILE compiled
@@ -81,7 +83,7 @@ if [ -s "$out/budgets.json" ]; then
     region=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['budgets'][sys.argv[2]])" \
              "$out/budgets.json" "$s")
     "${bench[@]}" "$out/ours_$s.json" --shares "$s" --no-eager --after "$out/profiled" \
-        --region "$region" >"$out/ours_$s.log" 2>&1 &
+        --budgets "$out/budgets.json" --region "$region" >"$out/ours_$s.log" 2>&1 &
     pids+=($!)
   done
 else

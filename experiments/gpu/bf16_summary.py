@@ -77,6 +77,7 @@ def rows_of(folder: Path) -> list[dict[str, Any]]:
     for share, r in (nat.get("checkpoint") or {}).items():
         rows.append({"option": "autocast + checkpointing", "share": float(share),
                      "step_s": r.get("median_s"), "cap": r.get("cap"), "form": r.get("form"),
+                     "out_of_memory": r.get("out_of_memory", False),
                      "out_of_memory_at": r.get("out_of_memory_at"),
                      "reserved_peak_bytes": r.get("reserved_peak_bytes")})
     for fraction, by_share in (nat.get("compile") or {}).items():

@@ -50,7 +50,8 @@ at once while the others capture, solve or compile; `--budgets-out FILE --budget
 as the graph exists, before profiling; `--signal FILE` touches FILE once the Trainer exists (its
 kernels profiled into the cache); `--after FILE` makes the Trainer's planning wait for FILE
 (profiles measured by another process: none measured twice, none while another process
-times); `--budgets FILE` (with --native) takes the caps from such a file, waiting for it;
+times); `--budgets FILE` takes the budgets from such a file, waiting for it: with --native
+the caps, else ours' budget at each share (the same bytes as the natives' caps);
 `--no-eager` skips the uncapped eager steps (measured by the natives' process instead).
 """
 
@@ -312,6 +313,17 @@ def ratio_of(share: float) -> str:
     return f"{part.numerator}:{part.denominator - part.numerator}"
 
 
+def budget_of(args, share: float) -> dict[str, Any]:
+    """The Trainer's budget at `share`: the bytes a `--budgets` file gives it (the shares of
+    another graph's peak: the unchunked model's, as users run it, where this one chunks its
+    loss), else the share of its own graph's peak."""
+    if args.budgets and not args.native:
+        if not wait_for(str(args.budgets), args.wait_s, "the budgets"):
+            raise SystemExit(f"--budgets {args.budgets}: not written within {args.wait_s} s")
+        return {"budget": int(json.loads(args.budgets.read_text())["budgets"][str(share)])}
+    return {"ratio": ratio_of(share)}
+
+
 def ours(net, loss_fn, data, share: float, args, ready: Callable[[dict], None] | None = None
          ) -> dict[str, Any]:
     """The Trainer's steps at `share` of the peak; `ready(row)` is told the plan's figures as
@@ -319,7 +331,7 @@ def ours(net, loss_fn, data, share: float, args, ready: Callable[[dict], None] |
     cuda = args.device.startswith("cuda")
     opt = sgd(net.parameters())
     started = time.perf_counter()
-    trainer = Trainer(net, opt, loss_fn, example=data[0], ratio=ratio_of(share),
+    trainer = Trainer(net, opt, loss_fn, example=data[0], **budget_of(args, share),
                       device=args.device, time_limit_s=args.time_limit,
                       plans_dir=tempfile.mkdtemp(), loss_chunks=args.loss_chunks,
                       mode=COPIES_MODE if args.copies else None, precision=args.precision)
@@ -574,8 +586,8 @@ def parser() -> argparse.ArgumentParser:
                    "budget in bytes); default: the GPU's free memory")
     p.add_argument("--caps-from", type=Path, nargs="+", help="earlier results: their budgets, "
                    "no steps of ours (the native options alone)")
-    p.add_argument("--budgets", type=Path, help="with --native: the caps from this file of "
-                   "--budgets-out (waited for)")
+    p.add_argument("--budgets", type=Path, help="the budgets of this file of --budgets-out "
+                   "(waited for): with --native the caps, else ours' budget at each share")
     p.add_argument("--budgets-out", help="write the budget of each --budget-shares here once "
                    "the graph exists")
     p.add_argument("--budget-shares", default="0.5,0.333,0.25")
@@ -595,7 +607,7 @@ def main(argv: list[str]) -> int:
     if args.native and not (args.caps_from or args.budgets):
         p.error("--native needs --caps-from or --budgets: the Trainer's placed allocator leaves "
                 "caps without effect in its process, so the native options run in another")
-    natives_only = bool(args.caps_from or args.budgets)
+    natives_only = bool(args.caps_from or (args.native and args.budgets))
     if args.device.startswith("cuda"):  # before CUDA starts: one work queue for replays
         use_replay_work_queues()
         if not (args.native or args.copies):

@@ -11,9 +11,6 @@ recomputed inside the kernel, as nGraph's MaxPoolBackprop does, instead of savin
 
 from __future__ import annotations
 
-import math
-
-from autotm_py.ir.dtypes import DTYPE_SIZES
 from autotm_py.ir.graph import Role
 from autotm_py.ir.rules.base import KernelDraft, Rule, Tape, grad_name
 from autotm_py.ir.rules.elementwise import sum_to
@@ -222,8 +219,10 @@ def cross_entropy_prepare(tape: Tape, k: KernelDraft) -> None:
 def cross_entropy_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -> Grads:
     """The loss is the seed: d(loss) = 1, so no incoming gradient tensor is read. The gradient
     has the logits' dtype; where the log-probabilities are fp32 and the logits bf16 (our loss
-    on bf16 logits, `ir/training.py`), `to` says so: the kernel computes in fp32, with the fp32
-    softmax as its workspace, and writes bf16 (no Cast after it)."""
+    on bf16 logits, `ir/training.py`), `to` says so: the kernel computes in fp32 and writes
+    bf16 (no Cast after it). It has no workspace: on CUDA one pass reads the log-probabilities
+    and writes the gradient (`kernels.loss_grad`); the CPU's torch ops take an fp32 softmax
+    temporary, which host mode (fp32 by default) does not count."""
     axis = int(k.attr("axis", 1 if k.domain == "" else -1))
     g = tape.new_grad(k.inputs[0])
     log_prob = k.outputs[1]
@@ -233,9 +232,6 @@ def cross_entropy_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[b
               reduction=str(k.attr("reduction", "mean")),
               ignore_index=k.attr("ignore_index"),
               **({"to": tape.dtype(g)} if mixed else {}))
-    if mixed:
-        tape.kernels[-1].workspace_bytes = math.prod(tape.shape(log_prob)) * \
-            DTYPE_SIZES[tape.dtype(log_prob)]
     return [g] + [None] * (len(k.inputs) - 1)
 
 
