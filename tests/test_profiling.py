@@ -306,6 +306,33 @@ def test_profile_on_cuda_with_the_real_kernels(tmp_path):
     assert doc["device"] == "cuda" and doc["sets"][fp.id]["roofline"]["peak_flops"]["tf32"] > 0
 
 
+@pytest.mark.gpu
+def test_kernels_timed_alone_on_cuda_get_their_device_time(tmp_path):
+    """A kernel measured alone on CUDA also gets its device time (CUDA graph replays of it, no
+    launch gaps: `torch_profiler.graph_device_time`), written with its entry and carried by the
+    costs (the replay's clock). One that cannot be captured (it copies to the host) gets none
+    and is still measured."""
+    from autotm_py.profiling import torch_profiler
+
+    g = chain(4, 1 << 12)
+    costs = profile(g, device="cuda", profiles_dir=tmp_path, shipped_dir=tmp_path / "none",
+                    repeats=20, warmup=2, progress=False, runner=runner)
+    sets = read_profile_file(tmp_path / f"{current_fingerprint('cuda').slug}.json")
+    entries = [e for pset in sets.values() for by_placement in pset.entries.values()
+               for e in by_placement.values()]
+    assert entries and all(e.device_s is not None and e.device_s > 0 for e in entries)
+    assert costs.device_s and all(d > 0 for d in costs.device_s)
+    assert sorted(set(costs.device_s)) == sorted({e.device_s for e in entries})
+
+    def host_bound(kernel, args):
+        return [args[0].sum().cpu()]
+
+    args = [torch.randn(1024, device="cuda")]
+    timing = torch_profiler.time_kernel(g.kernels[0], args, device="cuda", runner=host_bound,
+                                        repeats=3, warmup=1)
+    assert timing.median_s > 0 and timing.device_s is None
+
+
 def test_threads_option_is_part_of_the_fingerprint_and_restored(dirs):
     before = torch.get_num_threads()
     seen = []

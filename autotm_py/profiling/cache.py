@@ -58,8 +58,9 @@ class ProfileEntry:
     workspace_bytes: int | None = None
     # "graph": timed inside whole-graph iterations (profiling/in_context.py); None: alone
     context: str | None = None
-    # in-context entries (CUDA): the time the kernel keeps the GPU busy, without the launch
-    # gaps that `median_s` includes (torch profiler); the simulator's GPU clock uses it
+    # CUDA: the time the kernel keeps the GPU busy, without the launch gaps that `median_s`
+    # includes (in context: torch's profiler; alone, since 2026-12-03: CUDA graph replays,
+    # `torch_profiler.graph_device_time`); the simulator's GPU clock uses it
     device_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:

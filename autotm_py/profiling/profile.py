@@ -289,7 +289,8 @@ def _measure_one(session: _Session, kernel: Kernel,
         return None
     return ProfileEntry(timing.median_s, timing.p10_s, timing.p90_s, timing.runs, MEASURED,
                         now_iso(), graph_batch(session.graph), kernel.op_type,
-                        torch_profiler.loadavg() if session.device == "cpu" else None, workspace)
+                        torch_profiler.loadavg() if session.device == "cpu" else None, workspace,
+                        device_s=timing.device_s)
 
 
 def _release_memory(device: str) -> None:

@@ -83,7 +83,7 @@ class KernelTime:
     how: str  # EXACT, SCALED or ROOFLINE
     set_index: int  # rank of the serving set, -1 for the roofline
     workspace_bytes: int = 0
-    device_s: float | None = None  # GPU busy time without launch gaps (in-context entries)
+    device_s: float | None = None  # GPU busy time without launch gaps (CUDA entries)
     # served by an in-context entry: there a missing device time means the kernel launched
     # nothing of its own; elsewhere (measured alone, scaled, composed) it is unknown
     in_context: bool = False
@@ -178,7 +178,8 @@ def _device_time(t: KernelTime) -> float:
     time; 0 where an in-context profile saw it launch nothing (`KernelCosts.replayed` prices
     its bytes) or for a roofline estimate (priced at its estimate); else, where no in-context
     profile measured it (a graph whose other kernels did: a new kernel profiled in another
-    graph, another device's set), its time measured alone, launch gap included. Without
+    graph, another device's set) and none measured alone gave one (entries before
+    2026-12-03), its time measured alone, launch gap included. Without
     that last rule such a kernel counted as launching nothing: a BERT-base graph whose two
     loss kernels came from an in-context profile had its 639 others priced near zero."""
     if t.device_s is not None:

@@ -52,18 +52,20 @@ MEASURED_EFFICIENCY = {"cuda": (0.5, 0.7), "cpu": (0.7, 0.8)}
 
 @dataclass(frozen=True)
 class Timing:
-    """Median and spread of timed runs, in seconds."""
+    """Median and spread of timed runs, in seconds; on CUDA also the kernel's device time
+    (`graph_device_time`), None where it could not be captured."""
 
     median_s: float
     p10_s: float
     p90_s: float
     runs: int
+    device_s: float | None = None
 
     @classmethod
-    def of(cls, samples: Sequence[float]) -> Timing:
+    def of(cls, samples: Sequence[float], device_s: float | None = None) -> Timing:
         arr = np.asarray(samples, dtype=np.float64)
         p10, med, p90 = np.percentile(arr, [10, 50, 90])
-        return cls(float(med), float(p10), float(p90), len(arr))
+        return cls(float(med), float(p10), float(p90), len(arr), device_s)
 
 
 def default_runner() -> Runner:
@@ -147,7 +149,8 @@ def _plan_runs(first_s: float, repeats: int, budget_s: float, min_runs: int) -> 
 def time_kernel(kernel: Kernel, args: Sequence[torch.Tensor], *, device: str = "cpu",
                 runner: Runner | None = None, repeats: int = 10, warmup: int = 2,
                 budget_s: float = 2.0, min_runs: int = 3) -> Timing:
-    """Time `runner(kernel, args)`: `warmup` untimed runs, then up to `repeats` timed ones."""
+    """Time `runner(kernel, args)`: `warmup` untimed runs, then up to `repeats` timed ones;
+    on CUDA also its device time (`graph_device_time`)."""
     import torch
 
     run = runner or default_runner()
@@ -157,8 +160,56 @@ def time_kernel(kernel: Kernel, args: Sequence[torch.Tensor], *, device: str = "
     for _ in range(max(warmup - 1, 0)):
         run(kernel, args)
     n = _plan_runs(first, repeats, budget_s, min_runs)
-    samples = _cuda_samples(kernel, args, run, n) if cuda else _cpu_samples(kernel, args, run, n)
-    return Timing.of(samples)
+    if not cuda:
+        return Timing.of(_cpu_samples(kernel, args, run, n))
+    samples = _cuda_samples(kernel, args, run, n)
+    return Timing.of(samples, graph_device_time(kernel, args, run, float(np.median(samples)), n))
+
+
+# A kernel's device time is timed over replays of a CUDA graph of several runs of it, enough to
+# keep the GPU busy this long a replay: the gap between two graph launches, a few microseconds,
+# is then a small share of it (a replayed plan pays `costs.REPLAY_GAP_S` between nodes).
+DEVICE_TIME_GRAPH_S = 200e-6
+DEVICE_TIME_MAX_RUNS = 16
+
+
+def graph_device_time(kernel: Kernel, args: Sequence[torch.Tensor], run: Runner,
+                      eager_s: float, replays: int) -> float | None:
+    """The GPU time of one run of the kernel without launch gaps, as a replayed plan pays it
+    (`ProfileEntry.device_s`, the simulator's GPU clock): the run captured in a CUDA graph
+    (the executor's own capture, `runtime.drivers.GraphReplay`) up to DEVICE_TIME_MAX_RUNS
+    times, the graph replayed `replays` times back to back. Timed alone, a small kernel's
+    `median_s` is mostly the host's dispatch of it: bf16 plans priced so were predicted 11-76%
+    high on the H200 (2026-12-03), where the fp32 plans' shipped in-context device times kept
+    them within 5%. None where the kernel cannot be captured (it synchronises with the host):
+    a replayed plan runs such a kernel eagerly too."""
+    import torch
+
+    from autotm_py.runtime.drivers import GraphReplay
+
+    runs = int(min(max(DEVICE_TIME_GRAPH_S // max(eager_s, 1e-9), 1), DEVICE_TIME_MAX_RUNS))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # the eager run a capture needs on its stream
+        run(kernel, args)
+
+    def body() -> None:
+        for _ in range(runs):
+            run(kernel, args)
+
+    capture = GraphReplay(body, lambda: kernel.name, stream)
+    if capture.failed is not None:
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        capture.replay()  # the first replay uploads the graph
+        start.record()
+        for _ in range(max(replays, 1)):
+            capture.replay()
+        end.record()
+    end.synchronize()
+    torch.cuda.current_stream().wait_stream(stream)
+    return start.elapsed_time(end) / 1e3 / (max(replays, 1) * runs)
 
 
 def measure_workspace(kernel: Kernel, args: Sequence[torch.Tensor], *, device: str,
