@@ -216,17 +216,14 @@ def default_run_mode(device: str) -> RunMode:
     return GPU_RUN_MODE if str(device).startswith("cuda") else HOST_RUN_MODE
 
 
-# The precision a GPU plans, runs and trains in unless told otherwise (`default_precision`).
-# bf16 is meant to become it (issue 46; `--precision bf16` works everywhere) but is not yet:
-# with the shipped fp32 profiles (bf16 kernels priced from their fp32 entries) the README's
-# quick start, ResNet-50 training at 1:4, planned in 35.5 s of wall time in bf16 against 18.2 s
-# in fp32, both optimal (the 2-core machine, 2026-12-03). Each solve now takes fp32's time (the
-# bf16 ConvGrads are priced from the same parts as fp32's: before, their batch-scaled workspace
-# made the search 5x slower, 94.7 s in all); the bf16 plan's first packing missed the arena by
-# 2 MB and the fit loop solved again (docs/precision.md, "How quickly a bf16 plan is found").
-# Flip it here once bf16 profiles ship and the quick start plans within about 1.5x of fp32's
-# time: every face resolves auto from it.
-GPU_DEFAULT_PRECISION = "fp32"
+# The precision a GPU plans, runs and trains in unless told otherwise (`default_precision`):
+# bf16, as PyTorch users train on Hopper GPUs (issue 46). Flipped on 2026-12-04 once bf16
+# profiles shipped for the H200 (no H100 is lent to measure its own) and the README's quick
+# start, ResNet-50 training at 1:4, planned within 1.5x of fp32's time: 15.9 s in bf16 against
+# 11.6 s in fp32 on the 2-core machine, both optimal, each packing its arena at the first solve
+# (it was 35.5 s against 18.2 s on 2026-12-03, when the bf16 packing missed by 2 MB and the fit
+# loop solved again). `--precision fp32` / `precision="fp32"` keep the fp32 plan.
+GPU_DEFAULT_PRECISION = "bf16"
 
 
 def default_precision(device: str, bf16: bool = True) -> str:

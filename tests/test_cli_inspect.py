@@ -24,7 +24,7 @@ def zoo9(tmp_path_factory):
 
 
 def test_text_summary(zoo9, capsys):
-    assert main(["inspect", str(zoo9), "--batch", "4"]) == 0
+    assert main(["inspect", str(zoo9), "--batch", "4", "--precision", "fp32"]) == 0
     out = capsys.readouterr().out
     g = api.load_model(zoo9, batch=4)
     assert f"kernels      {len(g.kernels)} ({g.unique_signatures} unique signatures)" in out
@@ -39,7 +39,7 @@ def test_text_summary(zoo9, capsys):
 
 
 def test_json_matches_the_graph(zoo9, capsys):
-    assert main(["inspect", str(zoo9), "--json"]) == 0
+    assert main(["inspect", str(zoo9), "--json", "--precision", "fp32"]) == 0
     data = json.loads(capsys.readouterr().out)
     g = api.load_model(zoo9)
     assert data["kernels"] == len(g.kernels) and data["unique_kernels"] == g.unique_signatures
@@ -50,7 +50,7 @@ def test_json_matches_the_graph(zoo9, capsys):
     # arena (no scratch region beside the tensors) the largest working set to the peak
     least = data["smallest_budget"]
     assert data["budget_interval_bytes"][0] == least["budget_bytes"] >= int(ws.max())
-    assert main(["inspect", str(zoo9), "--json", "--no-arena"]) == 0
+    assert main(["inspect", str(zoo9), "--json", "--no-arena", "--precision", "fp32"]) == 0
     plain = json.loads(capsys.readouterr().out)
     lo, hi = plain["budget_interval_bytes"]
     assert lo == int(ws.max()) and g.peak_live_bytes <= hi < g.peak_live_bytes + 512 * 32
@@ -64,7 +64,7 @@ def test_json_matches_the_graph(zoo9, capsys):
 
 def test_csv_has_one_row_per_kernel(zoo9, tmp_path, capsys):
     target = tmp_path / "out" / "kernels.csv"
-    assert main(["inspect", str(zoo9), "--csv", str(target)]) == 0
+    assert main(["inspect", str(zoo9), "--csv", str(target), "--precision", "fp32"]) == 0
     assert str(target) in capsys.readouterr().out
     with target.open() as fh:
         rows = list(csv.DictReader(fh))
@@ -103,7 +103,7 @@ def test_the_smallest_useful_budget_is_the_planners_smallest_feasible_one(capsys
     combined convolution backward needs a 39 MiB cuDNN workspace on the H100, more than any
     working set of the IR alone, and a budget just under inspect's lower end is infeasible
     with exactly that end as the smallest feasible budget."""
-    args = ["resnet50", "--batch", "8", "--training"]
+    args = ["resnet50", "--batch", "8", "--training", "--precision", "fp32"]
     assert main(["inspect", *args, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     lo = data["budget_interval_bytes"][0]

@@ -242,7 +242,7 @@ def test_load_graph_rebuilds_the_split_a_plan_records(onnx_path, graph):
 def _cli(onnx_path, budget, *extra):
     return main(["optimize", onnx_path, "--training", "--fast-mem", str(budget), "--strategy",
                  "sync", "--recompute", "off", "--no-arena", "--no-replay",
-                 "--no-channels-last", "--no-baselines", *extra])
+                 "--no-channels-last", "--no-baselines", "--precision", "fp32", *extra])
 
 
 def test_the_cli_splits_by_default_and_run_rebuilds_the_split(onnx_path, graph, tmp_path,

@@ -186,7 +186,8 @@ def test_gpu_mode_stores_a_cnn_channels_last_where_the_profiles_have_it(tmp_path
 
 def test_optimize_says_which_layout_it_took(tmp_path, capsys):
     args = ["optimize", "resnet50", "--training", "--batch", "32", "--gpu", "h200",
-            "--strategy", "static", "--fast-mem", "40GiB", "--no-baselines", "--profiles",
+            "--precision", "fp32", "--strategy", "static", "--fast-mem", "40GiB",
+            "--no-baselines", "--profiles",
             str(tmp_path / "cache"), "-o", str(tmp_path / "plan.json")]
     assert main(args) == 0
     assert "layout     convolution images stored N, H, W, C, as the profiles have them " \

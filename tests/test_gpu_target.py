@@ -52,7 +52,8 @@ def _optimize(tmp_path, *extra: str) -> tuple[dict, str]:
     # priced again with another GPU's profiles: one layout for both, and no arena (its
     # scratch is sized for the workspaces of the GPU it was planned for)
     args = ["optimize", "resnet50", "--training", "--batch", "32", "--device", "cuda",
-            "--strategy", "static", "--fast-mem", "40GiB", "--no-baselines", "--profiles",
+            "--precision", "fp32", "--strategy", "static", "--fast-mem", "40GiB",
+            "--no-baselines", "--profiles",
             str(tmp_path / "cache"), "--no-channels-last", "--no-arena", *extra, "-o", str(plan)]
     assert main(args) == 0
     return json.loads(plan.read_text())["header"], str(plan)
@@ -144,7 +145,8 @@ def test_bench_names_the_gpu_in_its_rows_and_plans():
 
 
 def test_inspect_reports_kernel_times_of_the_gpu_asked_for(capsys):
-    args = ["inspect", "resnet50", "--training", "--batch", "32", "--kernels", "--json"]
+    args = ["inspect", "resnet50", "--training", "--batch", "32", "--kernels", "--json",
+            "--precision", "fp32"]
     assert main(args) == 0
     here = json.loads(capsys.readouterr().out)
     assert main([*args, "--gpu", "h200"]) == 0
@@ -190,7 +192,7 @@ def test_a_plan_priced_with_another_gpus_kernel_times_says_so(tmp_path, capsys):
     plan = tmp_path / "plan.json"
     assert main(["optimize", "vgg19", "--training", "--device", "cuda", "--gpu", "h200",
                  "--fast-mem", "200GiB", "--strategy", "static", "--no-baselines",
-                 "--no-channels-last", "--profiles",
+                 "--no-channels-last", "--precision", "fp32", "--profiles",
                  str(tmp_path), "-o", str(plan)]) == 0
     assert f"note       {note}" in capsys.readouterr().out
     assert note in json.loads(plan.read_text())["header"]["notes"]

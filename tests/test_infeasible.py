@@ -145,7 +145,8 @@ def test_a_bench_row_says_why_in_its_columns_and_table(tmp_path, capsys):
     assert row["forced_by"].startswith(f"kernel #{least.kernel} {least.op_type}")
     assert row["notes"].startswith("infeasible: the budget of ")
     assert main(["bench", "--models", str(model), "--ratios", "1:2", "--strategies", "sync",
-                 "--training", "--no-progress", "-o", str(tmp_path / "c.csv")]) == 0
+                 "--training", "--precision", "fp32", "--no-progress",
+                 "-o", str(tmp_path / "c.csv")]) == 0
     out = capsys.readouterr().out
     assert f"needs {format_bytes(least.budget_bytes)}: kernel #{least.kernel}" in out
 

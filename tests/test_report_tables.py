@@ -79,7 +79,8 @@ def test_inspect_kernels_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "useful budget sweep" in out and "most repeated signatures by time" in out
     assert (tmp_path / "k.csv").read_text().startswith("id,name,op,working_set_bytes")
-    assert main(["inspect", model, "--kernels", "--json"]) == 0  # flag alone: cuda profiles
+    # flag alone: cuda profiles (fp32: in bf16, the GPU default, the casts add kernels)
+    assert main(["inspect", model, "--kernels", "--json", "--precision", "fp32"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["kernels"] == 4 and doc["sweep_bytes"][0] <= doc["sweep_bytes"][1]
     assert abs(sum(s["time_share"] for s in doc["signatures"]) - 1.0) < 1e-9

@@ -65,8 +65,9 @@ def train_both(name: str, cuda_first: bool = False) -> dict:
     ours = copy.deepcopy(reference)
     data = batches(name, STEPS, scale=16)  # activations well above the GPU's workspaces
     opt = OPTIMIZERS["sgd-momentum"](ours.parameters())
+    # fp32: the reference trains in fp32 (the GPU default, bf16, is tests/test_precision_gpu.py's)
     trainer = Trainer(ours, opt, loss_fn, example=data[0], ratio="6:1", device="cuda",
-                      plans_dir=tempfile.mkdtemp())
+                      plans_dir=tempfile.mkdtemp(), precision="fp32")
     got = [float(trainer.step(x, y)) for x, y in data]
     trainer.sync()
     layout = torch.channels_last if name == "cnn" else torch.contiguous_format

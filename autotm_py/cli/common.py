@@ -120,8 +120,8 @@ def _model_flags(argument: bool, optional: bool = False) -> list[Callable[[F], F
             help="fp32, or bf16 as torch.autocast(bfloat16) runs it: matrix products, "
                  "convolutions and attention in bf16 through bf16 copies of their inputs; "
                  "softmax, normalization statistics, sums and the loss in fp32; fp32 master "
-                 "weights and optimizer state. auto: the device's default, fp32 for now "
-                 "(bf16 on GPUs once bf16 profiles ship) [default: auto]. "
+                 "weights and optimizer state. auto: the device's default, bf16 on a GPU "
+                 "and fp32 on the CPU [default: auto]. "
                  f"{FROM_PLAN} See docs/precision.md."),
     ]
 

@@ -53,7 +53,7 @@ from autotm_py.units import format_bytes, parse_bytes, parse_ratio
               show_default=True,
               help="fp32, or bf16 as torch.autocast(bfloat16) runs it (fp32 weights and "
                    "optimizer state; the trained file keeps its fp32 weights); auto: the "
-                   "device's default, fp32 for now (bf16 on GPUs once bf16 profiles ship). "
+                   "device's default (bf16 on a GPU with bf16 arithmetic, fp32 on the CPU). "
                    "See docs/precision.md.")
 @run_mode_options(scratch=False)
 @gpu_option

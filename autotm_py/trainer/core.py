@@ -58,8 +58,8 @@ class Trainer:
     `--loss-chunks`; the loss function must be a cross-entropy over the last axis).
     `precision`: "fp32", "bf16" (the step as `torch.autocast("cuda", torch.bfloat16)` runs
     it, with fp32 weights and optimizer state: docs/precision.md) or "auto" (default): the
-    device's (`options.default_precision`: fp32 for now; on a GPU without bf16 arithmetic
-    always)."""
+    device's (`options.default_precision`: bf16 on a GPU with bf16 arithmetic, else
+    fp32)."""
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[..., Any], example: Any, *, budget: int | str | None = None,
