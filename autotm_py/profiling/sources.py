@@ -25,6 +25,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotm_py.costs import KernelCosts
@@ -308,7 +309,9 @@ class CostSources:
             same_device = s.fingerprint.name == self.target.name
             (log.info if same_device else log.warning)(
                 "%d kernels of %s from profiles of %s%s (%s)", n, graph.name, s.fingerprint.id,
-                "" if same_device else f", the closest to {self.target.name!r}", s.origin)
+                "" if same_device else f", the closest to {self.target.name!r}",
+                # a shipped file by name: the same line in every checkout
+                f"shipped {Path(s.origin).name}" if s.shipped else s.origin)
         if how[ROOFLINE]:
             log.warning("%d kernels of %s have no profile: roofline estimates on %s",
                         how[ROOFLINE], graph.name, self.roofline.name)
