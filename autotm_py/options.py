@@ -219,10 +219,11 @@ def default_run_mode(device: str) -> RunMode:
 # The precision a GPU plans, runs and trains in unless told otherwise (`default_precision`):
 # bf16, as PyTorch users train on Hopper GPUs (issue 46). Flipped on 2026-12-04 once bf16
 # profiles shipped for the H200 (no H100 is lent to measure its own) and the README's quick
-# start, ResNet-50 training at 1:4, planned within 1.5x of fp32's time: 15.9 s in bf16 against
-# 11.6 s in fp32 on the 2-core machine, both optimal, each packing its arena at the first solve
-# (it was 35.5 s against 18.2 s on 2026-12-03, when the bf16 packing missed by 2 MB and the fit
-# loop solved again). `--precision fp32` / `precision="fp32"` keep the fp32 plan.
+# start, ResNet-50 training at 1:4, planned within 1.5x of fp32's time: 16.0 s in bf16 against
+# 11.6 s in fp32 on the 2-core machine (medians of 3 runs), both optimal, each packing its
+# arena at the first solve (it was 35.5 s against 18.2 s on 2026-12-03, when the bf16
+# packing missed by 2 MB and the fit loop solved again). `--precision fp32` /
+# `precision="fp32"` keep the fp32 plan.
 GPU_DEFAULT_PRECISION = "bf16"
 
 
