@@ -228,3 +228,29 @@ def test_validate_reports_roofline_accuracy(tmp_path):
     result = roofline_accuracy(next(iter(read_profile_file(path).values())))
     assert result["n"] == 4 and result["median"] == pytest.approx(0.5)
     assert result["sum_ratio"] == pytest.approx(0.5)
+
+
+def test_a_scaled_workspace_follows_the_operands_bytes_not_the_batch_ratio():
+    """A small layer matched to one whose every dim is 8x larger (one common ratio, 1/8):
+    its time scales by the work, its workspace by the operands' bytes (8^4 fewer), not by the
+    ratio alone (the H200's tiny test CNN got 12 MiB of MaxPoolGrad workspace that way, and no
+    feasible budget below its peak). The same layer at another batch keeps the batch ratio
+    (`scaling.workspace_ratio`: its weights, which do not scale, would make the bytes' ratio
+    nearer 1)."""
+    attrs = {"kernel_shape": (2, 2), "strides": (2, 2)}
+    big = shape("MaxPoolGrad", [(32, 64, 64, 64), (32, 64, 128, 128)], [(32, 64, 128, 128)],
+                "autotm", **attrs)
+    tiny = shape("MaxPoolGrad", [(4, 8, 8, 8), (4, 8, 16, 16)], [(4, 8, 16, 16)], "autotm",
+                 **attrs)
+    half = shape("MaxPoolGrad", [(16, 64, 64, 64), (16, 64, 128, 128)], [(16, 64, 128, 128)],
+                 "autotm", **attrs)
+    index = BatchIndex({_sig(big): {"FFF": ProfileEntry(1e-3, 1e-3, 1e-3, 3, batch=32,
+                                                        workspace_bytes=100 << 20)}})
+    hit = index.find(tiny, "FFF", CPU_REFERENCE, batch=4)
+    assert hit.ratio == Fraction(1, 8)
+    assert hit.workspace_bytes == (100 << 20) // 8 ** 4
+    assert index.find(half, "FFF", CPU_REFERENCE, batch=16).workspace_bytes == 50 << 20
+    # the other way (from the tiny entry up to the large layer): the bytes' ratio again
+    up = BatchIndex({_sig(tiny): {"FFF": ProfileEntry(1e-5, 1e-5, 1e-5, 3, batch=4,
+                                                      workspace_bytes=1 << 10)}})
+    assert up.find(big, "FFF", CPU_REFERENCE, batch=32).workspace_bytes == (1 << 10) * 8 ** 4

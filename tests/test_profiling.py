@@ -7,6 +7,7 @@ so these tests do not depend on the executor's kernel library.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,38 @@ def test_repeated_kernels_are_measured_once_and_cached(dirs):
     again = fast_profile(g, dirs)  # everything from the cache now
     assert again.summary["measured_now"] == 0 and len(CALLS) == n_calls
     assert again.times_s == costs.times_s
+
+
+def test_naming_the_gpu_makes_no_cuda_context(monkeypatch, tmp_path):
+    """Before the process has a CUDA context, the GPU is named by nvidia-smi (as torch names
+    it), not by torch, whose naming makes the context: the placed allocator can become
+    torch's allocator only before that, so a plan made and run in one process lost it. With a
+    context, torch names it; where nvidia-smi cannot, torch does."""
+    from autotm_py.profiling import fingerprint
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\necho "NVIDIA H200"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    fingerprint._nvml_device_name.cache_clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+
+    def context(*_):
+        raise AssertionError("torch made a CUDA context to name the GPU")
+
+    monkeypatch.setattr(torch.cuda, "current_device", context)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", context)  # checks every device
+    assert current_fingerprint("cuda").name == "NVIDIA H200"
+    assert "-i 3" in (tmp_path / "args").read_text()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: None)
+    assert current_fingerprint("cuda").name == "NVIDIA H100 80GB HBM3"
+    fingerprint._nvml_device_name.cache_clear()
 
 
 def test_cache_file_format_and_key(dirs):

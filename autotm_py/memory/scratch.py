@@ -37,7 +37,7 @@ DIRECT_OPS = frozenset({
     "Gelu", "GeluGrad", "MatMul", "MatMulGradA", "MatMulGradB", "BatchNormalization", "Conv",
     "SGDUpdate", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad", "Linear", "LinearGrad",
     "Concat", "AveragePool", "RotaryEmbedding", "RotaryEmbeddingGrad", "Silu", "SiluGrad",
-    "MulGrad",
+    "MulGrad", "Cast", "CastGrad",
 })
 # Elementwise ops whose torch kernels (`kernels.into`) may write their output over the inputs
 # at these positions, each element read before it is written (Sum: the first two only, which
@@ -63,6 +63,10 @@ PLACED_OPS = frozenset({
     "GlobalAveragePoolGrad", "AveragePoolGrad", "Gemm", "GemmGradA", "GemmGradB",
     "ScaledDotProductAttention", "ScaledDotProductAttentionGrad", "LayerNormalization",
     "LinearCrossEntropyGrad",  # allocates dX, dW, dB at their sizes before its block buffer
+    # native_layer_norm_backward allocates dX, dgamma, dbeta at their sizes: BERT-base's bf16
+    # replay copied 0.22 ms of views a step and none of its 26 fp32 dX of 48 MiB (the H200,
+    # 2026-12-04, experiments/results/bf16/2026-12-04), which the planner priced 0.9 ms
+    "LayerNormGrad",
     "ConvRelu",  # cuDNN's fused call allocates Y (elsewhere: the convolution's, ReLU'd in place)
     # ConvGrad's parts (`ir.conv_split`): the same convolution_backward call with one output
     # asked for, which it allocates as ConvGrad does (not measured on their own)

@@ -8,11 +8,13 @@ for it; for another machine of the same kind the closest fingerprint is used ins
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import platform
 import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -92,7 +94,7 @@ def current_fingerprint(device: str) -> Fingerprint:
 
     kind = check_device(device)
     cuda = torch.version.cuda or ""
-    cudnn_v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    cudnn_v = _cudnn_version()
     cudnn = str(cudnn_v) if cudnn_v else ""
     if kind == "cpu":
         return Fingerprint("cpu", cpu_model_name(), torch.__version__,
@@ -100,9 +102,60 @@ def current_fingerprint(device: str) -> Fingerprint:
     if not torch.cuda.is_available():
         raise ProfileError("--device cuda: torch sees no CUDA GPU on this machine; measure on "
                            "a GPU machine, or plan with the shipped profiles (load_costs)")
-    index = torch.cuda.current_device()
-    return Fingerprint("cuda", torch.cuda.get_device_name(index), torch.__version__, cuda,
-                       cudnn, threads=torch.get_num_threads())
+    return Fingerprint("cuda", _cuda_device_name(), torch.__version__, cuda, cudnn,
+                       threads=torch.get_num_threads())
+
+
+def _cuda_device_name() -> str:
+    """The current CUDA device's name, as torch gives it. Before this process has made its
+    CUDA context, from NVML (`nvidia-smi`, which names the device as torch does): naming the
+    GPU, to pick its profiles and link while planning, must not make one, because the placed
+    allocator can become torch's allocator only before it (a plan made and run in one process
+    ran on torch's allocator, its outputs copied into their slots: the H200, 2026-12-04)."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        name = _nvml_device_name(_visible_device())
+        if name:
+            return name
+    return torch.cuda.get_device_name(torch.cuda.current_device())
+
+
+def _cudnn_version() -> int | None:
+    """cuDNN's version as `torch.backends.cudnn.version()` gives it, without the check of
+    every device's capability that comes with that call before CUDA is up: it makes the CUDA
+    context (see `_cuda_device_name`)."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    lib = getattr(torch._C, "_cudnn", None)
+    try:
+        return int(lib.getVersionInt()) if lib is not None else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _visible_device() -> str:
+    """The device torch's index 0 is, as nvidia-smi's `-i` takes it: the first entry of
+    CUDA_VISIBLE_DEVICES (an index or a UUID), else 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return first or "0"
+
+
+@functools.lru_cache(maxsize=8)
+def _nvml_device_name(device: str) -> str | None:
+    """nvidia-smi's name of `device`, None where it cannot say (no nvidia-smi, a MIG slice)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader", "-i", device],
+                              capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return lines[0].strip() if done.returncode == 0 and len(lines) == 1 else None
 
 
 def target_fingerprint(device: str) -> Fingerprint:

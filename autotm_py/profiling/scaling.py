@@ -93,7 +93,15 @@ class Scaled:
     p90_s: float
     ratio: Fraction
     source_signature: str
-    workspace_bytes: int = 0  # the source's workspace times the batch ratio
+    workspace_bytes: int = 0  # the source's workspace scaled (`workspace_ratio`)
+
+
+def workspace_ratio(batch_ratio: float, bytes_ratio: float) -> float:
+    """How a scaled entry's workspace scales: by the batch ratio, or by the operands' bytes
+    ratio where that moves further from 1 in the same direction."""
+    if batch_ratio < 1:
+        return min(batch_ratio, bytes_ratio)
+    return max(batch_ratio, bytes_ratio)
 
 
 def scale_time(t: float, factor: float, launch_s: float) -> float:
@@ -139,7 +147,13 @@ class BatchIndex:
         factor = target_work / measured_work if measured_work > 0 else (
             float(r) if target_work > 0 else 1.0)
         launch = roofline.launch_s
+        # the workspace by the batch ratio r, or by the operands' bytes where they change more
+        # than that (every dim scaled by r, a small test layer matched to a large one: r to
+        # the rank): a 4x8x16x16 MaxPoolGrad priced from a 32x64x128x128 one got an eighth of
+        # its 100 MiB workspace, and its tiny graph no feasible budget (2026-12-04, the H200).
+        # The same layer at another batch keeps r (its weights do not scale with the batch).
+        ratio = workspace_ratio(float(r), target.bytes / shape.bytes if shape.bytes else 1.0)
         return Scaled(scale_time(entry.median_s, factor, launch),
                       scale_time(entry.p10_s, factor, launch),
                       scale_time(entry.p90_s, factor, launch), r, sig,
-                      int((entry.workspace_bytes or 0) * r))
+                      int((entry.workspace_bytes or 0) * ratio))

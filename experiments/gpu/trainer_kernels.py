@@ -14,6 +14,16 @@ Usage (GPU machine, repository root, the wheels of setup.sh carried):
         [--share 0.5] [--copies]
 The last part names the lines of ours that launch the copies of one more step (a replayed
 step's copies run inside the graph and are named by the replay).
+
+Beside the measured side, what the simulator predicted of the same plan (`predicted_breakdown`):
+its step, the kernels' and re-runs' time summed, the time the GPU is predicted to wait (for
+copies), the copies' time and bytes each way and the kernels by op type: put beside the
+measured kernel sum, busy time and copy time, it says which of them a prediction misses
+(issue 46 item 5). `--precision bf16` (default, the Trainer's on a GPU): ours in bf16, the
+eager side under torch.autocast; `--budget BYTES`: a budget in bytes instead of `--share`
+(bf16_bench.sh's budgets.json); `--plan-out FILE`: the plan, to simulate again on the CPU;
+`AUTOTM_PROFILES=DIR` keeps the kernel profiles measured on the way where they can be brought
+back.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -37,8 +47,10 @@ sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
 
 import trainer_bench as tb  # noqa: E402
 
+from autotm_py import pipeline  # noqa: E402
 from autotm_py.runtime.device_trace import activity_of, device_events  # noqa: E402
 from autotm_py.trainer import Trainer  # noqa: E402
+from autotm_py.trainer.loop import gpu_name  # noqa: E402
 
 # the first pattern a kernel's name matches names its kind (cuDNN and CUTLASS names)
 KINDS = (("copy", r"^Memcpy|^Memset"),
@@ -108,13 +120,14 @@ def copy_sources(step, batch) -> dict[str, dict[str, int]]:
             for kind, lines in found.items()}
 
 
-def eager_step(net, loss_fn):
+def eager_step(net, loss_fn, precision: str = "fp32"):
     net = net.cuda().train()
     opt = tb.sgd(net.parameters())
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x.cuda()), y.cuda())
+        with tb.autocast("cuda", precision):
+            loss = loss_fn(net(x.cuda()), y.cuda())
         loss.backward()
         opt.step()
         return loss.detach()
@@ -122,14 +135,43 @@ def eager_step(net, loss_fn):
 
 
 def trainer_step(net, loss_fn, data, args):
-    trainer = Trainer(net, tb.sgd(net.parameters()), loss_fn, example=data[0],
-                      ratio=tb.ratio_of(args.share), device="cuda", time_limit_s=60,
-                      plans_dir=tempfile.mkdtemp(), loss_chunks=args.loss_chunks,
+    cap = {"budget": args.budget} if args.budget else {"ratio": tb.ratio_of(args.share)}
+    trainer = Trainer(net, tb.sgd(net.parameters()), loss_fn, example=data[0], **cap,
+                      device="cuda", time_limit_s=60, plans_dir=tempfile.mkdtemp(),
+                      loss_chunks=args.loss_chunks, precision=args.precision,
                       mode=tb.COPIES_MODE if args.copies else None)
     ops: dict[str, int] = defaultdict(int)
     for kernel in trainer.graph.kernels:
         ops[kernel.op_type] += 1
     return trainer.step, trainer, dict(sorted(ops.items(), key=lambda kv: -kv[1]))
+
+
+def predicted_breakdown(trainer, top: int = 15) -> dict:
+    """What the simulator predicts of the Trainer's plan, per step in ms: the step, the kernels
+    and re-runs summed, the time no kernel runs (waiting for copies), copies per direction
+    (ms and MB) and the kernels and re-runs by op type."""
+    graph = trainer.graph
+    # the costs the Trainer priced its plan with: every kernel measured by now, none again
+    costs = pipeline.device_costs(graph, "cuda", gpu_name("cuda"), measure=False)
+    sim = pipeline.simulate(graph, trainer.plan, costs=costs)
+    by_op, reruns, count = Counter(), Counter(), Counter()
+    for span in sim.kernels:
+        op = graph.kernels[span.kernel].op_type
+        by_op[op] += (span.end_s - span.start_s) * 1e3
+        count[op] += 1
+    for span in sim.recomputes:
+        reruns[graph.kernels[span.kernel].op_type] += (span.end_s - span.start_s) * 1e3
+    copy_ms, copy_mb = Counter(), Counter()
+    for move in sim.moves:
+        copy_ms[move.to] += (move.end_s - move.start_s) * 1e3
+        copy_mb[move.to] += move.bytes / 2 ** 20
+    kernel_ms, rerun_ms = sum(by_op.values()), sum(reruns.values())
+    return {"step_ms": sim.total_s * 1e3, "all_fast_ms": sim.all_fast_s * 1e3,
+            "kernel_ms": kernel_ms, "rerun_ms": rerun_ms,
+            "waiting_ms": sim.total_s * 1e3 - kernel_ms - rerun_ms,
+            "copy_ms": dict(copy_ms), "copy_mb": dict(copy_mb),
+            "ops_ms": [(op, round(ms, 3), count[op]) for op, ms in by_op.most_common(top)],
+            "reruns_ms": [(op, round(ms, 3)) for op, ms in reruns.most_common(top)]}
 
 
 def side_by_side(title: str, e: dict, o: dict, names: tuple[str, str] = ("eager", "ours")
@@ -148,9 +190,11 @@ def side_by_side(title: str, e: dict, o: dict, names: tuple[str, str] = ("eager"
 
 
 def table(result: dict, top: int) -> list[str]:
-    lines = side_by_side(f"{result['model']} b{result['batch']}, ours "
-                         f"{result.get('ours_describe')}", result["eager"], result["ours"])
-    for side in ("eager", "ours"):
+    sides = [s for s in ("eager", "ours") if result[s] is not None]
+    title = f"{result['model']} b{result['batch']}, ours {result.get('ours_describe')}"
+    lines = (side_by_side(title, result["eager"], result["ours"]) if len(sides) == 2 else
+             side_by_side(title, result["ours"], result["ours"], ("ours", "ours")))
+    for side in sides:
         lines.append(f"top kernels, {side}: ms per step, launches per step, name")
         lines += [f"  {k['ms']:7.3f} {k['per_step']:5.0f}  {k['name'][:110]}"
                   for k in result[side]["kernels"][:top]]
@@ -158,13 +202,26 @@ def table(result: dict, top: int) -> list[str]:
         lines.append(f"ours, one step: {kind} launched by")
         lines += [f"  {n:5d}  {line}" for line, n in found.items()]
     lines.append("ours, graph ops: " + ", ".join(f"{op} {n}" for op, n in result["ops"].items()))
+    pred = result.get("ours_predicted")
+    if pred:
+        lines.append(f"ours predicted: step {pred['step_ms']:.2f} (all fast "
+                     f"{pred['all_fast_ms']:.2f}), kernels {pred['kernel_ms']:.2f} + re-runs "
+                     f"{pred['rerun_ms']:.2f}, waiting "
+                     f"{pred['waiting_ms']:.2f}, copies ms {pred['copy_ms']} MB {pred['copy_mb']}")
+        lines.append(f"  by op ms: {pred['ops_ms']}")
+        lines.append(f"  re-runs ms: {pred['reruns_ms']}")
     return lines
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
-    p.add_argument("--model", default="resnet50", choices=("resnet50", "gpt2"))
+    p.add_argument("--model", default="resnet50",
+                   choices=("resnet50", "resnet200", "gpt2", "bert"))
+    p.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
+    p.add_argument("--budget", type=int, default=None, help="bytes (instead of --share)")
+    p.add_argument("--plan-out", default=None, help="write ours' plan there")
+    p.add_argument("--no-eager", action="store_true", help="ours only")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--loss-chunks", type=int, default=1)
@@ -183,11 +240,13 @@ def main(argv: list[str]) -> int:
                                            args.steps + args.profiled)
     warm, timed = data[:args.steps], data[args.steps:]
     result = {"model": args.model, "batch": args.batch, "device": torch.cuda.get_device_name()}
-    step = eager_step(copy.deepcopy(net), loss_fn)
-    tb.timed_steps(step, warm)
-    result["eager"] = profiled(step, timed)
-    del step
-    torch.cuda.empty_cache()
+    result["eager"] = None
+    if not args.no_eager:
+        step = eager_step(copy.deepcopy(net), loss_fn, args.precision)
+        tb.timed_steps(step, warm)
+        result["eager"] = profiled(step, timed)
+        del step
+        torch.cuda.empty_cache()
     step, trainer, result["ops"] = trainer_step(copy.deepcopy(net), loss_fn, data, args)
     _, seconds = tb.timed_steps(step, warm)
     result["ours_unprofiled_ms"] = statistics.median(seconds[3:] or seconds) * 1e3
@@ -196,6 +255,9 @@ def main(argv: list[str]) -> int:
     result["ours_replayed"] = bool(trainer.loop.driver.replayed)
     result["ours_describe"] = trainer.describe()
     result["ours_copy_sources"] = copy_sources(step, data[-1])
+    result["ours_predicted"] = predicted_breakdown(trainer)
+    if args.plan_out:
+        trainer.plan.save(args.plan_out)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print("\n".join(table(result, args.top)))
     return 0
