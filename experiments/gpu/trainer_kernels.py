@@ -174,14 +174,19 @@ def predicted_breakdown(trainer, top: int = 15) -> dict:
             "reruns_ms": [(op, round(ms, 3)) for op, ms in reruns.most_common(top)]}
 
 
-def side_by_side(title: str, e: dict, o: dict, names: tuple[str, str] = ("eager", "ours")
-                 ) -> list[str]:
+def side_by_side(title: str, e: dict | None, o: dict,
+                 names: tuple[str, str] = ("eager", "ours")) -> list[str]:
     """Wall, busy and kernel-sum times of two profiled sides (`profiled`), then their kernel
-    kinds side by side."""
-    width = max(len(n) for n in names)
+    kinds side by side; `e` None: the second side alone (`--no-eager`)."""
+    shown = [(n, s) for n, s in zip(names, (e, o), strict=True) if s is not None]
+    width = max(len(n) for n, _ in shown)
     lines = [f"{title}: wall / busy / kernel-sum ms per step"]
     lines += [f"  {n:<{width}} {s['wall_ms']:.2f} / {s['busy_ms']:.2f} / {s['kernel_ms']:.2f}"
-              for n, s in zip(names, (e, o), strict=True)]
+              for n, s in shown]
+    if e is None:
+        lines.append(f"  kind | {names[1]} ms")
+        lines += [f"  {kind} | {ms:.2f}" for kind, ms in o["kinds_ms"].items()]
+        return lines
     lines.append(f"  kind | {names[0]} ms | {names[1]} ms | {names[1]} - {names[0]}")
     for kind in dict.fromkeys([*e["kinds_ms"], *o["kinds_ms"]]):
         a, b = e["kinds_ms"].get(kind, 0.0), o["kinds_ms"].get(kind, 0.0)
@@ -190,11 +195,9 @@ def side_by_side(title: str, e: dict, o: dict, names: tuple[str, str] = ("eager"
 
 
 def table(result: dict, top: int) -> list[str]:
-    sides = [s for s in ("eager", "ours") if result[s] is not None]
-    title = f"{result['model']} b{result['batch']}, ours {result.get('ours_describe')}"
-    lines = (side_by_side(title, result["eager"], result["ours"]) if len(sides) == 2 else
-             side_by_side(title, result["ours"], result["ours"], ("ours", "ours")))
-    for side in sides:
+    lines = side_by_side(f"{result['model']} b{result['batch']}, ours "
+                         f"{result.get('ours_describe')}", result["eager"], result["ours"])
+    for side in (s for s in ("eager", "ours") if result[s] is not None):
         lines.append(f"top kernels, {side}: ms per step, launches per step, name")
         lines += [f"  {k['ms']:7.3f} {k['per_step']:5.0f}  {k['name'][:110]}"
                   for k in result[side]["kernels"][:top]]
