@@ -83,7 +83,7 @@ def test_direct_outputs_are_bitwise_the_kernels(make):
 def test_bf16_casts_are_written_into_their_slots(make):
     """A bf16 graph's casts (weights to bf16, gradients back to fp32, activations between
     autocast's lists) convert straight into the slot, bitwise `.to`, so the planner counts no
-    copy after them (BERT-base's 398 casts were priced 3.4 ms of copies no replay ran)."""
+    copy after them (BERT-base's 398 casts were priced as copies no replay ran)."""
     from autotm_py.ir.precision import with_precision
     from autotm_py.memory.scratch import allocated_outputs
 

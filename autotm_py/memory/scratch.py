@@ -65,7 +65,7 @@ PLACED_OPS = frozenset({
     "LinearCrossEntropyGrad",  # allocates dX, dW, dB at their sizes before its block buffer
     # native_layer_norm_backward allocates dX, dgamma, dbeta at their sizes: BERT-base's bf16
     # replay copied 0.22 ms of views a step and none of its 26 fp32 dX of 48 MiB (the H200,
-    # 2026-12-04, experiments/results/bf16/2026-12-04), which the planner priced 0.9 ms
+    # 2026-12-04, experiments/results/bf16/2026-12-04), which the planner priced as copied
     "LayerNormGrad",
     "ConvRelu",  # cuDNN's fused call allocates Y (elsewhere: the convolution's, ReLU'd in place)
     # ConvGrad's parts (`ir.conv_split`): the same convolution_backward call with one output
