@@ -61,11 +61,26 @@ def test_the_loss_kernel_replaces_the_head_and_no_logits_remain():
     assert head.outputs[0] == forward.outputs[0]
     grad = next(k for k in chunked.kernels if k.op_type == "LinearCrossEntropyGrad")
     rows_per_block = 4  # ceil(2 x 5 rows / 3)
+    # 11 classes: too few to pad (a GPU pads 1024 and more to rows of 128 bytes)
     assert head.workspace_bytes == grad.workspace_bytes == rows_per_block * 11 * 4
     assert not any(k.op_type.startswith("SoftmaxCrossEntropy") for k in chunked.kernels)
     assert all(t.shape != (2, 5, 11) for t in chunked.tensors)  # no logits-sized tensor
     assert chunked.peak_live_bytes <= plain.peak_live_bytes  # the peak is elsewhere here
     assert "loss_chunks" not in plain.meta["training"]
+
+
+def test_a_large_unaligned_vocabulary_pads_its_weight_in_the_workspace():
+    """2001 classes (rows of 8004 bytes): the loss's workspace is a block's logits over 2016
+    classes (rows of 128 bytes) and the padded weight with its bias; its gradient's adds the
+    weight's gradient over the padded classes. 2048 classes are aligned: no padding."""
+    for vocab, padded in ((2001, 2016), (2048, 2048)):
+        forward = fuse_graph(tiny_decoder(batch=2, seq=9, vocab=vocab, d=16, heads=2))
+        chunked = derive_training(forward, loss_chunks=4)
+        head = next(k for k in chunked.kernels if k.op_type == "LinearCrossEntropy")
+        grad = next(k for k in chunked.kernels if k.op_type == "LinearCrossEntropyGrad")
+        weight = (16 + 1) * padded * 4 if padded != vocab else 0
+        assert head.workspace_bytes == 4 * padded * 4 + weight  # ceil(2 x 8 rows / 4) = 4
+        assert grad.workspace_bytes == head.workspace_bytes + weight
 
 
 def test_a_large_vocabulary_head_needs_far_less_memory():
@@ -76,6 +91,44 @@ def test_a_large_vocabulary_head_needs_far_less_memory():
     plain, chunked = derive_training(forward), derive_training(forward, loss_chunks=16)
     assert plain.peak_live_bytes - chunked.peak_live_bytes > 6 * 2**20
     assert chunked.max_working_set[0] < plain.max_working_set[0] / 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("trans", [True, False])
+def test_padded_classes_compute_what_unpadded_ones_do(monkeypatch, dtype, trans):
+    """On a GPU the loss's classes are padded with zero weights to rows of 128 bytes (cuBLAS's
+    aligned kernels); here the CPU pads them too: the loss, the logsumexp and every gradient,
+    with a bias and without, for a tied (transposed) head and another, are those of the
+    unpadded classes, and the padded weight has zero classes past the vocabulary."""
+    from autotm_py.ir.rules.fused import padded_classes
+    from autotm_py.kernels import fused
+
+    gen = torch.Generator().manual_seed(3)
+    rows, d, vocab = 37, 24, 2001  # 2001 classes: rows of neither 16 nor 128 bytes
+    x = torch.randn(rows, d, generator=gen).to(dtype)
+    w = (torch.randn(vocab, d, generator=gen) / 4).to(dtype)
+    w = w if trans else w.t().contiguous()
+    b = torch.randn(vocab, generator=gen).to(dtype)
+    labels = torch.randint(0, vocab, (rows,), generator=gen)
+    cases = {"bias": ((x, w, b, labels), (1, 1, 1)), "none": ((x, w, labels), (1, 1, 0))}
+
+    def run(args, mask):
+        loss, lse = fused._ce_forward(args, trans, 4)
+        return [loss, lse, *fused._ce_backward((*args, lse), trans, 4, mask)]
+
+    plain = {name: run(*case) for name, case in cases.items()}
+    monkeypatch.setattr(fused, "PADDED_DEVICES", ("cpu",))
+    head = fused._Head(w.t() if trans else w, b)
+    width = padded_classes(vocab, x.element_size())
+    assert head.padded and head.w.shape == (d, width) and width * x.element_size() % 128 == 0
+    assert not head.w[:, vocab:].any() and not head.bias[vocab:].any()
+    assert torch.equal(head.w[:, :vocab], w.t() if trans else w)
+    tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else \
+        {"rtol": 1e-2, "atol": 1e-3}
+    for name, case in cases.items():
+        for got, want in zip(run(*case), plain[name], strict=True):
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            torch.testing.assert_close(got, want, **tolerance)
 
 
 def test_two_runs_of_the_chunked_loss_are_bitwise_equal():

@@ -157,12 +157,14 @@ def test_fused_tiny_decoder_trains_on_cuda_like_on_cpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [1024, 2001])
 @pytest.mark.parametrize("chunks", [1, 16])
-def test_the_chunked_loss_trains_on_cuda_like_on_cpu(chunks):
-    """--loss-chunks on CUDA: a decoder with 1024 classes trains like on the CPU (and like the
+def test_the_chunked_loss_trains_on_cuda_like_on_cpu(chunks, vocab):
+    """--loss-chunks on CUDA: a decoder with 1024 classes, or 2001 (rows of 8004 bytes: padded
+    with zero classes to 2016 on CUDA, not on the CPU), trains like on the CPU (and like the
     plain loss for chunks 1), and two CUDA runs are bitwise equal."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    graph = derive_training(fuse_graph(tiny_decoder(batch=4, seq=33, vocab=1024, d=32)),
+    graph = derive_training(fuse_graph(tiny_decoder(batch=4, seq=33, vocab=vocab, d=32)),
                             loss_chunks=chunks)
     assert any(k.op_type == "LinearCrossEntropy" for k in graph.kernels) == (chunks > 1)
     cpu = train_steps(graph, steps=3, seed=2)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from autotm_py import api
 from autotm_py.config import PlanConfig
 from autotm_py.options import RunMode
 from autotm_py.pipeline import optimize
+from autotm_py.plan import Plan
 from autotm_py.units import parse_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -374,10 +376,17 @@ def test_bf16_bench_processes_coordinate_and_summarize(tmp_path):
          "--model", "tiny", "--batch", "256", "--steps", "5", "--device", "cpu", "--shares", "1",
          "--precision", "bf16", "--time-limit", "10", "--no-eager", "--lock",
          str(out / "gpu.lock"), "--budgets-out", str(out / "budgets.json"), "--budget-shares",
-         "0.9,0.95", "--signal", str(out / "profiled")],
+         "0.9,0.95", "--signal", str(out / "profiled"), "--profile-chunks", "2",
+         "--save-plans"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "profiled").exists()
+    # the capped processes' graph (its loss in 2 chunks: more kernels) priced before its own
+    priced = re.findall(r"(\d+) kernels of Sequential/train have no profile",
+                        done.stdout + done.stderr)
+    assert len(set(priced)) == 2, priced
+    saved = Plan.load(out / "ours_1.json.1.0.plan.json")
+    assert saved.header.budget_bytes is None or saved.header.budget_bytes > 0
     budgets = json.loads((out / "budgets.json").read_text())
     assert 0 < budgets["budgets"]["0.9"] < budgets["budgets"]["0.95"] < budgets["peak_bytes"]
     ours = json.loads((out / "ours_1.json").read_text())

@@ -179,6 +179,46 @@ def test_a_chunked_loss_trains_a_tied_head_as_plain_pytorch_does(tmp_path):
         assert close(p.detach(), q.detach()), pname
 
 
+def test_auto_loss_chunks_chunk_a_large_vocabulary_on_a_gpu_only():
+    """loss_chunks="auto" (the default): AUTO_LOSS_CHUNKS blocks on a GPU where the logits are
+    at least AUTO_CHUNK_SHARE of the peak (a head of 4096 classes over 16-wide states: most of
+    it), the plain loss where they are not (64 classes over 256-wide states), on the CPU, and
+    where there is no head to chunk (the MLP's loss is over a Gemm too: chunkable, but its
+    logits are small)."""
+    from autotm_py.frontend.fuse import fuse_graph
+    from autotm_py.ir.training import derive_training
+    from autotm_py.trainer.core import AUTO_CHUNK_SHARE, AUTO_LOSS_CHUNKS, auto_loss_chunks
+    from tests.test_training_models import tiny_decoder
+
+    large = derive_training(fuse_graph(tiny_decoder(batch=4, seq=65, vocab=4096, d=16,
+                                                     heads=2)))
+    small = derive_training(fuse_graph(tiny_decoder(batch=4, seq=65, vocab=64, d=256,
+                                                     heads=2)))
+    share = [g.tensors[g.kernels[g.meta["training"]["loss_kernel"]].inputs[0]].nbytes
+             / g.peak_live_bytes for g in (large, small)]
+    assert share[0] > AUTO_CHUNK_SHARE > share[1], share
+    assert auto_loss_chunks(large, "cuda") == auto_loss_chunks(large, "cuda:1") == \
+        AUTO_LOSS_CHUNKS
+    assert auto_loss_chunks(large, "cpu") == 1 and auto_loss_chunks(small, "cuda") == 1
+    chunked = derive_training(fuse_graph(tiny_decoder(batch=4, seq=65, vocab=4096, d=16,
+                                                       heads=2)), loss_chunks=4)
+    assert auto_loss_chunks(chunked, "cuda") == 1  # already chunked: nothing to choose
+
+
+def test_loss_chunks_take_a_whole_number_or_auto(tmp_path):
+    model = TinyLM()
+    x, y = batches("lm", 1)[0]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for bad in (0, 2.5, "4", True):
+        with pytest.raises(ConfigError, match=r"loss_chunks=.*whole number >= 1 or 'auto'"):
+            Trainer(model, opt, lm_loss, example=(x, y), ratio="1:1", device="cpu",
+                    plans_dir=tmp_path, loss_chunks=bad)
+    trainer = Trainer(model, opt, lm_loss, example=(x, y), ratio="2:1", device="cpu",
+                      plans_dir=tmp_path)  # "auto" on the CPU: the plain loss
+    assert "loss_chunks" not in trainer.graph.meta["training"]
+    assert not any("blocks of tokens" in n for n in trainer.notes)
+
+
 def test_a_scheduler_changes_the_learning_rate_without_a_new_plan(tmp_path):
     torch.manual_seed(1)
     reference = MLP()

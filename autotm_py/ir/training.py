@@ -63,6 +63,7 @@ from autotm_py.ir.rules.base import BACKWARD_DOMAIN, FLOAT_DTYPES
 from autotm_py.ir.rules.fused import (
     LINEAR_CE,
     linear_ce_classes,
+    linear_ce_padding,
     linear_ce_workspace,
     lse_dtype,
 )
@@ -320,9 +321,11 @@ def _chunked_loss(tape: Tape, logits: int, labels: int, head: Head | str, chunks
 
 def _chunk_workspace(tape: Tape, head: Head, x_shape: tuple[int, ...], chunks: int,
                      dtype: str) -> int:
-    """One block's logits in `dtype`; in bf16 (`head.low`) that block and its fp32 copy."""
+    """One block's logits in `dtype`; in bf16 (`head.low`) that block and its fp32 copy; the
+    weight padded to aligned classes where a GPU pads it."""
     classes = linear_ce_classes(tape.shape(head.w), head.trans_b)
     own = linear_ce_workspace(x_shape, classes, chunks, dtype)
+    own += linear_ce_padding(x_shape[-1], classes, tape.dtype(head.x))
     if head.low is None:
         return own
     return own + linear_ce_workspace(x_shape, classes, chunks, tape.dtype(head.low))

@@ -32,7 +32,9 @@ dY, the three kernels autograd runs for addmm.
 
 `LinearCrossEntropy` and its gradient (`--loss-chunks`) go through the rows of X a block at a
 time, in one logits buffer of a block's size that every block reuses (the kernel's only large
-temporary, so that under the placed allocator it is the kernel's window): the forward keeps
+temporary, so that under the placed allocator it is the kernel's window; on CUDA a vocabulary
+of 1024 classes or more is padded with zero-weight classes to rows of 128 bytes, `_Head`, so
+that cuBLAS runs its aligned kernels): the forward keeps
 each row's logsumexp and the label's logit, the backward computes the block's logits again,
 turns them into the block's gradient in place and adds its products into dX, dW and dB. Under
 torch.autograd (the eager baselines, `runtime.eager`) the forward is an autograd Function whose
@@ -63,6 +65,7 @@ from autotm_py.ir.rules.fused import (
     CONV_RELU,
     block_rows,
     lse_dtype,
+    padded_classes,
 )
 from autotm_py.kernels.loss_grad import fused_softmax_grad
 from autotm_py.kernels.nn import conv, cudnn_window
@@ -334,19 +337,78 @@ def _ce_operands(args: Tensors, trans: bool
     return _rows(x), w.t() if trans else w, bias, labels.reshape(-1).long()
 
 
+# On these devices a vocabulary of PAD_MIN_CLASSES or more whose rows are not a multiple of 128
+# bytes (GPT-2's 50257 classes; BERT's 30522 in bf16) is padded with zero classes
+# (`padded_classes`) for the loss's products: cuBLAS runs its 1- and 2-element-aligned kernels
+# on an odd or unaligned dimension (H200, GPT-2 b16 s1024 bf16: the chunked loss and its
+# gradient took 19.3 + 34.9 ms a step, their products at about 95 TFLOP/s). The padded weight
+# (and bias, and the weight's gradient) are kernel temporaries; the zero classes' logits are
+# exactly 0 (0 * x) and never read by the loss, so their gradient stays 0 and adds nothing to
+# dX.
+PADDED_DEVICES = ("cuda",)
+
+
+class _Head:
+    """op(W) as (K, V) and the bias (V,) of a chunked loss, padded to `width` >= V zero
+    classes where the device pads (`PADDED_DEVICES`), else themselves (width V)."""
+
+    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.classes = w.shape[1]
+        self.width = self.classes
+        if w.device.type in PADDED_DEVICES:
+            self.width = padded_classes(self.classes, w.element_size())
+        self.w, self.bias = w, bias
+        if self.padded:
+            self.w = self.pad(w)
+            if bias is not None:
+                self.bias = torch.zeros(self.width, dtype=bias.dtype, device=bias.device)
+                self.bias[: self.classes].copy_(bias)
+
+    @property
+    def padded(self) -> bool:
+        return self.width != self.classes
+
+    def pad(self, w: torch.Tensor) -> torch.Tensor:
+        """(K, V) as (K, width), zero past V, in the memory order of `w` (a tied head's W is
+        (V, K), read transposed)."""
+        k, v = w.shape
+        if w.stride(0) == 1 and w.stride(1) != 1:  # a (V, K) weight read as its transpose
+            full = torch.empty((self.width, k), dtype=w.dtype, device=w.device)
+            full[:v].copy_(w.t())
+            full[v:].zero_()
+            return full.t()
+        full = torch.empty((k, self.width), dtype=w.dtype, device=w.device)
+        full[:, :v].copy_(w)
+        full[:, v:].zero_()
+        return full
+
+    def weight_grad(self, like: torch.Tensor, trans: bool) -> torch.Tensor:
+        """Where the weight's gradient is summed: `like` (W's own gradient) unpadded, else a
+        (width, K) temporary for a transposed W, (K, width) for another."""
+        if not self.padded:
+            return like
+        k = like.shape[1] if trans else like.shape[0]
+        shape = (self.width, k) if trans else (k, self.width)
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+    def unpad(self, grad: torch.Tensor, trans: bool) -> torch.Tensor:
+        """The first V classes of a gradient from `weight_grad`."""
+        return grad[: self.classes] if trans else grad[:, : self.classes]
+
+
 def _blocks(rows: int, chunks: int) -> list[slice]:
     step = block_rows(rows, chunks)
     return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def _block_logits(buf: torch.Tensor, rows: torch.Tensor, w: torch.Tensor,
-                  bias: torch.Tensor | None) -> torch.Tensor:
-    """The block's logits, written into the first rows of the shared buffer."""
+def _block_logits(buf: torch.Tensor, rows: torch.Tensor, head: _Head) -> torch.Tensor:
+    """The block's logits over the padded classes, written into the first rows of the shared
+    (rows, width) buffer."""
     logits = buf[: rows.shape[0]]
-    if bias is None:
-        torch.mm(rows, w, out=logits)
+    if head.bias is None:
+        torch.mm(rows, head.w, out=logits)
     else:
-        torch.addmm(bias, rows, w, out=logits)
+        torch.addmm(head.bias, rows, head.w, out=logits)
     return logits
 
 
@@ -357,11 +419,12 @@ def _ce_forward(args: Tensors, trans: bool, chunks: int) -> tuple[torch.Tensor, 
     blocks = _blocks(n, chunks)
     lse = torch.empty(n, dtype=getattr(torch, lse_dtype(str(rows.dtype).split(".")[-1])),
                       device=rows.device)
-    buf = torch.empty((blocks[0].stop, w.shape[1]), dtype=rows.dtype, device=rows.device)
+    head = _Head(w, bias)
+    buf = torch.empty((blocks[0].stop, head.width), dtype=rows.dtype, device=rows.device)
     total = torch.zeros((), dtype=acc, device=rows.device)
     half = acc != rows.dtype  # the logits in bf16 or fp16, the loss in fp32
     for block in blocks:
-        logits = _block_logits(buf, rows[block], w, bias)
+        logits = _block_logits(buf, rows[block], head)[:, : head.classes]
         label = labels[block].unsqueeze(1)
         picked = logits.gather(1, label).squeeze(1).to(acc)
         if half:  # one fused pass: bf16 in, fp32 math and out (autocast's loss)
@@ -387,29 +450,34 @@ def _ce_backward(args: Tensors, trans: bool, chunks: int,
     dw = torch.empty_like(inputs[1]) if mask[1] else None
     db = torch.empty(classes, dtype=rows.dtype, device=rows.device) if mask[2] else None
     blocks = _blocks(n, chunks)
-    buf = torch.empty((blocks[0].stop, classes), dtype=rows.dtype, device=rows.device)
+    head = _Head(w, bias)
+    dw_sum = head.weight_grad(dw, trans) if dw is not None else None
+    buf = torch.empty((blocks[0].stop, head.width), dtype=rows.dtype, device=rows.device)
     minus_one = torch.full((blocks[0].stop, 1), -1.0, dtype=loss_dtype(rows.dtype),
                            device=rows.device)
     for i, block in enumerate(blocks):
         part = rows[block]
-        logits = _block_logits(buf, part, w, bias)
+        full = _block_logits(buf, part, head)  # the padded classes' logits and gradient: 0
+        logits = full[:, :classes]
         # on CUDA one pass over the block's logits, in place (`loss_grad`); else torch's ops
         grad = fused_softmax_grad(logits, labels[block], 1.0 / n, logits, lse[block])
         if grad is None:
             grad = _block_grad(logits, lse[block], labels[block], 1.0 / n, minus_one)
         if dx is not None:
-            torch.mm(grad, w.t(), out=dx[block])
-        if dw is not None:
-            a, b = (grad.t(), part) if trans else (part.t(), grad)
+            torch.mm(full, head.w.t(), out=dx[block])
+        if dw_sum is not None:
+            a, b = (full.t(), part) if trans else (part.t(), full)
             if i == 0:
-                torch.mm(a, b, out=dw)
+                torch.mm(a, b, out=dw_sum)
             else:
-                dw.addmm_(a, b)
+                dw_sum.addmm_(a, b)
         if db is not None:
             if i == 0:
                 torch.sum(grad, 0, out=db)
             else:
                 db.add_(grad.sum(0))
+    if dw is not None and dw_sum is not dw:
+        dw.copy_(head.unpad(dw_sum, trans))
     outs = []
     if dx is not None:
         outs.append(dx.reshape(inputs[0].shape))

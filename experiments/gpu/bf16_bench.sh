@@ -7,7 +7,8 @@
 # budget + 64 MiB). experiments/gpu/trainer_bench.py does the measuring; this runs its processes
 # side by side on one GPU:
 #   - ours_1: all fast; writes the three budgets (budgets.json) as soon as its graph exists, then
-#     profiles the bf16 kernels into the profile cache (the GPU held: gpu.lock) and touches
+#     profiles the bf16 kernels into the profile cache (the GPU held: gpu.lock), its own and
+#     those of the capped processes' chunked-loss graph (--profile-chunks), and touches
 #     `profiled`; its placed allocator's region is ALL_FAST_REGION bytes (default 48 GiB);
 #   - ours_0.5, ours_0.333, ours_0.25: start once the budgets exist, each planned under its
 #     budget in bytes from budgets.json (the natives' caps: before 2026-12-03's fix they took
@@ -65,7 +66,7 @@ echo "== $model bf16 $(date -u +%H:%M:%S)"
 # all fast: the loss unchunked (chunking recomputes the head's product, which only pays under a
 # cap), so the budgets are shares of the peak of the model as users run it
 "${bench[@]}" "$out/ours_1.json" --shares 1 --loss-chunks 1 --no-eager \
-    --budgets-out "$out/budgets.json" \
+    --budgets-out "$out/budgets.json" --profile-chunks "${LOSS_CHUNKS:-$chunks}" \
     --budget-shares "$(IFS=,; echo "${shares[*]}")" --signal "$out/profiled" \
     --region "${ALL_FAST_REGION:-51539607552}" >"$out/ours_1.log" 2>&1 &
 first=$!

@@ -52,7 +52,13 @@ kernels profiled into the cache); `--after FILE` makes the Trainer's planning wa
 (profiles measured by another process: none measured twice, none while another process
 times); `--budgets FILE` takes the budgets from such a file, waiting for it: with --native
 the caps, else ours' budget at each share (the same bytes as the natives' caps);
-`--no-eager` skips the uncapped eager steps (measured by the natives' process instead).
+`--no-eager` skips the uncapped eager steps (measured by the natives' process instead);
+`--profile-chunks N` (with `--signal`) also measures, before its own plan, the kernels of the
+graph whose loss is in N chunks (the capped processes' graph): measured in this process's large
+placed region rather than in a capped process's region of its budget, whose plans were priced
+17% over their steps on the H200 (BERT, 2026-12-04) where a process alone was within 4%;
+`--save-plans` writes each plan beside OUT (OUT.SHARE.plan.json) and every row of ours carries
+the simulator's breakdown of its prediction (`predicted_breakdown`), to set beside a trace.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from fractions import Fraction
@@ -88,6 +95,7 @@ from autotm_py.runtime import placed  # noqa: E402
 from autotm_py.runtime.device import peaks, reset_peaks, use_replay_work_queues  # noqa: E402
 from autotm_py.trainer import Trainer  # noqa: E402
 from autotm_py.trainer.loop import GPU_MODE as PLACED_MODE  # noqa: E402
+from autotm_py.trainer.loop import gpu_name  # noqa: E402
 
 COPIES_MODE = replace(PLACED_MODE, placed=False)
 
@@ -267,14 +275,20 @@ def coordinate_planning(args) -> None:
     real_capture, real_plan_for = core.Trainer._capture, core.plan_for
     real_costs = pipeline.device_costs
     written: dict[str, int | None] = {}
+    others: list[Any] = []  # graphs whose kernels this process measures before its own plan
 
-    def capture(self, *a, **kw):
-        graph, captured = real_capture(self, *a, **kw)
+    def capture(self, loss_fn, channels_last, loss_chunks, precision="fp32"):
+        graph, captured = real_capture(self, loss_fn, channels_last, loss_chunks, precision)
         if args.budgets_out:  # the Trainer's PlanConfig as far as a budget depends on it
             cuda = self.device.startswith("cuda")
             config = PlanConfig(device="cuda", gpu=core.gpu_name(self.device),
                                 reserve_bytes=None if cuda else 0)
             written.update(write_budgets(args, graph, config))
+        if args.profile_chunks > 1 and args.profile_chunks != loss_chunks:
+            # the capped processes' graph (their loss in chunks): its kernels measured here,
+            # in this process's large region and before any capped process plans
+            others.append(real_capture(self, loss_fn, channels_last, args.profile_chunks,
+                                       precision)[0])
         return graph, captured
 
     def plan_for(graph, config, device, **kw):
@@ -283,6 +297,8 @@ def coordinate_planning(args) -> None:
                   flush=True)
         if args.after:
             wait_for(args.after, args.wait_s, "the kernel profiles")
+        for other in others:
+            device_costs(other, device, config.gpu, measure=kw.get("measure", False))
         plan = real_plan_for(graph, config, device, **kw)
         if args.signal:
             Path(args.signal).touch()
@@ -350,6 +366,10 @@ def ours(net, loss_fn, data, share: float, args, ready: Callable[[dict], None] |
            "predicted_s": plan.header.predicted_time_s, "status": plan.header.solver.status,
            "moves": sum(1 for _ in plan.moves()), "recomputes": sum(1 for _ in plan.recomputes()),
            "describe": trainer.describe()}
+    if cuda:  # what the prediction is made of, to set beside a trace (trainer_kernels.py)
+        row["predicted_breakdown"] = predicted_breakdown(trainer)
+    if args.save_plans:  # to simulate again on the CPU with this run's profiles
+        trainer.plan.save(f"{args.out}.{share}.plan.json")
     if ready is not None:
         ready(row)
     with gpu_lock(args.lock):
@@ -370,6 +390,34 @@ def ours(net, loss_fn, data, share: float, args, ready: Callable[[dict], None] |
         row["placed"] = asdict(lib.stats())
     return row | {"losses": losses, "step_s": statistics.median(seconds[3:] or seconds),
                   "replayed": bool(trainer.loop.driver.replayed), "notes": trainer.notes}
+
+
+def predicted_breakdown(trainer, top: int = 15) -> dict:
+    """What the simulator predicts of the Trainer's plan, per step in ms: the step, the kernels
+    and re-runs summed, the time no kernel runs (waiting for copies), copies per direction
+    (ms and MB) and the kernels and re-runs by op type."""
+    graph = trainer.graph
+    # the costs the Trainer priced its plan with: every kernel measured by now, none again
+    costs = pipeline.device_costs(graph, "cuda", gpu_name("cuda"), measure=False)
+    sim = pipeline.simulate(graph, trainer.plan, costs=costs)
+    by_op, reruns, count = Counter(), Counter(), Counter()
+    for span in sim.kernels:
+        op = graph.kernels[span.kernel].op_type
+        by_op[op] += (span.end_s - span.start_s) * 1e3
+        count[op] += 1
+    for span in sim.recomputes:
+        reruns[graph.kernels[span.kernel].op_type] += (span.end_s - span.start_s) * 1e3
+    copy_ms, copy_mb = Counter(), Counter()
+    for move in sim.moves:
+        copy_ms[move.to] += (move.end_s - move.start_s) * 1e3
+        copy_mb[move.to] += move.bytes / 2 ** 20
+    kernel_ms, rerun_ms = sum(by_op.values()), sum(reruns.values())
+    return {"step_ms": sim.total_s * 1e3, "all_fast_ms": sim.all_fast_s * 1e3,
+            "kernel_ms": kernel_ms, "rerun_ms": rerun_ms,
+            "waiting_ms": sim.total_s * 1e3 - kernel_ms - rerun_ms,
+            "copy_ms": dict(copy_ms), "copy_mb": dict(copy_mb),
+            "ops_ms": [(op, round(ms, 3), count[op]) for op, ms in by_op.most_common(top)],
+            "reruns_ms": [(op, round(ms, 3)) for op, ms in reruns.most_common(top)]}
 
 
 def eager(net, loss_fn, data, device: str, precision: str = "fp32") -> dict[str, Any]:
@@ -570,6 +618,11 @@ def caps_reader(args) -> Callable[[], dict[float, int]]:
     return caps
 
 
+def loss_chunks_arg(text: str) -> int | str:
+    """`--loss-chunks`: a whole number, or "auto" (the Trainer chooses)."""
+    return text if text == "auto" else int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
@@ -585,7 +638,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--device", default="cuda")
     p.add_argument("--time-limit", type=float, default=120.0)
-    p.add_argument("--loss-chunks", type=int, default=1)
+    p.add_argument("--loss-chunks", type=loss_chunks_arg, default=1,
+                   help="blocks of the chunked loss, or auto (the Trainer's default)")
     p.add_argument("--native", action="store_true")
     p.add_argument("--compile", default="", help="activation_memory_budget values to try")
     p.add_argument("--copies", action="store_true", help="the Trainer on torch's allocator, "
@@ -605,6 +659,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--wait-s", type=float, default=900.0, help="the longest wait for --after "
                    "and --budgets")
     p.add_argument("--no-eager", action="store_true", help="no uncapped eager steps here")
+    p.add_argument("--profile-chunks", type=int, default=1, help="also measure the kernels "
+                   "of the graph with its loss in this many chunks (the capped processes') "
+                   "before planning")
+    p.add_argument("--save-plans", action="store_true", help="write each plan of ours beside "
+                   "OUT (OUT.SHARE.plan.json)")
     return p
 
 

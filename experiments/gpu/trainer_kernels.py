@@ -36,7 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -47,10 +47,8 @@ sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
 
 import trainer_bench as tb  # noqa: E402
 
-from autotm_py import pipeline  # noqa: E402
 from autotm_py.runtime.device_trace import activity_of, device_events  # noqa: E402
 from autotm_py.trainer import Trainer  # noqa: E402
-from autotm_py.trainer.loop import gpu_name  # noqa: E402
 
 # the first pattern a kernel's name matches names its kind (cuDNN and CUTLASS names)
 KINDS = (("copy", r"^Memcpy|^Memset"),
@@ -146,34 +144,6 @@ def trainer_step(net, loss_fn, data, args):
     return trainer.step, trainer, dict(sorted(ops.items(), key=lambda kv: -kv[1]))
 
 
-def predicted_breakdown(trainer, top: int = 15) -> dict:
-    """What the simulator predicts of the Trainer's plan, per step in ms: the step, the kernels
-    and re-runs summed, the time no kernel runs (waiting for copies), copies per direction
-    (ms and MB) and the kernels and re-runs by op type."""
-    graph = trainer.graph
-    # the costs the Trainer priced its plan with: every kernel measured by now, none again
-    costs = pipeline.device_costs(graph, "cuda", gpu_name("cuda"), measure=False)
-    sim = pipeline.simulate(graph, trainer.plan, costs=costs)
-    by_op, reruns, count = Counter(), Counter(), Counter()
-    for span in sim.kernels:
-        op = graph.kernels[span.kernel].op_type
-        by_op[op] += (span.end_s - span.start_s) * 1e3
-        count[op] += 1
-    for span in sim.recomputes:
-        reruns[graph.kernels[span.kernel].op_type] += (span.end_s - span.start_s) * 1e3
-    copy_ms, copy_mb = Counter(), Counter()
-    for move in sim.moves:
-        copy_ms[move.to] += (move.end_s - move.start_s) * 1e3
-        copy_mb[move.to] += move.bytes / 2 ** 20
-    kernel_ms, rerun_ms = sum(by_op.values()), sum(reruns.values())
-    return {"step_ms": sim.total_s * 1e3, "all_fast_ms": sim.all_fast_s * 1e3,
-            "kernel_ms": kernel_ms, "rerun_ms": rerun_ms,
-            "waiting_ms": sim.total_s * 1e3 - kernel_ms - rerun_ms,
-            "copy_ms": dict(copy_ms), "copy_mb": dict(copy_mb),
-            "ops_ms": [(op, round(ms, 3), count[op]) for op, ms in by_op.most_common(top)],
-            "reruns_ms": [(op, round(ms, 3)) for op, ms in reruns.most_common(top)]}
-
-
 def side_by_side(title: str, e: dict | None, o: dict,
                  names: tuple[str, str] = ("eager", "ours")) -> list[str]:
     """Wall, busy and kernel-sum times of two profiled sides (`profiled`), then their kernel
@@ -224,10 +194,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
     p.add_argument("--budget", type=int, default=None, help="bytes (instead of --share)")
     p.add_argument("--plan-out", default=None, help="write ours' plan there")
+    p.add_argument("--region", type=int, default=None, help="bytes of the placed allocator's "
+                   "region (bf16_bench.sh gives a capped process its budget); default: the "
+                   "GPU's free memory")
     p.add_argument("--no-eager", action="store_true", help="ours only")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--loss-chunks", type=int, default=1)
+    p.add_argument("--loss-chunks", type=tb.loss_chunks_arg, default=1,
+                   help="blocks of the chunked loss, or auto (the Trainer's default)")
     p.add_argument("--steps", type=int, default=8, help="steps before the profiled ones")
     p.add_argument("--profiled", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
@@ -238,7 +212,8 @@ def main(argv: list[str]) -> int:
     torch.backends.cudnn.benchmark = False
     tb.use_replay_work_queues()
     if not args.copies:
-        print("\n".join(tb.prepare_cuda("cuda", tb.PLACED_MODE, None)) or "placed", flush=True)
+        print("\n".join(tb.prepare_cuda("cuda", tb.PLACED_MODE, args.region)) or "placed",
+              flush=True)
     net, loss_fn, data = tb.model_and_data(args.model, args.batch, args.seq,
                                            args.steps + args.profiled)
     warm, timed = data[:args.steps], data[args.steps:]
@@ -257,8 +232,10 @@ def main(argv: list[str]) -> int:
     result["ours_predicted_ms"] = trainer.plan.header.predicted_time_s * 1e3
     result["ours_replayed"] = bool(trainer.loop.driver.replayed)
     result["ours_describe"] = trainer.describe()
+    result["ours_loss_chunks"] = trainer.graph.meta["training"].get("loss_chunks", 1)
+    result["ours_notes"] = trainer.notes
     result["ours_copy_sources"] = copy_sources(step, data[-1])
-    result["ours_predicted"] = predicted_breakdown(trainer)
+    result["ours_predicted"] = tb.predicted_breakdown(trainer)
     if args.plan_out:
         trainer.plan.save(args.plan_out)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

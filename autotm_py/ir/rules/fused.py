@@ -237,10 +237,40 @@ def block_rows(rows: int, chunks: int) -> int:
     return max(-(-rows // max(chunks, 1)), 1)
 
 
+# On a GPU a chunked loss computes over its classes padded with zero weights to rows of this
+# many bytes (kernels/fused.py's `_Head`): cuBLAS's aligned kernels need every dimension of a
+# product aligned, which GPT-2's 50257 classes and BERT's 30522 in bf16 are not.
+# Below PAD_MIN_CLASSES a product with the logits is too small for its kernel's alignment to
+# matter, and the padded weight would be a large share of the loss's temporaries.
+ALIGNED_ROW_BYTES = 128
+PAD_MIN_CLASSES = 1024
+
+
+def padded_classes(classes: int, itemsize: int) -> int:
+    """The classes of a chunked loss padded to rows of `ALIGNED_ROW_BYTES` (`classes` itself
+    below `PAD_MIN_CLASSES`)."""
+    if classes < PAD_MIN_CLASSES:
+        return classes
+    per_row = max(1, ALIGNED_ROW_BYTES // itemsize)
+    return -(-classes // per_row) * per_row
+
+
 def linear_ce_workspace(x_shape: Sequence[int], classes: int, chunks: int, dtype: str) -> int:
-    """Bytes of one block's logits: the workspace of `LinearCrossEntropy` and its gradient."""
+    """Bytes of one block's logits, over the classes padded as a GPU pads them
+    (`padded_classes`; at most 128 bytes a row more than the CPU's): the workspace of
+    `LinearCrossEntropy` and its gradient."""
     rows = math.prod(x_shape[:-1])
-    return min(block_rows(rows, chunks), rows) * classes * DTYPE_SIZES[dtype]
+    size = DTYPE_SIZES[dtype]
+    return min(block_rows(rows, chunks), rows) * padded_classes(classes, size) * size
+
+
+def linear_ce_padding(k: int, classes: int, dtype: str) -> int:
+    """Bytes of a chunked loss's weight padded to `padded_classes` (K x padded, with its bias),
+    where a GPU pads it (0 where the classes are already aligned): a temporary of the loss and
+    of its gradient, which also sums the weight's gradient in one."""
+    size = DTYPE_SIZES[dtype]
+    padded = padded_classes(classes, size)
+    return 0 if padded == classes else (k + 1) * padded * size
 
 
 def linear_ce_classes(w_shape: Sequence[int], trans_b: int) -> int:
@@ -258,7 +288,12 @@ def linear_ce_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]
     tape.emit(LINEAR_CE_GRAD, [*k.inputs, k.outputs[1]], [g for g in outs if g is not None],
               grad_name(k, "grad"), transB=trans, chunks=int(k.attr("chunks", 1)),
               output_mask=tuple(int(g is not None) for g in outs))
-    tape.kernels[-1].workspace_bytes = k.workspace_bytes  # one block's logits, as the forward's
+    # one block's logits and the padded weight, as the forward's, and where the weight is
+    # padded and its gradient needed, that gradient over the padded classes
+    padding = linear_ce_padding(tape.shape(k.inputs[0])[-1],
+                                linear_ce_classes(tape.shape(k.inputs[1]), trans),
+                                tape.dtype(k.inputs[0])) if needs[1] else 0
+    tape.kernels[-1].workspace_bytes = k.workspace_bytes + padding
     return [*outs[: len(weighted)], None]
 
 
