@@ -359,28 +359,16 @@ class _Head:
             self.width = padded_classes(self.classes, w.element_size())
         self.w, self.bias = w, bias
         if self.padded:
-            self.w = self.pad(w)
-            if bias is not None:
-                self.bias = torch.zeros(self.width, dtype=bias.dtype, device=bias.device)
-                self.bias[: self.classes].copy_(bias)
+            extra = self.width - self.classes
+            if w.stride(0) == 1 and w.stride(1) != 1:  # a (V, K) weight read as its transpose
+                self.w = F.pad(w.t(), (0, 0, 0, extra)).t()
+            else:
+                self.w = F.pad(w, (0, extra))
+            self.bias = None if bias is None else F.pad(bias, (0, extra))
 
     @property
     def padded(self) -> bool:
         return self.width != self.classes
-
-    def pad(self, w: torch.Tensor) -> torch.Tensor:
-        """(K, V) as (K, width), zero past V, in the memory order of `w` (a tied head's W is
-        (V, K), read transposed)."""
-        k, v = w.shape
-        if w.stride(0) == 1 and w.stride(1) != 1:  # a (V, K) weight read as its transpose
-            full = torch.empty((self.width, k), dtype=w.dtype, device=w.device)
-            full[:v].copy_(w.t())
-            full[v:].zero_()
-            return full.t()
-        full = torch.empty((k, self.width), dtype=w.dtype, device=w.device)
-        full[:, :v].copy_(w)
-        full[:, v:].zero_()
-        return full
 
     def weight_grad(self, like: torch.Tensor, trans: bool) -> torch.Tensor:
         """Where the weight's gradient is summed: `like` (W's own gradient) unpadded, else a
