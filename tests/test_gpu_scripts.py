@@ -405,3 +405,34 @@ def test_bf16_bench_processes_coordinate_and_summarize(tmp_path):
     assert rows[1]["loss_max_rel_diff_vs_eager"] == 0.0
     assert summary.targets(rows)[0].endswith("(met: no slower)")
     assert summary.main([str(out)]) == 0 and (out / "rows.json").exists()
+
+
+def test_trainer_bench_times_nothing_before_every_process_is_ready(tmp_path, capsys):
+    """bf16_bench.sh's processes share a GPU and a host: none times a step while another still
+    captures, profiles, solves or compiles (`--ready-dir`, `--parties`), and one that ends,
+    even by an error, holds no other up."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    tb = _script("trainer_bench")
+    ready = tmp_path / "ready"
+    args = SimpleNamespace(ready_dir=str(ready), parties=2, wait_s=30.0)
+    tb._QUIET.clear()
+    other = threading.Timer(1.0, lambda: (ready / "ready.other").touch())
+    other.start()
+    started = time.monotonic()
+    tb.quiet(args)
+    assert time.monotonic() - started >= 0.9  # waited for the other process
+    assert len(list(ready.glob("ready.*"))) == 2
+    started = time.monotonic()
+    tb.quiet(args)  # once per process
+    assert time.monotonic() - started < 0.5
+    tb._QUIET.clear()
+    tb.quiet(SimpleNamespace(ready_dir=str(ready), parties=3, wait_s=0.5))
+    assert "for 3 processes to be ready: timing anyway" in capsys.readouterr().out
+    ended = tmp_path / "ended"
+    with pytest.raises(SystemExit):  # --native without caps: refused inside the run
+        tb.main([str(tmp_path / "x.json"), "--native", "--device", "cpu", "--ready-dir",
+                 str(ended), "--parties", "5"])
+    assert len(list(ended.glob("ready.*"))) == 1

@@ -40,6 +40,25 @@ def test_the_images_of_a_cnn_are_channels_last_and_nothing_else():
     assert not graph.tensors[flatten.outputs[0]].channels_last  # rank 2
 
 
+def test_a_bf16_cnn_keeps_its_fp32_images_and_masters_channels_last_across_the_casts():
+    """The casts keep the layout, as autocast's do: the fp32 batch, master weights and their
+    gradients are channels-last beside their bf16 copies, so no cast transposes and a
+    channels-last batch is copied in as it is (before, the fp32 batch was row-major)."""
+    from autotm_py.ir.precision import with_precision
+
+    graph = to_channels_last(derive_training(with_precision(small_cnn(), "bf16"),
+                                             optimizer="sgd"))
+    casts = [k for k in graph.kernels if k.op_type in ("Cast", "CastGrad")
+             and len(graph.tensors[k.inputs[0]].shape) == 4]
+    assert casts
+    for k in casts:
+        ends = (graph.tensors[k.inputs[0]], graph.tensors[k.outputs[0]])
+        assert ends[0].dtype != ends[1].dtype
+        assert ends[0].channels_last and ends[1].channels_last, k.name
+    image = graph.tensors[graph.inputs[0]]
+    assert image.dtype == "float32" and image.channels_last
+
+
 def test_a_transformer_is_left_alone():
     graph = derive_training(tiny_decoder(), optimizer="sgd")
     assert any(len(t.shape) == 4 for t in graph.tensors)  # its attention tensors

@@ -39,7 +39,7 @@ from autotm_py.kernels.util import empty_like_tensor, in_layout
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import INITIAL, Compute, Fill, Free, Move, Plan, Recompute
 from autotm_py.runtime.memory import CachingMemory, overlaps, same_place
-from autotm_py.runtime.pinned import PinnedPool, slow_tier_layout
+from autotm_py.runtime.pinned import HostUploads, PinnedPool, slow_tier_layout
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import Kernel, TensorGraph
@@ -123,6 +123,7 @@ class Executor(PlanInterpreter):
         self.streams = _Streams(*side_streams(self.device)[:2]) if self.cuda else None
         offsets, nbytes = slow_tier_layout(graph, plan)
         self.pool = PinnedPool(offsets, nbytes, pin=self.cuda)
+        self.uploads = HostUploads() if self.cuda else None
         self._kernel_events: list[Any] = []
         self._compute: Any = None  # the iteration's compute stream (CUDA; `start`)
         self._prepared = False
@@ -196,9 +197,15 @@ class Executor(PlanInterpreter):
     def _materialize(self, tid: int, source: torch.Tensor, tier: str) -> torch.Tensor:
         dst = self.pool.view(tid, self.graph.tensors[tid]) if tier == SLOW else \
             self.fast_slot(tid)
+        upload = self.uploads is not None and tier == FAST and source.device.type == "cpu"
         if dst is None:
-            return source.to(self.device, copy=True)
-        dst.copy_(source)
+            if not upload:
+                return source.to(self.device, copy=True)
+            dst = torch.empty_like(source, device=self.device)
+        if upload:
+            self.uploads.copy(tid, source, dst)
+        else:
+            dst.copy_(source)
         return dst
 
     def finish(self) -> None:

@@ -16,14 +16,18 @@
 #     allocator's region that budget (what does not fit is reported as overflow); they capture
 #     while ours_1 profiles, solve (LIMIT s each) side by side once it has, and time their steps
 #     one at a time (gpu.lock);
-#   - native: eager autocast steps uncapped, torch.compile at the first of COMPILE compiled
-#     (its uncapped first step, without the lock: CPU work but for one step) while the others
-#     plan, then under each cap (from budgets.json),
+#   - native: torch.compile at the first of COMPILE compiled (its uncapped first step, without
+#     the lock: CPU work but for one step) while the others plan, then eager autocast steps
+#     uncapped, the compiled module under each cap (from budgets.json),
 #     then checkpointing under each cap (ResNet-200: checkpoint_sequential at the fewest
 #     segments that fit; BERT: HF gradient checkpointing; GPT-2: every block), then any further
 #     COMPILE fractions. Its process uses torch's caching allocator, so caps work there.
-# Nothing is timed while another process times or profiles (gpu.lock); captures, solves and
-# compiles overlap. Each process is stopped after PROC_S seconds (default 540), so a call ends
+# Nothing is timed while another process times or profiles (gpu.lock), nor before all five
+# processes are ready to time (--ready-dir, --parties 5: their captures, profiling, solves and
+# compiles done, or the process ended), so no step is timed beside another's host work;
+# captures, solves and compiles overlap. The batches are in pinned memory on every side (as
+# DataLoader(pin_memory=True) gives them); the natives' eager steps copy them with
+# non_blocking=True. Each process is stopped after PROC_S seconds (default 540), so a call ends
 # within the 10 minutes a device command may run.
 #
 # Usage (GPU machine, repository root, the wheels of setup.sh carried):
@@ -50,7 +54,7 @@ set -u
 model=$2
 out=$1/$model
 mkdir -p "$out"
-rm -f "$out/budgets.json" "$out/profiled" "$out/gpu.lock"
+rm -rf "$out/budgets.json" "$out/profiled" "$out/gpu.lock" "$out/ready"
 case $model in
   resnet200) cfg=(--model resnet200 --batch 64); small=(--batch 2 --image 64); chunks=1 ;;
   bert) cfg=(--model bert --batch 32 --seq 512); small=(--batch 2 --seq 32); chunks=16 ;;
@@ -60,7 +64,8 @@ esac
 [ -z "${SMOKE:-}" ] || cfg+=("${small[@]}" --small --device cpu)
 bench=(timeout "${PROC_S:-540}" python3 experiments/gpu/trainer_bench.py "${cfg[@]}"
        --precision bf16 --steps "${STEPS:-20}" --time-limit "${LIMIT:-60}"
-       --loss-chunks "${LOSS_CHUNKS:-$chunks}" --lock "$out/gpu.lock" --wait-s 480 ${EXTRA:-})
+       --loss-chunks "${LOSS_CHUNKS:-$chunks}" --lock "$out/gpu.lock" --wait-s 480
+       --ready-dir "$out/ready" --parties 5 ${EXTRA:-})
 shares=(0.5 0.333 0.25)
 echo "== $model bf16 $(date -u +%H:%M:%S)"
 # all fast: the loss unchunked (chunking recomputes the head's product, which only pays under a

@@ -118,20 +118,6 @@ def copy_sources(step, batch) -> dict[str, dict[str, int]]:
             for kind, lines in found.items()}
 
 
-def eager_step(net, loss_fn, precision: str = "fp32"):
-    net = net.cuda().train()
-    opt = tb.sgd(net.parameters())
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        with tb.autocast("cuda", precision):
-            loss = loss_fn(net(x.cuda()), y.cuda())
-        loss.backward()
-        opt.step()
-        return loss.detach()
-    return step
-
-
 def trainer_step(net, loss_fn, data, args):
     cap = {"budget": args.budget} if args.budget else {"ratio": tb.ratio_of(args.share)}
     trainer = Trainer(net, tb.sgd(net.parameters()), loss_fn, example=data[0], **cap,
@@ -215,12 +201,12 @@ def main(argv: list[str]) -> int:
         print("\n".join(tb.prepare_cuda("cuda", tb.PLACED_MODE, args.region)) or "placed",
               flush=True)
     net, loss_fn, data = tb.model_and_data(args.model, args.batch, args.seq,
-                                           args.steps + args.profiled)
+                                           args.steps + args.profiled, pin=True)
     warm, timed = data[:args.steps], data[args.steps:]
     result = {"model": args.model, "batch": args.batch, "device": torch.cuda.get_device_name()}
     result["eager"] = None
     if not args.no_eager:
-        step = eager_step(copy.deepcopy(net), loss_fn, args.precision)
+        step = tb.eager_step(copy.deepcopy(net), loss_fn, "cuda", args.precision)
         tb.timed_steps(step, warm)
         result["eager"] = profiled(step, timed)
         del step
