@@ -75,3 +75,20 @@ def test_many_sgd_updates_equal_one_at_a_time():
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert not sgd_update_many(got, gs, [], 0.03, momentum=0.9)
     assert not sgd_update_many(got, gs, [], torch.tensor(0.03))
+
+
+def test_channels_last_weights_update_as_one_multi_tensor_kernel_with_their_like():
+    """The fused SGD kernel (CUDA) takes dense tensors of one dtype whose weight, gradient and
+    buffer are laid out alike: channels-last ones too (a bf16 CNN's fp32 masters, whose casts
+    keep the layout), not a gradient laid out otherwise, a transposed view or another dtype."""
+    from autotm_py.kernels.grad_tensor import fusable_lists
+
+    def cl(*shape):
+        return torch.randn(*shape).contiguous(memory_format=torch.channels_last)
+
+    assert fusable_lists([cl(4, 3, 2, 2), torch.randn(5)], [cl(4, 3, 2, 2), torch.randn(5)],
+                         [cl(4, 3, 2, 2), torch.randn(5)])
+    assert fusable_lists([torch.randn(5)], [torch.randn(5)], [])  # no buffers: plain SGD
+    assert not fusable_lists([cl(4, 3, 2, 2)], [torch.randn(4, 3, 2, 2)])
+    assert not fusable_lists([torch.randn(4, 3).t()], [torch.randn(4, 3).t()])
+    assert not fusable_lists([torch.randn(4)], [torch.randn(4).double()])
