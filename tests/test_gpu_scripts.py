@@ -436,3 +436,25 @@ def test_trainer_bench_times_nothing_before_every_process_is_ready(tmp_path, cap
         tb.main([str(tmp_path / "x.json"), "--native", "--device", "cpu", "--ready-dir",
                  str(ended), "--parties", "5"])
     assert len(list(ended.glob("ready.*"))) == 1
+
+
+def test_trainer_kernels_splits_a_steps_host_time_into_its_phases():
+    """trainer_kernels.py's `host_phases`, on the CPU's eager Trainer: the executor's prepare,
+    the iteration's launch (here the whole eager run) and the rest, which add up to the step."""
+    import tempfile
+
+    import torch
+
+    from autotm_py.trainer import Trainer
+
+    tk = _script("trainer_kernels")
+    tb = _script("trainer_bench")
+    net, loss_fn, data = tb.model_and_data("tiny", 32, 8, 4)
+    trainer = Trainer(net, tb.sgd(net.parameters()), loss_fn, example=data[0], device="cpu", ratio="1:0",
+                      plans_dir=tempfile.mkdtemp())
+    phases = tk.host_phases(trainer, data)
+    assert phases["prepare_ms"] > 0 and phases["launch_ms"] > 0 and phases["rest_ms"] >= 0
+    assert phases["prepare_ms"] + phases["launch_ms"] + phases["rest_ms"] == \
+        pytest.approx(phases["step_ms"])
+    assert trainer.steps == 4 and isinstance(trainer.step(*data[0]), torch.Tensor)
+    assert "prepare" not in vars(trainer.loop.executor)  # the timers are gone
