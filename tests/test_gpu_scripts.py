@@ -450,8 +450,8 @@ def test_trainer_kernels_splits_a_steps_host_time_into_its_phases():
     tk = _script("trainer_kernels")
     tb = _script("trainer_bench")
     net, loss_fn, data = tb.model_and_data("tiny", 32, 8, 4)
-    trainer = Trainer(net, tb.sgd(net.parameters()), loss_fn, example=data[0], device="cpu", ratio="1:0",
-                      plans_dir=tempfile.mkdtemp())
+    trainer = Trainer(net, tb.sgd(net.parameters()), loss_fn, example=data[0], device="cpu",
+                      ratio="1:0", plans_dir=tempfile.mkdtemp())
     phases = tk.host_phases(trainer, data)
     assert phases["prepare_ms"] > 0 and phases["launch_ms"] > 0 and phases["rest_ms"] >= 0
     assert phases["prepare_ms"] + phases["launch_ms"] + phases["rest_ms"] == \
