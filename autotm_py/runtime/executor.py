@@ -197,15 +197,13 @@ class Executor(PlanInterpreter):
     def _materialize(self, tid: int, source: torch.Tensor, tier: str) -> torch.Tensor:
         dst = self.pool.view(tid, self.graph.tensors[tid]) if tier == SLOW else \
             self.fast_slot(tid)
-        upload = self.uploads is not None and tier == FAST and source.device.type == "cpu"
-        if dst is None:
-            if not upload:
-                return source.to(self.device, copy=True)
-            dst = torch.empty_like(source, device=self.device)
-        if upload:
+        if self.uploads is not None and tier == FAST and source.device.type == "cpu":
+            dst = torch.empty_like(source, device=self.device) if dst is None else dst
             self.uploads.copy(tid, source, dst)
-        else:
-            dst.copy_(source)
+            return dst
+        if dst is None:
+            return source.to(self.device, copy=True)
+        dst.copy_(source)
         return dst
 
     def finish(self) -> None:

@@ -46,8 +46,8 @@
 # Writes OUT_DIR/MODEL/{ours_*.json,native.json,*.log,budgets.json} and, at the end,
 # OUT_DIR/MODEL/rows.json and a table (experiments/gpu/bf16_summary.py).
 # Variables: STEPS (20), LIMIT (the solver's seconds: 60, ResNet-200 180, whose 33% and 25%
-# plans stopped at 60 s, the 25% one 7.2% from its bound, H200 2026-12-04), COMPILE (0.1: activation_memory_budget
-# fractions, each a compile), LOSS_CHUNKS (16 for BERT and GPT-2, 1 for ResNet-200),
+# plans stopped at 60 s, the 25% one 7.2% from its bound, H200 2026-12-04), COMPILE (0.1:
+# activation_memory_budget fractions, each a compile), LOSS_CHUNKS (16 for BERT and GPT-2, 1 for ResNet-200),
 # ALL_FAST_REGION (bytes, 48 GiB), PROC_S (540), EXTRA (more trainer_bench options). SMOKE=1: on
 # this machine's CPU at toy sizes (--small --device cpu, no setup.sh), a check of the script.
 set -u

@@ -255,18 +255,14 @@ def wait_for(path: str, timeout_s: float, what: str) -> bool:
     return True
 
 
-_QUIET: list[bool] = []  # this process has waited for the others' quiet (once)
-
-
 def quiet(args) -> None:
     """Before this process first times anything: say it is ready (`--ready-dir`) and wait until
     `--parties` processes are (at most `--wait-s`), so that nothing is timed while another
     process captures, profiles, solves or compiles: ResNet-200's all-fast bf16 step measured
     94.8 ms beside three solves and a compile, 64.4 ms alone (H200, 2026-12-04); the GPU lock
     keeps GPU work apart, not the host's."""
-    if not args.ready_dir or _QUIET:
+    if not args.ready_dir or _ready_file(args).exists():  # once per process
         return
-    _QUIET.append(True)
     mark_ready(args)
     deadline = time.monotonic() + args.wait_s
     while len(list(Path(args.ready_dir).glob("ready.*"))) < args.parties:
@@ -281,7 +277,11 @@ def mark_ready(args) -> None:
     """This process is ready to time, or has ended (it holds no one up either way)."""
     if args.ready_dir:
         Path(args.ready_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.ready_dir) / f"ready.{os.getpid()}").touch()
+        _ready_file(args).touch()
+
+
+def _ready_file(args) -> Path:
+    return Path(args.ready_dir) / f"ready.{os.getpid()}"
 
 
 def write_atomically(path: str, text: str) -> None:
@@ -720,15 +720,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     try:
-        return bench(args)
+        return bench(p, args)
     finally:
         mark_ready(args)  # an ended process holds no other up
 
 
-def bench(args) -> int:
-    p = parser()
+def bench(p: argparse.ArgumentParser, args) -> int:
     torch.backends.cudnn.benchmark = False
     if args.native and not (args.caps_from or args.budgets):
         p.error("--native needs --caps-from or --budgets: the Trainer's placed allocator leaves "
