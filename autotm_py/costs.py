@@ -84,7 +84,8 @@ class KernelCosts:
         return cls(device, t, t, t, est)
 
     def replayed(self, copied_bytes: Sequence[int] | None = None,
-                 io_bytes: Sequence[int] | None = None) -> KernelCosts:
+                 io_bytes: Sequence[int] | None = None,
+                 folded: Sequence[bool] | None = None) -> KernelCosts:
         """The costs of an iteration replayed as a CUDA graph: the host enqueues the whole
         iteration at once, so each kernel costs its device time plus the graph's gap between
         two kernel nodes (`REPLAY_GAP_S`), plus copying `copied_bytes[k]` of its outputs into
@@ -92,15 +93,20 @@ class KernelCosts:
         none). A measured kernel without a device time (it launched nothing of its own: a view,
         an SGD update folded into its run's foreach launch) costs its `io_bytes[k]` (read and
         written) at that rate, where `io_bytes` is given; else, and for estimated kernels, its
-        time as the profile has it."""
+        time as the profile has it. So does every kernel `folded[k]` (the SGD updates an arena
+        run folds into multi-tensor launches) whatever its profile says, on both clocks: a
+        profile timed alone gives each update a launch of its own."""
         if not self.device_s:
             return self
         n = len(self.times_s)
         copies = copied_bytes or (0,) * n
         io = io_bytes or (None,) * n
-        times = tuple(self._replayed_time(k, io[k]) + 2 * copies[k] / SLOT_COPY_BYTES_PER_S
+        fold = [bool(f) and io[k] is not None for k, f in enumerate(folded or (False,) * n)]
+        times = tuple((io[k] / SLOT_COPY_BYTES_PER_S if fold[k]  # type: ignore[operator]
+                       else self._replayed_time(k, io[k])) + 2 * copies[k] / SLOT_COPY_BYTES_PER_S
                       for k in range(n))
-        return replace(self, times_s=times)
+        device = tuple(0.0 if fold[k] else d for k, d in enumerate(self.device_s))
+        return replace(self, times_s=times, device_s=device)
 
     def _replayed_time(self, k: int, io_bytes: int | None) -> float:
         # A measured kernel without a device time launched no GPU work of its own in the

@@ -13,7 +13,7 @@ from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.training import derive_training
 from autotm_py.options import Measure, RunMode
 from autotm_py.pipeline import machine_for, optimize, run_baselines, with_arena
-from autotm_py.runtime.execute import execute, run_steps
+from autotm_py.runtime.execute import execute, new_executor, run_steps
 from autotm_py.runtime.executor import Executor
 from autotm_py.runtime.reference import train_steps
 from tests.graphs import costs_for
@@ -131,6 +131,68 @@ def test_static_inputs_keep_their_addresses_and_the_results():
     assert addresses[0] and all(a == addresses[0] for a in addresses[1:])
     carried_fast = {first for first, _ in graph.carried} & set(addresses[0])
     assert carried_fast  # weights that start fast: the ones whose addresses would move
+
+
+def test_a_replays_prepare_places_only_what_is_not_carried():
+    """Before a replay the carried values already sit where the graph reads them
+    (`Executor._steady`): `prepare_replay` places the batch and the other uncarried tensors
+    again and leaves the carried ones, at the first record's slots."""
+    from autotm_py.plan import INITIAL
+    from autotm_py.runtime.reference import init_values
+    graph = _graph("cnn")
+    plan = _arena_plans(graph)["async-arena"]
+    masters = init_values(graph, seed=5)
+    executor = Executor(graph, plan, device="cpu", masters=masters)
+    executor.prepare()
+    executor.run()
+    placed = []
+    executor._place_initial = lambda tid, tiers: placed.append(tid)
+    executor.index = 7  # where the last iteration left it
+    executor.prepare_replay()
+    carried = {first for first, _ in graph.carried}
+    assert carried & set(plan.initial) and set(placed)
+    assert set(placed) == set(plan.initial) - carried
+    assert executor.index == INITIAL  # the slots the initial copies occupy
+
+
+def test_a_batch_norm_in_an_arena_updates_its_running_statistics_in_place(monkeypatch):
+    """In an arena a batch norm writes every output straight into its slot, its running
+    statistics over the old ones where the packing gives them their slots
+    (`memory.scratch.OVERWRITES`), as torch's batch norm updates its buffers: no output of it
+    is copied into its slot (on a GPU each of ResNet-200's took ten device copies a step),
+    and the iterations equal the reference bitwise."""
+    from autotm_py.kernels import into as kernels_into
+    from autotm_py.runtime.reference import init_values
+    graph = _graph("cnn")
+    reference = train_steps(graph, steps=STEPS, seed=5)
+    plans = _arena_plans(graph)
+    in_place: list[bool] = []
+    into = kernels_into.batch_norm_training_into
+
+    def watched(x, scale, bias, mean, var, momentum, eps, outs):
+        in_place.append(outs[1].data_ptr() == mean.data_ptr())
+        return into(x, scale, bias, mean, var, momentum, eps, outs)
+    monkeypatch.setattr(kernels_into, "batch_norm_training_into", watched)
+    for name in ("all-fast", "async-arena"):
+        _, executor, _ = new_executor(graph, plans[name], "cpu", mode=ARENA,
+                                      masters=init_values(graph, seed=5))
+        copied: list[str] = []
+        in_slot = executor._in_slot
+
+        def counted(value, slot, executor=executor, copied=copied, plan=plans[name],
+                    in_slot=in_slot):
+            if value is not slot:
+                record = plan.records[executor.index]
+                copied.append(graph.kernels[record.kernel].op_type)  # type: ignore[union-attr]
+            return in_slot(value, slot)
+        executor._in_slot = counted
+        for step in range(STEPS):
+            executor.prepare()
+            executor.run()
+            for tid in graph.outputs:
+                assert torch.equal(executor.value(tid), reference[step][tid].cpu()), (name, step)
+        assert "BatchNormalization" not in copied and "Conv" in copied, (name, copied)
+    assert any(in_place) and not all(in_place), in_place
 
 
 def test_plans_with_moves_exist():

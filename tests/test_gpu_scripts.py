@@ -286,6 +286,8 @@ def test_repredict_link_prices_the_same_plans_on_the_h200s_link(monkeypatch):
     copies beside kernels are faster)."""
     monkeypatch.setattr("autotm_py.machine.REPLAY_TO_FAST_SLOWDOWN", 1.04)
     monkeypatch.setattr("autotm_py.machine.REPLAY_TO_SLOW_SLOWDOWN", 1.13)
+    # and its SGD updates priced as then, by their profiles (not yet folded: 2026-12-04)
+    monkeypatch.setattr("autotm_py.machine.MachineModel._folded_updates", lambda self: None)
     link = _script("repredict_link")
     run = (ROOT / "experiments" / "results" / "bench_arena" / "2026-11-28g" / "calld" / "r" /
            "resnet50_32_True_cuda_h100-pcie5_1-3_async_recompute_highs_arena_graph_placed_"
@@ -456,3 +458,25 @@ def test_trainer_kernels_splits_a_steps_host_time_into_its_phases():
         pytest.approx(phases["step_ms"])
     assert trainer.steps == 4 and isinstance(trainer.step(*data[0]), torch.Tensor)
     assert "prepare" not in vars(trainer.loop.executor)  # the timers are gone
+
+
+def test_trainer_kernels_counts_the_outputs_copied_into_their_slots_by_op():
+    """trainer_kernels.py's `slot_copies`, on the CPU's Trainer in an arena (no placed
+    allocator there: every output placed in a slot is a copy): the first step's copies by op,
+    as many as the executor counted, and the step's own methods back afterwards."""
+    import tempfile
+
+    from autotm_py.options import RunMode
+    from autotm_py.trainer import Trainer
+
+    tk = _script("trainer_kernels")
+    tb = _script("trainer_bench")
+    net, loss_fn, data = tb.model_and_data("tiny", 32, 8, 2)
+    trainer = Trainer(net, tb.sgd(net.parameters()), loss_fn, example=data[0], device="cpu",
+                      ratio="1:0", plans_dir=tempfile.mkdtemp(), mode=RunMode(arena=True))
+    found = tk.slot_copies(trainer, data[0])
+    ex = trainer.loop.executor
+    assert found and "?" not in found and sum(found.values()) == ex.state.copied
+    assert {"Gemm", "GemmGradB"} <= set(found), found
+    assert "_in_slot" not in vars(ex) and "finish" not in vars(ex)
+    assert trainer.steps == 1

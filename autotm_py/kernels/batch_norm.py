@@ -84,11 +84,13 @@ def batch_norm_training_into(x: torch.Tensor, scale: torch.Tensor, bias: torch.T
                              mean: torch.Tensor, var: torch.Tensor, momentum: float, eps: float,
                              outs: tuple[torch.Tensor, ...]) -> None:
     """`batch_norm_training` written into `outs` = (Y, running mean', running var', saved mean,
-    saved invstd): the running statistics are copied into their new buffers and updated there,
-    as the functional kernels compute them on copies."""
+    saved invstd): the running statistics are copied into their new buffers (unless those are
+    the old ones: updated in place, as torch's batch norm updates its buffers) and updated
+    there."""
     y, new_mean, new_var, save_mean, save_invstd = outs
-    new_mean.copy_(mean)
-    new_var.copy_(var)
+    for new, old in ((new_mean, mean), (new_var, var)):
+        if new.data_ptr() != old.data_ptr():
+            new.copy_(old)
     if not cudnn_batch_norm(x, scale, eps):
         torch.ops.aten._native_batch_norm_legit.out(
             x, scale, bias, new_mean, new_var, True, momentum, eps, out=y,

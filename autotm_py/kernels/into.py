@@ -350,12 +350,26 @@ def batch_norm(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     x, scale, bias, mean, var = args
     if not k.attr("training_mode", 0):
         return False
+    # an output may meet an input only as a running statistic over its own old value
+    # (`memory.scratch.OVERWRITES`), which the kernel reads before it writes
+    if any(_meet(out, arg) and (o, a) not in ((1, 3), (2, 4))
+           for o, out in enumerate(outs) if out is not None for a, arg in enumerate(args)):
+        return False
     eps, momentum = float(k.attr("epsilon", 1e-5)), float(k.attr("momentum", 0.9))
     slots = list(outs) + [None] * (5 - len(outs))
     buffers = tuple(s if s is not None else torch.empty_like(ref)
                     for s, ref in zip(slots, (x, mean, var, mean, mean), strict=True))
     batch_norm_training_into(x, scale, bias, mean, var, 1.0 - momentum, eps, buffers)
     return True
+
+
+def _meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' bytes overlap (on one device)."""
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+    a_lo, b_lo = a.data_ptr(), b.data_ptr()
+    return a_lo < b_lo + b.numel() * b.element_size() and \
+        b_lo < a_lo + a.numel() * a.element_size()
 
 
 # ---- loss ----------------------------------------------------------------------------------

@@ -370,7 +370,7 @@ def _step(executor: Executor, driver: EagerDriver, step: int) -> dict[int, torch
             failed = driver.capture()
             if failed is not None:
                 raise ExecutionError(f"CUDA graph capture failed at {failed}")
-        executor.prepare()
+        executor.prepare_replay()
         driver.replay()
     else:
         executor.prepare()

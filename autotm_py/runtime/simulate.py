@@ -478,10 +478,12 @@ class Simulator(PlanInterpreter):
 
     def _await_inputs(self, kernel: Kernel, overwrites: bool) -> None:
         """Before a kernel (or a re-run) reads its inputs: their prefetches have landed, and
-        where it may write over them (`overwrites`), their copies out have ended."""
-        for tid in kernel.inputs:
+        where it may write over them (`overwrites`: the inputs at its `OVERWRITES` positions),
+        their copies out have ended."""
+        over = OVERWRITES.get(kernel.op_type, ()) if overwrites else ()
+        for position, tid in enumerate(kernel.inputs):
             self._await(tid, self.landing)
-            if overwrites:
+            if position in over:
                 self._await(tid, self.leaving)
 
     def _await(self, tid: int, copies: dict[int, float]) -> None:

@@ -106,10 +106,11 @@ class Loop:
         else:
             if isinstance(driver, ReplayDriver) and self.steps == 1:
                 self._capture(driver)
-            ex.prepare()
             if driver.replayed:
+                ex.prepare_replay()
                 driver.replay()  # type: ignore[attr-defined]
             else:
+                ex.prepare()
                 ex.run()
         self.steps += 1
 

@@ -47,7 +47,8 @@
 # OUT_DIR/MODEL/rows.json and a table (experiments/gpu/bf16_summary.py).
 # Variables: STEPS (20), LIMIT (the solver's seconds: 60, ResNet-200 180, whose 33% and 25%
 # plans stopped at 60 s, the 25% one 7.2% from its bound, H200 2026-12-04), COMPILE (0.1:
-# activation_memory_budget fractions, each a compile), LOSS_CHUNKS (16 for BERT and GPT-2, 1 for ResNet-200),
+# activation_memory_budget fractions, each a compile; COMPILE= empty: none, for a rerun whose
+# compile rows an earlier run of the same code measured), LOSS_CHUNKS (16 for BERT and GPT-2, 1 for ResNet-200),
 # ALL_FAST_REGION (bytes, 48 GiB), PROC_S (540), EXTRA (more trainer_bench options). SMOKE=1: on
 # this machine's CPU at toy sizes (--small --device cpu, no setup.sh), a check of the script.
 set -u
@@ -81,7 +82,7 @@ first=$!
 (wait_first() { while kill -0 "$first" 2>/dev/null; do sleep 1; done; touch "$out/profiled"; }
  wait_first) &
 "${bench[@]}" "$out/native.json" --native --budgets "$out/budgets.json" \
-    --compile "${COMPILE:-0.1}" >"$out/native.log" 2>&1 &
+    --compile "${COMPILE-0.1}" >"$out/native.log" 2>&1 &
 native=$!
 while [ ! -s "$out/budgets.json" ] && kill -0 "$first" 2>/dev/null; do sleep 1; done
 pids=()

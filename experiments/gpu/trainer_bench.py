@@ -402,6 +402,7 @@ def ours(net, loss_fn, data, share: float, args, ready: Callable[[dict], None] |
     row = {"setup_s": setup_s, "precision": trainer.graph.meta.get("precision", "fp32"),
            "budget_bytes": plan.header.budget_bytes, "peak_bytes": trainer.graph.peak_live_bytes,
            "predicted_s": plan.header.predicted_time_s, "status": plan.header.solver.status,
+           "gap": plan.header.solver.gap,  # where a time limit stopped the search
            "moves": sum(1 for _ in plan.moves()), "recomputes": sum(1 for _ in plan.recomputes()),
            "describe": trainer.describe()}
     if cuda:  # what the prediction is made of, to set beside a trace (trainer_kernels.py)
