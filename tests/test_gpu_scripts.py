@@ -407,6 +407,15 @@ def test_bf16_bench_processes_coordinate_and_summarize(tmp_path):
     assert rows[1]["loss_max_rel_diff_vs_eager"] == 0.0
     assert summary.targets(rows)[0].endswith("(met: no slower)")
     assert summary.main([str(out)]) == 0 and (out / "rows.json").exists()
+    # a 25% plan whose search a time limit ended says how far from its bound
+    quarter = {"option": "ours", "share": 0.25, "step_s": 2.0, "status": "time_limit",
+               "gap": 0.235}
+    fast = {"option": "ours", "share": 1.0, "step_s": 1.0}
+    assert summary.targets([fast, quarter])[0] == (
+        "25%: 2.000x our all fast (missed: within 1.25x); its solve stopped at the time limit "
+        "23.5% from its bound")
+    solved = summary.targets([fast, quarter | {"status": "optimal"}])[0]
+    assert solved == "25%: 2.000x our all fast (missed: within 1.25x)"
 
 
 def test_trainer_bench_times_nothing_before_every_process_is_ready(tmp_path, capsys):
