@@ -34,6 +34,7 @@ from autotm_py.kernels.util import (
     attrs,
     log_softmax_rows,
     loss_dtype,
+    overlaps,
     softmax_grad_rows,
     torch_dtype,
 )
@@ -180,8 +181,8 @@ def sgd_update(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     momentum = float(k.attr("momentum", 0.0))
     if momentum:
         buf, buf_out = args[2], outs[1]
-        if (_meet(buf_out, buf) and not _same(buf_out, buf)) or \
-                any(_meet(buf_out, t) for t in (w, args[1], outs[0])):
+        if (overlaps(buf_out, buf) and not _same(buf_out, buf)) or \
+                any(overlaps(buf_out, t) for t in (w, args[1], outs[0])):
             return False
         torch.mul(buf, momentum, out=buf_out).add_(g, alpha=1.0)
         g = g.add(buf_out, alpha=momentum) if k.attr("nesterov", 0) else buf_out
@@ -191,14 +192,6 @@ def sgd_update(k: Kernel, args: Tensors, outs: Tensors) -> bool:
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.numel() == b.numel() and a.dtype == b.dtype
-
-
-def _meet(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' bytes meet."""
-    if a.device != b.device or not a.numel() or not b.numel():
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 # ---- concatenation and pooling ------------------------------------------------------------
@@ -352,7 +345,7 @@ def batch_norm(k: Kernel, args: Tensors, outs: Tensors) -> bool:
         return False
     # an output may meet an input only as a running statistic over its own old value
     # (`memory.scratch.OVERWRITES`), which the kernel reads before it writes
-    if any(_meet(out, arg) and (o, a) not in ((1, 3), (2, 4))
+    if any(overlaps(out, arg) and (o, a) not in ((1, 3), (2, 4))
            for o, out in enumerate(outs) if out is not None for a, arg in enumerate(args)):
         return False
     eps, momentum = float(k.attr("epsilon", 1e-5)), float(k.attr("momentum", 0.9))
@@ -361,15 +354,6 @@ def batch_norm(k: Kernel, args: Tensors, outs: Tensors) -> bool:
                     for s, ref in zip(slots, (x, mean, var, mean, mean), strict=True))
     batch_norm_training_into(x, scale, bias, mean, var, 1.0 - momentum, eps, buffers)
     return True
-
-
-def _meet(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' bytes overlap (on one device)."""
-    if a.device != b.device or not a.numel() or not b.numel():
-        return False
-    a_lo, b_lo = a.data_ptr(), b.data_ptr()
-    return a_lo < b_lo + b.numel() * b.element_size() and \
-        b_lo < a_lo + a.numel() * a.element_size()
 
 
 # ---- loss ----------------------------------------------------------------------------------

@@ -31,6 +31,14 @@ ONNX_DTYPE_CODES: dict[int, str] = {
 }
 
 
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' bytes meet (both contiguous, on one device)."""
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def register(*ops: str) -> Callable[[Impl], Impl]:
     def deco(fn: Impl) -> Impl:
         for op in ops:

@@ -35,7 +35,7 @@ import torch
 from autotm_py.errors import ExecutionError
 from autotm_py.kernels import run_kernel, run_kernel_into, run_kernel_raw
 from autotm_py.kernels.grad_tensor import learning_rate, sgd_update_many
-from autotm_py.kernels.util import empty_like_tensor, memory_format, typed_view
+from autotm_py.kernels.util import empty_like_tensor, memory_format, overlaps, typed_view
 from autotm_py.memory.scratch import OVERWRITES
 from autotm_py.memory.tiers import FAST
 from autotm_py.plan import INITIAL
@@ -107,14 +107,6 @@ class StaticInputs:
             self._views[tensor.id] = None if tensor.nbytes == 0 else \
                 empty_like_tensor(tensor, self.device)
         return self._views[tensor.id]
-
-
-def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' bytes meet (both contiguous)."""
-    if a.device != b.device or not a.numel() or not b.numel():
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def same_place(value: torch.Tensor, slot: torch.Tensor) -> bool:

@@ -356,7 +356,7 @@ class Simulator(PlanInterpreter):
         # lasts its profiled sum, as it was measured). Without device times the two are equal
         # and this is the plain sum. Where copies hold the GPU back, the host runs ahead and
         # the launch gaps vanish (experiments/journal/gpu-2026-11.md, DenseNet-264).
-        self._await_inputs(kernel, overwrites=kernel.op_type in OVERWRITES)
+        self._await_inputs(kernel, overwrites=True)
         profiled = self.machine.kernel_time(kid, rec.placement)
         self.host += profiled
         duration = self.machine.device_time(kid) if self.machine.gpu else profiled
