@@ -41,7 +41,7 @@ from autotm_py.memory.tiers import (
 from autotm_py.options import Measure, RunMode
 from autotm_py.plan import Plan
 from autotm_py.planning import baselines as baseline_plans
-from autotm_py.planning import solve
+from autotm_py.planning import local_search, solve
 from autotm_py.planning.baselines import BASELINES, BaselineResult
 from autotm_py.planning.bounds import transfer_bound
 from autotm_py.planning.control import SolveControl
@@ -92,6 +92,10 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
 # plus this share of the arena's limit.
 ARENA_SOLVES = 4
 ARENA_SLACK = 0.002
+# Graphs of this many kernels or more are first planned with this share of the arena held back
+# (a re-solve of theirs repeats minutes of search; docs/planning.md, "Neighbourhood search")
+FIRST_FIT_MARGIN_KERNELS = 1000
+FIRST_FIT_MARGIN = 0.03
 
 
 def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | None = None,
@@ -224,13 +228,17 @@ def fit_arena(machine: MachineModel, config: PlanConfig, control: SolveControl |
     limit = machine.arena_limit
     notes: list[str] = []
     last: tuple[PlanResult, MachineModel] | None = None
+    if limit is not None and len(machine.graph.kernels) >= FIRST_FIT_MARGIN_KERNELS:
+        machine = replace(machine, arena_margin=machine.arena_margin +
+                          int(FIRST_FIT_MARGIN * limit) // ALIGN_BYTES * ALIGN_BYTES)
     for attempt in range(1, ARENA_SOLVES + 1):
         if last is not None and control is not None and control.stop_requested:
             notes.append("no arena: stopped before the packing fitted; the plan runs on "
                          "torch's caching allocator")
             return _noted(*last, notes)
         result = solve.plan(machine, config if last is None or control is None else
-                            config.time_left(control.progress.elapsed_s), control)
+                            config.time_left(control.progress.elapsed_s), control,
+                            local=False)
         if result.plan is None:
             if last is None:
                 return result, machine
@@ -242,11 +250,13 @@ def fit_arena(machine: MachineModel, config: PlanConfig, control: SolveControl |
             return _noted(result, machine, [*notes, f"no arena: {exc}"])
         excess = 0 if limit is None else layout.nbytes - limit
         if excess <= 0:
+            result, layout = local_search.improve_packed(machine, config, result, layout,
+                                                         control, notes)
             notes.append(_arena_note(layout, machine, attempt))
             plan = result.plan.with_arena(layout).with_header(counts={
                 **result.plan.header.counts, "arena_bytes": layout.nbytes,
                 "arena_scratch_bytes": layout.scratch_bytes})
-            return _noted(replace(result, plan=plan), machine, notes)
+            return _noted(replace(result, plan=plan, local=None), machine, notes)
         assert limit is not None and machine.tensor_budget is not None
         notes.append(f"arena: packed {format_bytes(layout.nbytes)} over the "
                      f"{format_bytes(limit)} it may use; solved again")

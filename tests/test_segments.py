@@ -33,7 +33,7 @@ def machine_and_base(n=8, frac=0.35, early=8, depth=2):
     config = PlanConfig(strategy="sync", device="cuda", recompute="on", time_limit_s=60,
                         recompute_depth=depth, recompute_early=0)
     small, spec = solve._small_and_recompute(machine, config)
-    best, outcome, _, _ = solve._search(machine, config, small, spec, SolveControl())
+    best, outcome, *_ = solve._search(machine, config, small, spec, SolveControl())
     assert best is not None and outcome.has_solution
     spec_early = solve._spec(machine, replace(config, recompute_early=early), small)
     f = formulation.build(machine, "sync", config.async_window, None, small,
@@ -124,7 +124,7 @@ def test_a_segment_start_on_random_graphs_is_none_or_a_point(seed):
     config = PlanConfig(strategy="sync", device="cuda", recompute="on", time_limit_s=30,
                         recompute_early=0)
     small, spec = solve._small_and_recompute(machine, config)
-    best, _, _, _ = solve._search(machine, config, small, spec, SolveControl())
+    best, *_ = solve._search(machine, config, small, spec, SolveControl())
     spec_early = solve._spec(machine, replace(config, recompute_early=4), small)
     f = formulation.build(machine, "sync", config.async_window, None, small,
                           recompute=spec_early)

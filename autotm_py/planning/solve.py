@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from autotm_py.errors import SolverError
 from autotm_py.ir.conv_split import split_names
 from autotm_py.plan import Plan, SolverStats
+from autotm_py.planning import local_search, neighbourhoods
 from autotm_py.planning.baselines import BaselineResult, all_fast
 from autotm_py.planning.control import SolveControl
 from autotm_py.planning.decode import decode
@@ -100,6 +101,8 @@ class PlanResult:
     # the graph the plan is for where the pipeline rewrote the one it was given (its
     # convolution backward kernels split: `pipeline.optimize`); None: the given one
     graph: TensorGraph | None = None
+    # the search's last model, for `local_search.improve` (not part of the result)
+    local: local_search.LocalSearch | None = field(default=None, repr=False, compare=False)
 
     @property
     def feasible(self) -> bool:
@@ -131,10 +134,13 @@ class PlanResult:
 
 
 def plan(machine: MachineModel, config: PlanConfig,
-         control: SolveControl | None = None) -> PlanResult:
+         control: SolveControl | None = None, *, local: bool = True) -> PlanResult:
     """Plan `model.graph` under `config` (see the module docstring). A solved plan comes back
     unverified: no predicted time yet, and `fast_peak_bytes` unset. `control` receives
-    progress and may ask the search to stop (the best plan so far is kept)."""
+    progress and may ask the search to stop (the best plan so far is kept). The search ends
+    with a local search (`local_search.improve`) where it applies; `local=False` leaves it to
+    the caller (the result's `local`; the arena's fit loop runs it once a plan packs), and the
+    search still leaves it time."""
     common = {"budget_bytes": machine.user_budget, "all_fast_time_s": machine.all_fast_time,
               "reserve_bytes": machine.reserve_bytes, "plannable_bytes": machine.tensor_budget,
               "scratch_bytes": machine.scratch_reserve + machine.arena_margin}
@@ -155,21 +161,19 @@ def plan(machine: MachineModel, config: PlanConfig,
         least = smallest_budget(machine, config.strategy)
     if machine.tensor_budget < least.plan_bytes:
         return _infeasible(least, common)
-    f, outcome, stats, notes = _search(machine, config, small, spec,
-                                       control or SolveControl())
+    f, outcome, stats, notes, found = _search(machine, config, small, spec,
+                                              control or SolveControl())
     if not outcome.has_solution:
         if outcome.status == "infeasible" and config.recompute_mode == "only":
             return _no_recompute_only_plan(machine, stats, least, common)
         return _unsolved(outcome.status, stats, least, common, config)
-    if outcome.status == "time_limit":
-        notes.append("time limit reached: best plan found, not proven within the gap")
-    if outcome.status == "interrupted":
-        notes.append("interrupted: best plan found when the search was stopped, not proven "
-                     "within the gap")
+    if outcome.status in local_search.LIMIT_NOTES:
+        notes.append(local_search.LIMIT_NOTES[outcome.status])
     decoded = decode(f, config=_config(config), solver=stats, notes=tuple(notes))
-    return PlanResult(outcome.status, decoded, f"{outcome.status}: not verified yet",
-                      predicted_time_s=None, stats=stats, objective_s=stats.objective_s,
-                      **common)
+    result = PlanResult(outcome.status, decoded, f"{outcome.status}: not verified yet",
+                        predicted_time_s=None, stats=stats, objective_s=stats.objective_s,
+                        local=found, **common)
+    return local_search.improve(result, config, control) if local else result
 
 
 def _spec(machine: MachineModel, config: PlanConfig,
@@ -252,7 +256,8 @@ def _chain(machine: MachineModel, config: PlanConfig) -> list[Stage]:
 
 def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
             spec: RecomputeSpec | None, control: SolveControl
-            ) -> tuple[formulation.Formulation | None, SolveOutcome, SolverStats, list[str]]:
+            ) -> tuple[formulation.Formulation | None, SolveOutcome, SolverStats, list[str],
+                       local_search.LocalSearch | None]:
     """Build and solve the ILP, warm-started from the smaller models' solutions (`_chain`,
     `warmstart`), so each search starts from a good plan and can only improve on it. If the
     last search finds nothing in time, or a stop request ends the chain early, the best
@@ -275,7 +280,9 @@ def _search(machine: MachineModel, config: PlanConfig, small: frozenset[int],
         if last and search.no_time_for_last(stage, stages[i - 1] if i else None):
             break  # too little time left to search the whole async model
         search.run(stage, last)
-    return search.ended()
+    f, outcome, stats, notes = search.ended()
+    return f, outcome, stats, notes, local_search.start(search, outcome, stats,
+                                                       _config(config))
 
 
 def _search_limit(config: PlanConfig) -> float | None:
@@ -309,6 +316,7 @@ class _Search:
     early_dropped: bool = False
     # the plan the final model's search started from: (its model's name, objective in ms)
     start: tuple[str, float] | None = None
+    areas: list[list[Any]] | None = None  # the last model's neighbourhoods, where it has some
 
     def no_time_for_last(self, stage: Stage, previous: Stage | None) -> bool:
         """The last stage searches the whole async model after the one with regenerations
@@ -371,6 +379,11 @@ class _Search:
     def _solve_stage(self, f: formulation.Formulation, stage: Stage, warm: bool,
                      last: bool) -> None:
         left = self._time_left(stage, last)
+        if last and local_search.applies(self.config, stage.strategy, stage.mode, stage.fixed,
+                                         _search_limit(self.config)):
+            self.areas = neighbourhoods.neighbourhoods(f)
+            if self.areas and left is not None:  # the neighbourhoods get the rest (`improve`)
+                left = min(left, max(local_search.WHOLE_MODEL_SHARE * self.limit, 1.0))
         best, control = self.best, self.control
         control.report(stage="stopping" if control.stop_requested else "solving",
                        incumbent=best[1].objective if warm and best else None)
@@ -403,7 +416,6 @@ class _Search:
         outcome = _settled(f, outcome, self.config, self.notes, fixed=self.fixed,
                            stopped=self.control.stop_requested)
         return f, outcome, _stats(self.config, f, outcome, self.spent, self.limit), self.notes
-
 
     def _note_unimproved(self, f: formulation.Formulation, outcome: SolveOutcome) -> None:
         """A search stopped (time limit, Ctrl-C) no better than the plan it started from
@@ -440,26 +452,8 @@ def _start(f: formulation.Formulation, stage: Stage,
         warmstart.fix_regenerations(f)
     if warm and f.strategy == "async" and not segmented and \
             f.n_vars >= OVERLAP_START_MIN_VARIABLES:
-        _overlap_start(f, base)  # type: ignore[arg-type]
+        warmstart.overlap_start(f, base)  # type: ignore[arg-type]
     return warm
-
-
-def _overlap_start(f: formulation.Formulation, base: Events) -> None:
-    """Start an async model from `base`, which it holds, with its blocking copies overlapped
-    where memory allows (`warmstart.overlap_copies`), when that point holds every row and is
-    faster; else keep `base`."""
-    import autotm_py.planning.warmstart as warmstart
-
-    before = warmstart.objective_value(f)
-    better = warmstart.overlap_copies(f, base)
-    if better is None or not warmstart.apply(f, better):
-        return
-    after = warmstart.objective_value(f)
-    if after < before - 1e-9 and warmstart.holds(f):
-        log.info("%s starts from its copies overlapped: %.3f ms (%.3f ms with them blocking)",
-                 f.name, after, before)
-        return
-    warmstart.apply(f, base)
 
 
 def _segment_start(f: formulation.Formulation, base: Events, base_ms: float,

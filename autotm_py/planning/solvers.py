@@ -269,7 +269,7 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-class _Abandoned(Exception):
+class Abandoned(Exception):
     """An immediate stop while HiGHS was still running: its result is not waited for."""
 
 
@@ -321,7 +321,7 @@ def _wait_uninterrupted(done: threading.Event, seconds: float) -> bool:
 HIGHS_OBJECTIVE_SCALE = 1e3
 
 
-def _objective_constant(lp: pulp.LpProblem) -> float:
+def objective_constant(lp: pulp.LpProblem) -> float:
     """The objective's constant, which HiGHS never sees (it is added to what HiGHS reports)."""
     return lp.objective.constant if lp.objective else 0.0
 
@@ -352,9 +352,21 @@ class BulkHiGHS(pulp.HiGHS):  # type: ignore[misc]
             super().createAndConfigureSolver(lp)
 
     def callSolver(self, lp: pulp.LpProblem) -> None:  # PuLP's method name
-        h = lp.solverModel
-        constant = _objective_constant(lp)
-        self._subscribe(h, constant)
+        self._subscribe(lp.solverModel, objective_constant(lp))
+        self.run_watched(lp.solverModel)
+
+    def load(self, lp: pulp.LpProblem) -> Any:
+        """HiGHS's model of `lp`, made once and subscribed to `control`, for repeated solves
+        with `run_watched` (`local_search`: only column bounds change between them)."""
+        with _quiet_stdout():
+            self.createAndConfigureSolver(lp)
+        self.buildSolverModel(lp)
+        self._subscribe(lp.solverModel, objective_constant(lp))
+        return lp.solverModel
+
+    def run_watched(self, h: Any) -> None:
+        """`h.run()` in a thread while this one watches `control`; `Abandoned` on an
+        immediate stop."""
         # Waited for on an Event, not with Thread.join: a signal handler that raises inside
         # join (Ctrl-C, SIGTERM) leaves CPython 3.11 believing the thread has ended while
         # HiGHS still runs, and an interpreter that exits under a running HiGHS aborts.
@@ -366,7 +378,7 @@ class BulkHiGHS(pulp.HiGHS):  # type: ignore[misc]
         try:
             while not done.wait(0.2):
                 if self.control.stop_level >= STOP_NOW:
-                    raise _Abandoned
+                    raise Abandoned
         except BaseException:
             self.abort = True  # the callbacks interrupt HiGHS at their next call
             if not _wait_uninterrupted(done, self.JOIN_AFTER_STOP_S):
@@ -479,7 +491,7 @@ def _returned_another_solution(prob: pulp.LpProblem) -> bool:
     """Whether the values HiGHS returned (now on the variables) are not the solution whose
     objective it reports."""
     reported = _from_highs(prob.solverModel.getInfo().objective_function_value,
-                           _objective_constant(prob))
+                           objective_constant(prob))
     returned = pulp.value(prob.objective)
     return abs(returned - reported) > 1e-9 * max(1.0, abs(reported))
 
@@ -496,13 +508,13 @@ def _solve_highs_once(prob: pulp.LpProblem, gap: float, time_limit: float | None
                        mip_feasibility_tolerance=HIGHS_INTEGRALITY_TOL)
     try:
         prob.solve(solver)
-    except _Abandoned:
+    except Abandoned:
         return _Ended("interrupted", solution=False)
     h = prob.solverModel
     model_status = h.getModelStatus()
     info = h.getInfo()
     has = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    bound = _finite(_from_highs(info.mip_dual_bound, _objective_constant(prob)))
+    bound = _finite(_from_highs(info.mip_dual_bound, objective_constant(prob)))
     final_gap = _finite(max(info.mip_gap, 0.0))  # inf when stopped before any bound
     if model_status == highspy.HighsModelStatus.kInfeasible:
         return _Ended("infeasible")
@@ -518,6 +530,7 @@ def _solve_highs_once(prob: pulp.LpProblem, gap: float, time_limit: float | None
 
 def _finite(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
+
 
 
 # ---- others ------------------------------------------------------------------------------
