@@ -222,9 +222,9 @@ def test_the_fit_loops_solves_share_one_time_limit(monkeypatch):
     limits: list[float | None] = []
     real = solve.plan
 
-    def noted(machine, config, control=None):
+    def noted(machine, config, control=None, **kw):
         limits.append(config.time_limit_s)
-        return real(machine, config, control)
+        return real(machine, config, control, **kw)
 
     monkeypatch.setattr(solve, "plan", noted)
     control = SolveControl(time_limit_s=40.0)
