@@ -11,7 +11,7 @@ better solution takes. Every point kept is a plan of the whole model; a local se
 nothing, so its result is marked ``time_limit``.
 
 `solve.plan` runs it at the end of its search; the arena's fit loop (`pipeline.fit_arena`) runs
-it once a plan packs (`solve.plan(..., local_search=False)`, then `improve`).
+it once a plan packs (`solve.plan(..., local=False)`, then `improve_packed`).
 """
 
 from __future__ import annotations
@@ -187,7 +187,12 @@ def improve_in_neighbourhoods(prob: pulp.LpProblem, neighbourhoods: Sequence[Seq
     ``interrupted``) with the best point on the variables and no bound."""
     import pulp
 
-    from autotm_py.planning.solvers import HIGHS_INTEGRALITY_TOL, BulkHiGHS, SolveOutcome
+    from autotm_py.planning.solvers import (
+        HIGHS_INTEGRALITY_TOL,
+        BulkHiGHS,
+        SolveOutcome,
+        objective_constant,
+    )
 
     control = control or SolveControl()
     started = time.perf_counter()
@@ -199,7 +204,7 @@ def improve_in_neighbourhoods(prob: pulp.LpProblem, neighbourhoods: Sequence[Seq
     ints = np.array([v.index for v in variables if v.cat == pulp.LpInteger], dtype=np.int32)
     bounds = (np.array([v.lowBound or 0.0 for v in variables])[ints],
               np.array([1.0 if v.upBound is None else v.upBound for v in variables])[ints])
-    constant = prob.objective.constant if prob.objective else 0.0
+    constant = objective_constant(prob)
     point = np.array([v.varValue or 0.0 for v in variables], dtype=float)
     best = _Incumbent(point, float(cost @ point) + constant)
     solves, improved = 0, True

@@ -1,5 +1,5 @@
 """Neighbourhoods of a placement ILP, for a local search around a plan
-(`solvers.improve_in_neighbourhoods`).
+(`local_search.improve_in_neighbourhoods`).
 
 The async model with recomputation of a deep network (ResNet-200: 286k variables) is too large
 for HiGHS to improve on in minutes: started from a checkpoint-style plan, its whole-model search
@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from autotm_py.planning.formulation import Formulation
-    from autotm_py.planning.paths import TensorPaths
 
 # free integer variables per neighbourhood: ResNet-200 b64 bf16 at 25% (286k variables) solves
 # one of this size in about a second here, and in 75 s of its neighbourhoods gained 5.8 ms with
@@ -37,30 +36,22 @@ def neighbourhoods(f: Formulation, target: int | None = None) -> list[list[Any]]
     integer variables; none when the whole model has fewer than two windows' worth (`target`
     variables each, by default `NEIGHBOURHOOD_VARIABLES`)."""
     target = target or NEIGHBOURHOOD_VARIABLES
-    tensors = [(_first_use(p), tid) for tid, p in enumerate(f.paths) if p is not None]
-    tensors.sort()
+    users = _users(f)
+    tensors = sorted((uses[0], tid) for tid, uses in users.items())
     total = sum(len(f.x[tid]) for _, tid in tensors)
     if total < 2 * target:
         return []
     windows = _windows(f, tensors, target)
     half = [(a + b) // 2 for a, b in itertools.pairwise(windows)]
-    users = _users(f)
     regens = _regenerations(f)
     out = []
     for lo, hi in [*itertools.pairwise(windows), *itertools.pairwise(half)]:
         own = {tid for _, tid in tensors[lo:hi]}
-        partners = _partners(f, own, users, tensors)
+        partners = _partners(own, users, tensors)
         free = own | partners
         out.append([v for tid in sorted(free) for v in f.x[tid]] +
                    [z for tid in sorted(free) for z in regens.get(tid, ())])
     return out
-
-
-def _first_use(p: TensorPaths) -> int:
-    """The first kernel that reads or writes the tensor (its producer, or a given tensor's
-    first user)."""
-    g = p.gadgets
-    return next((k for k, io in zip(g.kernels, g.io, strict=True) if io), g.kernels[0])
 
 
 def _windows(f: Formulation, tensors: list[tuple[int, int]], target: int) -> list[int]:
@@ -77,17 +68,19 @@ def _windows(f: Formulation, tensors: list[tuple[int, int]], target: int) -> lis
 
 
 def _users(f: Formulation) -> dict[int, list[int]]:
-    """Per tensor with decision points, the kernels that read or write it."""
+    """Per tensor with decision points, the kernels that read or write it (its producer, or a
+    given tensor's first user, first); a tensor with no such gadget, its first gadget."""
     out: dict[int, list[int]] = {}
     for tid, p in enumerate(f.paths):
         if p is not None:
             g = p.gadgets
-            out[tid] = [k for k, io in zip(g.kernels, g.io, strict=True) if io]
+            out[tid] = [k for k, io in zip(g.kernels, g.io, strict=True) if io] or \
+                [g.kernels[0]]
     return out
 
 
-def _partners(f: Formulation, own: set[int], users: dict[int, list[int]],
-              tensors: list[tuple[int, int]]) -> set[int]:
+def _partners(own: set[int], users: dict[int, list[int]], tensors: list[tuple[int, int]]
+              ) -> set[int]:
     """The tensors first used by a kernel outside the window's range that uses one of `own`."""
     lo = min(users[t][0] for t in own) if own else 0
     hi = max(users[t][0] for t in own) if own else -1

@@ -380,7 +380,7 @@ class _Search:
                      last: bool) -> None:
         left = self._time_left(stage, last)
         if last and local_search.applies(self.config, stage.strategy, stage.mode, stage.fixed,
-                                         _search_limit(self.config)):
+                                         self.limit):
             self.areas = neighbourhoods.neighbourhoods(f)
             if self.areas and left is not None:  # the neighbourhoods get the rest (`improve`)
                 left = min(left, max(local_search.WHOLE_MODEL_SHARE * self.limit, 1.0))

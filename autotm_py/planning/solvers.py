@@ -532,7 +532,6 @@ def _finite(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
-
 # ---- others ------------------------------------------------------------------------------
 def _solve_other(prob: pulp.LpProblem, name: str, gap: float, time_limit: float | None,
                  threads: int | None) -> _Ended:
