@@ -49,10 +49,13 @@ from autotm_py.ir.graph import Role, Tensor, TensorGraph
 
 @dataclass(frozen=True)
 class Derived:
-    """A graph weight computed from initializers: which ones, through which ops (in order)."""
+    """A graph weight computed from initializers: which ones, through which ops (in order).
+    `perm`: where only Transposes (and Identities) lead from its one initializer, the axes
+    the weight is that initializer transposed by (`numpy.transpose(init, perm)`), else None."""
 
     initializers: tuple[str, ...]
     ops: tuple[str, ...]
+    perm: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,17 @@ def initializer_values(model_or_path: onnx.ModelProto | str | os.PathLike[str],
         if t.name not in resolver.onnx.initializers:
             derived[t.id] = resolver.derivation(t.name)
     return WeightValues(values, tuple(missing), derived)
+
+
+def weight_derivations(model: onnx.ModelProto, graph: TensorGraph
+                       ) -> dict[int, Derived | None]:
+    """For every weight of `graph` that file `model` (held in memory) can hold
+    (`file_weights`), how it is derived from the file's initializers (None: it is one), read
+    from the nodes alone: no value is computed, so a model of billions of parameters costs no
+    copy of them (`initializer_values` computes every derived value)."""
+    resolver = _Resolver(_parse(model, None, model.graph.name), graph, list(model.opset_import))
+    return {t.id: None if t.name in resolver.onnx.initializers else resolver.derivation(t.name)
+            for t in file_weights(graph)}
 
 
 def file_weights(graph: TensorGraph) -> list[Tensor]:
@@ -226,4 +240,21 @@ class _Resolver:
             elif (node := self.producer.get(current)) is not None:
                 ops.append(node.op_type)
                 todo.extend(node.inputs[:1] if node.op_type in LAYOUT_OPS else node.inputs)
-        return Derived(tuple(sorted(inits)), tuple(reversed(ops)))
+        perm = self._permutation(name) if len(inits) == 1 and \
+            set(ops) <= {"Transpose", "Identity"} else None
+        return Derived(tuple(sorted(inits)), tuple(reversed(ops)), perm)
+
+    def _permutation(self, name: str) -> tuple[int, ...] | None:
+        """The axes a chain of Transposes (and Identities) from one initializer to `name`
+        permutes: `name` is `numpy.transpose(initializer, perm)`."""
+        shape = self.shape_of(name)
+        if shape is None:
+            return None
+        total = list(range(len(shape)))  # name, as itself
+        while name not in self.onnx.initializers:
+            node = self.producer[name]
+            if node.op_type == "Transpose":
+                step = list(node.attrs.get("perm") or range(len(total) - 1, -1, -1))
+                total = [step[axis] for axis in total]
+            name = node.inputs[0]
+        return tuple(int(a) for a in total)

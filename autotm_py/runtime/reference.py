@@ -119,6 +119,14 @@ def init_values(graph: TensorGraph, seed: int = 0, device: str | torch.device = 
             if t.producer is None}
 
 
+def leaf_value(graph: TensorGraph, tid: int, seed: int = 0) -> torch.Tensor:
+    """One tensor's value as `init_values` makes it (constants, zero optimizer state), a
+    random one drawn from a generator of its own (`seed` and the tensor's id): for a caller
+    that needs a few values and must not hold all of them (a model of billions of weights)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + tid)
+    return in_layout(_init_leaf(graph, graph.tensors[tid], gen), graph.tensors[tid])
+
+
 def run_graph(graph: TensorGraph, values: Mapping[int, torch.Tensor],
               keep: Iterable[int] = ()) -> Values:
     """Run every kernel in order; return the graph outputs and the `keep` tensors."""

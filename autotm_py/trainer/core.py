@@ -37,10 +37,9 @@ from autotm_py.ir.layout import has_convolutions, to_channels_last
 from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import chunkable_logits_bytes, derive_training
 from autotm_py.options import AUTO_PRECISION, RunMode
-from autotm_py.runtime.reference import init_values
 from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for, precision_on
 from autotm_py.trainer.spec import Example, loss_rule, optimizer_of, split_example
-from autotm_py.trainer.state import StateMap
+from autotm_py.trainer.state import Masters, StateMap
 from autotm_py.units import format_bytes
 
 
@@ -88,6 +87,7 @@ class Trainer:
         self.graph, captured = self._capture(loss_fn, channels_last, loss_chunks,
                                              self.precision)
         self.map = StateMap.of(self.graph, captured, module)
+        del captured  # the exported file, the module's weights again: no longer read
         # GPU mode on either device: kernels read fast memory, copies cross the link. On the
         # CPU nothing keeps fast memory for itself (the GPU presets reserve cuBLAS's).
         config = PlanConfig(strategy=strategy, ratio=ratio, fast_mem_bytes=budget,
@@ -99,7 +99,7 @@ class Trainer:
                                  measure=cuda if profile is None else profile, face="trainer")
         except ConfigError as exc:
             raise ConfigError(f"Trainer: {exc}") from None
-        masters = self.map.masters(self.graph, init_values(self.graph), optimizer)
+        masters = Masters(self.graph, self.map, optimizer)
         masters.update(self._batch_masters(self.example))
         self.loop = Loop(self.graph, self.plan, self.device, self.mode, masters)
         self._synced = 0

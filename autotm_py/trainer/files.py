@@ -179,6 +179,6 @@ def _write(model: str | os.PathLike[str], finals: Mapping[int, torch.Tensor],
             continue
         init = inits[source.name]
         current = torch.from_numpy(numpy_helper.to_array(init).copy())
-        value = as_source(finals[tid].cpu(), current, source.index)
+        value = as_source(finals[tid].cpu(), current, source)
         init.CopyFrom(numpy_helper.from_array(value.numpy(), init.name))
     atomic_write_bytes(output, proto.SerializeToString())

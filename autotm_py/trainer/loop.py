@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 import torch
@@ -86,10 +86,11 @@ class Loop:
     producer)."""
 
     def __init__(self, graph: TensorGraph, plan: Plan, device: str, mode: RunMode,
-                 masters: Mapping[int, torch.Tensor]) -> None:
+                 masters: MutableMapping[int, torch.Tensor]) -> None:
         self.graph, self.plan = graph, plan
+        # the masters themselves, not a copy: the Trainer's make each value when it is placed
         _, self.executor, self.driver = new_executor(graph, plan, device, mode=mode,
-                                                     masters=dict(masters))
+                                                     masters=masters)
         self.steps = 0
         # a plan priced partly with another GPU's kernel times, or left without the arena its
         # run mode asks for (its packing did not fit), says so where the user looks

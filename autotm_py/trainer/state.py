@@ -15,7 +15,7 @@ the graph weight comes from). A module tensor must become exactly one graph weig
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +23,10 @@ import numpy as np
 import torch
 
 from autotm_py.errors import ConfigError
-from autotm_py.frontend.weights import initializer_values
+from autotm_py.frontend.weights import initializer_values, weight_derivations
 from autotm_py.ir.graph import Role, TensorGraph
 from autotm_py.kernels.util import in_layout, torch_dtype
+from autotm_py.runtime.reference import leaf_value
 
 # How the optimizer state tensors of the training graph are named (ir/training.py): the
 # state's kind, then the weight's name; torch's names for the same state
@@ -35,10 +36,33 @@ STATE_NAMES = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buffer"}
 @dataclass(frozen=True)
 class WeightSource:
     """A graph weight's module tensor (its canonical name) and, where the importer derived
-    the weight from it, the flat index into the module tensor of each element (row-major)."""
+    the weight from it, how: `perm`, the axes it transposes (a Linear's W^T: (1, 0)), or
+    else `index`, the flat index into the module tensor of each element (row-major)."""
 
     name: str
     index: np.ndarray | None = None
+    perm: tuple[int, ...] | None = None
+
+    def to_graph(self, value: torch.Tensor) -> torch.Tensor:
+        """The module tensor's `value` as the graph weight's elements (its shape aside)."""
+        if self.perm is not None:
+            return value.permute(self.perm)
+        if self.index is not None:
+            return value.reshape(-1)[torch.from_numpy(self.index)]
+        return value
+
+    def to_source(self, value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """A graph value (row-major, the target's dtype and device) as the module tensor
+        `target`: the derivation undone."""
+        if self.perm is not None:
+            shape = [target.shape[axis] for axis in self.perm]
+            inverse = tuple(int(a) for a in np.argsort(self.perm))
+            return value.reshape(shape).permute(inverse).reshape(target.shape)
+        if self.index is None:
+            return value.reshape(target.shape)
+        out = torch.empty(target.numel(), dtype=target.dtype, device=target.device)
+        out[torch.from_numpy(self.index).to(target.device)] = value.reshape(-1)
+        return out.reshape(target.shape)
 
 
 @dataclass
@@ -68,31 +92,26 @@ class StateMap:
                    lr=meta.get("lr_tensor"), step=by_name.get("adam::step"),
                    module_tensors=tensors)
 
-    def masters(self, graph: TensorGraph, base: Mapping[int, torch.Tensor],
-                optimizer: torch.optim.Optimizer | None = None) -> dict[int, torch.Tensor]:
-        """The values an iteration starts from: `base` (every tensor without a producer)
-        with the module's weights and buffers, and the optimizer's state where it has any."""
-        out = dict(base)
-        for tid, source in self.weights.items():
+    def master(self, graph: TensorGraph, tid: int, optimizer: Any = None) -> torch.Tensor:
+        """The value tensor `tid` (without a producer) starts training from: the module's
+        weight or buffer, the optimizer's state where it has any, else as `init_values`
+        makes it (zero state, constants)."""
+        source = self.weights.get(tid)
+        if source is not None:
             value = self.module_tensors[source.name].detach().cpu()
-            out[tid] = _as_graph(value, graph.tensors[tid], source.index)
-        if optimizer is not None:
-            out.update(self._optimizer_masters(graph, optimizer))
-        return out
-
-    def _optimizer_masters(self, graph: TensorGraph, optimizer: Any) -> dict[int, torch.Tensor]:
-        out: dict[int, torch.Tensor] = {}
-        for tid, (weight, key) in self.state.items():
+            return _as_graph(value, graph.tensors[tid], source)
+        state = self.state.get(tid)
+        if state is not None and optimizer is not None:
+            weight, key = state
             param = self.module_tensors[self.weights[weight].name]
             value = optimizer.state.get(param, {}).get(key)
             if value is not None:
-                out[tid] = _as_graph(value.detach().cpu(), graph.tensors[tid],
-                                     self.weights[weight].index)
-        if self.step is not None:
+                return _as_graph(value.detach().cpu(), graph.tensors[tid], self.weights[weight])
+        if tid == self.step and optimizer is not None:
             steps = [s.get("step") for s in optimizer.state.values() if "step" in s]
             if steps:
-                out[self.step] = torch.tensor(float(steps[0]), dtype=torch.float32)
-        return out
+                return torch.tensor(float(steps[0]), dtype=torch.float32)
+        return leaf_value(graph, tid)
 
     def write_back(self, final: Mapping[int, torch.Tensor], optimizer: Any) -> None:
         """Copy the final values of the carried tensors (keyed by their id at the iteration's
@@ -100,16 +119,47 @@ class StateMap:
         with torch.no_grad():
             for tid, source in self.weights.items():
                 target = self.module_tensors[source.name]
-                target.copy_(as_source(final[tid], target, source.index))
+                target.copy_(as_source(final[tid], target, source))
             for tid, (weight, key) in self.state.items():
                 param = self.module_tensors[self.weights[weight].name]
                 state = optimizer.state[param]
-                value = as_source(final[tid], param, self.weights[weight].index)
+                value = as_source(final[tid], param, self.weights[weight])
                 state[key] = value.clone()
             if self.step is not None:
                 step = final[self.step].detach().to("cpu", torch.float32).reshape(())
                 for param in _trained(self):
                     optimizer.state[param]["step"] = step.clone()
+
+
+class Masters(MutableMapping[int, torch.Tensor]):
+    """The values an iteration starts from, each made when the executor places it and not
+    kept (`StateMap.master`), except those given (`masters[tid] = value`: a batch, the
+    learning rate). Kept, a 3.3B-parameter decoder's weights and AdamW state (53 GB) sat in
+    host memory beside the executor's pinned copies of them."""
+
+    def __init__(self, graph: TensorGraph, smap: StateMap, optimizer: Any) -> None:
+        self.graph, self.smap, self.optimizer = graph, smap, optimizer
+        self.given: dict[int, torch.Tensor] = {}
+        self.leaves = [t.id for t in graph.tensors if t.producer is None]
+
+    def __getitem__(self, tid: int) -> torch.Tensor:
+        if tid in self.given:
+            return self.given[tid]
+        if self.graph.tensors[tid].producer is not None:
+            raise KeyError(tid)
+        return self.smap.master(self.graph, tid, self.optimizer)
+
+    def __setitem__(self, tid: int, value: torch.Tensor) -> None:
+        self.given[tid] = value
+
+    def __delitem__(self, tid: int) -> None:
+        del self.given[tid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.leaves)
+
+    def __len__(self) -> int:
+        return len(self.leaves)
 
 
 def _trained(smap: StateMap) -> list[torch.Tensor]:
@@ -125,14 +175,19 @@ def weight_sources(model: Any, graph: TensorGraph, name_of: Callable[[str], str]
                    found: Any = None) -> dict[int, WeightSource]:
     """Every graph weight without a producer that `model` has data for: the tensor it comes
     from (`name_of` an initializer's name: a module's name for it), and for a derived weight
-    the index map of its layout ops. `found`: `initializer_values(model, graph)`, if read."""
-    found = found if found is not None else initializer_values(model, graph)
+    the axes it transposes or else the index map of its layout ops. `found`:
+    `initializer_values(model, graph)`, if read (else `model`, held in memory, has every
+    weight's data, and no value is computed: `weight_derivations`)."""
+    derivations = weight_derivations(model, graph) if found is None else \
+        {tid: found.derived.get(tid) for tid in found.values}
     out: dict[int, WeightSource] = {}
     derived_from: dict[int, str] = {}
-    for tid in found.values:
-        derived = found.derived.get(tid)
+    for tid, derived in derivations.items():
         if derived is None:
             out[tid] = WeightSource(name_of(graph.tensors[tid].name))
+            continue
+        if derived.perm is not None:  # no element map needed: a model's size in int64s
+            out[tid] = WeightSource(name_of(derived.initializers[0]), perm=derived.perm)
             continue
         if len(derived.initializers) != 1:
             raise ConfigError(f"weight {graph.tensors[tid].name!r} of the captured graph comes "
@@ -143,7 +198,7 @@ def weight_sources(model: Any, graph: TensorGraph, name_of: Callable[[str], str]
     maps = _index_maps(model, graph, derived_from)
     for tid, source in derived_from.items():
         out[tid] = WeightSource(name_of(source), maps[tid])
-    return {tid: out[tid] for tid in found.values}  # the graph's order
+    return {tid: out[tid] for tid in derivations}  # the graph's order
 
 
 # Indices go through the layout ops as float32 values in two digits of this base (each exact
@@ -232,22 +287,16 @@ def _state_tensors(graph: TensorGraph, weights: Mapping[int, WeightSource]
     return out
 
 
-def _as_graph(value: torch.Tensor, tensor: Any, index: np.ndarray | None) -> torch.Tensor:
-    """A module value as the graph tensor's master: derived through `index`, the graph's
+def _as_graph(value: torch.Tensor, tensor: Any, source: WeightSource) -> torch.Tensor:
+    """A module value as the graph tensor's master: derived as `source` says, the graph's
     dtype, its storage layout."""
-    value = value.to(torch_dtype(tensor.dtype))
-    if index is not None:
-        value = value.reshape(-1)[torch.from_numpy(index)]
+    value = source.to_graph(value.to(torch_dtype(tensor.dtype)))
     return in_layout(value.reshape(tensor.shape).contiguous(), tensor)
 
 
-def as_source(value: torch.Tensor, target: torch.Tensor, index: np.ndarray | None
+def as_source(value: torch.Tensor, target: torch.Tensor, source: WeightSource
               ) -> torch.Tensor:
     """A graph value in the module tensor's shape, dtype and device (row-major, undoing the
-    derivation: element i of the graph weight is element index[i] of the module tensor)."""
+    derivation `source` holds)."""
     flat = value.detach().contiguous().reshape(-1).to(target.device, target.dtype)
-    if index is None:
-        return flat.reshape(target.shape)
-    out = torch.empty(target.numel(), dtype=target.dtype, device=target.device)
-    out[torch.from_numpy(index).to(target.device)] = flat
-    return out.reshape(target.shape)
+    return source.to_source(flat, target)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import sys
@@ -52,11 +53,13 @@ sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
 
 from trainer_bench import GPT2, lm_loss  # noqa: E402
 
+from autotm_py.options import RunMode  # noqa: E402
 from autotm_py.units import parse_bytes  # noqa: E402
 
 SLACK = 64 << 20  # caps are budget + 64 MiB, as trainer_bench.py and native_compare.py
 SIZES = {"3b": {"dim": 3072, "layers": 28, "heads": 24, "seq": 2048, "vocab": 50257},
-         "small": {"dim": 128, "layers": 4, "heads": 4, "seq": 64, "vocab": 512}}
+         "small": {"dim": 128, "layers": 4, "heads": 4, "seq": 64, "vocab": 512},
+         "medium": {"dim": 1536, "layers": 8, "heads": 12, "seq": 512, "vocab": 50257}}
 
 
 def host_peak_bytes() -> int | None:
@@ -76,10 +79,20 @@ def build(size: dict[str, int], batch: int, steps: int):
     torch.manual_seed(0)
     net = GPT2(vocab=size["vocab"], dim=size["dim"], layers=size["layers"],
                heads=size["heads"], seq=size["seq"])
+    # GPT-2's initialisation of the tied embedding (torch's N(0, 1) makes logits of std
+    # sqrt(dim) and a first loss in the hundreds)
+    for table in (net.emb.weight, net.pos.weight):
+        torch.nn.init.normal_(table, std=0.02)
     gen = torch.Generator().manual_seed(1)
     tokens = [torch.randint(0, size["vocab"], (batch, size["seq"] + 1), generator=gen)
               for _ in range(steps)]
     return net, [(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in tokens]
+
+
+def cap_fraction(cap: int, device: str) -> None:
+    """torch's caching allocator capped at `cap` + SLACK bytes."""
+    torch.cuda.set_per_process_memory_fraction(
+        min(1.0, (cap + SLACK) / torch.cuda.get_device_properties(device).total_memory))
 
 
 def adamw(params, fused: bool = False):
@@ -92,6 +105,8 @@ def timed(step, data) -> dict[str, Any]:
         start = time.perf_counter()
         losses.append(float(step(x, y)))
         seconds.append(time.perf_counter() - start)
+        # as it goes: a call cut short still says what it measured
+        print(f"step {len(losses)}: loss {losses[-1]:.4f}, {seconds[-1]:.3f} s", flush=True)
     return {"losses": losses, "step_s": statistics.median(seconds[3:] or seconds),
             "seconds": seconds}
 
@@ -100,11 +115,18 @@ def ours(net, data, args) -> dict[str, Any]:
     from autotm_py.trainer import Trainer
 
     started = time.perf_counter()
+    mode = None  # the Trainer's default: an arena, the placed allocator, replayed
+    if args.mode == "eager":  # torch's caching allocator, capped as the natives are
+        mode = RunMode(placed=False)
+        if args.device == "cuda":
+            cap_fraction(parse_bytes(args.cap), args.device)
     trainer = Trainer(net, adamw(net.parameters()), lm_loss, example=data[0],
-                      budget=args.cap, device=args.device, precision="bf16",
+                      budget=args.cap, device=args.device, precision="bf16", mode=mode,
                       loss_chunks=args.loss_chunks, time_limit_s=args.time_limit,
                       plans_dir=args.plans or tempfile.mkdtemp())
     setup_s = time.perf_counter() - started
+    print(f"setup {setup_s:.0f} s; {trainer.describe()}; predicted "
+          f"{trainer.plan.header.predicted_time_s * 1e3:.1f} ms", flush=True)
     row = timed(trainer.step, data)
     plan = trainer.plan
     return row | {"setup_s": setup_s, "budget_bytes": plan.header.budget_bytes,
@@ -137,8 +159,7 @@ def fsdp_offload(net, data, cap: int, device: str) -> dict[str, Any]:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
     dist.init_process_group("nccl", rank=0, world_size=1)
-    torch.cuda.set_per_process_memory_fraction(
-        min(1.0, (cap + SLACK) / torch.cuda.get_device_properties(device).total_memory))
+    cap_fraction(cap, device)
     policy = {"offload_policy": CPUOffloadPolicy(),
               "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                 reduce_dtype=torch.float32)}
@@ -170,17 +191,25 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--loss-chunks", type=int, default=16)
+    p.add_argument("--mode", choices=("arena", "eager"), default="arena",
+                   help="ours: the Trainer's default run mode (arena), or eager on torch's "
+                   "caching allocator capped at --cap (no arena to pack)")
     p.add_argument("--time-limit", type=float, default=300.0, help="solver seconds")
     p.add_argument("--plans", help="plan cache folder (a second run starts without solving)")
     p.add_argument("--small", action="store_true", help="tiny model on the CPU")
+    p.add_argument("--size", choices=tuple(SIZES), default="3b",
+                   help="3b (default); medium: 0.3B, to follow host memory on a CPU")
     args = p.parse_args(argv)
-    size = SIZES["small" if args.small else "3b"]
-    args.device = "cpu" if args.small else "cuda"
+    # the minutes of a 3B capture, profile and solve, stamped as they pass
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    size = SIZES["small" if args.small else args.size]
+    args.device = "cpu" if args.small or not torch.cuda.is_available() else "cuda"
     if args.small:
         args.cap = "3MiB"
     if args.part == "fsdp" and args.small:
         p.error("--part fsdp needs a GPU (FSDP2's CPU offload)")
-    if args.part == "ours" and not args.small:  # before CUDA starts: the placed allocator
+    # before CUDA starts: the placed allocator
+    if args.part == "ours" and args.device == "cuda" and args.mode == "arena":
         from autotm_py.pipeline import prepare_cuda
         from autotm_py.trainer.loop import GPU_MODE
 

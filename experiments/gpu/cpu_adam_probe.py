@@ -1,0 +1,60 @@
+"""How fast the host can run AdamW (issue 49 item 1: the optimizer step on the CPU): torch's
+AdamW on fp32 parameters, gradients and moments in host memory, `foreach` (FSDP2's CPU
+offload runs this one) and `fused`, on this machine's cores, in parameters per second.
+
+    python3 experiments/gpu/cpu_adam_probe.py OUT.json [--billions 1.0] [--steps 4]
+
+The parameters are split in tensors of 3072 x 3072 (a 3B decoder's projection) so that the
+time per parameter is that of a real model's update; the median of the steps after the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+TILE = 3072 * 3072
+
+
+def probe(variant: str, params: list[torch.Tensor], steps: int) -> dict[str, float]:
+    for p in params:
+        p.grad = torch.randn_like(p).mul_(1e-3)
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1,
+                            **{variant: True})
+    seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        opt.step()
+        seconds.append(time.perf_counter() - start)
+    numel = sum(p.numel() for p in params)
+    step_s = statistics.median(seconds[1:] or seconds)
+    del opt
+    return {"step_s": step_s, "seconds": seconds, "params_per_s": numel / step_s}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--billions", type=float, default=1.0)
+    p.add_argument("--steps", type=int, default=4)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    params = [torch.randn(TILE).mul_(0.02) for _ in range(int(args.billions * 1e9) // TILE)]
+    row = {"threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+           "params": sum(t.numel() for t in params)}
+    for variant in ("foreach", "fused"):
+        row[variant] = probe(variant, params, args.steps)
+        print(variant, json.dumps({k: v for k, v in row[variant].items() if k != "seconds"}),
+              flush=True)
+    args.out.write_text(json.dumps(row, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
