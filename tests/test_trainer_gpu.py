@@ -22,6 +22,8 @@ def test_the_trainer_on_cuda_follows_pytorch(name):
     run = in_own_process("tests.test_trainer_gpu", "train_both", name)
     assert run["replayed"], run["notes"]
     assert run["placed"], run["notes"]  # made before the process used CUDA: outputs placed
+    # weights and optimizer state were uploaded once: no pinned staging copy of them is kept
+    assert run["staged_carried"] == 0, run
     _follows(run)
 
 
@@ -84,4 +86,6 @@ def train_both(name: str, cuda_first: bool = False) -> dict:
             "placed": trainer.loop.executor.memory.placed is not None,
             "moves_and_recomputes": sum(1 for _ in plan.moves())
             + sum(1 for _ in plan.recomputes()),
-            "notes": trainer.notes}
+            "notes": trainer.notes,
+            "staged_carried": len(trainer.loop.executor.uploads.staged
+                                  & {first for first, _ in trainer.graph.carried})}

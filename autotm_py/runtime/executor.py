@@ -120,6 +120,7 @@ class Executor(PlanInterpreter):
         self.kernel_ranges = kernel_ranges
         self.state = State()
         self.carry: dict[int, tuple[str, torch.Tensor]] = {}
+        self._carried = frozenset(first for first, _ in graph.carried)
         self.streams = _Streams(*side_streams(self.device)[:2]) if self.cuda else None
         offsets, nbytes = slow_tier_layout(graph, plan)
         self.pool = PinnedPool(offsets, nbytes, pin=self.cuda)
@@ -175,7 +176,9 @@ class Executor(PlanInterpreter):
                 self._store(tier)[tid] = carried[1]
             else:
                 source = carried[1] if carried is not None else self.masters[tid]
-                self._store(tier)[tid] = self._materialize(tid, source, tier)
+                # a carried tensor's master is uploaded once: later steps start from the carry
+                once = carried is None and tid in self._carried
+                self._store(tier)[tid] = self._materialize(tid, source, tier, once)
 
     def _in_place(self, tid: int, tier: str, value: torch.Tensor) -> bool:
         """Whether a carried value already sits where the plan starts `tid` in `tier` (always,
@@ -207,12 +210,13 @@ class Executor(PlanInterpreter):
                 stream.wait_event(event)
         self.state.busy = [(v, e) for v, e in self.state.busy if e not in self.state.joined]
 
-    def _materialize(self, tid: int, source: torch.Tensor, tier: str) -> torch.Tensor:
+    def _materialize(self, tid: int, source: torch.Tensor, tier: str, once: bool = False
+                     ) -> torch.Tensor:
         dst = self.pool.view(tid, self.graph.tensors[tid]) if tier == SLOW else \
             self.fast_slot(tid)
         if self.uploads is not None and tier == FAST and source.device.type == "cpu":
             dst = torch.empty_like(source, device=self.device) if dst is None else dst
-            self.uploads.copy(tid, source, dst)
+            self.uploads.copy(tid, source, dst, once)
             return dst
         if dst is None:
             return source.to(self.device, copy=True)

@@ -81,15 +81,24 @@ class HostUploads:
     buffers, and torch changes a layout on the host through a pageable temporary: ResNet-200's
     38 MB batch held the host 12-15 ms a step on the H200 (2026-12-04), its replayed step's
     kernels 47 ms. Like `x.to("cuda", non_blocking=True)`, the copy reads a pinned source
-    after the call returns: do not write into it before the step's result is read."""
+    after the call returns: do not write into it before the step's result is read. `once`: a
+    value uploaded a single time (a carried tensor's first value: a weight, optimizer state) is
+    copied synchronously and keeps no staging buffer, which would otherwise hold a pinned host
+    copy of everything the plan starts in fast memory for the whole run (gigabytes on a model
+    of billions of parameters)."""
 
     def __init__(self) -> None:
         self._staging: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}
 
-    def copy(self, tid: int, source: torch.Tensor, dst: torch.Tensor) -> None:
+    def copy(self, tid: int, source: torch.Tensor, dst: torch.Tensor, once: bool = False
+             ) -> None:
         if source.is_pinned() and source.stride() == dst.stride() and \
                 source.dtype == dst.dtype:
             dst.copy_(source, non_blocking=True)
+            return
+        if once:
+            self._staging.pop(tid, None)
+            dst.copy_(source)
             return
         buffer = self._buffer(tid, dst)
         buffer.copy_(source)
@@ -97,6 +106,11 @@ class HostUploads:
         uploaded = torch.cuda.Event()
         uploaded.record()
         self._staging[tid] = (buffer, uploaded)
+
+    @property
+    def staged(self) -> frozenset[int]:
+        """The tensors whose staging buffers are kept (those uploaded at every step)."""
+        return frozenset(self._staging)
 
     def _buffer(self, tid: int, dst: torch.Tensor) -> torch.Tensor:
         """`tid`'s staging buffer, laid out as `dst`, once its last upload has read it."""
