@@ -4,6 +4,7 @@ with weights and carried pairs (training-like), and a large layered net for buil
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from autotm_py.costs import KernelCosts
 from autotm_py.ir import GraphBuilder, Role, TensorGraph
@@ -192,3 +193,23 @@ def costs_for(graph: TensorGraph, device: str = "cuda", seed: int = 0,
         nbytes = sum(graph.tensors[t].nbytes for t in k.io)
         times.append(scale_s * (0.2 + nbytes / 2**20) * rng.uniform(0.5, 1.5))
     return KernelCosts.from_times(device, times)
+
+
+def sync_and_async_at_a_third(blocks: int) -> tuple[Any, Any]:
+    """The sync model of a DenseNet-like training graph (`layered_net`, GPU mode: a host-mode
+    plan reads slow memory in place and has no copies to overlap) at a third of its peak,
+    solved, and its async model (2 candidates, nothing applied): where the async search's
+    starts are tested."""
+    from autotm_py.machine import MachineModel
+    from autotm_py.memory.tiers import preset
+    from autotm_py.planning import formulation
+    from autotm_py.planning.solvers import run_solver
+
+    g = layered_net(blocks, width=3, kib=256)
+    costs = costs_for(g, "cuda")
+    memory = preset("h100-pcie5")
+    probe = MachineModel(g, memory, costs)
+    machine = MachineModel(g, memory.with_budget(probe.peak[0] // 3), costs)
+    sync = formulation.build(machine, "sync", 15)
+    run_solver(sync.prob, "highs", gap=0.0, time_limit=60)
+    return sync, formulation.build(machine, "async", 15, candidates=2)

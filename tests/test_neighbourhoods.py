@@ -12,23 +12,16 @@ from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import preset
 from autotm_py.options import RunMode
 from autotm_py.pipeline import optimize, simulate
-from autotm_py.planning import formulation, local_search, neighbourhoods, solve, warmstart
+from autotm_py.planning import local_search, neighbourhoods, solve, warmstart
 from autotm_py.planning.local_search import improve_in_neighbourhoods
 from autotm_py.planning.solvers import run_solver
-from tests.graphs import costs_for, layered_net
+from tests.graphs import costs_for, layered_net, sync_and_async_at_a_third
 
 
 def _async_model_started_from_sync(blocks: int = 4):
     """The async model of a DenseNet-like training graph at a third of its peak, holding the
     sync plan (a feasible point, slower than the async optimum: its copies block)."""
-    g = layered_net(blocks, width=3, kib=256)
-    costs = costs_for(g, "cuda")
-    memory = preset("h100-pcie5")
-    probe = MachineModel(g, memory, costs)
-    machine = MachineModel(g, memory.with_budget(probe.peak[0] // 3), costs)
-    sync = formulation.build(machine, "sync", 15)
-    run_solver(sync.prob, "highs", gap=0.0, time_limit=60)
-    f = formulation.build(machine, "async", 15, candidates=2)
+    sync, f = sync_and_async_at_a_third(blocks)
     assert warmstart.apply(f, warmstart.events_of(sync))
     return f
 

@@ -21,7 +21,7 @@ from autotm_py.planning.gadgets import ASYNC, NONE, SYNC, tensor_gadgets
 from autotm_py.planning.paths import DROP, F0, NK, READ, S, build_paths
 from autotm_py.planning.solvers import parse_cbc_log
 from autotm_py.units import parse_ratio
-from tests.graphs import costs_for, layered_net, small_training
+from tests.graphs import costs_for, layered_net, small_training, sync_and_async_at_a_third
 from tests.synthetic import chain
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,14 +242,7 @@ def test_overlapping_the_sync_plans_copies_gives_a_faster_feasible_start():
     from autotm_py.planning import warmstart
     from autotm_py.planning.solvers import run_solver
 
-    g = layered_net(3, width=3, kib=256)  # GPU mode: a host-mode plan reads slow memory
-    costs = costs_for(g, "cuda")            # in place, and has no copies to overlap
-    memory = preset("h100-pcie5")
-    probe = MachineModel(g, memory, costs)
-    machine = MachineModel(g, memory.with_budget(probe.peak[0] // 3), costs)
-    sync = formulation.build(machine, "sync", 15)
-    run_solver(sync.prob, "highs", gap=0.0, time_limit=60)
-    asyn = formulation.build(machine, "async", 15, candidates=2)
+    sync, asyn = sync_and_async_at_a_third(3)
     base = warmstart.events_of(sync)
     assert warmstart.apply(asyn, base)
     blocking = warmstart.objective_value(asyn)
