@@ -22,13 +22,19 @@ Every part runs `--steps` steps on the same seeded batches from the same seeded 
 writes step times (median after the first three), tokens/s, the loss of every step, the
 process's peak host memory (VmHWM) and the GPU's reserved peak to OUT.json as it goes.
 
-Expected on an H200 (not yet measured): capture ~3 min, kernel profiling ~2 min, the solve a
-few minutes on its 16 cores; each step ~1-2 s: run one part per device command.
+Seen on an H200 (2026-12-04, experiments/results/beyond_card/2026-12-04/calls.txt): building
+and capturing the 3.33B model ~3 min, its 59 kernels profiled in seconds, the solve and the
+arena's fit loop ~5 min at `--time-limit 150` (four solves); uncapped 0.40 s a step at batch 4,
+FSDP 6.4 s. Run one part per device command; carry the profile and plan caches between calls
+(`XDG_CACHE_HOME`, `--plans`) so that `ours` starts without solving.
 
     python3 experiments/gpu/beyond_card.py OUT.json --part ours --cap 24GiB [--steps 20]
     python3 experiments/gpu/beyond_card.py OUT.json --part uncapped
     python3 experiments/gpu/beyond_card.py OUT.json --part fsdp --cap 24GiB
     python3 experiments/gpu/beyond_card.py OUT.json --small --part ours   # CPU smoke test
+`--mode eager`: ours on torch's caching allocator capped at the budget instead of the arena
+(it ran out of memory in its first step at 24 GiB). `--size medium`: a 0.3B model, to follow
+host memory on a CPU.
 `--small`: a 4-layer, 128-wide model on the CPU (fsdp is not run there): checks the script.
 """
 
