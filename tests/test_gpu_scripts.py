@@ -489,3 +489,20 @@ def test_trainer_kernels_counts_the_outputs_copied_into_their_slots_by_op():
     assert {"Gemm", "GemmGradB"} <= set(found), found
     assert "_in_slot" not in vars(ex) and "finish" not in vars(ex)
     assert trainer.steps == 1
+
+
+def test_beyond_card_trains_its_small_decoder_under_a_budget_and_writes_every_step(tmp_path):
+    """Issue 49's harness on the CPU (`--small`): the Trainer's part writes its losses, step
+    times, plan facts and host peak, and says each step as it goes (a device call cut short
+    still reports what it measured)."""
+    out = tmp_path / "ours.json"
+    run = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu" / "beyond_card.py"),
+                          str(out), "--small", "--part", "ours", "--steps", "3",
+                          "--plans", str(tmp_path / "plans")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert len(re.findall(r"^step \d: loss", run.stdout, re.M)) == 3
+    row = json.loads(out.read_text())["ours"]
+    assert len(row["losses"]) == 3 and all(x > 0 for x in row["losses"])
+    assert row["budget_bytes"] < row["peak_bytes"] and "moves" in row["describe"]
+    assert row["host_peak_bytes"] > 0 and row["tokens_per_s"] > 0
