@@ -3,14 +3,16 @@
 `StateMap.of(graph, captured, module, optimizer)` pairs every weight of the training graph
 with the module tensor it comes from (a parameter, or a buffer such as BatchNorm's running
 statistics), the optimizer's state tensors with the torch optimizer's per-parameter state,
-and names the graph's inputs, labels, learning rate and loss. `masters` gives the values an
-iteration starts from; `write_back` puts a run's final values into the module and optimizer.
+and names the graph's inputs, labels, learning rate and loss. `master` gives the value a
+tensor starts the first iteration from (`Masters`: all of them, each made when the executor
+places it); `write_back` puts a run's final values into the module and optimizer.
 
 A graph weight is the module tensor itself, or one the importer derived from it by layout ops
 (a Linear exported as `MatMul(X, Transpose(W))` holds W^T: `frontend.weights`); its value
-goes through the same ops, and back through their inverse (`_Layout`: where each element of
-the graph weight comes from). A module tensor must become exactly one graph weight: two
-(a tied weight read once directly and once transposed) would train as two.
+goes through the same ops, and back through their inverse (`WeightSource`: the axes a chain
+of transposes permutes, else where each element of the graph weight comes from). A module
+tensor must become exactly one graph weight: two (a tied weight read once directly and once
+transposed) would train as two.
 """
 
 from __future__ import annotations
