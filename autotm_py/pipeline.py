@@ -93,9 +93,12 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
 ARENA_SOLVES = 4
 ARENA_SLACK = 0.002
 # Graphs of this many kernels or more are first planned with this share of the arena held back
-# (a re-solve of theirs repeats minutes of search; docs/planning.md, "Neighbourhood search")
+# (a re-solve of theirs repeats minutes of search; docs/planning.md, "Neighbourhood search").
+# 3% until the skyline packing (`arena.packing.skyline`) packed such plans within 0.02% of
+# their live peak: 0.5% gave a 3.3B decoder's plan at 24 GiB 2.5% less predicted time
+# (docs/planning.md, "The skyline packing").
 FIRST_FIT_MARGIN_KERNELS = 1000
-FIRST_FIT_MARGIN = 0.03
+FIRST_FIT_MARGIN = 0.005
 
 
 def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | None = None,

@@ -39,28 +39,18 @@ Lifetimes, in half-steps (record i spans [2i, 2i + 2)):
 - a view of its input's bytes (a reshape, `SAME_BYTES_VIEWS`) whose input dies at it takes
   the input's slot in place too (`_alias_views`): the executor finds it there, uncopied;
 
-Packing: items (a buffer, or the two pieces of a steady pair) are placed largest first, each at
-the lowest offset where it overlaps no placed item live at the same time (greedy by size, as
-offline tensor allocators do). Where that leaves holes (the arena above the live peak, which no
-packing can beat), orders drawn at random around largest-first are tried too, with a fixed seed
-and a number of tries that shrinks with the square of the buffer count (`random_orders`), and
-the tightest packing is kept: a plan with a few huge buffers packs far tighter that way (VGG19
-b64's plans at 86 and 90%: greedy 14.1% and 13.5% over the live peak, the search 2.1% and 0.1%),
-while one with thousands of buffers, where greedy already packs within 0.2%, gets two tries.
-Greedy tries equal sizes earliest first, then longest first (`greedy_by_size`), and the fit loop
-passes its limit: the search stops at the first packing within it. Offsets are multiples of
-`ALIGN_BYTES`, as sizes are.
+Packing (`arena.packing`): every item (a buffer, or the two pieces of a steady pair) gets an
+offset where it meets no item live at the same time, as tight as the search finds; offsets are
+multiples of `ALIGN_BYTES`, as sizes are.
 """
 
 from __future__ import annotations
 
 import bisect
-import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from autotm_py.arena.packing import extent, tightest_packing
 from autotm_py.errors import PlanError
 from autotm_py.interpreter import PlanInterpreter
 from autotm_py.memory.accounting import ALIGN_BYTES
@@ -345,135 +335,8 @@ def pack(machine: MachineModel, plan: Plan, limit: int | None = None) -> ArenaLa
                        tuple(buffers + region))
 
 
-# Random packing orders tried beside greedy by size: about this many buffer pairs compared in
-# all (a packing compares each buffer with those placed before it), at most MAX_RANDOM_ORDERS
-# orders: 1024 for VGG19's 250 buffers (3.3-3.6 s on the 2-core development VM),
-# 2 for ResNet-200's 5000.
-RANDOM_ORDER_PAIRS = 64_000_000
-MAX_RANDOM_ORDERS = 1024
-# each try scales every item's size by a factor drawn from this range before sorting
-ORDER_NOISE = (0.5, 1.5)
-
-
-def tightest_packing(life: Lifetimes, limit: int | None = None) -> list[int]:
-    """The offsets of the tightest packing found: greedy by size (`greedy_by_size`), then,
-    while the packing is above the live peak, orders drawn at random around largest-first
-    (module docstring). `limit`: stop at the first packing whose extent is within it (never
-    below the live peak): where greedy fits, the fit loop no longer waits for the random
-    orders (29 tries, 3 s, on the ResNet-50 b32 quick start's 1485 buffers). Deterministic:
-    the seed is fixed and the number of tries depends on the buffer count only."""
-    items = _items(life)
-    goal = life.live_peak() if limit is None else max(limit, life.live_peak())
-    best = greedy_by_size(life, goal)
-    best_extent = extent(life, best)
-    rng = random.Random(0)
-    for _ in range(random_orders(len(life.spans))):
-        if best_extent <= goal:
-            break
-        order = sorted(items, key=lambda it: -life.spans[it[0]].nbytes * rng.uniform(*ORDER_NOISE))
-        offsets = _place(life, order, tightest=rng.random() < 0.5)
-        tried = extent(life, offsets)
-        if tried < best_extent:
-            best, best_extent = offsets, tried
-    return best
-
-
-def greedy_by_size(life: Lifetimes, goal: int = 0) -> list[int]:
-    """Largest first, each item in the lowest gap or in the tightest (the lowest is usually
-    tighter; where it is not, the other saves a re-solve: Inception-v4 b64 at 33%, 2509
-    against 2592 MiB), equal sizes earliest first, then longest first: the tightest of these,
-    or the first within `goal`. Equal sizes are common (a network's repeated layers), and
-    their order decides where the small long-lived buffers land: longest first packed
-    ResNet-50 b32's fp32 plan at 1:3 at its live peak, earliest first 18.9 MB (0.35%) above
-    it, beyond what the fit loop's budget left (2026-12-03)."""
-    best: list[int] | None = None
-    for order in (largest_first(life), largest_first(life, longest=True)):
-        for tightest in (False, True):
-            offsets = _place(life, order, tightest)
-            if best is None or extent(life, offsets) < extent(life, best):
-                best = offsets
-            if extent(life, best) <= goal:
-                return best
-    assert best is not None
-    return best
-
-
-def largest_first(life: Lifetimes, longest: bool = False) -> list[tuple[int, ...]]:
-    """The items to place, largest first (the earlier first among equals; `longest`: the
-    longer-lived first, then the earlier)."""
-    def key(it: tuple[int, ...]) -> tuple[int, int, int]:
-        start = _start(life, it)
-        length = max(life.spans[i].end for i in it) - start if longest else 0
-        return -life.spans[it[0]].nbytes, -length, start
-
-    return sorted(_items(life), key=key)
-
-
-def random_orders(buffers: int) -> int:
-    """How many random packing orders to try for this many buffers."""
-    return min(MAX_RANDOM_ORDERS, RANDOM_ORDER_PAIRS // max(buffers * buffers, 1))
-
-
-def extent(life: Lifetimes, offsets: list[int]) -> int:
-    """The arena bytes a packing takes: the top of its highest buffer."""
-    return max((offsets[i] + s.nbytes for i, s in enumerate(life.spans)), default=0)
-
-
 def _aligned(n: int) -> int:
     return -(-int(n) // ALIGN_BYTES) * ALIGN_BYTES
-
-
-def _items(life: Lifetimes) -> list[tuple[int, ...]]:
-    """What is placed: each steady group (its spans share one offset), and each other span."""
-    grouped = {i for group in life.groups for i in group}
-    return [*life.groups, *((i,) for i in range(len(life.spans)) if i not in grouped)]
-
-
-def _start(life: Lifetimes, item: tuple[int, ...]) -> int:
-    return min(life.spans[i].start for i in item)
-
-
-def _place(life: Lifetimes, items: Sequence[tuple[int, ...]], tightest: bool = False
-           ) -> list[int]:
-    """Each item in the given order at the lowest offset where it overlaps no item placed
-    before it that is live at the same time (`tightest`: in the smallest such gap between
-    them, else above them all). Largest first, equal sizes in time order, is the greedy by
-    size: for same-sized buffers, lowest-offset-first in order of start is the optimal
-    colouring of an interval graph."""
-    spans = life.spans
-    n = len(spans)
-    starts, ends = np.empty(n, np.int64), np.empty(n, np.int64)
-    lows, highs = np.empty(n, np.int64), np.empty(n, np.int64)
-    placed = 0
-    offsets = [0] * n
-    for item in items:
-        size = spans[item[0]].nbytes
-        busy = np.zeros(placed, dtype=bool)
-        for i in item:
-            busy |= (starts[:placed] < spans[i].end) & (ends[:placed] > spans[i].start)
-        offset = _lowest_gap(lows[:placed][busy], highs[:placed][busy], size, tightest)
-        for i in item:
-            offsets[i] = offset
-            starts[placed], ends[placed] = spans[i].start, spans[i].end
-            lows[placed], highs[placed] = offset, offset + size
-            placed += 1
-    return offsets
-
-
-def _lowest_gap(lows: np.ndarray, highs: np.ndarray, size: int, tightest: bool = False) -> int:
-    """The lowest offset where [offset, offset + size) meets none of the [low, high) ranges;
-    `tightest`: the start of the smallest gap between them that holds it, if any."""
-    order = np.argsort(lows, kind="stable")
-    offset = 0
-    best: tuple[int, int] | None = None  # (gap, offset)
-    for low, high in zip(lows[order].tolist(), highs[order].tolist(), strict=True):
-        if offset + size <= low:
-            if not tightest:
-                break
-            if best is None or low - offset < best[0]:
-                best = (low - offset, offset)
-        offset = max(offset, high)
-    return best[1] if best is not None else offset
 
 
 def overlapping(layout: ArenaLayout, life: Lifetimes) -> tuple[Span, Span] | None:
