@@ -213,3 +213,21 @@ def sync_and_async_at_a_third(blocks: int) -> tuple[Any, Any]:
     sync = formulation.build(machine, "sync", 15)
     run_solver(sync.prob, "highs", gap=0.0, time_limit=60)
     return sync, formulation.build(machine, "async", 15, candidates=2)
+
+
+def first_packing_leaves_holes(monkeypatch: Any) -> None:
+    """The fit loop's first packing places the buffers smallest first, which leaves holes, and
+    the later ones are the search's (`arena.packing.tightest_packing`): a plan that would pack
+    at once is solved again, for the tests of the fit loop's re-solves."""
+    from autotm_py import arena
+    from autotm_py.arena import packing
+
+    search, calls = arena.tightest_packing, []
+
+    def holes_first(life: Any, limit: int | None = None) -> list[int]:
+        calls.append(life)
+        if len(calls) > 1:
+            return search(life, limit)
+        return packing._place(life, packing.largest_first(life)[::-1])
+
+    monkeypatch.setattr(arena, "tightest_packing", holes_first)

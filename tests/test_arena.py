@@ -35,7 +35,7 @@ from autotm_py.pipeline import (
 from autotm_py.plan import INITIAL, SCRATCH, ArenaBuffer, Compute, Move, Plan
 from autotm_py.planning.feasibility import min_feasible_budget
 from autotm_py.runtime.simulate import Simulator
-from tests.graphs import costs_for, random_training, small_training
+from tests.graphs import costs_for, first_packing_leaves_holes, random_training, small_training
 from tests.synthetic import random_dag
 
 ARENA_RULES = ("offset", "overlaps", "scratch", "slot", "arena of")
@@ -454,22 +454,10 @@ def test_scratch_buffers_belong_to_computes():
 
 
 def test_the_planner_solves_again_until_the_packing_fits(monkeypatch):
-    from autotm_py import arena
-    from autotm_py.arena import packing
     from autotm_py.ir.training import derive_training
     from tests.test_training_models import tiny_decoder
 
-    # the first packing is smallest first, which leaves holes; the later ones are the search's
-    packings = []
-    search = arena.tightest_packing
-
-    def holes_first(life, limit=None):
-        packings.append(life)
-        if len(packings) > 1:
-            return search(life, limit)
-        return packing._place(life, packing.largest_first(life)[::-1])
-
-    monkeypatch.setattr(arena, "tightest_packing", holes_first)
+    first_packing_leaves_holes(monkeypatch)
     graph = derive_training(tiny_decoder(), optimizer="adam")
     costs = costs_for(graph)
     base = (graph.max_working_set[0] + graph.peak_live_bytes) // 2

@@ -201,13 +201,14 @@ def test_optimize_says_which_layout_it_took(tmp_path, capsys):
 
 def test_the_fit_loops_solves_share_one_time_limit(monkeypatch):
     """An arena plan whose packing does not fit is solved again (`pipeline.fit_arena`): the
-    re-solve gets what is left of --time-limit, at least a quarter of it, not the whole again."""
+    re-solve gets what is left of --time-limit, at least a quarter of it, not the whole again
+    (the first packing leaves holes: `first_packing_leaves_holes`)."""
     import time
     from dataclasses import replace
 
     from autotm_py.ir.training import derive_training
     from autotm_py.planning import SolveControl, solve
-    from tests.graphs import costs_for
+    from tests.graphs import costs_for, first_packing_leaves_holes
     from tests.test_training_models import tiny_decoder
 
     assert PlanConfig(time_limit_s=300).time_left(100).time_limit_s == 200
@@ -227,6 +228,7 @@ def test_the_fit_loops_solves_share_one_time_limit(monkeypatch):
         return real(machine, config, control, **kw)
 
     monkeypatch.setattr(solve, "plan", noted)
+    first_packing_leaves_holes(monkeypatch)
     control = SolveControl(time_limit_s=40.0)
     control._progress = replace(control.progress, started=time.monotonic() - 38.0)
     result = pipeline.optimize(graph, config, costs=costs, control=control)

@@ -11,7 +11,7 @@ the square of the buffer count (`random_orders`); the tightest packing is kept. 
 few huge buffers packs far tighter with the random orders (VGG19 b64's plans at 86 and 90%:
 greedy 14.1% and 13.5% over the live peak, the search 2.1% and 0.1%); one with thousands of
 long-lived small buffers with the skyline (a 3.3B decoder's Adam plan: greedy 1.2% over, the
-skyline at the peak; Inception-v4 b64's at 33%: 0.66% and at the peak). Greedy tries equal
+skyline at the peak; Inception-v4 b64's at 33%: 0.6-1.0% and at the peak). Greedy tries equal
 sizes earliest first, then longest first (`greedy_by_size`), and the fit loop passes its limit:
 the search stops at the first packing within it.
 """
