@@ -594,7 +594,7 @@ def test_the_skyline_packs_a_pair_that_wraps_the_iteration_as_one_arc():
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(rows=st.lists(st.tuples(st.integers(0, 18), st.integers(1, 8), st.integers(1, 6)),
-                     min_size=1, max_size=12),
+                     max_size=12),
        pairs=st.lists(st.tuples(st.integers(0, 9), st.integers(10, 19), st.integers(1, 6)),
                       max_size=3))
 def test_skyline_offsets_never_overlap(rows, pairs):

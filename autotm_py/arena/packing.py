@@ -92,6 +92,8 @@ def skyline(life: Lifetimes, exponent: float = 0.5,
     3.3B decoder's bf16 Adam plan at 24 GiB, 4912 buffers; a 6-layer one's at 8 GiB), this
     packs at the peak (2026-12-04)."""
     arcs = _arcs(life)
+    if not arcs:
+        return []
     period = life.end + 2  # half-steps -2 .. end - 1
     starts, lengths, sizes = (np.array(column, np.int64) for column in zip(*arcs, strict=True))
     weight = sizes * lengths.astype(np.float64) ** exponent

@@ -25,8 +25,11 @@ process's peak host memory (VmHWM) and the GPU's reserved peak to OUT.json as it
 Seen on an H200 (2026-12-04, experiments/results/beyond_card/2026-12-04/calls.txt): building
 and capturing the 3.33B model ~3 min, its 59 kernels profiled in seconds, the solve and the
 arena's fit loop ~5 min at `--time-limit 150` (four solves); uncapped 0.40 s a step at batch 4,
-FSDP 6.4 s. Run one part per device command; carry the profile and plan caches between calls
-(`XDG_CACHE_HOME`, `--plans`) so that `ours` starts without solving.
+FSDP 6.4 s. Since the skyline packing (docs/planning.md, 2026-12-04 seventh session) the
+first solve's plan should pack (the same decoder cut to 6 layers does on the CPU: one solve
+instead of two), so `ours` should plan in about `--time-limit` seconds; not yet seen on the
+H200. Run one part per device command; carry the profile and plan caches between calls
+(`XDG_CACHE_HOME`, `--plans`) so that a rerun of `ours` starts without solving.
 
     python3 experiments/gpu/beyond_card.py OUT.json --part ours --cap 24GiB [--steps 20]
     python3 experiments/gpu/beyond_card.py OUT.json --part uncapped
