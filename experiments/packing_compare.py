@@ -20,7 +20,8 @@ Cases (each plans for one to five minutes on a 2-core machine):
 - trainer6, trainer10: the Trainer's capture of experiments/gpu/beyond_card.py's decoder cut to
   6 or 10 layers (d=3072, sequence 2048, batch 4, bf16, AdamW, the loss in 16 blocks), under 8
   or 12 GiB (100 s); the capture of 6 layers holds about 11.5 GB of host memory.
-Each row also says how many solves the fit loop made and the plan's predicted time.
+Each row lists every packing asked for (the fit loop's solves, then the neighbourhood search's
+plan), the plan's predicted time and its arena notes.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ TRAINER_CUTS = {"trainer6": (6, 8 << 30), "trainer10": (10, 12 << 30)}
 
 @dataclass(frozen=True)
 class Case:
-    name: str
     budget: str | float | int  # a ratio, a share of the peak, or bytes
     time_limit_s: float
     layout: bool = True  # channels-last where the H200's profiles have it (optimize's default)
@@ -106,21 +106,21 @@ def trainer_graph(layers: int) -> Any:
 def graphs(name: str, folder: Path) -> list[tuple[str, Any, Case]]:
     """(row name, graph, case) for one case name (the U-Net gives two budgets)."""
     if name == "gpt3b":
-        return [(name, gpt3b_graph(folder), Case(name, 24 << 30, 150.0))]
+        return [(name, gpt3b_graph(folder), Case(24 << 30, 150.0))]
     if name == "resnet200":
-        return [(name, zoo_graph("resnet200", 64, "bf16", "adam"), Case(name, 0.25, 60.0))]
+        return [(name, zoo_graph("resnet200", 64, "bf16", "adam"), Case(0.25, 60.0))]
     if name == "inception_v4":
-        return [(name, zoo_graph("inception_v4", 64, "fp32", "sgd"), Case(name, 0.33, 60.0))]
+        return [(name, zoo_graph("inception_v4", 64, "fp32", "sgd"), Case(0.33, 60.0))]
     if name == "resnet50":
-        return [(name, zoo_graph("resnet50", 32, "fp32", "sgd"), Case(name, "1:3", 60.0))]
+        return [(name, zoo_graph("resnet50", 32, "fp32", "sgd"), Case("1:3", 60.0))]
     if name == "vgg19":
-        return [(name, zoo_graph("vgg19", 64, "fp32", "sgd"), Case(name, 0.86, 60.0))]
+        return [(name, zoo_graph("vgg19", 64, "fp32", "sgd"), Case(0.86, 60.0))]
     if name == "unet":
         graph = unet_graph(folder)
-        return [(f"unet@{b}", graph, Case(name, b, 30.0, layout=False)) for b in UNET_BUDGETS]
+        return [(f"unet@{b}", graph, Case(b, 30.0, layout=False)) for b in UNET_BUDGETS]
     if name in TRAINER_CUTS:
         layers, budget = TRAINER_CUTS[name]
-        return [(name, trainer_graph(layers), Case(name, budget, 100.0))]
+        return [(name, trainer_graph(layers), Case(budget, 100.0))]
     raise SystemExit(f"unknown case {name!r}")
 
 

@@ -52,6 +52,7 @@ def tightest_packing(life: Lifetimes, limit: int | None = None) -> list[int]:
     1485 buffers). Deterministic: the seed is fixed and the number of tries depends on the
     buffer count only."""
     goal = life.live_peak() if limit is None else max(limit, life.live_peak())
+    items = _items(life)
     best = greedy_by_size(life, goal)
     best_extent = extent(life, best)
     rng = random.Random(0)
@@ -59,22 +60,23 @@ def tightest_packing(life: Lifetimes, limit: int | None = None) -> list[int]:
         if best_extent <= goal:
             break
         offsets = skyline(life) if attempt == 0 else \
-            _random_packing(life, rng, noisy_skyline=attempt % 2 == 1)
+            _random_packing(life, items, rng, noisy_skyline=attempt % 2 == 1)
         tried = extent(life, offsets)
         if tried < best_extent:
             best, best_extent = offsets, tried
     return best
 
 
-def _random_packing(life: Lifetimes, rng: random.Random, noisy_skyline: bool) -> list[int]:
-    """One try of the search: greedy over an order drawn around largest-first, or
+def _random_packing(life: Lifetimes, items: list[tuple[int, ...]], rng: random.Random,
+                    noisy_skyline: bool) -> list[int]:
+    """One try of the search (`items`: `_items(life)`): greedy over an order drawn around
+    largest-first, or
     `skyline` with a lifetime exponent drawn from SKYLINE_EXPONENTS and each item's weight
     scaled by a factor from SKYLINE_NOISE."""
     if noisy_skyline:
         exponent = rng.choice(SKYLINE_EXPONENTS)
         return skyline(life, exponent, lambda n: [rng.uniform(*SKYLINE_NOISE) for _ in range(n)])
-    order = sorted(_items(life),
-                   key=lambda it: -life.spans[it[0]].nbytes * rng.uniform(*ORDER_NOISE))
+    order = sorted(items, key=lambda it: -life.spans[it[0]].nbytes * rng.uniform(*ORDER_NOISE))
     return _place(life, order, tightest=rng.random() < 0.5)
 
 
@@ -91,7 +93,8 @@ def skyline(life: Lifetimes, exponent: float = 0.5,
     boundary is one arc. Where greedy by size left 1.2-4% above the live peak (a 28-layer
     3.3B decoder's bf16 Adam plan at 24 GiB, 4912 buffers; a 6-layer one's at 8 GiB), this
     packs at the peak (2026-12-04)."""
-    arcs = _arcs(life)
+    items = _items(life)
+    arcs = _arcs(life, items)
     if not arcs:
         return []
     period = life.end + 2  # half-steps -2 .. end - 1
@@ -102,7 +105,6 @@ def skyline(life: Lifetimes, exponent: float = 0.5,
     height = np.zeros(period, np.int64)
     left = np.ones(len(arcs), dtype=bool)
     offsets = [0] * len(life.spans)
-    items = _items(life)
     while left.any():
         low = int(np.argmin(height))
         base = int(height[low])
@@ -119,14 +121,14 @@ def skyline(life: Lifetimes, exponent: float = 0.5,
     return offsets
 
 
-def _arcs(life: Lifetimes) -> list[tuple[int, int, int]]:
-    """(first half-step + 2, length, bytes) of each item (`_items`) on the circular time of
+def _arcs(life: Lifetimes, items: list[tuple[int, ...]]) -> list[tuple[int, int, int]]:
+    """(first half-step + 2, length, bytes) of each of `items` (`_items`) on the circular time of
     `skyline`: a steady pair's two pieces are one arc when they wrap the boundary (the tail,
     to the end, then the head, from the start), else the span from its first start to its
     last end."""
     period = life.end + 2
     arcs = []
-    for item in _items(life):
+    for item in items:
         spans = [life.spans[i] for i in item]
         if len(spans) == 2 and spans[1].start >= spans[0].end:
             head, tail = spans
