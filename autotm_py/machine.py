@@ -57,6 +57,7 @@ import numpy as np
 from autotm_py.config import GPU_DEVICE_BYTES
 from autotm_py.costs import REPLAY_TO_FAST_SLOWDOWN, REPLAY_TO_SLOW_SLOWDOWN
 from autotm_py.errors import ConfigError
+from autotm_py.ir.host_updates import drained_tensors, fed_tensors
 from autotm_py.memory import accounting
 from autotm_py.memory.scratch import allocated_outputs
 from autotm_py.memory.tiers import FAST, SLOW
@@ -207,6 +208,18 @@ class MachineModel:
     @cached_property
     def pinned(self) -> frozenset[int]:
         return accounting.pinned_tensors(self.graph, self.pin_weights)
+
+    @cached_property
+    def fed(self) -> frozenset[int]:
+        """Tensors the host writes before each iteration (`ir.host_updates`): they start in
+        the slow tier."""
+        return fed_tensors(self.graph)
+
+    @cached_property
+    def drained(self) -> frozenset[int]:
+        """Gradients the host reads after each iteration (`ir.host_updates`): they end in the
+        slow tier."""
+        return drained_tensors(self.graph)
 
     @cached_property
     def sizes(self) -> np.ndarray:
@@ -366,6 +379,11 @@ class MachineModel:
 
     def copy_time(self, tid: int, to_tier: str, mode: str) -> float:
         return self.copying.copy_time(int(self.graph.tensor_bytes[tid]), to_tier, mode)
+
+    def host_update_time(self, numel: int) -> float:
+        """Seconds the host's vectorised optimizer update of `numel` fp32 parameters takes
+        (`ir.host_updates`; `MemorySystem.host_update_rate`)."""
+        return numel / self.memory.host_updates_per_s
 
     def fill_time(self, tid: int) -> float:
         """Seconds a fill kernel takes to write tensor `tid` in fast memory with one value (a

@@ -41,6 +41,10 @@ LAYOUT_KEY, CHANNELS_LAST = "layout", "channels-last"
 # graph.meta's key of the fused convolution backward kernels a split graph split, by name
 # (`ir.conv_split` sets it; read here from the meta alone)
 SPLIT_KEY = "conv_grad_split"
+# graph.meta's key of the optimizer updates a graph leaves to the host (`ir.host_updates` sets
+# it; read here from the meta alone)
+HOST_UPDATES_KEY = "host_updates"
+OPTIMIZER_PLACES: tuple[str, ...] = ("gpu", "host")  # --optimizer-on
 
 # TensorGraph.meta key of the model a graph was loaded from (an ONNX file's absolute path or a
 # zoo name; `pipeline.load_graph` sets it, plans record it as `PlanHeader.source`)
@@ -68,6 +72,9 @@ class ModelOptions:
     # the fused convolution backward kernels split into their parts, by name
     # (`ir.conv_split`): the planner's `--split-conv-grads`, recorded so a plan rebuilds them
     split_conv_grads: tuple[str, ...] = ()
+    # --optimizer-on host: every optimizer update runs on the host (`ir.host_updates`); the
+    # graph is the GPU's part
+    host_updates: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_conv_grads", tuple(self.split_conv_grads or ()))
@@ -99,13 +106,14 @@ class ModelOptions:
                    loss_chunks=1 if training is None else int(training.get("loss_chunks", 1)),
                    channels_last=meta.get(LAYOUT_KEY) == CHANNELS_LAST,
                    precision=str(meta.get(PRECISION_KEY, "fp32")),
-                   split_conv_grads=tuple(meta.get(SPLIT_KEY) or ()))
+                   split_conv_grads=tuple(meta.get(SPLIT_KEY) or ()),
+                   host_updates=bool(meta.get(HOST_UPDATES_KEY)))
 
     def differences(self, other: ModelOptions) -> list[str]:
         """In words, the options where `other` differs from this one."""
         out = []
         for name in ("batch", "dims", "training", "optimizer", "fuse", "loss", "loss_chunks",
-                     "channels_last", "precision", "split_conv_grads"):
+                     "channels_last", "precision", "split_conv_grads", "host_updates"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if dict(mine or {}) != dict(theirs or {}) if name == "dims" else mine != theirs:
                 out.append(f"{name} {theirs!r} (the plan's: {mine!r})")

@@ -4,7 +4,8 @@ tied head, fused attention) at a given size, trained with Adam in bf16, planned 
 with each strategy; prints the graph's size, the build and solve seconds and the prediction.
 
     python3 experiments/plan_scale.py OUT.json [--layers 28 --d 3072 --heads 24 --seq 2048
-        --batch 1 --budget 24GiB --strategies sync,async --time-limit 180 --gpu h200]
+        --batch 1 --budget 24GiB --strategies sync,async --time-limit 180 --gpu h200
+        --optimizer-on gpu|host]
 
 The defaults are issue 49's model: 3.33B parameters, sequence 2048, under a 24 GiB cap, priced
 with the H200's profiles (roofline estimates for its kernels: none is profiled yet). The model
@@ -55,19 +56,22 @@ def plan(path: Path, strategy: str, args: argparse.Namespace, folder: Path) -> d
         [sys.executable, "-m", "autotm_py"]
     cmd = [*run, "optimize", str(path), "--training",
            "--precision", "bf16", "--optimizer", "adam", "--gpu", args.gpu,
+           "--optimizer-on", args.optimizer_on,
            "--fast-mem", args.budget, "--strategy", strategy, "--time-limit",
            str(args.time_limit), "--no-baselines", "--json", "-o",
            str(folder / f"plan_{strategy}.json")]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
-    row = {"strategy": strategy, "overlap_start": not args.no_overlap_start,
+    row = {"strategy": strategy, "optimizer_on": args.optimizer_on,
+           "overlap_start": not args.no_overlap_start,
            "wall_s": time.perf_counter() - started}
     if done.returncode != 0:
         return row | {"error": done.stderr.strip()[-500:]}
     data = json.loads(done.stdout)
     solver = data.get("solver", {})
     return row | {"predicted_s": data.get("predicted_time_s"),
-                  "all_fast_s": data.get("all_fast_time_s"), "solver": solver}
+                  "all_fast_s": data.get("all_fast_time_s"), "solver": solver,
+                  "host_updates": [n for n in data.get("notes", ()) if "on the host" in n]}
 
 
 def main(argv: list[str]) -> int:
@@ -83,6 +87,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--strategies", default="sync,async")
     p.add_argument("--time-limit", type=float, default=180.0)
     p.add_argument("--gpu", default="h200")
+    p.add_argument("--optimizer-on", choices=("gpu", "host"), default="gpu",
+                   help="where the Adam updates run (`optimize --optimizer-on`)")
     p.add_argument("--no-overlap-start", action="store_true",
                    help="the async search starts from the sync plan's blocking copies")
     args = p.parse_args(argv)

@@ -251,7 +251,8 @@ RATIO = "6:1"
 UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
 
 
-def _capped_trainer(module, opt, loss_fn, example, device: str, precision: str = "bf16"):
+def _capped_trainer(module, opt, loss_fn, example, device: str, precision: str = "bf16",
+                    **options):
     """`Trainer(precision=precision)` at `RATIO` of the peak, or, where that budget is below the
     smallest feasible one (on CUDA in bf16 a tiny model's largest kernel and the scratch region
     are a large share of its peak: the H200 refused all three models at 6:1 on 2026-12-02),
@@ -260,7 +261,7 @@ def _capped_trainer(module, opt, loss_fn, example, device: str, precision: str =
     the smallest feasible budget is above the peak (the CNN on the H200: a MaxPoolGrad and its
     measured workspace, 4.50 MiB, with the 768 KiB scratch region, against a 4.68 MiB peak of
     live tensors, workspaces not counted), that smallest budget: whatever else is live around
-    that kernel must then be moved or recomputed."""
+    that kernel must then be moved or recomputed. `options`: the Trainer's others."""
     import re
     import tempfile
 
@@ -269,7 +270,8 @@ def _capped_trainer(module, opt, loss_fn, example, device: str, precision: str =
 
     def make(**cap):
         return Trainer(module, opt, loss_fn, example=example, device=device,
-                       plans_dir=tempfile.mkdtemp(), precision=precision, **cap)
+                       plans_dir=tempfile.mkdtemp(), precision=precision, **options,
+                       **cap)
 
     try:
         return make(ratio=RATIO)

@@ -150,6 +150,11 @@ def test_training_through_the_trainer_equals_plain_pytorch(name, opt_name, tmp_p
     recomputes = sum(1 for _ in trainer.plan.recomputes())
     assert moves + recomputes > 0, "the budget should force moves or recomputes"
     assert torch.allclose(torch.tensor(got), torch.tensor(want), rtol=RTOL), (got, want)
+    assert_trained_alike(ours, reference, got_opt, want_opt)
+
+
+def assert_trained_alike(ours: nn.Module, reference: nn.Module, got_opt, want_opt) -> None:
+    """Parameters, buffers and optimizer state within RTOL of the reference's."""
     for (pname, p), (_, q) in zip(ours.named_parameters(), reference.named_parameters(),
                                   strict=True):
         assert close(p.detach(), q.detach()), pname

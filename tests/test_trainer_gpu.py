@@ -34,6 +34,15 @@ def test_a_trainer_made_after_cuda_started_copies_outputs_and_says_so():
     _follows(run)
 
 
+@pytest.mark.parametrize("name", ["mlp", "cnn", "lm"])
+def test_updates_on_the_host_overlap_cuda_graph_replays_and_follow_pytorch(name):
+    """optimizer_on="host": the weights the host writes while the replayed iteration's
+    backward pass runs, after its gradients are out, train as plain PyTorch on the GPU."""
+    run = in_own_process("tests.test_trainer_gpu", "train_both", name, False, "host")
+    assert run["replayed"] and run["host_updates"] > 0, run["notes"]
+    _follows(run)
+
+
 def _follows(run: dict) -> None:
     assert run["moves_and_recomputes"] > 0
     for got, want in zip(run["ours"], run["torch"], strict=True):
@@ -41,9 +50,10 @@ def _follows(run: dict) -> None:
     assert run["worst_parameter"] <= 10 * RTOL, run
 
 
-def train_both(name: str, cuda_first: bool = False) -> dict:
+def train_both(name: str, cuda_first: bool = False, optimizer_on: str = "gpu") -> dict:
     """STEPS steps of `name` through the Trainer on CUDA and with plain PyTorch on CUDA
-    (`cuda_first`: the process uses CUDA before it makes the Trainer)."""
+    (`cuda_first`: the process uses CUDA before it makes the Trainer; `optimizer_on`: the
+    Trainer's)."""
     import copy
     from dataclasses import replace
 
@@ -69,7 +79,8 @@ def train_both(name: str, cuda_first: bool = False) -> dict:
     # fp32: the reference trains in fp32 (the GPU default, bf16, is tests/test_precision_gpu.py's)
     # at 6:1 of the peak, or nearer the peak where that is below the smallest feasible budget
     # (the lm on the H200, 2026-12-04: its attention gradient and its measured scratch)
-    trainer = _capped_trainer(ours, opt, loss_fn, data[0], "cuda", precision="fp32")
+    trainer = _capped_trainer(ours, opt, loss_fn, data[0], "cuda", precision="fp32",
+                              optimizer_on=optimizer_on)
     got = [float(trainer.step(x, y)) for x, y in data]
     trainer.sync()
     layout = torch.channels_last if name == "cnn" else torch.contiguous_format
@@ -87,5 +98,6 @@ def train_both(name: str, cuda_first: bool = False) -> dict:
             "moves_and_recomputes": sum(1 for _ in plan.moves())
             + sum(1 for _ in plan.recomputes()),
             "notes": trainer.notes,
+            "host_updates": len(trainer.host.updates) if trainer.host is not None else 0,
             "staged_carried": len(trainer.loop.executor.uploads.staged
                                   & {first for first, _ in trainer.graph.carried})}

@@ -20,6 +20,7 @@ from autotm_py.fileio import write_problem
 from autotm_py.ir import LOSSES
 from autotm_py.options import (
     AUTO_PRECISION,
+    OPTIMIZER_PLACES,
     OPTIMIZERS,
     PRECISION_CHOICES,
     SCRATCH_MODES,
@@ -40,7 +41,8 @@ FROM_PLAN = ("Not given: the plan's, for commands that read a plan (simulate, ru
 # The model flags' parameters, and the `ModelOptions` field each one sets.
 MODEL_FLAGS = {"batch": "batch", "dims": "dims", "training": "training",
                "optimizer": "optimizer", "loss": "loss", "loss_chunks": "loss_chunks",
-               "channels_last": "channels_last", "no_fuse": "fuse", "precision": "precision"}
+               "channels_last": "channels_last", "no_fuse": "fuse", "precision": "precision",
+               "optimizer_on": "host_updates"}
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ def _model_args(model: str | None, flags: dict[str, Any]) -> ModelArgs:
                            fuse=not flags["no_fuse"], loss=flags["loss"],
                            loss_chunks=flags["loss_chunks"] or 1,
                            channels_last=bool(flags["channels_last"]),
-                           precision=flags["precision"] or AUTO_PRECISION)
+                           precision=flags["precision"] or AUTO_PRECISION,
+                           host_updates=flags["optimizer_on"] == "host")
     return ModelArgs(model, options, given)
 
 
@@ -115,6 +118,13 @@ def _model_flags(argument: bool, optional: bool = False) -> list[Callable[[F], F
             help="Keep the graph unfused, as the file has it (by default scaled dot-product "
                  "attention, GELU, Linear layers and convolution + ReLU pairs become one "
                  f"kernel each; docs/fusion.md). {FROM_PLAN}"),
+        *_precision_flags(),
+    ]
+
+
+def _precision_flags() -> list[Callable[[F], F]]:
+    """--precision and --optimizer-on: what the iteration computes in, and where."""
+    return [
         click.option(
             "--precision", type=click.Choice(PRECISION_CHOICES), default=None,
             help="fp32, or bf16 as torch.autocast(bfloat16) runs it: matrix products, "
@@ -123,6 +133,14 @@ def _model_flags(argument: bool, optional: bool = False) -> list[Callable[[F], F
                  "weights and optimizer state. auto: the device's default, bf16 on a GPU "
                  "and fp32 on the CPU [default: auto]. "
                  f"{FROM_PLAN} See docs/precision.md."),
+        click.option(
+            "--optimizer-on", type=click.Choice(OPTIMIZER_PLACES), default=None,
+            help="With --training: where the optimizer updates run. gpu: on the GPU, on its "
+                 "weights, gradients and optimizer state, moved in and out as the plan says; "
+                 "host: on the host's cores (a vectorised AdamW or SGD), as gradients arrive, "
+                 "the GPU streaming only the weights its kernels read in and their gradients "
+                 "out: for models whose optimizer state does not fit the budget [default: gpu]. "
+                 f"{FROM_PLAN} See docs/training-loop.md."),
     ]
 
 

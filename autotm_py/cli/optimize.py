@@ -207,7 +207,8 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
     if result.plan is not None and output:
         result.plan.save(output)
     if as_json:
-        print_json({**result.to_dict(), "plan_file": output if result.plan else None})
+        print_json({**result.to_dict(), "plan_file": output if result.plan else None,
+                    "notes": list(result.plan.header.notes) if result.plan else []})
     else:
         for line in summary_lines(graph, result, config, costs,
                                   asked="channels_last" in model.given):

@@ -22,6 +22,7 @@ from autotm_py.cli.common import (
     warn,
 )
 from autotm_py.fileio import atomic_write_text
+from autotm_py.ir import offloaded_updates
 from autotm_py.options import SOURCE_META_KEY, Measure, check_run
 from autotm_py.plan import Plan, costs_drift
 from autotm_py.units import format_bytes
@@ -91,7 +92,8 @@ def run_cmd(model: ModelArgs, plan_path: str, device: str, iterations: int, warm
                          masters=masters)
     notes = {"estimated_kernels": _estimated(plan, costs), "kernels": len(graph.kernels),
              "weights": weights, "costs_warning": drift,
-             "tiers": pipeline.run_tier_note(plan, device)}
+             "tiers": pipeline.run_tier_note(plan, device),
+             "host_updates": _host_note(graph, now)}
     if output:
         atomic_write_text(output, json.dumps(result.to_dict(), indent=1))
     if as_json:
@@ -101,6 +103,17 @@ def run_cmd(model: ModelArgs, plan_path: str, device: str, iterations: int, warm
     if drift:
         warn(drift)
     return 0
+
+
+def _host_note(graph, predicted) -> str | None:
+    """What a run of a plan whose optimizer updates are the host's (`ir.host_updates`) does
+    not measure: this runs the GPU's part only (the Trainer runs the updates)."""
+    if not predicted.host_update_s:
+        return None
+    return (f"{len(offloaded_updates(graph))} optimizer updates are the host's: this run times "
+            "the GPU's part of the iteration only (the Trainer runs them); the prediction "
+            f"includes their {predicted.host_update_s * 1e3:.3f} ms of work, the last ending at "
+            f"{predicted.host_end_s * 1e3:.3f} ms")
 
 
 def _estimated(plan: Plan, costs) -> int:
@@ -147,9 +160,15 @@ def _print_summary(result, notes) -> None:
                    f"iteration's {result.device_span_s * 1e3:.3f} ms span (kernels "
                    f"{result.device_kernel_s * 1e3:.3f} ms summed); median iteration / busy = "
                    f"{result.median_s / result.device_busy_s:.3f}x")
+    _print_notes(result, notes)
+
+
+def _print_notes(result, notes) -> None:
+    """The run's notes and hints, after its figures."""
     click.echo(f"weights: {notes['weights']}")
-    if notes.get("tiers"):
-        click.echo(f"note: {notes['tiers']}")
+    for key in ("tiers", "host_updates"):
+        if notes.get(key):
+            click.echo(f"note: {notes[key]}")
     if result.alloc_retries and result.placed_outputs is not None:
         click.echo("hint: under the placed allocator a retry is a request its region (the cap) "
                    "could not serve, taken from outside the budget: a kernel allocated more "

@@ -18,6 +18,8 @@ _EXPORTS = {
     "Optimizer": "autotm_py.ir.optim",
     "chunkable_logits_bytes": "autotm_py.ir.training",
     "split_names": "autotm_py.ir.conv_split",
+    "offloaded_updates": "autotm_py.ir.host_updates",
+    "offload_updates": "autotm_py.ir.host_updates",
 }
 
 __all__ = ["DTYPE_SIZES", "GraphBuilder", "Kernel", "Role", "Tensor", "TensorGraph", "rebuild",

@@ -24,6 +24,7 @@ import numpy as np
 
 from autotm_py.errors import ConfigError
 from autotm_py.ir.graph import Role
+from autotm_py.ir.host_updates import fed_tensors
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
@@ -50,7 +51,9 @@ def pinned_tensors(graph: TensorGraph, pin_weights: bool) -> frozenset[int]:
     """Tensors pinned in fast memory outside the budget (empty unless `pin_weights`)."""
     if not pin_weights:
         return frozenset()
-    pinned = {t.id for t in graph.tensors if t.producer is None and t.role in PINNED_ROLES}
+    fed = fed_tensors(graph)  # the host writes them in the slow tier each iteration
+    pinned = {t.id for t in graph.tensors if t.producer is None and t.role in PINNED_ROLES
+              and t.id not in fed}
     for first, last in graph.carried:
         if first in pinned or last in pinned:
             pinned.update((first, last))

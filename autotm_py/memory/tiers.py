@@ -72,6 +72,13 @@ class MemorySystem:
     # workspaces torch allocates once per stream). It comes out of every budget, so tensors
     # get budget - reserve and the process as a whole stays within the budget.
     runtime_reserve_bytes: int = 0
+    # GPU mode: fp32 parameters a second the host's vectorised optimizer update runs at
+    # (`ir.host_updates`); None: `DEFAULT_HOST_UPDATE_RATE`
+    host_update_rate: float | None = None
+
+    @property
+    def host_updates_per_s(self) -> float:
+        return self.host_update_rate or DEFAULT_HOST_UPDATE_RATE
 
     def with_copies_slower(self, to_fast: float, to_slow: float) -> MemorySystem:
         """The same system with its link's bandwidths into the fast tier divided by `to_fast`
@@ -165,6 +172,7 @@ class MemorySystem:
                 budget_bytes=data.get("budget_bytes"),
                 measured=dict(data.get("measured", {})),
                 runtime_reserve_bytes=int(data.get("runtime_reserve_bytes", 0)),
+                host_update_rate=data.get("host_update_rate"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{origin}: not a valid memory-system file ({exc}); see "
@@ -183,6 +191,11 @@ GB = 1e9
 # DRAM of a two-socket Cascade Lake class server, six DDR4-2666 channels per socket (the
 # machine of the AutoTM paper); latency about 81 ns (Izraelevitz et al. 2019).
 _DRAM = TierSpec("dram", read_bw=105 * GB, write_bw=70 * GB, latency_s=81e-9)
+
+# The H200 host's (16 cores, 2026-12-04): torch.optim.AdamW(fused=True) on fp32 CPU tensors
+# updates 5.07e9 parameters a second (`experiments/gpu/cpu_adam_probe.py`,
+# experiments/results/beyond_card/2026-12-04/). Systems that measured none use it.
+DEFAULT_HOST_UPDATE_RATE = 5.07e9
 
 PRESETS: dict[str, MemorySystem] = {
     # Izraelevitz et al. 2019 (arXiv 1903.05714): six interleaved Optane DC PMM DIMMs,
@@ -243,8 +256,9 @@ PRESETS: dict[str, MemorySystem] = {
         link=Link(read_bw=55.6 * GB, write_bw=55.4 * GB, async_read_bw=53.5 * GB,
                   async_write_bw=53.6 * GB, latency_s=10.8e-6, both_directions_bw=102.1 * GB),
         runtime_reserve_bytes=68 << 20,
+        host_update_rate=DEFAULT_HOST_UPDATE_RATE,
         source="autotm calibrate, NVIDIA H200, PCIe Gen5 x16, pinned, 2026-11-29 "
-               "(profiles/memory/h200.json)",
+               "(profiles/memory/h200.json); host AdamW: cpu_adam_probe, 2026-12-04",
     ),
 }
 

@@ -57,6 +57,10 @@ class TensorGadgets:
     sync_read: tuple[bool, ...] = ()
     discard_from: int = -1  # first gadget after which it may become absent (-1: never)
     last: int = -1  # last kernel of its (extended) live range
+    # the host's tensors (`ir.host_updates`): a fed weight starts in the slow tier (the host
+    # wrote it there), a drained gradient ends there (the host reads it)
+    starts_slow: bool = False
+    ends_slow: bool = False
 
     def regenerates(self, j: int) -> bool:
         return bool(self.regen) and self.regen[j]
@@ -113,7 +117,9 @@ def small_tensors(machine: MachineModel, share: float,
     if machine.tensor_budget is None or share <= 0:
         return frozenset()
     cap = share * machine.tensor_budget
-    order = sorted((t for t in range(len(machine.graph.tensors)) if t not in machine.pinned),
+    host = machine.fed | machine.drained  # must move: never fixed in fast memory
+    order = sorted((t for t in range(len(machine.graph.tensors))
+                    if t not in machine.pinned and t not in host),
                    key=lambda t: machine.sizes[t])
     lo, hi = 0, len(order)  # the largest prefix of `order` whose live peak fits in `cap`
     while lo < hi:
@@ -205,6 +211,8 @@ def _finished(machine: MachineModel, tid: int, strategy: str, draft: _Draft, end
         sync_read=tuple(k in both for k in kernels) if both else (),
         discard_from=_discard_from(kernels, end, bool(regen), bool(draft.cond)),
         last=recompute.ends[tid] if recompute is not None else end,
+        starts_slow=tid in machine.fed,
+        ends_slow=tid in machine.drained,
     )
 
 

@@ -26,7 +26,9 @@ Edges:
 Tensors are immutable (SSA), so F0 is re-entered only by a regeneration, and X is entered only
 from F0: a tensor is written at most once and every later eviction is free, while each read is
 paid. The path's last layer is terminal; in GPU mode S at a layer whose kernel reads or writes
-the tensor must read, and in both modes X at such a layer must regenerate.
+the tensor must read, and in both modes X at such a layer must regenerate. A tensor the host
+writes before the iteration starts in S only (`starts_slow`); one it reads after, a survivor,
+ends in S only (`ends_slow`).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def build_paths(g: TensorGadgets, *, gpu: bool, carried_end: bool) -> TensorPath
     last = n if g.survives else n - 1
     edges: list[Edge] = []
     start = {}
-    for kind in (F0, S):
+    for kind in (S,) if g.starts_slow else (F0, S):
         if alive[0][kind]:
             start[kind] = len(edges)
             edges.append(Edge(SOURCE, kind, START, 0))
@@ -104,6 +106,8 @@ def build_paths(g: TensorGadgets, *, gpu: bool, carried_end: bool) -> TensorPath
             edges.extend(_transitions(g, j, alive, gpu))
     if g.survives and carried_end:
         edges = [e for e in edges if e.dst != n * NK + F1]
+    if g.survives and g.ends_slow:
+        edges = [e for e in edges if e.dst not in (n * NK + F0, n * NK + F1)]
     return _assemble(g, edges, start, last, gpu)
 
 

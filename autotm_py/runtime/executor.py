@@ -27,7 +27,7 @@ compute stream.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +128,11 @@ class Executor(PlanInterpreter):
         self._kernel_events: list[Any] = []
         self._compute: Any = None  # the iteration's compute stream (CUDA; `start`)
         self._prepared = False
+        # copies of these tensors are reported to `copy_hook(tid, to, event)` as they are
+        # enqueued, with an event that completes with the copy (None on the CPU, where it has
+        # completed): the host's optimizer updates wait on them (`trainer.host`)
+        self.hooked: frozenset[int] = frozenset()
+        self.copy_hook: Callable[[int, str, Any], None] | None = None
 
     # ---- iteration boundaries ------------------------------------------------------------
     def prepare(self) -> None:
@@ -409,8 +414,17 @@ class Executor(PlanInterpreter):
         src = source_store[tid]
         if not self.cuda:
             self._store(to)[tid] = self._materialize(tid, src, to)
+            if tid in self.hooked:
+                self._report_copy(tid, to, None)
             return
         self._store(to)[tid] = self._copy_cuda(tid, src, to, record.mode == "async")
+        if tid in self.hooked:
+            stream = getattr(self.streams, "h2d" if to == FAST else "d2h") \
+                if record.mode == "async" else self._compute
+            # external: a CUDA graph's replays record it again, for the host to wait on
+            event = torch.cuda.Event(external=torch.cuda.is_current_stream_capturing())
+            event.record(stream)
+            self._report_copy(tid, to, event)
         if record.mode == "async" and record.overlaps is not None and not JOIN_COPIES_AT_USE:
             # AutoTM's join at the end of the kernel it overlaps. Otherwise a copy is joined
             # where its tensor is next used: a prefetch where it is read (`read`), written out
@@ -419,6 +433,10 @@ class Executor(PlanInterpreter):
             # (`_copy_cuda`'s source event); so it overlaps every kernel until then.
             self.state.attached.setdefault(record.overlaps, []).append(
                 self.state.pending[(tid, to)])
+
+    def _report_copy(self, tid: int, to: str, event: Any) -> None:
+        if self.copy_hook is not None:
+            self.copy_hook(tid, to, event)
 
     def _copy_cuda(self, tid: int, src: torch.Tensor, to: str, asynchronous: bool) -> torch.Tensor:
         assert self.streams is not None

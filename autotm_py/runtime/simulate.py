@@ -47,6 +47,7 @@ import numpy as np
 from autotm_py import arena
 from autotm_py.errors import PlanError
 from autotm_py.interpreter import PlanInterpreter
+from autotm_py.ir.host_updates import offloaded_updates
 from autotm_py.machine import MachineModel
 from autotm_py.memory.accounting import aligned_sizes
 from autotm_py.memory.scratch import OVERWRITES
@@ -114,6 +115,7 @@ class Simulator(PlanInterpreter):
         self.violations: list[str] = []
         self.peak = (0, -1)
         self.moved: dict[str, int] = {}
+        self.host_update_s = self.host_end_s = 0.0  # optimizer updates on the host
         self.filled = 0  # bytes written by Fill records
         layout = plan.arena
         self.slots = arena.SlotMap() if layout is not None else None
@@ -447,6 +449,37 @@ class Simulator(PlanInterpreter):
                     t not in self.machine.pinned:
                 self.violate(f"tensor {self.name(t)} is never freed after its last use")
                 break
+        self._host_updates()
+
+    def _host_updates(self) -> None:
+        """The optimizer updates the host runs (`ir.host_updates`, `trainer.host`), in the
+        order the GPU makes their gradients: each starts when its gradient's copy out and the
+        last copy in of its fed weight have ended (it writes the next iteration's value over
+        that copy's source) and the host is done with the one before; the next iteration
+        starts when the last has (the Trainer waits for it: it reads the weights they
+        write)."""
+        by_name = self.graph.tensor_ids_by_name
+        written = {m.tensor: m.end_s for m in self.moves if m.to == SLOW}
+        read: dict[int, float] = {}
+        for m in self.moves:
+            if m.to == FAST:
+                read[m.tensor] = max(read.get(m.tensor, 0.0), m.end_s)
+        for tid in self.machine.fed:
+            if tuple(self.plan.initial.get(tid, ())) != (SLOW,):
+                self.violate(f"tensor {self.name(tid)} is written by the host before each "
+                             "iteration and must start in the slow tier only")
+        host = 0.0
+        for update in offloaded_updates(self.graph):
+            grad = by_name[update.grad]
+            if self.state[grad, TIER_INDEX[FAST]] or not self.state[grad, TIER_INDEX[SLOW]]:
+                self.violate(f"gradient {update.grad} is read by the host after the iteration "
+                             "and must end in the slow tier only")
+            work = self.machine.host_update_time(update.numel)
+            self.host_update_s += work
+            ready = max(written.get(grad, 0.0), read.get(by_name[update.fed], 0.0))
+            host = max(host, ready) + work
+        self.host_end_s = host
+        self.clock = max(self.clock, host)
 
     # ---- helpers -------------------------------------------------------------------------
     def _check_readable(self, tid: int, tier: str, what: str) -> None:
@@ -554,4 +587,5 @@ class Simulator(PlanInterpreter):
             strict=self.strict, notes=tuple(self.plan.header.notes),
             recomputes=tuple(self.recomputes),
             reserve_bytes=self.machine.reserve_bytes, plannable_bytes=self.machine.tensor_budget,
-            costs_digest=self.machine.profile_costs.digest, filled_bytes=self.filled)
+            costs_digest=self.machine.profile_costs.digest, filled_bytes=self.filled,
+            host_update_s=self.host_update_s, host_end_s=self.host_end_s)

@@ -75,6 +75,10 @@ class SimulationResult:
     plannable_bytes: int | None = None
     costs_digest: str = ""  # `KernelCosts.digest` of the costs it was priced with
     filled_bytes: int = 0  # bytes written by Fill records (known-value tensors, no copy)
+    # optimizer updates on the host (`ir.host_updates`): their work, and when the last ends
+    # (the iteration, `total_s`, ends no earlier)
+    host_update_s: float = 0.0
+    host_end_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -88,6 +92,13 @@ class SimulationResult:
     @property
     def slowdown(self) -> float:
         return self.total_s / self.all_fast_s if self.all_fast_s > 0 else 1.0
+
+    def host_note(self, rate: float) -> str:
+        """What the optimizer updates on the host cost (`ir.host_updates`), at `rate`
+        parameters a second."""
+        return (f"optimizer updates on the host: {self.host_update_s * 1e3:.3f} ms of work at "
+                f"{rate:.3g} parameters/s, the last ending at {self.host_end_s * 1e3:.3f} ms of "
+                f"the {self.total_s * 1e3:.3f} ms iteration")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

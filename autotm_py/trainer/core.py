@@ -22,8 +22,10 @@ up-to-date values between syncs).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -33,10 +35,12 @@ from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.frontend.capture import capture_module
 from autotm_py.frontend.onnx import import_model
+from autotm_py.ir.host_updates import offload_updates, update_bytes
 from autotm_py.ir.layout import has_convolutions, to_channels_last
 from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import chunkable_logits_bytes, derive_training
-from autotm_py.options import AUTO_PRECISION, RunMode
+from autotm_py.options import AUTO_PRECISION, OPTIMIZER_PLACES, RunMode
+from autotm_py.trainer.host import HostSide, RunMasters
 from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for, precision_on
 from autotm_py.trainer.spec import Example, loss_rule, optimizer_of, split_example
 from autotm_py.trainer.state import Masters, StateMap
@@ -61,7 +65,12 @@ class Trainer:
     `precision`: "fp32", "bf16" (the step as `torch.autocast("cuda", torch.bfloat16)` runs
     it, with fp32 weights and optimizer state: docs/precision.md) or "auto" (default): the
     device's (`options.default_precision`: bf16 on a GPU with bf16 arithmetic, else
-    fp32)."""
+    fp32). `optimizer_on`: where the optimizer's updates run: "gpu" (on the weights, gradients
+    and optimizer state the plan places), "host" (on the host's cores, overlapping the GPU's
+    backward pass: `trainer.host`; the GPU streams only the weights its kernels read and their
+    gradients) or "auto" (default): on the GPU unless the weights, gradients and optimizer
+    state alone exceed the budget, then whichever plan is predicted faster (`notes` says which
+    and both times)."""
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[..., Any], example: Any, *, budget: int | str | None = None,
@@ -70,7 +79,11 @@ class Trainer:
                  gpu: str | None = None, time_limit_s: float | None = 300.0,
                  plans_dir: str | os.PathLike[str] | None = None,
                  channels_last: bool | None = None, profile: bool | None = None,
-                 loss_chunks: int | str = "auto", precision: str = AUTO_PRECISION) -> None:
+                 loss_chunks: int | str = "auto", precision: str = AUTO_PRECISION,
+                 optimizer_on: str = "auto") -> None:
+        if optimizer_on not in (*OPTIMIZER_PLACES, "auto"):
+            raise ConfigError(f"Trainer: optimizer_on={optimizer_on!r}: choose one of "
+                              f"{', '.join(OPTIMIZER_PLACES)}, auto")
         if (budget is None) == (ratio is None):
             raise ConfigError("Trainer: give either budget (bytes, e.g. '4GiB') or ratio "
                               "(fast:slow, e.g. '1:3'), not both and not neither")
@@ -94,15 +107,51 @@ class Trainer:
                             device="cuda", recompute=recompute, run=self.mode,
                             gpu=gpu or gpu_name(self.device),
                             reserve_bytes=None if cuda else 0, time_limit_s=time_limit_s)
-        try:
-            self.plan = plan_for(self.graph, config, self.device, plans_dir=plans_dir,
-                                 measure=cuda if profile is None else profile, face="trainer")
-        except ConfigError as exc:
-            raise ConfigError(f"Trainer: {exc}") from None
-        masters = Masters(self.graph, self.map, optimizer)
+        # what the GPU runs: the training graph, or its part without the optimizer's updates
+        self.optimizer_on, self.run_graph, self.plan = self._plan_updates(
+            config, optimizer_on, plans_dir, cuda if profile is None else profile)
+        self._ids = _run_ids(self.graph, self.run_graph)
+        masters: Any = Masters(self.graph, self.map, optimizer)
+        self.host: HostSide | None = None
+        if self.optimizer_on == "host":
+            self.host = HostSide(self.graph, self.run_graph, self.map, optimizer, self._spec)
+            masters = RunMasters(self.run_graph, masters, frozenset(self.host.fed))
         masters.update(self._batch_masters(self.example))
-        self.loop = Loop(self.graph, self.plan, self.device, self.mode, masters)
+        self.loop = Loop(self.run_graph, self.plan, self.device, self.mode, masters)
+        if self.host is not None:  # the GPU reads the host's slow-tier copies as they are
+            masters.fed = {t: self.host.slot(self.loop.executor, t) for t in self.host.fed}
+            self.host.attach(self.loop.executor)
         self._synced = 0
+
+    def _plan_updates(self, config: PlanConfig, optimizer_on: str, plans_dir: Any,
+                      measure: bool) -> tuple[str, Any, Any]:
+        """Where the optimizer's updates run, the graph the GPU runs, and its plan. "auto":
+        on the GPU, unless the weights, gradients and optimizer state alone exceed the
+        budget; then both are planned and the one predicted faster kept (said in `notes`). A
+        ratio is of the training graph's peak wherever the updates run."""
+        state = update_bytes(self.graph)
+        budget = pipeline.user_budget(self.graph, config)
+        places = [optimizer_on] if optimizer_on != "auto" else \
+            ["gpu", "host"] if budget is not None and state > budget else ["gpu"]
+        if "host" in places and budget is not None:
+            config = replace(config, ratio=None, fast_mem_bytes=budget)
+        plans: dict[str, tuple[Any, Any]] = {}
+        for place in places:
+            graph = offload_updates(self.graph) if place == "host" else self.graph
+            try:
+                plans[place] = graph, plan_for(graph, config, self.device, plans_dir=plans_dir,
+                                               measure=measure, face="trainer")
+            except ConfigError as exc:
+                if len(places) == 1 or (place == "host" and not plans):
+                    raise ConfigError(f"Trainer: {exc}") from None
+        place = min(plans, key=lambda p: plans[p][1].header.predicted_time_s or math.inf)
+        if len(places) > 1:
+            times = ", ".join(f"{p} {plans[p][1].header.predicted_time_s * 1e3:.1f} ms"
+                              if p in plans else f"{p} infeasible" for p in places)
+            self.notes.append(f"optimizer updates on the {place} (optimizer_on='auto': the "
+                              f"weights, gradients and optimizer state, {format_bytes(state)}, "
+                              f"exceed the budget; predicted a step: {times})")
+        return place, *plans[place]
 
     @property
     def steps(self) -> int:
@@ -113,7 +162,7 @@ class Trainer:
         """The training graph of the module's forward at the example, and the capture."""
         chunks = _chunks_option(loss_chunks)
         params = [p for p in self.module.parameters() if p.requires_grad]
-        spec = optimizer_of(self.optimizer, params)
+        spec = self._spec = optimizer_of(self.optimizer, params)
         rule = loss_rule(loss_fn, _output(self.module, self.example), self.example.labels)
         captured = capture_module(self.module, self.example.inputs)
         if captured.frozen:
@@ -145,17 +194,24 @@ class Trainer:
         given); returns the loss (a 0-d tensor on the device; `.item()` waits for it)."""
         current = split_example(batch if len(batch) == 2 else (batch[0] if batch else None))
         self._check_shapes(current)
-        self.loop.step(self._batch_masters(current))
+        if self.host is None:
+            self.loop.step(self._batch_masters(current))
+        else:  # the last step's updates first: this one reads the weights they write
+            self.host.wait()
+            self.loop.step(self._batch_masters(current))
+            self.host.start(self.loop.executor)
         self.notes += [n for n in self.loop.notes if n not in self.notes]
-        return self.loop.value(self.map.loss)
+        return self.loop.value(self._ids[self.map.loss])
 
     def _batch_masters(self, batch: Example) -> dict[int, torch.Tensor]:
-        """The batch and the current learning rate, as masters of their graph tensors."""
-        out = dict(zip(self.map.inputs, batch.inputs, strict=True))
-        out[self.map.labels] = batch.labels
-        if self.map.lr is not None:
+        """The batch and the current learning rate, as masters of the run graph's tensors
+        (the host's updates read the rate themselves)."""
+        ids = self._ids
+        out = {ids[t]: x for t, x in zip(self.map.inputs, batch.inputs, strict=True)}
+        out[ids[self.map.labels]] = batch.labels
+        if self.map.lr is not None and self.map.lr in ids:
             lr = float(self.optimizer.param_groups[0]["lr"])
-            out[self.map.lr] = torch.tensor(lr, dtype=torch.float32)
+            out[ids[self.map.lr]] = torch.tensor(lr, dtype=torch.float32)
         return out
 
     def _check_shapes(self, batch: Example) -> None:
@@ -173,7 +229,7 @@ class Trainer:
         """The plan in one line: its budget against the unconstrained peak, and what it does to
         keep within it ("budget 96.00 KiB of a peak of 150.00 KiB (64%): 12 moves, 3
         recomputes")."""
-        budget, peak = self.plan.header.budget_bytes, self.graph.peak_live_bytes
+        budget, peak = self.plan.header.budget_bytes, self.run_graph.peak_live_bytes
         moves = sum(1 for _ in self.plan.moves())
         recomputes = sum(1 for _ in self.plan.recomputes())
         cap = "no budget" if budget is None else (f"budget {format_bytes(budget)} of a peak "
@@ -185,7 +241,11 @@ class Trainer:
         state into the module and the optimizer."""
         if self.steps == 0:
             return
-        self.map.write_back(self.loop.finals(), self.optimizer)
+        finals = self.loop.finals()
+        if self.host is not None:
+            full = {run: t for t, run in self._ids.items()}
+            finals = {full[run]: value for run, value in finals.items()} | self.host.finals()
+        self.map.write_back(finals, self.optimizer)
         self._count_batches(self.steps - self._synced)
         self._synced = self.steps
 
@@ -205,6 +265,12 @@ class Trainer:
 # the head where they are small.
 AUTO_LOSS_CHUNKS = 16
 AUTO_CHUNK_SHARE = 1 / 16
+
+
+def _run_ids(graph: Any, run: Any) -> dict[int, int]:
+    """The training graph's tensor ids -> the run graph's, for the tensors both have."""
+    ids = run.tensor_ids_by_name
+    return {t.id: ids[t.name] for t in graph.tensors if t.name in ids}
 
 
 def _chunks_option(loss_chunks: int | str) -> int | None:

@@ -101,14 +101,14 @@ class StateMap:
         source = self.weights.get(tid)
         if source is not None:
             value = self.module_tensors[source.name].detach().cpu()
-            return _as_graph(value, graph.tensors[tid], source)
+            return as_graph(value, graph.tensors[tid], source)
         state = self.state.get(tid)
         if state is not None and optimizer is not None:
             weight, key = state
             param = self.module_tensors[self.weights[weight].name]
             value = optimizer.state.get(param, {}).get(key)
             if value is not None:
-                return _as_graph(value.detach().cpu(), graph.tensors[tid], self.weights[weight])
+                return as_graph(value.detach().cpu(), graph.tensors[tid], self.weights[weight])
         if tid == self.step and optimizer is not None:
             steps = [s.get("step") for s in optimizer.state.values() if "step" in s]
             if steps:
@@ -133,23 +133,25 @@ class StateMap:
                     optimizer.state[param]["step"] = step.clone()
 
 
-class Masters(MutableMapping[int, torch.Tensor]):
-    """The values an iteration starts from, each made when the executor places it and not
-    kept (`StateMap.master`), except those given (`masters[tid] = value`: a batch, the
-    learning rate). Kept, a 3.3B-parameter decoder's weights and AdamW state (53 GB) sat in
-    host memory beside the executor's pinned copies of them."""
+class LeafValues(MutableMapping[int, torch.Tensor]):
+    """The values of a graph's tensors without a producer that an iteration starts from: each
+    made when the executor places it (`made`, in a subclass) and not kept, except those given
+    (`values[tid] = value`: a batch, the learning rate)."""
 
-    def __init__(self, graph: TensorGraph, smap: StateMap, optimizer: Any) -> None:
-        self.graph, self.smap, self.optimizer = graph, smap, optimizer
+    def __init__(self, graph: TensorGraph) -> None:
+        self.graph = graph
         self.given: dict[int, torch.Tensor] = {}
         self.leaves = [t.id for t in graph.tensors if t.producer is None]
+
+    def made(self, tid: int) -> torch.Tensor:
+        raise NotImplementedError
 
     def __getitem__(self, tid: int) -> torch.Tensor:
         if tid in self.given:
             return self.given[tid]
         if self.graph.tensors[tid].producer is not None:
             raise KeyError(tid)
-        return self.smap.master(self.graph, tid, self.optimizer)
+        return self.made(tid)
 
     def __setitem__(self, tid: int, value: torch.Tensor) -> None:
         self.given[tid] = value
@@ -162,6 +164,19 @@ class Masters(MutableMapping[int, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self.leaves)
+
+
+class Masters(LeafValues):
+    """The values a training graph's iteration starts from (`LeafValues`), made from the module
+    and the optimizer (`StateMap.master`). Kept, a 3.3B-parameter decoder's weights and AdamW
+    state (53 GB) sat in host memory beside the executor's pinned copies of them."""
+
+    def __init__(self, graph: TensorGraph, smap: StateMap, optimizer: Any) -> None:
+        super().__init__(graph)
+        self.smap, self.optimizer = smap, optimizer
+
+    def made(self, tid: int) -> torch.Tensor:
+        return self.smap.master(self.graph, tid, self.optimizer)
 
 
 def _trained(smap: StateMap) -> list[torch.Tensor]:
@@ -289,7 +304,7 @@ def _state_tensors(graph: TensorGraph, weights: Mapping[int, WeightSource]
     return out
 
 
-def _as_graph(value: torch.Tensor, tensor: Any, source: WeightSource) -> torch.Tensor:
+def as_graph(value: torch.Tensor, tensor: Any, source: WeightSource) -> torch.Tensor:
     """A module value as the graph tensor's master: derived as `source` says, the graph's
     dtype, its storage layout."""
     value = source.to_graph(value.to(torch_dtype(tensor.dtype)))

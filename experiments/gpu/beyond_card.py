@@ -10,8 +10,10 @@ sequence 2048: 3.33B parameters, 53 GB of fp32 weights, gradients and Adam state
 One part per process (`--part`), because the Trainer's placed allocator leaves torch's memory
 caps without effect in its process:
 - `ours`: `Trainer(module, AdamW, lm_loss, example, budget=CAP, precision="bf16",
-  loss_chunks=16)` on the GPU; the plan decides what stays in HBM and what streams; the
-  optimizer update runs on the GPU on streamed state (the planner has no CPU-side update yet);
+  loss_chunks=16, optimizer_on=...)` on the GPU; the plan decides what stays in HBM and what
+  streams; `--optimizer-on gpu` updates on the GPU on streamed state, `host` on the host's
+  cores as the gradients come out (`trainer.host`), `auto` (default) whichever the planner
+  predicts faster where the weights and optimizer state exceed the cap (both planned);
 - `uncapped`: the same module under `torch.autocast("cuda", torch.bfloat16)`, AdamW
   (fused) on the GPU, no cap: the speed of unlimited memory where it fits the H200;
 - `fsdp`: FSDP2 (`fully_shard`) on one GPU with `CPUOffloadPolicy` (parameters, gradients and
@@ -32,6 +34,7 @@ H200. Run one part per device command; carry the profile and plan caches between
 (`XDG_CACHE_HOME`, `--plans`) so that a rerun of `ours` starts without solving.
 
     python3 experiments/gpu/beyond_card.py OUT.json --part ours --cap 24GiB [--steps 20]
+        [--optimizer-on gpu|host|auto]
     python3 experiments/gpu/beyond_card.py OUT.json --part uncapped
     python3 experiments/gpu/beyond_card.py OUT.json --part fsdp --cap 24GiB
     python3 experiments/gpu/beyond_card.py OUT.json --small --part ours   # CPU smoke test
@@ -132,7 +135,8 @@ def ours(net, data, args) -> dict[str, Any]:
     trainer = Trainer(net, adamw(net.parameters()), lm_loss, example=data[0],
                       budget=args.cap, device=args.device, precision="bf16", mode=mode,
                       loss_chunks=args.loss_chunks, time_limit_s=args.time_limit,
-                      plans_dir=args.plans or tempfile.mkdtemp())
+                      plans_dir=args.plans or tempfile.mkdtemp(),
+                      optimizer_on=args.optimizer_on)
     setup_s = time.perf_counter() - started
     print(f"setup {setup_s:.0f} s; {trainer.describe()}; predicted "
           f"{trainer.plan.header.predicted_time_s * 1e3:.1f} ms", flush=True)
@@ -142,7 +146,7 @@ def ours(net, data, args) -> dict[str, Any]:
                   "peak_bytes": trainer.graph.peak_live_bytes,
                   "predicted_s": plan.header.predicted_time_s,
                   "status": plan.header.solver.status, "describe": trainer.describe(),
-                  "notes": trainer.notes}
+                  "optimizer_on": trainer.optimizer_on, "notes": trainer.notes}
 
 
 def uncapped(net, data, device: str) -> dict[str, Any]:
@@ -205,6 +209,8 @@ def main(argv: list[str]) -> int:
                    "caching allocator capped at --cap (no arena to pack)")
     p.add_argument("--time-limit", type=float, default=300.0, help="solver seconds")
     p.add_argument("--plans", help="plan cache folder (a second run starts without solving)")
+    p.add_argument("--optimizer-on", choices=("gpu", "host", "auto"), default="auto",
+                   help="ours: where the AdamW updates run (the Trainer's optimizer_on)")
     p.add_argument("--small", action="store_true", help="tiny model on the CPU")
     p.add_argument("--size", choices=tuple(SIZES), default="3b",
                    help="3b (default); medium: 0.3B, to follow host memory on a CPU")

@@ -1,0 +1,182 @@
+"""Optimizer updates on the host (`offload_updates`): the GPU's graph without them.
+
+A model whose fp32 master weights and Adam moments do not fit the GPU pays, with its updates
+on the GPU, for streaming all of that state in and out every step (12 bytes of state and 4 of
+gradient per parameter, each way). With the update on the host, only what the GPU's kernels
+read and write crosses the link: the weights in (bf16 under autocast: 2 bytes a parameter)
+and their gradients out (2 bytes). ZeRO-Offload's and FSDP's CPU offload make that choice for
+every parameter; here it is a graph option the planner prices (docs/training-loop.md).
+
+`offload_updates(graph)` takes a training graph (`ir.training.derive_training`) and returns
+the graph the GPU runs, with every optimizer update removed, for each trained weight W:
+
+- its update kernel (`SGDUpdate`, `AdamUpdate`; `AdamStep` with the last of them), its
+  optimizer state and the next values (W', moments, momentum buffers) are the host's;
+- *fed*: the tensor the GPU's kernels read of W. Under bf16, where W's only GPU reader is its
+  `Cast` to bf16, that cast moves to the host too and the bf16 copy is fed (half the bytes);
+  else W itself. A fed tensor is given (no producer), role WEIGHT, and starts each iteration
+  in the slow tier, where the host wrote its new value (`starts_slow`);
+- *drained*: W's gradient, a graph output that ends the iteration in the slow tier, where the
+  host reads it (`ends_slow`). Where the fp32 gradient is only the `CastGrad` of the bf16
+  one, that cast moves to the host and the bf16 gradient is drained.
+
+Moving the casts is exact: bf16 -> fp32 is exact, and fp32 -> bf16 rounds to nearest even on
+either side. The record of each update, in the order the GPU makes the gradients (the host
+runs them in that order as they arrive), is `graph.meta[META_KEY]`: a tuple of `HostUpdate`
+fields (`offloaded_updates(graph)` reads them back); the optimizer is `meta["training"]`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass
+
+from autotm_py.errors import ConfigError
+from autotm_py.ir.builder import GraphBuilder
+from autotm_py.ir.graph import Kernel, Role, TensorGraph
+from autotm_py.options import HOST_UPDATES_KEY
+
+META_KEY = HOST_UPDATES_KEY
+UPDATE_OPS = frozenset({"SGDUpdate", "AdamUpdate"})
+STEP_OP = "AdamStep"
+
+
+@dataclass(frozen=True)
+class HostUpdate:
+    """One weight's update on the host, by tensor names of the graphs (ids differ between the
+    training graph and the GPU's)."""
+
+    weight: str  # the fp32 master (the training graph's tensor; on the GPU only when fed)
+    fed: str  # what the GPU reads: the weight itself or its bf16 cast
+    grad: str  # what the GPU drains: the fp32 gradient or the bf16 one before its CastGrad
+    numel: int
+    fed_cast: bool  # the host casts the updated master to bf16 for the GPU
+    grad_cast: bool  # the drained gradient is bf16 (the host casts it up)
+
+
+def offloaded_updates(graph: TensorGraph) -> tuple[HostUpdate, ...]:
+    """The updates `offload_updates` moved to the host (() for any other graph)."""
+    return tuple(HostUpdate(*fields) for fields in graph.meta.get(META_KEY) or ())
+
+
+def fed_tensors(graph: TensorGraph) -> frozenset[int]:
+    """Ids of the tensors the host writes before each iteration: they start in slow memory."""
+    by_name = graph.tensor_ids_by_name
+    return frozenset(by_name[u.fed] for u in offloaded_updates(graph))
+
+
+def drained_tensors(graph: TensorGraph) -> frozenset[int]:
+    """Ids of the gradients the host reads after each iteration: they end in slow memory."""
+    by_name = graph.tensor_ids_by_name
+    return frozenset(by_name[u.grad] for u in offloaded_updates(graph))
+
+
+def update_bytes(graph: TensorGraph) -> int:
+    """Bytes the optimizer updates of a training graph read: the trained weights, their
+    gradients and the optimizer state (what updates on the GPU must hold or stream)."""
+    return sum(graph.tensors[t].nbytes for k in graph.kernels if k.op_type in UPDATE_OPS
+               for t in set(k.inputs) if graph.tensors[t].numel > 1)
+
+
+def offload_updates(graph: TensorGraph) -> TensorGraph:
+    """The GPU's part of training graph `graph`, every optimizer update on the host (module
+    docstring). A graph without updates is a `ConfigError`; one already offloaded comes back
+    unchanged."""
+    if offloaded_updates(graph):
+        return graph
+    updates = [k for k in graph.kernels if k.op_type in UPDATE_OPS]
+    if not updates:
+        raise ConfigError(f"graph {graph.name!r} has no optimizer updates to run on the host: "
+                          "derive a training graph first (--training)")
+    dropped_kernels: set[int] = set()
+    dropped_tensors: set[int] = set()
+    records = [_offload_one(graph, k, dropped_kernels, dropped_tensors) for k in updates]
+    for k in graph.kernels:
+        if k.op_type == STEP_OP:
+            dropped_kernels.add(k.id)
+            dropped_tensors.update(k.inputs)
+            dropped_tensors.update(k.outputs)
+    dropped_tensors.update(_unused_after(graph, dropped_kernels))
+    fed = {u.fed for u in records}
+    drained = {u.grad for u in records}
+    # the host runs the updates as the GPU makes their gradients
+    records.sort(key=lambda u: graph.by_name(u.grad).producer)
+    return _rebuild(graph, dropped_kernels, dropped_tensors, fed, drained, tuple(records))
+
+
+def _offload_one(graph: TensorGraph, update: Kernel, dropped_kernels: set[int],
+                 dropped_tensors: set[int]) -> HostUpdate:
+    """Drop `update` and its state; say what the GPU reads of its weight and drains of its
+    gradient (the casts that move with it dropped too)."""
+    tensors = graph.tensors
+    weight, grad = update.inputs[0], update.inputs[1]
+    dropped_kernels.add(update.id)
+    dropped_tensors.update(t for t in update.inputs if t not in (weight, grad))
+    dropped_tensors.update(update.outputs)
+    readers = [graph.kernels[u] for u in tensors[weight].users if u != update.id]
+    fed = weight
+    if len(readers) == 1 and readers[0].op_type == "Cast":
+        fed = readers[0].outputs[0]
+        dropped_kernels.add(readers[0].id)
+        dropped_tensors.add(weight)
+    drained = grad
+    producer = tensors[grad].producer
+    if producer is not None and graph.kernels[producer].op_type == "CastGrad":
+        source = graph.kernels[producer].inputs[0]
+        if tensors[source].users == (producer,):
+            drained = source
+            dropped_kernels.add(producer)
+            dropped_tensors.add(grad)
+    return HostUpdate(tensors[weight].name, tensors[fed].name, tensors[drained].name,
+                      tensors[weight].numel, fed != weight, drained != grad)
+
+
+def _unused_after(graph: TensorGraph, dropped_kernels: set[int]) -> set[int]:
+    """Given tensors that only dropped kernels read (the learning rate tensor)."""
+    return {t.id for t in graph.tensors if t.producer is None and t.users
+            and t.role not in (Role.INPUT, Role.LABEL)
+            and all(u in dropped_kernels for u in t.users)}
+
+
+def _rebuild(graph: TensorGraph, dropped_kernels: set[int], dropped_tensors: set[int],
+             fed: set[str], drained: set[str], records: tuple[HostUpdate, ...]
+             ) -> TensorGraph:
+    b = GraphBuilder(graph.name)
+    kept_kernels = [k.id for k in graph.kernels if k.id not in dropped_kernels]
+    remap: dict[int, int] = {}
+    for t in graph.tensors:
+        if t.id in dropped_tensors:
+            continue
+        role = Role.WEIGHT if t.name in fed else t.role
+        remap[t.id] = b.add_tensor(t.name, t.shape, t.dtype, role)
+        if t.id in graph.constants:
+            b.constants[remap[t.id]] = graph.constants[t.id]
+    for k in graph.kernels:
+        if k.id not in dropped_kernels:
+            b.add_kernel(k.op_type, [remap[t] for t in k.inputs], [remap[t] for t in k.outputs],
+                         name=k.name, domain=k.domain, attrs=k.attrs_dict,
+                         workspace_bytes=k.workspace_bytes)
+    kept = [remap[t] for t in graph.outputs if t in remap]
+    b.inputs = [remap[t] for t in graph.inputs if t in remap]
+    b.outputs = kept + [remap[graph.by_name(n).id] for n in sorted(drained)
+                        if remap[graph.by_name(n).id] not in kept]
+    b.carried = [(remap[a], remap[z]) for a, z in graph.carried if a in remap and z in remap]
+    b.meta = {**graph.meta, "training": _training_meta(graph, remap, kept_kernels),
+              META_KEY: tuple(astuple(u) for u in records)}
+    return b.build()
+
+
+def _training_meta(graph: TensorGraph, remap: dict[int, int], kept_kernels: list[int]
+                   ) -> dict[str, object]:
+    """meta["training"] with the ids of the GPU's graph: no weight gradient pairs (their
+    updates are the host's), no learning-rate tensor."""
+    meta = dict(graph.meta.get("training") or {})
+    for key in ("loss", "labels"):
+        if key in meta:
+            meta[key] = remap[meta[key]]
+    if "loss_kernel" in meta:
+        meta["loss_kernel"] = kept_kernels.index(meta["loss_kernel"])
+    if "forward_kernels" in meta:
+        meta["forward_kernels"] = sum(k < meta["forward_kernels"] for k in kept_kernels)
+    meta.pop("lr_tensor", None)
+    meta["weight_grads"] = ()
+    return meta

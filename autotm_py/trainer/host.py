@@ -1,0 +1,190 @@
+"""The optimizer updates a Trainer runs on the host (`Trainer(..., optimizer_on="host")`).
+
+The GPU runs `ir.host_updates.offload_updates` of the training graph: it reads each trained
+weight (or its bf16 cast) from the slow tier, where `HostSide` wrote it, and leaves each
+weight's gradient there. `HostSide` holds the fp32 master weights, in the graph's layout, and
+one torch optimizer per weight of the user's kind and hyper-parameters (fused where torch has
+a fused CPU kernel: AdamW updates 5.07e9 parameters a second on the H200's 16-core host), so
+each update is torch's own.
+
+The updates overlap the GPU's iteration: once an iteration is enqueued (`start`), a thread
+takes the weights in the order the GPU makes their gradients, and for each waits for the copy
+of its gradient out to the slow tier and for the last copy of its fed weight in (the executor
+reports both as it enqueues them, with events: `Executor.copy_hook`; a CUDA graph's replays
+record the captured events again), steps its optimizer at the learning rate the user's
+optimizer has now (a scheduler's change takes effect at once), and writes the new weight into
+the fed tensor's slow-tier copy (cast to bf16 where fed so). The next iteration waits for the
+thread (`wait`): it reads those weights. The simulator prices the same order
+(`runtime.simulate`, `_host_updates`). `finals` gives the masters and the optimizers' state
+to the Trainer's `sync` in the training graph's ids.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from autotm_py.ir.graph import TensorGraph
+from autotm_py.ir.host_updates import HostUpdate, offloaded_updates
+from autotm_py.ir.optim import Optimizer
+from autotm_py.memory.tiers import FAST, SLOW
+from autotm_py.trainer.state import LeafValues, Masters, StateMap, as_graph
+
+STATE_KEYS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
+
+
+class HostSide:
+    """The host's masters and optimizers for the updates of run graph `run` (module
+    docstring); `full` is the training graph `smap` maps."""
+
+    def __init__(self, full: TensorGraph, run: TensorGraph, smap: StateMap,
+                 optimizer: torch.optim.Optimizer, spec: Optimizer) -> None:
+        self.full, self.run, self.smap = full, run, smap
+        self.user = optimizer
+        self.updates: tuple[HostUpdate, ...] = offloaded_updates(run)
+        full_ids, run_ids = full.tensor_ids_by_name, run.tensor_ids_by_name
+        self.weights = [full_ids[u.weight] for u in self.updates]
+        self.fed = [run_ids[u.fed] for u in self.updates]
+        self.grads = [run_ids[u.grad] for u in self.updates]
+        self.masters = [smap.master(full, tid).to(torch.float32).clone()
+                        for tid in self.weights]
+        # one optimizer per weight: each update runs as soon as its gradient is out
+        self.optimizers = [torch_optimizer(spec, [m]) for m in self.masters]
+        self._load_state()
+        self._events: dict[tuple[int, str], Any] = {}  # the last iteration's copy events
+        self._fresh: dict[tuple[int, str], Any] = {}  # this iteration's, as reported
+        self._worker: threading.Thread | None = None
+        self._failed: list[BaseException] = []
+
+    def _load_state(self) -> None:
+        """The user's optimizer state, where it has any (a resumed run), in the graph's
+        layout; none: torch starts it as it would."""
+        for tid, master, opt in zip(self.weights, self.masters, self.optimizers, strict=True):
+            source = self.smap.weights[tid]
+            state = self.user.state.get(self.smap.module_tensors[source.name]) or {}
+            mine = {key: as_graph(state[key].detach().cpu().float(), self.full.tensors[tid],
+                                  source).clone()
+                    for key in STATE_KEYS if state.get(key) is not None}
+            if "step" in state:
+                mine["step"] = torch.as_tensor(state["step"], dtype=torch.float32).clone()
+            if mine:
+                opt.state[master] = mine
+
+    # ---- each step ---------------------------------------------------------------------
+    def attach(self, executor: Any) -> None:
+        """Feed the masters and have `executor` report the copies the updates wait for."""
+        self.feed(executor)
+        executor.hooked = frozenset(self.fed) | frozenset(self.grads)
+        executor.copy_hook = self._copied
+
+    def _copied(self, tid: int, to: str, event: Any) -> None:
+        self._fresh[(tid, to)] = event  # a fed tensor's last read overwrites the earlier ones
+
+    def feed(self, executor: Any) -> None:
+        """Write each master into the slow-tier copy the GPU reads (cast where fed bf16)."""
+        for tid, master in zip(self.fed, self.masters, strict=True):
+            self.slot(executor, tid).copy_(master)
+
+    def slot(self, executor: Any, tid: int) -> torch.Tensor:
+        """The executor's slow-tier copy of `tid` (a fed weight or a drained gradient)."""
+        return executor.pool.view(tid, self.run.tensors[tid])
+
+    def start(self, executor: Any) -> None:
+        """After an iteration is enqueued: the updates, on a thread, each once its gradient
+        is out and its fed weight's last read of the iteration is done (their events: this
+        iteration's, or, replayed as a CUDA graph, the captured ones, which each replay
+        records again)."""
+        self._events = self._fresh or self._events
+        self._fresh = {}
+        self._worker = threading.Thread(target=self._guarded, args=(executor,),
+                                        name="autotm-host-updates", daemon=True)
+        self._worker.start()
+
+    def wait(self) -> None:
+        """Until the updates of the last iteration are done (the next one reads them)."""
+        if self._worker is not None:
+            self._worker.join()
+            self._worker = None
+        if self._failed:
+            raise self._failed.pop()
+
+    def _guarded(self, executor: Any) -> None:
+        try:
+            self._update_all(executor)
+        except BaseException as exc:
+            self._failed.append(exc)
+
+    def _update_all(self, executor: Any) -> None:
+        lr = float(self.user.param_groups[0]["lr"])
+        for i, (fed, grad) in enumerate(zip(self.fed, self.grads, strict=True)):
+            for key in ((grad, SLOW), (fed, FAST)):
+                event = self._events.get(key)
+                if event is not None:
+                    event.synchronize()
+            self._update(i, executor, lr)
+
+    def _update(self, i: int, executor: Any, lr: float) -> None:
+        """Weight i's step at learning rate `lr`, and its new value fed."""
+        master, opt = self.masters[i], self.optimizers[i]
+        master.grad = self.slot(executor, self.grads[i]).to(torch.float32).reshape(
+            master.shape)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        master.grad = None
+        self.slot(executor, self.fed[i]).copy_(master)
+
+    def finals(self) -> dict[int, torch.Tensor]:
+        """The masters and the optimizer's state by the training graph's ids, as the
+        Trainer's `sync` takes the final values of carried tensors."""
+        self.wait()
+        out: dict[int, torch.Tensor] = dict(zip(self.weights, self.masters, strict=True))
+        by_weight = {w: opt.state.get(m, {})
+                     for w, m, opt in zip(self.weights, self.masters, self.optimizers,
+                                          strict=True)}
+        for tid, (weight, key) in self.smap.state.items():
+            value = by_weight.get(weight, {}).get(key)
+            if value is not None:
+                out[tid] = value
+        steps = [s["step"] for s in by_weight.values() if "step" in s]
+        if self.smap.step is not None and steps:
+            out[self.smap.step] = torch.as_tensor(steps[0], dtype=torch.float32)
+        return out
+
+
+def torch_optimizer(spec: Optimizer, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """torch's optimizer of `spec`'s kind and hyper-parameters over `params` (CPU tensors):
+    the fused CPU kernel where torch has one, else the multi-tensor one."""
+    if spec.kind == "sgd":
+        make: Any = lambda **kw: torch.optim.SGD(  # noqa: E731
+            params, lr=spec.lr, momentum=spec.momentum, dampening=spec.dampening,
+            nesterov=spec.nesterov, weight_decay=spec.weight_decay, **kw)
+    else:
+        kind = torch.optim.AdamW if spec.decoupled else torch.optim.Adam
+        make = lambda **kw: kind(params, lr=spec.lr, betas=spec.betas,  # noqa: E731
+                                 eps=spec.eps, weight_decay=spec.weight_decay, **kw)
+    try:
+        return make(fused=True)  # type: ignore[no-any-return]
+    except (RuntimeError, ValueError, TypeError):
+        return make(foreach=True)  # type: ignore[no-any-return]
+
+
+class RunMasters(LeafValues):
+    """The values of the run graph's tensors without a producer (`LeafValues`): the training
+    graph's (`Masters`) by name, and each fed tensor's slow-tier copy itself (the host wrote
+    it: placing it is then no copy)."""
+
+    def __init__(self, run: TensorGraph, full: Masters, fed: frozenset[int]) -> None:
+        super().__init__(run)
+        self.full = full
+        self.fed: dict[int, torch.Tensor] = {}  # set once the executor's pool exists
+        ids = full.graph.tensor_ids_by_name
+        self.to_full = {t.id: ids[t.name] for t in run.tensors
+                        if t.producer is None and t.id not in fed}
+
+    def made(self, tid: int) -> torch.Tensor:
+        if tid in self.fed:
+            return self.fed[tid]
+        return self.full[self.to_full[tid]]

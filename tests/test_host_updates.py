@@ -1,0 +1,276 @@
+"""Optimizer updates on the host (`ir.host_updates`, `trainer.host`, `optimize --optimizer-on
+host`): the GPU's graph without them, plans that start the weights the host writes and end
+the gradients it reads in the slow tier, the host's work on the simulated timeline, and the
+Trainer's training equal to PyTorch's."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from autotm_py import Trainer, api
+from autotm_py.cli import main
+from autotm_py.config import PlanConfig
+from autotm_py.errors import ConfigError
+from autotm_py.frontend.fuse import fuse_graph
+from autotm_py.ir.host_updates import (
+    UPDATE_OPS,
+    drained_tensors,
+    fed_tensors,
+    offload_updates,
+    offloaded_updates,
+)
+from autotm_py.ir.precision import with_precision
+from autotm_py.ir.training import derive_training
+from autotm_py.memory.tiers import FAST, SLOW
+from autotm_py.options import ModelOptions
+from autotm_py.pipeline import machine_for_plan
+from autotm_py.runtime.simulate import Simulator
+from tests.test_precision import LOSS_RTOL, _relative
+from tests.test_trainer import (
+    MODELS,
+    OPTIMIZERS,
+    RTOL,
+    assert_trained_alike,
+    batches,
+    close,
+    torch_training,
+)
+from tests.test_training_models import tiny_decoder
+
+
+def decoder(precision: str, optimizer: str = "adam"):
+    forward = with_precision(fuse_graph(tiny_decoder(batch=2, seq=9, vocab=32, d=16, heads=2)),
+                             precision)
+    return derive_training(forward, optimizer=optimizer)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_every_update_and_the_casts_only_it_needs_move_to_the_host(precision):
+    graph = decoder(precision)
+    gpu = offload_updates(graph)
+    updates = offloaded_updates(gpu)
+    assert len(updates) == sum(k.op_type in UPDATE_OPS for k in graph.kernels) > 0
+    assert not any(k.op_type in (*UPDATE_OPS, "AdamStep") for k in gpu.kernels)
+    assert offload_updates(gpu) is gpu
+    names = gpu.tensor_ids_by_name
+    for u in updates:
+        fed, grad = gpu.tensors[names[u.fed]], gpu.tensors[names[u.grad]]
+        assert fed.producer is None and fed.role.persistent and grad.id in gpu.outputs
+        assert u.numel == graph.by_name(u.weight).numel
+        # bf16: a weight read only through its cast is fed as the cast (half the bytes)
+        only_cast = [graph.kernels[k].op_type for k in graph.by_name(u.weight).users
+                     ][:-1] == ["Cast"]
+        assert u.fed_cast == (precision == "bf16" and only_cast)
+        assert fed.dtype == ("bfloat16" if u.fed_cast else "float32")
+        assert grad.dtype == ("bfloat16" if u.grad_cast else "float32")
+    if precision == "bf16":
+        assert any(u.fed_cast for u in updates) and any(u.grad_cast for u in updates)
+    # no moments, masters or next values on the GPU; the loss and labels keep their names
+    assert not any(t.role.value == "optimizer_state" for t in gpu.tensors)
+    assert not any(t.name.endswith("::next") for t in gpu.tensors) and not gpu.carried
+    meta, old = gpu.meta["training"], graph.meta["training"]
+    for key in ("loss", "labels"):
+        assert gpu.tensors[meta[key]].name == graph.tensors[old[key]].name
+    assert gpu.kernels[meta["loss_kernel"]].name == graph.kernels[old["loss_kernel"]].name
+    moved = sum(gpu.tensors[t].nbytes for t in fed_tensors(gpu) | drained_tensors(gpu))
+    state = sum(t.nbytes for t in graph.tensors if t.role.value == "optimizer_state")
+    assert moved < state  # what crosses the link each step is less than Adam's moments
+    # a graph rebuilt from its options (a plan's) is the same graph
+    assert ModelOptions.of_graph(gpu).host_updates
+
+
+def test_an_inference_graph_has_no_updates_to_offload():
+    with pytest.raises(ConfigError, match="no optimizer updates to run on the host"):
+        offload_updates(fuse_graph(tiny_decoder()))
+
+
+def _plan(graph, budget_share=0.5):
+    costs = api.load_costs(graph, device="cuda", gpu="h200")
+    budget = int(graph.peak_live_bytes * budget_share) + (80 << 20)
+    result = api.optimize(graph, PlanConfig(fast_mem_bytes=budget, device="cuda", gpu="h200",
+                                            time_limit_s=30), costs=costs)
+    assert result.plan is not None, result.message
+    return result, costs
+
+
+def test_plans_start_fed_weights_and_end_gradients_in_the_slow_tier():
+    gpu = offload_updates(decoder("bf16"))
+    result, costs = _plan(gpu)
+    plan = result.plan
+    fed, drained = fed_tensors(gpu), drained_tensors(gpu)
+    assert all(plan.initial[t] == (SLOW,) for t in fed)
+    reads = {m.tensor for m in plan.moves() if m.to == FAST}
+    writes = {m.tensor for m in plan.moves() if m.to == SLOW}
+    assert fed <= reads and drained <= writes
+    assert any("optimizer updates on the host" in n for n in plan.header.notes)
+    # the host's work on the timeline: each update after its gradient is out and its weight
+    # last read, one after the other; the iteration ends after the last
+    machine = machine_for_plan(gpu, plan, costs)
+    sim = Simulator(gpu, plan, machine, strict=True)
+    sim.run()
+    res = sim.result()
+    work = [machine.host_update_time(u.numel) for u in offloaded_updates(gpu)]
+    assert res.host_update_s == pytest.approx(sum(work))
+    last_out = max(m.end_s for m in res.moves if m.tensor in drained)
+    assert res.host_end_s >= last_out + work[-1] - 1e-12
+    assert res.total_s >= res.host_end_s and result.predicted_time_s == res.total_s
+    # a plan that starts a fed weight in fast memory would hide the host's new value
+    tid = next(iter(fed))
+    bad = dataclasses.replace(plan, initial={**plan.initial, tid: (FAST,)})
+    sim = Simulator(gpu, bad, machine, strict=False)
+    sim.run()
+    assert any("must start in the slow tier only" in v for v in sim.result().violations)
+
+
+def trainer_training(model, make_opt, loss_fn, data, **kw):
+    opt = make_opt(model.parameters())
+    trainer = Trainer(model, opt, loss_fn, example=data[0], device="cpu", **kw)
+    losses = [float(trainer.step(x, y)) for x, y in data]
+    trainer.sync()
+    return losses, opt, trainer
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_host_updates_train_as_plain_pytorch(name, opt_name, tmp_path):
+    """fp32: the Trainer with its updates on the host gives plain PyTorch's losses, weights
+    and optimizer state (relative 1e-5: torch's fused CPU kernels against its default)."""
+    make, loss_fn = MODELS[name]
+    torch.manual_seed(0)
+    reference = make()
+    ours = copy.deepcopy(reference)
+    data = batches(name, 6)
+    want, want_opt = torch_training(reference, OPTIMIZERS[opt_name], loss_fn, data)
+    got, got_opt, trainer = trainer_training(ours, OPTIMIZERS[opt_name], loss_fn, data,
+                                             ratio="2:1", plans_dir=tmp_path,
+                                             optimizer_on="host")
+    assert trainer.host is not None and len(trainer.host.updates) == len(list(
+        ours.parameters()))
+    assert torch.allclose(torch.tensor(got), torch.tensor(want), rtol=RTOL), (got, want)
+    assert_trained_alike(ours, reference, got_opt, want_opt)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")
+def test_a_scheduler_changes_the_hosts_learning_rate(tmp_path):
+    make, loss_fn = MODELS["mlp"]
+    torch.manual_seed(1)
+    reference = make()
+    ours = copy.deepcopy(reference)
+    data = batches("mlp", 5)
+
+    def run(model, host):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.1)
+        trainer = Trainer(model, opt, loss_fn, example=data[0], device="cpu", ratio="2:1",
+                          plans_dir=tmp_path, optimizer_on="host") if host else None
+        for x, y in data:
+            if trainer is None:
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+            else:
+                trainer.step(x, y)
+            sched.step()
+        if trainer is not None:
+            trainer.sync()
+
+    run(reference, False)
+    run(ours, True)
+    for p, q in zip(ours.parameters(), reference.parameters(), strict=True):
+        assert close(p.detach(), q.detach())
+
+
+def test_bf16_host_updates_follow_the_gpus_own(tmp_path):
+    """bf16: the casts moved to the host are exact, so the losses follow the Trainer's with
+    every update on the GPU (the updates round differently: within the bf16 tolerance)."""
+    make, loss_fn = MODELS["lm"]
+    torch.manual_seed(2)
+    reference = make()
+    ours = copy.deepcopy(reference)
+    data = batches("lm", 5)
+    want, _, _ = trainer_training(reference, OPTIMIZERS["adamw"], loss_fn, data, ratio="2:1",
+                                  plans_dir=tmp_path, precision="bf16")
+    got, _, trainer = trainer_training(ours, OPTIMIZERS["adamw"], loss_fn, data, ratio="2:1",
+                                       plans_dir=tmp_path, precision="bf16",
+                                       optimizer_on="host")
+    assert any(u.fed_cast for u in trainer.host.updates)
+    assert _relative(got, want) <= LOSS_RTOL, (got, want)
+
+
+def test_the_executor_reports_the_copies_the_host_waits_for(tmp_path):
+    make, loss_fn = MODELS["mlp"]
+    model = make()
+    data = batches("mlp", 1)
+    trainer = Trainer(model, OPTIMIZERS["adamw"](model.parameters()), loss_fn,
+                      example=data[0], device="cpu", ratio="2:1", plans_dir=tmp_path,
+                      optimizer_on="host")
+    seen = []
+    executor = trainer.loop.executor
+    hook = executor.copy_hook
+    executor.copy_hook = lambda tid, to, event: (seen.append((tid, to)), hook(tid, to, event))
+    trainer.step(*data[0])
+    host = trainer.host
+    assert {t for t, to in seen if to == SLOW} == set(host.grads)
+    assert {t for t, to in seen if to == FAST} == set(host.fed)
+
+
+def test_bad_optimizer_places_are_one_line_errors(tmp_path, capsys):
+    make, loss_fn = MODELS["mlp"]
+    model = make()
+    with pytest.raises(ConfigError, match="optimizer_on='cpu': choose one of gpu, host, auto"):
+        Trainer(model, OPTIMIZERS["adamw"](model.parameters()), loss_fn,
+                example=batches("mlp", 1)[0], device="cpu", ratio="1:1",
+                optimizer_on="cpu")
+    assert main(["optimize", "resnet50", "--optimizer-on", "cpu"]) == 2
+    assert "'cpu' is not one of 'gpu', 'host'" in capsys.readouterr().err
+
+
+def test_optimize_and_run_say_what_the_hosts_updates_cost(tmp_path, capsys):
+    model, plan = "models/corpus/gated_mlp.onnx", str(tmp_path / "plan.json")
+    code = main(["optimize", model, "--training", "--optimizer", "adam", "--precision", "bf16",
+                 "--optimizer-on", "host", "--gpu", "h200", "--ratio", "1:1", "--time-limit",
+                 "20", "--no-baselines", "-o", plan])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "optimizer updates on the host" in out and "parameters/s" in out
+    # `run` starts from the file's weights (the bf16 copies fed from them) and says what it
+    # does not time
+    assert main(["run", model, "--plan", plan, "--device", "cpu", "--iterations", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "weights: the file's own weights" in out
+    assert "optimizer updates are the host's: this run times the GPU's part" in out
+
+
+def test_auto_plans_both_places_only_where_the_state_exceeds_the_budget(tmp_path):
+    """optimizer_on="auto" (the default): the GPU where the weights, gradients and optimizer
+    state fit the budget (one plan, no note); below that both plans, the faster kept and
+    both times said."""
+    from autotm_py.ir.host_updates import update_bytes
+
+    torch.manual_seed(4)
+    # wide layers, a small batch: the weights and Adam's state are most of the peak
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 10))
+    data = [(torch.randn(8, 256), torch.randint(0, 10, (8,)))]
+
+    def trainer(**cap):
+        return Trainer(model, OPTIMIZERS["adamw"](model.parameters()),
+                       torch.nn.functional.cross_entropy, example=data[0], device="cpu",
+                       plans_dir=tmp_path, **cap)
+
+    roomy = trainer(ratio="1:0")
+    assert roomy.optimizer_on == "gpu" and roomy.host is None
+    assert not any("optimizer_on='auto'" in n for n in roomy.notes)
+    state = update_bytes(roomy.graph)
+    assert state < roomy.graph.peak_live_bytes
+    tight = trainer(budget=state * 3 // 4)
+    note = next(n for n in tight.notes if "optimizer_on='auto'" in n)
+    assert "gpu " in note and "host " in note, note
+    assert note.startswith(f"optimizer updates on the {tight.optimizer_on} ")
+    assert (tight.host is not None) == (tight.optimizer_on == "host")
+    tight.step(*data[0])
