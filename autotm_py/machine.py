@@ -382,8 +382,8 @@ class MachineModel:
 
     def host_update_time(self, numel: int) -> float:
         """Seconds the host's vectorised optimizer update of `numel` fp32 parameters takes
-        (`ir.host_updates`; `MemorySystem.host_update_rate`)."""
-        return numel / self.memory.host_updates_per_s
+        (`ir.host_updates`, `MemorySystem.host_update_s`)."""
+        return self.memory.host_update_s(numel)
 
     def fill_time(self, tid: int) -> float:
         """Seconds a fill kernel takes to write tensor `tid` in fast memory with one value (a

@@ -343,7 +343,7 @@ def _verified(machine: MachineModel, result: PlanResult) -> PlanResult:
                                    counts={**result.plan.header.counts,
                                            "fast_peak_bytes": peak})
     if res.host_update_s > 0:
-        note = res.host_note(machine.memory.host_updates_per_s)
+        note = res.host_note()
         plan = plan.with_header(notes=(*plan.header.notes, note))
     message = f"{result.status}: predicted {predicted * 1e3:.3f} ms per iteration"
     return replace(result, plan=plan, message=message, predicted_time_s=predicted,

@@ -20,7 +20,7 @@ from autotm_py.frontend.onnx_load import check_external_locations
 from autotm_py.frontend.weights import initializer_values
 from autotm_py.frontend.zoo import ZOO, build_graph
 from autotm_py.ir.conv_split import part_origins, split_conv_grads
-from autotm_py.ir.host_updates import offload_updates, offloaded_updates
+from autotm_py.ir.host_updates import offload_updates
 from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import derive_training
@@ -119,7 +119,7 @@ def initial_values(graph: TensorGraph, model: PathLike, seed: int = 0
     if not (path.is_file() and path.suffix == ".onnx"):
         return masters, (f"seeded random values (--seed {seed}): a zoo model has no weights "
                          "of its own (times and memory do not depend on them)")
-    found = initializer_values(path, _fed_as_masters(graph))
+    found = initializer_values(path, graph)
     import torch
 
     for tid, value in found.values.items():
@@ -130,17 +130,6 @@ def initial_values(graph: TensorGraph, model: PathLike, seed: int = 0
         text += (f"; external data {', '.join(_missing_data_files(path))} is missing: seeded "
                  f"random values (--seed {seed}) for the {len(found.missing)} weights it holds")
     return masters, text
-
-
-def _fed_as_masters(graph: TensorGraph) -> TensorGraph:
-    """`graph` with each bf16 copy the host feeds (`ir.host_updates`) named and typed as the
-    weight it is cast from, so that the file's initializer of that weight gives its value."""
-    casts = {u.fed: u.weight for u in offloaded_updates(graph) if u.fed_cast}
-    if not casts:
-        return graph
-    tensors = tuple(replace(t, name=casts[t.name], dtype="float32") if t.name in casts else t
-                    for t in graph.tensors)
-    return replace(graph, tensors=tensors)
 
 
 def _missing_data_files(path: Path) -> list[str]:

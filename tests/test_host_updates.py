@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,6 +42,8 @@ from tests.test_trainer import (
 )
 from tests.test_training_models import tiny_decoder
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def decoder(precision: str, optimizer: str = "adam"):
     forward = with_precision(fuse_graph(tiny_decoder(batch=2, seq=9, vocab=32, d=16, heads=2)),
@@ -49,7 +52,7 @@ def decoder(precision: str, optimizer: str = "adam"):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_every_update_and_the_casts_only_it_needs_move_to_the_host(precision):
+def test_every_update_moves_to_the_host_and_its_weight_and_gradient_stay(precision):
     graph = decoder(precision)
     gpu = offload_updates(graph)
     updates = offloaded_updates(gpu)
@@ -58,17 +61,14 @@ def test_every_update_and_the_casts_only_it_needs_move_to_the_host(precision):
     assert offload_updates(gpu) is gpu
     names = gpu.tensor_ids_by_name
     for u in updates:
-        fed, grad = gpu.tensors[names[u.fed]], gpu.tensors[names[u.grad]]
-        assert fed.producer is None and fed.role.persistent and grad.id in gpu.outputs
-        assert u.numel == graph.by_name(u.weight).numel
-        # bf16: a weight read only through its cast is fed as the cast (half the bytes)
-        only_cast = [graph.kernels[k].op_type for k in graph.by_name(u.weight).users
-                     ][:-1] == ["Cast"]
-        assert u.fed_cast == (precision == "bf16" and only_cast)
-        assert fed.dtype == ("bfloat16" if u.fed_cast else "float32")
-        assert grad.dtype == ("bfloat16" if u.grad_cast else "float32")
-    if precision == "bf16":
-        assert any(u.fed_cast for u in updates) and any(u.grad_cast for u in updates)
+        weight, grad = gpu.tensors[names[u.weight]], gpu.tensors[names[u.grad]]
+        assert weight.producer is None and weight.role.persistent and grad.id in gpu.outputs
+        assert weight.dtype == grad.dtype == "float32"
+        assert u.numel == graph.by_name(u.weight).numel and grad.name == f"grad::{u.weight}"
+    # under bf16 the GPU still casts the weights it reads
+    casts = sum(k.op_type == "Cast" for k in graph.kernels)
+    assert sum(k.op_type == "Cast" for k in gpu.kernels) == casts
+    assert (casts > 0) == (precision == "bf16")
     # no moments, masters or next values on the GPU; the loss and labels keep their names
     assert not any(t.role.value == "optimizer_state" for t in gpu.tensors)
     assert not any(t.name.endswith("::next") for t in gpu.tensors) and not gpu.carried
@@ -77,8 +77,9 @@ def test_every_update_and_the_casts_only_it_needs_move_to_the_host(precision):
         assert gpu.tensors[meta[key]].name == graph.tensors[old[key]].name
     assert gpu.kernels[meta["loss_kernel"]].name == graph.kernels[old["loss_kernel"]].name
     moved = sum(gpu.tensors[t].nbytes for t in fed_tensors(gpu) | drained_tensors(gpu))
-    state = sum(t.nbytes for t in graph.tensors if t.role.value == "optimizer_state")
-    assert moved < state  # what crosses the link each step is less than Adam's moments
+    state = sum(t.nbytes for t in graph.tensors
+                if t.role.value == "optimizer_state" and t.producer is None and t.numel > 1)
+    assert moved == state  # a weight in and its gradient out: the bytes of Adam's moments alone
     # a graph rebuilt from its options (a plan's) is the same graph
     assert ModelOptions.of_graph(gpu).host_updates
 
@@ -185,8 +186,8 @@ def test_a_scheduler_changes_the_hosts_learning_rate(tmp_path):
 
 
 def test_bf16_host_updates_follow_the_gpus_own(tmp_path):
-    """bf16: the casts moved to the host are exact, so the losses follow the Trainer's with
-    every update on the GPU (the updates round differently: within the bf16 tolerance)."""
+    """bf16: the losses follow the Trainer's with every update on the GPU (torch's fused CPU
+    AdamW rounds differently from our GPU kernel: within the bf16 tolerance)."""
     make, loss_fn = MODELS["lm"]
     torch.manual_seed(2)
     reference = make()
@@ -197,7 +198,7 @@ def test_bf16_host_updates_follow_the_gpus_own(tmp_path):
     got, _, trainer = trainer_training(ours, OPTIMIZERS["adamw"], loss_fn, data, ratio="2:1",
                                        plans_dir=tmp_path, precision="bf16",
                                        optimizer_on="host")
-    assert any(u.fed_cast for u in trainer.host.updates)
+    assert trainer.host is not None
     assert _relative(got, want) <= LOSS_RTOL, (got, want)
 
 
@@ -236,7 +237,7 @@ def test_optimize_and_run_say_what_the_hosts_updates_cost(tmp_path, capsys):
                  "20", "--no-baselines", "-o", plan])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "optimizer updates on the host" in out and "parameters/s" in out
+    assert "optimizer updates on the host" in out and "ms of work, the last ending at" in out
     # `run` starts from the file's weights (the bf16 copies fed from them) and says what it
     # does not time
     assert main(["run", model, "--plan", plan, "--device", "cpu", "--iterations", "1"]) == 0
@@ -274,3 +275,28 @@ def test_auto_plans_both_places_only_where_the_state_exceeds_the_budget(tmp_path
     assert note.startswith(f"optimizer updates on the {tight.optimizer_on} ")
     assert (tight.host is not None) == (tight.optimizer_on == "host")
     tight.step(*data[0])
+
+
+def test_a_process_that_exits_mid_update_exits_cleanly(tmp_path):
+    """The host's updates of the last step may still run when the user's script ends: the
+    interpreter waits for them (a daemon thread killed inside torch's CPU kernels aborted the
+    process, 2026-12-05)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import torch
+from autotm_py import Trainer
+from tests.test_trainer import MODELS, OPTIMIZERS, batches
+make, loss_fn = MODELS["lm"]
+model = make()
+data = batches("lm", 2)
+trainer = Trainer(model, OPTIMIZERS["adamw"](model.parameters()), loss_fn, example=data[0],
+                  device="cpu", ratio="2:1", plans_dir={str(tmp_path)!r}, optimizer_on="host")
+for x, y in data:
+    trainer.step(x, y)
+print("stepped")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600, cwd=str(ROOT))
+    assert done.returncode == 0 and "stepped" in done.stdout, done.stderr[-2000:]

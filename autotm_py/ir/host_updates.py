@@ -3,26 +3,28 @@
 A model whose fp32 master weights and Adam moments do not fit the GPU pays, with its updates
 on the GPU, for streaming all of that state in and out every step (12 bytes of state and 4 of
 gradient per parameter, each way). With the update on the host, only what the GPU's kernels
-read and write crosses the link: the weights in (bf16 under autocast: 2 bytes a parameter)
-and their gradients out (2 bytes). ZeRO-Offload's and FSDP's CPU offload make that choice for
-every parameter; here it is a graph option the planner prices (docs/training-loop.md).
+read and write crosses the link: the weights in and their gradients out (4 bytes a parameter
+each). ZeRO-Offload's and FSDP's CPU offload make that choice for every parameter; here it
+is a graph option the planner prices (docs/training-loop.md).
 
 `offload_updates(graph)` takes a training graph (`ir.training.derive_training`) and returns
 the graph the GPU runs, with every optimizer update removed, for each trained weight W:
 
 - its update kernel (`SGDUpdate`, `AdamUpdate`; `AdamStep` with the last of them), its
   optimizer state and the next values (W', moments, momentum buffers) are the host's;
-- *fed*: the tensor the GPU's kernels read of W. Under bf16, where W's only GPU reader is its
-  `Cast` to bf16, that cast moves to the host too and the bf16 copy is fed (half the bytes);
-  else W itself. A fed tensor is given (no producer), role WEIGHT, and starts each iteration
-  in the slow tier, where the host wrote its new value (`starts_slow`);
-- *drained*: W's gradient, a graph output that ends the iteration in the slow tier, where the
-  host reads it (`ends_slow`). Where the fp32 gradient is only the `CastGrad` of the bf16
-  one, that cast moves to the host and the bf16 gradient is drained.
+- *fed*: W itself, fp32, given (no producer) and starting each iteration in the slow tier,
+  where the host updated it in place (`starts_slow`); under bf16 its cast to bf16 stays on
+  the GPU;
+- *drained*: W's fp32 gradient, a graph output that ends the iteration in the slow tier,
+  where the host's optimizer steps on it as it lies (`ends_slow`).
 
-Moving the casts is exact: bf16 -> fp32 is exact, and fp32 -> bf16 rounds to nearest even on
-either side. The record of each update, in the order the GPU makes the gradients (the host
-runs them in that order as they arrive), is `graph.meta[META_KEY]`: a tuple of `HostUpdate`
+Both stay fp32, though bf16 would halve their bytes on the link: a cast pass on the host over
+every weight or gradient took half as long as AdamW itself (`experiments/gpu/cpu_adam_probe.py`
+`host_side`, a 2-core machine, 2026-12-05), and where the host's updates are what ends the
+step (a 3.33B decoder's 0.66 s of AdamW on the H200's host) the GPU's casts and the link's
+bytes are the cheaper side. The record of each update, in the order the GPU makes the
+gradients (the host runs them in that order as they arrive), is `graph.meta[META_KEY]`: a
+tuple of `HostUpdate`
 fields (`offloaded_updates(graph)` reads them back); the optimizer is `meta["training"]`'s.
 """
 
@@ -45,12 +47,9 @@ class HostUpdate:
     """One weight's update on the host, by tensor names of the graphs (ids differ between the
     training graph and the GPU's)."""
 
-    weight: str  # the fp32 master (the training graph's tensor; on the GPU only when fed)
-    fed: str  # what the GPU reads: the weight itself or its bf16 cast
-    grad: str  # what the GPU drains: the fp32 gradient or the bf16 one before its CastGrad
+    weight: str  # the fp32 weight the GPU reads and the host updates
+    grad: str  # its fp32 gradient, which the GPU drains
     numel: int
-    fed_cast: bool  # the host casts the updated master to bf16 for the GPU
-    grad_cast: bool  # the drained gradient is bf16 (the host casts it up)
 
 
 def offloaded_updates(graph: TensorGraph) -> tuple[HostUpdate, ...]:
@@ -61,7 +60,7 @@ def offloaded_updates(graph: TensorGraph) -> tuple[HostUpdate, ...]:
 def fed_tensors(graph: TensorGraph) -> frozenset[int]:
     """Ids of the tensors the host writes before each iteration: they start in slow memory."""
     by_name = graph.tensor_ids_by_name
-    return frozenset(by_name[u.fed] for u in offloaded_updates(graph))
+    return frozenset(by_name[u.weight] for u in offloaded_updates(graph))
 
 
 def drained_tensors(graph: TensorGraph) -> frozenset[int]:
@@ -96,38 +95,22 @@ def offload_updates(graph: TensorGraph) -> TensorGraph:
             dropped_tensors.update(k.inputs)
             dropped_tensors.update(k.outputs)
     dropped_tensors.update(_unused_after(graph, dropped_kernels))
-    fed = {u.fed for u in records}
     drained = {u.grad for u in records}
     # the host runs the updates as the GPU makes their gradients
     records.sort(key=lambda u: graph.by_name(u.grad).producer)
-    return _rebuild(graph, dropped_kernels, dropped_tensors, fed, drained, tuple(records))
+    return _rebuild(graph, dropped_kernels, dropped_tensors, drained, tuple(records))
 
 
 def _offload_one(graph: TensorGraph, update: Kernel, dropped_kernels: set[int],
                  dropped_tensors: set[int]) -> HostUpdate:
-    """Drop `update` and its state; say what the GPU reads of its weight and drains of its
-    gradient (the casts that move with it dropped too)."""
+    """Drop `update`, its optimizer state and its next values; the weight it read and the
+    gradient stay."""
     tensors = graph.tensors
     weight, grad = update.inputs[0], update.inputs[1]
     dropped_kernels.add(update.id)
     dropped_tensors.update(t for t in update.inputs if t not in (weight, grad))
     dropped_tensors.update(update.outputs)
-    readers = [graph.kernels[u] for u in tensors[weight].users if u != update.id]
-    fed = weight
-    if len(readers) == 1 and readers[0].op_type == "Cast":
-        fed = readers[0].outputs[0]
-        dropped_kernels.add(readers[0].id)
-        dropped_tensors.add(weight)
-    drained = grad
-    producer = tensors[grad].producer
-    if producer is not None and graph.kernels[producer].op_type == "CastGrad":
-        source = graph.kernels[producer].inputs[0]
-        if tensors[source].users == (producer,):
-            drained = source
-            dropped_kernels.add(producer)
-            dropped_tensors.add(grad)
-    return HostUpdate(tensors[weight].name, tensors[fed].name, tensors[drained].name,
-                      tensors[weight].numel, fed != weight, drained != grad)
+    return HostUpdate(tensors[weight].name, tensors[grad].name, tensors[weight].numel)
 
 
 def _unused_after(graph: TensorGraph, dropped_kernels: set[int]) -> set[int]:
@@ -138,16 +121,14 @@ def _unused_after(graph: TensorGraph, dropped_kernels: set[int]) -> set[int]:
 
 
 def _rebuild(graph: TensorGraph, dropped_kernels: set[int], dropped_tensors: set[int],
-             fed: set[str], drained: set[str], records: tuple[HostUpdate, ...]
-             ) -> TensorGraph:
+             drained: set[str], records: tuple[HostUpdate, ...]) -> TensorGraph:
     b = GraphBuilder(graph.name)
     kept_kernels = [k.id for k in graph.kernels if k.id not in dropped_kernels]
     remap: dict[int, int] = {}
     for t in graph.tensors:
         if t.id in dropped_tensors:
             continue
-        role = Role.WEIGHT if t.name in fed else t.role
-        remap[t.id] = b.add_tensor(t.name, t.shape, t.dtype, role)
+        remap[t.id] = b.add_tensor(t.name, t.shape, t.dtype, t.role)
         if t.id in graph.constants:
             b.constants[remap[t.id]] = graph.constants[t.id]
     for k in graph.kernels:

@@ -76,9 +76,11 @@ class MemorySystem:
     # (`ir.host_updates`); None: `DEFAULT_HOST_UPDATE_RATE`
     host_update_rate: float | None = None
 
-    @property
-    def host_updates_per_s(self) -> float:
-        return self.host_update_rate or DEFAULT_HOST_UPDATE_RATE
+    def host_update_s(self, numel: int) -> float:
+        """Seconds the host's update of a weight of `numel` parameters takes, with the
+        per-update overhead."""
+        return HOST_UPDATE_OVERHEAD_S + numel / (self.host_update_rate or
+                                                 DEFAULT_HOST_UPDATE_RATE)
 
     def with_copies_slower(self, to_fast: float, to_slow: float) -> MemorySystem:
         """The same system with its link's bandwidths into the fast tier divided by `to_fast`
@@ -194,8 +196,12 @@ _DRAM = TierSpec("dram", read_bw=105 * GB, write_bw=70 * GB, latency_s=81e-9)
 
 # The H200 host's (16 cores, 2026-12-04): torch.optim.AdamW(fused=True) on fp32 CPU tensors
 # updates 5.07e9 parameters a second (`experiments/gpu/cpu_adam_probe.py`,
-# experiments/results/beyond_card/2026-12-04/). Systems that measured none use it.
+# experiments/results/beyond_card/2026-12-04/). Systems that measured none use it. An update
+# of a tiny tensor (the per-update overhead) took 0.14 ms on a 2-core machine (the probe's
+# `host_side`, 2026-12-05, experiments/results/scale/2026-12-05/cpu_probe_2core.json), taken
+# as it is until measured on the H200's host.
 DEFAULT_HOST_UPDATE_RATE = 5.07e9
+HOST_UPDATE_OVERHEAD_S = 1.4e-4
 
 PRESETS: dict[str, MemorySystem] = {
     # Izraelevitz et al. 2019 (arXiv 1903.05714): six interleaved Optane DC PMM DIMMs,

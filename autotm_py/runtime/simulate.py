@@ -476,7 +476,7 @@ class Simulator(PlanInterpreter):
                              "and must end in the slow tier only")
             work = self.machine.host_update_time(update.numel)
             self.host_update_s += work
-            ready = max(written.get(grad, 0.0), read.get(by_name[update.fed], 0.0))
+            ready = max(written.get(grad, 0.0), read.get(by_name[update.weight], 0.0))
             host = max(host, ready) + work
         self.host_end_s = host
         self.clock = max(self.clock, host)

@@ -93,12 +93,11 @@ class SimulationResult:
     def slowdown(self) -> float:
         return self.total_s / self.all_fast_s if self.all_fast_s > 0 else 1.0
 
-    def host_note(self, rate: float) -> str:
-        """What the optimizer updates on the host cost (`ir.host_updates`), at `rate`
-        parameters a second."""
-        return (f"optimizer updates on the host: {self.host_update_s * 1e3:.3f} ms of work at "
-                f"{rate:.3g} parameters/s, the last ending at {self.host_end_s * 1e3:.3f} ms of "
-                f"the {self.total_s * 1e3:.3f} ms iteration")
+    def host_note(self) -> str:
+        """What the optimizer updates on the host cost (`ir.host_updates`)."""
+        return (f"optimizer updates on the host: {self.host_update_s * 1e3:.3f} ms of work, the "
+                f"last ending at {self.host_end_s * 1e3:.3f} ms of the "
+                f"{self.total_s * 1e3:.3f} ms iteration")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

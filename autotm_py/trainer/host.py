@@ -1,20 +1,20 @@
 """The optimizer updates a Trainer runs on the host (`Trainer(..., optimizer_on="host")`).
 
 The GPU runs `ir.host_updates.offload_updates` of the training graph: it reads each trained
-weight (or its bf16 cast) from the slow tier, where `HostSide` wrote it, and leaves each
-weight's gradient there. `HostSide` holds the fp32 master weights, in the graph's layout, and
-one torch optimizer per weight of the user's kind and hyper-parameters (fused where torch has
-a fused CPU kernel: AdamW updates 5.07e9 parameters a second on the H200's 16-core host), so
-each update is torch's own.
+weight (fp32) from the slow tier and leaves its fp32 gradient there. `HostSide` takes those
+slow-tier copies as the master weights (the executor's pinned pool, in the graph's layout)
+and steps one torch optimizer per weight, of the user's kind and hyper-parameters (fused where
+torch has a fused CPU kernel: AdamW updates 5.07e9 parameters a second on the H200's 16-core
+host), on each in place with its gradient where the GPU left it: each update is torch's own,
+and nothing is copied on the host.
 
 The updates overlap the GPU's iteration: once an iteration is enqueued (`start`), a thread
 takes the weights in the order the GPU makes their gradients, and for each waits for the copy
 of its gradient out to the slow tier and for the last copy of its fed weight in (the executor
 reports both as it enqueues them, with events: `Executor.copy_hook`; a CUDA graph's replays
 record the captured events again), steps its optimizer at the learning rate the user's
-optimizer has now (a scheduler's change takes effect at once), and writes the new weight into
-the fed tensor's slow-tier copy (cast to bf16 where fed so). The next iteration waits for the
-thread (`wait`): it reads those weights. The simulator prices the same order
+optimizer has now (a scheduler's change takes effect at once). The next iteration waits for
+the thread (`wait`): it reads those weights. The simulator prices the same order
 (`runtime.simulate`, `_host_updates`). `finals` gives the masters and the optimizers' state
 to the Trainer's `sync` in the training graph's ids.
 """
@@ -42,21 +42,33 @@ class HostSide:
     def __init__(self, full: TensorGraph, run: TensorGraph, smap: StateMap,
                  optimizer: torch.optim.Optimizer, spec: Optimizer) -> None:
         self.full, self.run, self.smap = full, run, smap
-        self.user = optimizer
+        self.user, self.spec = optimizer, spec
         self.updates: tuple[HostUpdate, ...] = offloaded_updates(run)
         full_ids, run_ids = full.tensor_ids_by_name, run.tensor_ids_by_name
         self.weights = [full_ids[u.weight] for u in self.updates]
-        self.fed = [run_ids[u.fed] for u in self.updates]
+        self.fed = [run_ids[u.weight] for u in self.updates]
         self.grads = [run_ids[u.grad] for u in self.updates]
-        self.masters = [smap.master(full, tid).to(torch.float32).clone()
-                        for tid in self.weights]
-        # one optimizer per weight: each update runs as soon as its gradient is out
-        self.optimizers = [torch_optimizer(spec, [m]) for m in self.masters]
-        self._load_state()
+        # made when attached to an executor (`attach`): they live in its slow tier
+        self.masters: list[torch.Tensor] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
         self._events: dict[tuple[int, str], Any] = {}  # the last iteration's copy events
         self._fresh: dict[tuple[int, str], Any] = {}  # this iteration's, as reported
         self._worker: threading.Thread | None = None
         self._failed: list[BaseException] = []
+
+    def attach(self, executor: Any) -> None:
+        """Make the masters, each the executor's slow-tier copy of its weight (the GPU reads
+        it there; the update writes it in place), and one optimizer per weight (each update
+        runs as soon as its gradient is out); have `executor` report the copies the updates
+        wait for."""
+        for tid, fed in zip(self.weights, self.fed, strict=True):
+            master = self.slot(executor, fed)
+            master.copy_(self.smap.master(self.full, tid))
+            self.masters.append(master)
+            self.optimizers.append(torch_optimizer(self.spec, [master]))
+        self._load_state()
+        executor.hooked = frozenset(self.fed) | frozenset(self.grads)
+        executor.copy_hook = self._copied
 
     def _load_state(self) -> None:
         """The user's optimizer state, where it has any (a resumed run), in the graph's
@@ -73,19 +85,8 @@ class HostSide:
                 opt.state[master] = mine
 
     # ---- each step ---------------------------------------------------------------------
-    def attach(self, executor: Any) -> None:
-        """Feed the masters and have `executor` report the copies the updates wait for."""
-        self.feed(executor)
-        executor.hooked = frozenset(self.fed) | frozenset(self.grads)
-        executor.copy_hook = self._copied
-
     def _copied(self, tid: int, to: str, event: Any) -> None:
         self._fresh[(tid, to)] = event  # a fed tensor's last read overwrites the earlier ones
-
-    def feed(self, executor: Any) -> None:
-        """Write each master into the slow-tier copy the GPU reads (cast where fed bf16)."""
-        for tid, master in zip(self.fed, self.masters, strict=True):
-            self.slot(executor, tid).copy_(master)
 
     def slot(self, executor: Any, tid: int) -> torch.Tensor:
         """The executor's slow-tier copy of `tid` (a fed weight or a drained gradient)."""
@@ -98,8 +99,10 @@ class HostSide:
         records again)."""
         self._events = self._fresh or self._events
         self._fresh = {}
+        # not a daemon: the interpreter's exit waits for it (killed inside torch's CPU
+        # kernels it aborts the process)
         self._worker = threading.Thread(target=self._guarded, args=(executor,),
-                                        name="autotm-host-updates", daemon=True)
+                                        name="autotm-host-updates")
         self._worker.start()
 
     def wait(self) -> None:
@@ -126,15 +129,14 @@ class HostSide:
             self._update(i, executor, lr)
 
     def _update(self, i: int, executor: Any, lr: float) -> None:
-        """Weight i's step at learning rate `lr`, and its new value fed."""
+        """Weight i's step at learning rate `lr`, on its gradient and its weight where the
+        GPU left and reads them (the slow tier)."""
         master, opt = self.masters[i], self.optimizers[i]
-        master.grad = self.slot(executor, self.grads[i]).to(torch.float32).reshape(
-            master.shape)
+        master.grad = self.slot(executor, self.grads[i])
         for group in opt.param_groups:
             group["lr"] = lr
         opt.step()
         master.grad = None
-        self.slot(executor, self.fed[i]).copy_(master)
 
     def finals(self) -> dict[int, torch.Tensor]:
         """The masters and the optimizer's state by the training graph's ids, as the

@@ -1,6 +1,9 @@
 """How fast the host can run AdamW (issue 49 item 1: the optimizer step on the CPU): torch's
 AdamW on fp32 parameters, gradients and moments in host memory, `foreach` (FSDP2's CPU
-offload runs this one) and `fused`, on this machine's cores, in parameters per second.
+offload runs this one) and `fused`, on this machine's cores, in parameters per second; and
+`host_side`: the Trainer's host updates (`trainer.host`: one fused AdamW per weight, the cast
+of the new weight to bf16 timed apart, the per-update overhead of a tiny tensor), whose rates
+are `MemorySystem.host_update_rate`, `host_cast_rate` and `HOST_UPDATE_OVERHEAD_S`.
 
     python3 experiments/gpu/cpu_adam_probe.py OUT.json [--billions 1.0] [--steps 4]
 
@@ -38,6 +41,36 @@ def probe(variant: str, params: list[torch.Tensor], steps: int) -> dict[str, flo
     return {"step_s": step_s, "seconds": seconds, "params_per_s": numel / step_s}
 
 
+def host_side(params: list[torch.Tensor], steps: int) -> dict[str, float]:
+    """What `trainer.host.HostSide` does per weight: one fused AdamW per tensor stepping on
+    its gradient, then the new weight cast to bf16 into a buffer the GPU reads (each timed
+    apart), and the time of one update of a tiny tensor (a bias: the per-call overhead)."""
+    opts = [torch.optim.AdamW([p], lr=1e-4, weight_decay=0.1, fused=True) for p in params]
+    out = [torch.empty_like(p, dtype=torch.bfloat16) for p in params]
+    bias = torch.zeros(3072)
+    bias.grad = torch.randn(3072)
+    tiny = torch.optim.AdamW([bias], lr=1e-4, fused=True)
+    step, cast, small = [], [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        for opt in opts:
+            opt.step()
+        middle = time.perf_counter()
+        for p, o in zip(params, out, strict=True):
+            o.copy_(p)
+        step.append(middle - start)
+        cast.append(time.perf_counter() - middle)
+        start = time.perf_counter()
+        for _ in range(100):
+            tiny.step()
+        small.append((time.perf_counter() - start) / 100)
+    numel = sum(p.numel() for p in params)
+    return {"params_per_s": numel / statistics.median(step[1:] or step),
+            "cast_per_s": numel / statistics.median(cast[1:] or cast),
+            "overhead_s": statistics.median(small[1:] or small),
+            "step_seconds": step, "cast_seconds": cast}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
@@ -52,6 +85,9 @@ def main() -> int:
         row[variant] = probe(variant, params, args.steps)
         print(variant, json.dumps({k: v for k, v in row[variant].items() if k != "seconds"}),
               flush=True)
+    row["host_side"] = host_side(params, args.steps)
+    print("host_side", json.dumps({k: v for k, v in row["host_side"].items()
+                                   if not k.endswith("seconds")}), flush=True)
     args.out.write_text(json.dumps(row, indent=1) + "\n")
     return 0
 

@@ -130,6 +130,8 @@ struct ModelOptions
     precision::String  # --precision: fp32 or bf16 (fp32: absent in older plans)
     split_conv_grads::Vector{String}  # --split-conv-grads: the fused convolution backward
     # kernels split, by name (none: absent in older plans)
+    host_updates::Bool  # --optimizer-on host: the updates run on the host (false: absent in
+    # older plans)
 end
 
 """The kernel costs the plan was solved with: `digest` (a hash over every kernel's time,
