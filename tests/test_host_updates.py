@@ -228,6 +228,9 @@ def test_bad_optimizer_places_are_one_line_errors(tmp_path, capsys):
                 optimizer_on="cpu")
     assert main(["optimize", "resnet50", "--optimizer-on", "cpu"]) == 2
     assert "'cpu' is not one of 'gpu', 'host'" in capsys.readouterr().err
+    assert main(["bench", "--models", "resnet50", "--ratios", "1:1", "--training",
+                 "--optimizer-on", "host", "--execute", "-o", str(tmp_path / "b.csv")]) != 0
+    assert "a bench run times the GPU's part only" in capsys.readouterr().err
 
 
 def test_optimize_and_run_say_what_the_hosts_updates_cost(tmp_path, capsys):

@@ -100,4 +100,4 @@ def train_both(name: str, cuda_first: bool = False, optimizer_on: str = "gpu") -
             "notes": trainer.notes,
             "host_updates": len(trainer.host.updates) if trainer.host is not None else 0,
             "staged_carried": len(trainer.loop.executor.uploads.staged
-                                  & {first for first, _ in trainer.graph.carried})}
+                                  & {first for first, _ in trainer.run_graph.carried})}

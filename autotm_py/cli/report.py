@@ -279,6 +279,10 @@ def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, recom
     check_writable(plans_dir, "--plans", directory=True)
     if model.model is not None:
         raise ConfigError("bench takes its models from --models (comma-separated), not --model")
+    if execute and model.options.host_updates:
+        raise ConfigError("--optimizer-on host with --execute: a bench run times the GPU's part "
+                          "only, not the host's updates; bench without --execute, or train "
+                          "through autotm_py.Trainer(..., optimizer_on='host')")
     spec = BenchSpec(models=_split(models), ratios=_split(ratios),
                      strategies=_split(strategies), recompute=recompute,
                      solvers=_split(solvers), device=device, memory=memory,

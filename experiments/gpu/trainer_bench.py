@@ -436,7 +436,7 @@ def predicted_breakdown(trainer, top: int = 15) -> dict:
     """What the simulator predicts of the Trainer's plan, per step in ms: the step, the kernels
     and re-runs summed, the time no kernel runs (waiting for copies), copies per direction
     (ms and MB) and the kernels and re-runs by op type."""
-    graph = trainer.graph
+    graph = trainer.run_graph  # the graph the plan is for
     # the costs the Trainer priced its plan with: every kernel measured by now, none again
     costs = pipeline.device_costs(graph, "cuda", gpu_name("cuda"), measure=False)
     sim = pipeline.simulate(graph, trainer.plan, costs=costs)
