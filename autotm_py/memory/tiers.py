@@ -245,8 +245,11 @@ PRESETS: dict[str, MemorySystem] = {
         link=Link(read_bw=55.3 * GB, write_bw=55.2 * GB, async_read_bw=50.2 * GB,
                   async_write_bw=49.9 * GB, latency_s=9e-6, both_directions_bw=94.2 * GB),
         runtime_reserve_bytes=68 << 20,
+        # the Trainer's host updates (one fused AdamW per weight) on that machine's 16 cores
+        host_update_rate=4.37e9,
         source="autotm calibrate, NVIDIA H100 80GB HBM3, PCIe Gen5 x16, pinned, 2026-11-26 "
-               "(profiles/memory/h100-80gb-hbm3.json)",
+               "(profiles/memory/h100-80gb-hbm3.json); host AdamW: cpu_adam_probe host_side, "
+               "2026-12-05 (experiments/results/beyond_card/2026-12-05)",
     ),
     # H200 (141 GB HBM3e) over PCIe Gen5 x16, pinned host memory, measured the same way on
     # 2026-11-29 (profiles/memory/h200.json): 55.6 GB/s host->device and 55.4 GB/s back alone

@@ -133,6 +133,10 @@ class Executor(PlanInterpreter):
         # completed): the host's optimizer updates wait on them (`trainer.host`)
         self.hooked: frozenset[int] = frozenset()
         self.copy_hook: Callable[[int, str, Any], None] | None = None
+        # the events recorded in a CUDA-graph capture, alive as long as the graph: its event
+        # record nodes use them, and one destroyed (a hook keeps only a tensor's last copy's)
+        # made capture_end crash (the H100, 2026-12-05: fp32 weights read twice)
+        self._captured_events: list[Any] = []
 
     # ---- iteration boundaries ------------------------------------------------------------
     def prepare(self) -> None:
@@ -422,8 +426,11 @@ class Executor(PlanInterpreter):
             stream = getattr(self.streams, "h2d" if to == FAST else "d2h") \
                 if record.mode == "async" else self._compute
             # external: a CUDA graph's replays record it again, for the host to wait on
-            event = torch.cuda.Event(external=torch.cuda.is_current_stream_capturing())
+            capturing = torch.cuda.is_current_stream_capturing()
+            event = torch.cuda.Event(external=capturing)
             event.record(stream)
+            if capturing:
+                self._captured_events.append(event)
             self._report_copy(tid, to, event)
         if record.mode == "async" and record.overlaps is not None and not JOIN_COPIES_AT_USE:
             # AutoTM's join at the end of the kernel it overlaps. Otherwise a copy is joined
