@@ -1,5 +1,8 @@
 """Debug aid (not a benchmark): the host-updates GPU test's training with faulthandler on,
-under a run mode given on the command line (replay on/off, arena on/off)."""
+under a run mode given on the command line (replay on/off, arena on/off); on the GPU machine:
+
+    python3 experiments/gpu/host_debug.py mlp|cnn|lm REPLAY(0|1) ARENA(0|1)
+"""
 import faulthandler
 import json
 import sys
