@@ -217,6 +217,12 @@ def test_the_executor_reports_the_copies_the_host_waits_for(tmp_path):
     host = trainer.host
     assert {t for t, to in seen if to == SLOW} == set(host.grads)
     assert {t for t, to in seen if to == FAST} == set(host.fed)
+    assert host.last_timing == {}  # the step's updates have not been waited for yet
+    host.wait()
+    timing = host.last_timing
+    assert set(timing) == {"span_s", "waited_s", "updating_s", "blocked_s"}
+    assert timing["updating_s"] > 0 and timing["waited_s"] >= 0
+    assert timing["span_s"] == pytest.approx(timing["waited_s"] + timing["updating_s"])
 
 
 def test_bad_optimizer_places_are_one_line_errors(tmp_path, capsys):

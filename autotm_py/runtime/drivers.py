@@ -79,6 +79,9 @@ class ReplayDriver(EagerDriver):
         self.stream = side_streams(executor.device)[2]
         self._graph: GraphReplay | None = None
         self._end: tuple[State, dict] | None = None
+        # the events the capture recorded (`Executor._captured_events`): its event record
+        # nodes use them, so they live exactly as long as the graph
+        self._events: list[torch.cuda.Event] = []
 
     def begin(self, i: int, warmup: int, cap: int | None = None) -> bool:
         """Iteration i of a timed run: the last warm-up iteration runs on the capture's
@@ -145,6 +148,7 @@ class ReplayDriver(EagerDriver):
         ex = self.executor
         ex.prepare()
         graph = GraphReplay(ex.run, ex.where, self.stream)
+        self._events = ex.take_captured_events()
         if graph.failed is not None:
             # the tensors of the partial iteration live in the graph's private pool; until
             # they go (and the cache is emptied) its blocks count against the cap of the eager
@@ -167,6 +171,7 @@ class ReplayDriver(EagerDriver):
 
     def release(self) -> None:
         self._graph = self._end = None
+        self._events = []  # after the graph that records them
 
 
 def give_back(device: torch.device | None) -> None:

@@ -133,10 +133,17 @@ class Executor(PlanInterpreter):
         # completed): the host's optimizer updates wait on them (`trainer.host`)
         self.hooked: frozenset[int] = frozenset()
         self.copy_hook: Callable[[int, str, Any], None] | None = None
-        # the events recorded in a CUDA-graph capture, alive as long as the graph: its event
-        # record nodes use them, and one destroyed (a hook keeps only a tensor's last copy's)
-        # made capture_end crash (the H100, 2026-12-05: fp32 weights read twice)
+        # the events recorded in a CUDA-graph capture, until the driver takes them to keep as
+        # long as the graph: its event record nodes use them, and one destroyed (a hook keeps
+        # only a tensor's last copy's) made capture_end crash (the H100, 2026-12-05: fp32
+        # weights read twice)
         self._captured_events: list[Any] = []
+
+    def take_captured_events(self) -> list[Any]:
+        """The events recorded since the last call, for the caller to keep alive as long as
+        the CUDA graph that captured them."""
+        events, self._captured_events = self._captured_events, []
+        return events
 
     # ---- iteration boundaries ------------------------------------------------------------
     def prepare(self) -> None:

@@ -22,6 +22,7 @@ to the Trainer's `sync` in the training graph's ids.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import torch
@@ -55,6 +56,11 @@ class HostSide:
         self._fresh: dict[tuple[int, str], Any] = {}  # this iteration's, as reported
         self._worker: threading.Thread | None = None
         self._failed: list[BaseException] = []
+        # where the last finished iteration's host time went, in seconds (a diagnostic:
+        # experiments/gpu/beyond_card.py prints it): the thread's span from `start`, its waits
+        # for copy events, its optimizer steps, and how long the next step's `wait` blocked
+        self.last_timing: dict[str, float] = {}
+        self._timing: dict[str, float] = {}
 
     def attach(self, executor: Any) -> None:
         """Make the masters, each the executor's slow-tier copy of its weight (the GPU reads
@@ -108,8 +114,10 @@ class HostSide:
     def wait(self) -> None:
         """Until the updates of the last iteration are done (the next one reads them)."""
         if self._worker is not None:
+            blocked = time.perf_counter()
             self._worker.join()
             self._worker = None
+            self.last_timing = self._timing | {"blocked_s": time.perf_counter() - blocked}
         if self._failed:
             raise self._failed.pop()
 
@@ -121,12 +129,18 @@ class HostSide:
 
     def _update_all(self, executor: Any) -> None:
         lr = float(self.user.param_groups[0]["lr"])
+        began = time.perf_counter()
+        waited = 0.0
         for i, (fed, grad) in enumerate(zip(self.fed, self.grads, strict=True)):
+            since = time.perf_counter()
             for key in ((grad, SLOW), (fed, FAST)):
                 event = self._events.get(key)
                 if event is not None:
                     event.synchronize()
+            waited += time.perf_counter() - since
             self._update(i, executor, lr)
+        span = time.perf_counter() - began
+        self._timing = {"span_s": span, "waited_s": waited, "updating_s": span - waited}
 
     def _update(self, i: int, executor: Any, lr: float) -> None:
         """Weight i's step at learning rate `lr`, on its gradient and its weight where the

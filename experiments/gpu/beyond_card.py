@@ -140,13 +140,24 @@ def ours(net, data, args) -> dict[str, Any]:
     setup_s = time.perf_counter() - started
     print(f"setup {setup_s:.0f} s; {trainer.describe()}; predicted "
           f"{trainer.plan.header.predicted_time_s * 1e3:.1f} ms", flush=True)
-    row = timed(trainer.step, data)
+    host_timings: list[dict[str, float]] = []
+
+    def step(x, y):
+        loss = trainer.step(x, y)
+        if trainer.host is not None and trainer.host.last_timing:  # the step before's
+            host_timings.append(trainer.host.last_timing)
+            print("  host, the step before: " + ", ".join(
+                f"{k} {v * 1e3:.1f} ms" for k, v in trainer.host.last_timing.items()),
+                flush=True)
+        return loss
+    row = timed(step, data)
     plan = trainer.plan
     return row | {"setup_s": setup_s, "budget_bytes": plan.header.budget_bytes,
                   "peak_bytes": trainer.graph.peak_live_bytes,
                   "predicted_s": plan.header.predicted_time_s,
                   "status": plan.header.solver.status, "describe": trainer.describe(),
-                  "optimizer_on": trainer.optimizer_on, "notes": trainer.notes}
+                  "optimizer_on": trainer.optimizer_on, "notes": trainer.notes,
+                  "host_timings": host_timings}
 
 
 def uncapped(net, data, device: str) -> dict[str, Any]:
