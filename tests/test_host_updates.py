@@ -30,6 +30,7 @@ from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.options import ModelOptions
 from autotm_py.pipeline import machine_for_plan
 from autotm_py.runtime.simulate import Simulator
+from autotm_py.units import parse_ratio
 from tests.test_precision import LOSS_RTOL, _relative
 from tests.test_trainer import (
     MODELS,
@@ -309,3 +310,19 @@ print("stepped")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=600, cwd=str(ROOT))
     assert done.returncode == 0 and "stepped" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_budget_an_update_on_the_gpu_cannot_fit_points_to_the_host():
+    """GPT-2 small's tied embedding under Adam: its update (weight, gradient, two moments)
+    forces the smallest budget with the updates on the GPU, and the message offers the host;
+    with them on the host the smallest feasible budget is less than half of it (the loss's
+    gradient sets it there)."""
+    config = PlanConfig(ratio=parse_ratio("1:19"), device="cuda", gpu="h200", time_limit_s=20)
+    graph = api.load_model("gpt2_small", batch=1, dims={"seq": 128}, training=True,
+                           loss_chunks=16, optimizer="adam")
+    result = api.optimize(graph, config)
+    assert result.status == "infeasible" and "(AdamUpdate)" in result.message
+    assert "--optimizer-on host runs the updates on the host's cores" in result.message
+    hosted = api.optimize(offload_updates(graph), config)
+    assert "--optimizer-on host" not in hosted.message
+    assert hosted.min_feasible_budget_bytes < result.min_feasible_budget_bytes / 2

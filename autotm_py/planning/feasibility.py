@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autotm_py.ir.host_updates import UPDATE_OPS
 from autotm_py.ir.training import chunkable_logits_bytes
 from autotm_py.units import format_bytes, parse_bytes
 
@@ -45,6 +46,7 @@ FACES: dict[str, dict[str, str]] = {
         "no_arena": "without an arena (--no-arena)",
         "headroom": "a smaller --headroom",
         "chunks": "--loss-chunks 16",
+        "host": "--optimizer-on host",
     },
     "trainer": {
         "budget": "budget='{}'",
@@ -54,6 +56,7 @@ FACES: dict[str, dict[str, str]] = {
         "no_arena": "without an arena (mode=RunMode(replay=True))",
         "headroom": "",
         "chunks": "loss_chunks=16",
+        "host": "optimizer_on='host'",
     },
 }
 
@@ -180,7 +183,8 @@ class Smallest:
                 f"feasible budget of {format_bytes(self.budget_bytes)} ({self.budget_bytes} "
                 f"bytes{self._parts_text()}), forced by kernel #{self.kernel} "
                 f"{self.kernel_name!r} ({self.op_type}): {self._why()}"
-                f"{self._causes_text(budget, hints)}{self._logits_text(hints)}; give "
+                f"{self._causes_text(budget, hints)}{self._logits_text(hints)}"
+                f"{self._update_text(budget, hints)}; give "
                 f"{hints['budget'].format(size_at_least(self.budget_bytes))} or more")
 
     def short(self, budget: int) -> str:
@@ -270,6 +274,18 @@ class Smallest:
         return (f"; the loss's logits ({format_bytes(self.logits_bytes)}) set it: "
                 f"{hints['chunks']} computes the loss over blocks of tokens and never holds "
                 "them whole (docs/training.md)")
+
+
+    def _update_text(self, budget: int, hints: dict[str, str]) -> str:
+        """Where an optimizer update on the GPU sets it, with its own bytes (not the reserve
+        or another overhead): on the host its state stays there."""
+        if self.op_type not in UPDATE_OPS or self.causes(budget) \
+                or self.reserve_bytes >= self.plan_bytes:
+            return ""
+        return (f"; an optimizer update sets it (the weight, its gradient and its optimizer "
+                f"state together): {hints['host']} runs the updates on the host's cores, "
+                "and fast memory then holds only what the GPU's kernels read "
+                "(docs/training-loop.md)")
 
 
 _PART_NAMES = {"reserve": "runtime reserve", "scratch": "scratch region",
