@@ -326,3 +326,31 @@ def test_a_budget_an_update_on_the_gpu_cannot_fit_points_to_the_host():
     hosted = api.optimize(offload_updates(graph), config)
     assert "--optimizer-on host" not in hosted.message
     assert hosted.min_feasible_budget_bytes < result.min_feasible_budget_bytes / 2
+
+
+def test_a_plan_the_hosts_memory_cannot_hold_is_refused_before_pinning(tmp_path, monkeypatch):
+    """The Trainer adds up the plan's slow tier and the host optimizers' state (Adam: two fp32
+    moments a parameter) and refuses, naming both, where the host has less available; the
+    executor's pool checks itself too (`autotm run`)."""
+    from autotm_py.runtime import pinned
+
+    make, loss_fn = MODELS["mlp"]
+    model = make()
+    data = batches("mlp", 1)
+    trainer = Trainer(model, OPTIMIZERS["adamw"](model.parameters()), loss_fn,
+                      example=data[0], device="cpu", ratio="2:1", plans_dir=tmp_path,
+                      optimizer_on="host")
+    params = sum(p.numel() for p in model.parameters())
+    assert trainer.host is not None and trainer.host.state_bytes == 8 * params
+    pool = pinned.slow_tier_layout(trainer.run_graph, trainer.plan)[1]
+    assert trainer.host_bytes == pool + 8 * params
+    monkeypatch.setattr(pinned, "available_host_bytes", lambda: trainer.host_bytes - 1)
+    again = make()
+    with pytest.raises(ConfigError, match=r"Trainer: the plan's slow tier \(.*, pinned\) with "
+                       r"the host's optimizer state .* of host memory, and this host has .* "
+                       r"available: plan with a larger fast-memory budget"):
+        Trainer(again, OPTIMIZERS["adamw"](again.parameters()), loss_fn, example=data[0],
+                device="cpu", ratio="2:1", plans_dir=tmp_path, optimizer_on="host")
+    monkeypatch.setattr(pinned, "available_host_bytes", lambda: 1)
+    with pytest.raises(ConfigError, match="the plan's slow tier .one pinned host pool."):
+        pinned.PinnedPool({0: 0}, 4096, pin=False)

@@ -8,13 +8,16 @@ its weights where they started.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from autotm_py.errors import ConfigError
 from autotm_py.kernels.util import typed_view
 from autotm_py.memory.tiers import SLOW
 from autotm_py.plan import Compute, Move, Plan
+from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import Tensor, TensorGraph
@@ -53,10 +56,36 @@ def slow_tier_layout(graph: TensorGraph, plan: Plan) -> tuple[dict[int, int], in
     return offsets, end
 
 
+def available_host_bytes() -> int | None:
+    """The host memory the kernel says a new allocation can have without swapping
+    (`MemAvailable` of /proc/meminfo); None where it does not say (not Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_host_fits(need: int, what: str, fix: str) -> None:
+    """A `ConfigError` naming `what` and `fix` where `need` bytes exceed the host's available
+    memory: pinned memory cannot be swapped, and a pool larger than the host is killed by
+    the kernel midway, after minutes of pinning (a 3.33B decoder's setup, 2026-12-04)."""
+    available = available_host_bytes()
+    if available is not None and need > available:
+        raise ConfigError(f"{what} needs {format_bytes(need)} of host memory, and this host has "
+                          f"{format_bytes(available)} available: {fix}")
+
+
+SLOW_TIER_FIX = "plan with a larger fast-memory budget (less in the slow tier), or free host memory"
+
+
 class PinnedPool:
     """A host byte buffer with typed views at fixed offsets."""
 
     def __init__(self, offsets: dict[int, int], nbytes: int, *, pin: bool) -> None:
+        check_host_fits(nbytes, "the plan's slow tier (one pinned host pool)", SLOW_TIER_FIX)
         self.offsets = offsets
         self.nbytes = nbytes
         self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin and nbytes > 0)

@@ -40,6 +40,7 @@ from autotm_py.ir.layout import has_convolutions, to_channels_last
 from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import chunkable_logits_bytes, derive_training
 from autotm_py.options import AUTO_PRECISION, OPTIMIZER_PLACES, RunMode
+from autotm_py.runtime.pinned import SLOW_TIER_FIX, check_host_fits, slow_tier_layout
 from autotm_py.trainer.host import HostSide, RunMasters
 from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for, precision_on
 from autotm_py.trainer.spec import Example, loss_rule, optimizer_of, split_example
@@ -117,6 +118,7 @@ class Trainer:
             self.host = HostSide(self.graph, self.run_graph, self.map, optimizer, self._spec)
             masters = RunMasters(self.run_graph, masters, frozenset(self.host.fed))
         masters.update(self._batch_masters(self.example))
+        self.host_bytes = self._check_host_memory()
         self.loop = Loop(self.run_graph, self.plan, self.device, self.mode, masters)
         if self.host is not None:  # the GPU reads the host's slow-tier copies as they are
             masters.fed = {t: self.host.slot(self.loop.executor, t) for t in self.host.fed}
@@ -152,6 +154,16 @@ class Trainer:
                               f"weights, gradients and optimizer state, {format_bytes(state)}, "
                               f"exceed the budget; predicted a step: {times})")
         return place, *plans[place]
+
+    def _check_host_memory(self) -> int:
+        """The host memory the run will add (the plan's pinned slow tier, the host's optimizer
+        state), checked against what the host has available before any of it is pinned."""
+        pool = slow_tier_layout(self.run_graph, self.plan)[1]
+        state = self.host.state_bytes if self.host is not None else 0
+        what = f"Trainer: the plan's slow tier ({format_bytes(pool)}, pinned)" + (
+            f" with the host's optimizer state ({format_bytes(state)})" if state else "")
+        check_host_fits(pool + state, what, SLOW_TIER_FIX)
+        return pool + state
 
     @property
     def steps(self) -> int:

@@ -62,6 +62,13 @@ class HostSide:
         self.last_timing: dict[str, float] = {}
         self._timing: dict[str, float] = {}
 
+    @property
+    def state_bytes(self) -> int:
+        """The host memory its optimizers' state will take: Adam's two fp32 moments, SGD's
+        momentum buffer (none without momentum), for every weight."""
+        per_param = 8 if self.spec.kind != "sgd" else 4 if self.spec.momentum else 0
+        return per_param * sum(u.numel for u in self.updates)
+
     def attach(self, executor: Any) -> None:
         """Make the masters, each the executor's slow-tier copy of its weight (the GPU reads
         it there; the update writes it in place), and one optimizer per weight (each update
