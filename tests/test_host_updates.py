@@ -203,13 +203,19 @@ def test_bf16_host_updates_follow_the_gpus_own(tmp_path):
     assert _relative(got, want) <= LOSS_RTOL, (got, want)
 
 
-def test_the_executor_reports_the_copies_the_host_waits_for(tmp_path):
+def _mlp_on_the_host(tmp_path: Path) -> tuple[torch.nn.Module, list, Trainer]:
+    """The MLP, a batch, and a Trainer with AdamW's updates on the host at 2:1."""
     make, loss_fn = MODELS["mlp"]
     model = make()
     data = batches("mlp", 1)
     trainer = Trainer(model, OPTIMIZERS["adamw"](model.parameters()), loss_fn,
                       example=data[0], device="cpu", ratio="2:1", plans_dir=tmp_path,
                       optimizer_on="host")
+    return model, data, trainer
+
+
+def test_the_executor_reports_the_copies_the_host_waits_for(tmp_path):
+    _, data, trainer = _mlp_on_the_host(tmp_path)
     seen = []
     executor = trainer.loop.executor
     hook = executor.copy_hook
@@ -334,23 +340,16 @@ def test_a_plan_the_hosts_memory_cannot_hold_is_refused_before_pinning(tmp_path,
     executor's pool checks itself too (`autotm run`)."""
     from autotm_py.runtime import pinned
 
-    make, loss_fn = MODELS["mlp"]
-    model = make()
-    data = batches("mlp", 1)
-    trainer = Trainer(model, OPTIMIZERS["adamw"](model.parameters()), loss_fn,
-                      example=data[0], device="cpu", ratio="2:1", plans_dir=tmp_path,
-                      optimizer_on="host")
+    model, _, trainer = _mlp_on_the_host(tmp_path)
     params = sum(p.numel() for p in model.parameters())
     assert trainer.host is not None and trainer.host.state_bytes == 8 * params
     pool = pinned.slow_tier_layout(trainer.run_graph, trainer.plan)[1]
     assert trainer.host_bytes == pool + 8 * params
     monkeypatch.setattr(pinned, "available_host_bytes", lambda: trainer.host_bytes - 1)
-    again = make()
     with pytest.raises(ConfigError, match=r"Trainer: the plan's slow tier \(.*, pinned\) with "
                        r"the host's optimizer state .* of host memory, and this host has .* "
                        r"available: plan with a larger fast-memory budget"):
-        Trainer(again, OPTIMIZERS["adamw"](again.parameters()), loss_fn, example=data[0],
-                device="cpu", ratio="2:1", plans_dir=tmp_path, optimizer_on="host")
+        _mlp_on_the_host(tmp_path)
     monkeypatch.setattr(pinned, "available_host_bytes", lambda: 1)
-    with pytest.raises(ConfigError, match="the plan's slow tier .one pinned host pool."):
+    with pytest.raises(ConfigError, match=r"the plan's slow tier \(one pinned host pool\)"):
         pinned.PinnedPool({0: 0}, 4096, pin=False)
