@@ -5,7 +5,12 @@ offload runs this one) and `fused`, on this machine's cores, in parameters per s
 of the new weight to bf16 timed apart, the per-update overhead of a tiny tensor), whose rates
 are `MemorySystem.host_update_rate`, `host_cast_rate` and `HOST_UPDATE_OVERHEAD_S`.
 
-    python3 experiments/gpu/cpu_adam_probe.py OUT.json [--billions 1.0] [--steps 4]
+    python3 experiments/gpu/cpu_adam_probe.py OUT.json [--billions 1.0] [--steps 4] [--busy-link]
+
+`--busy-link` (a GPU machine): `host_side` again while two CUDA streams copy 1 GiB pinned
+buffers to the GPU and back without pause, as a plan's weights, gradients and activations
+cross the link while the host updates (the host's memory serves both): `host_side_busy_link`,
+with the link's bytes a second meanwhile.
 
 The parameters are split in tensors of 3072 x 3072 (a 3B decoder's projection) so that the
 time per parameter is that of a real model's update; the median of the steps after the first.
@@ -17,6 +22,7 @@ import argparse
 import json
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -71,11 +77,32 @@ def host_side(params: list[torch.Tensor], steps: int) -> dict[str, float]:
             "step_seconds": step, "cast_seconds": cast}
 
 
+def copying_both_ways(stop: threading.Event, moved: list[float], nbytes: int = 1 << 30) -> None:
+    """Copy pinned host buffers to the GPU and back on two streams until `stop`; appends the
+    bytes moved and the seconds taken to `moved`."""
+    host_in = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    host_out = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev_in = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dev_out = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    h2d, d2h = torch.cuda.Stream(), torch.cuda.Stream()
+    start, count = time.perf_counter(), 0
+    while not stop.is_set():
+        with torch.cuda.stream(h2d):
+            dev_in.copy_(host_in, non_blocking=True)
+        with torch.cuda.stream(d2h):
+            host_out.copy_(dev_out, non_blocking=True)
+        torch.cuda.synchronize()
+        count += 2 * nbytes
+    moved += [count, time.perf_counter() - start]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
     p.add_argument("--billions", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--busy-link", action="store_true",
+                   help="host_side again while the GPU's link copies both ways")
     args = p.parse_args()
     torch.manual_seed(0)
     params = [torch.randn(TILE).mul_(0.02) for _ in range(int(args.billions * 1e9) // TILE)]
@@ -88,6 +115,18 @@ def main() -> int:
     row["host_side"] = host_side(params, args.steps)
     print("host_side", json.dumps({k: v for k, v in row["host_side"].items()
                                    if not k.endswith("seconds")}), flush=True)
+    if args.busy_link:
+        stop, moved = threading.Event(), []
+        side = threading.Thread(target=copying_both_ways, args=(stop, moved))
+        side.start()
+        time.sleep(1.0)  # its buffers pinned and copies running
+        row["host_side_busy_link"] = host_side(params, args.steps)
+        stop.set()
+        side.join()
+        row["host_side_busy_link"]["link_bytes_per_s"] = moved[0] / moved[1]
+        print("host_side_busy_link", json.dumps({
+            k: v for k, v in row["host_side_busy_link"].items() if not k.endswith("seconds")}),
+            flush=True)
     args.out.write_text(json.dumps(row, indent=1) + "\n")
     return 0
 
