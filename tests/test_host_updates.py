@@ -353,3 +353,20 @@ def test_a_plan_the_hosts_memory_cannot_hold_is_refused_before_pinning(tmp_path,
     monkeypatch.setattr(pinned, "available_host_bytes", lambda: 1)
     with pytest.raises(ConfigError, match=r"the plan's slow tier \(one pinned host pool\)"):
         pinned.PinnedPool({0: 0}, 4096, pin=False)
+
+
+def test_beside_a_gpu_the_updates_leave_one_core_to_the_waiting_thread(tmp_path, monkeypatch):
+    """On a GPU the host's updates run on one thread fewer than torch's (the thread waiting for
+    the GPU spins on a core); on the CPU on torch's own."""
+    from autotm_py.trainer import host as host_module
+
+    assert host_module.update_threads(False) is None
+    assert host_module.update_threads(True) == max(1, torch.get_num_threads() - 1)
+    _, data, trainer = _mlp_on_the_host(tmp_path)
+    assert trainer.host is not None and trainer.host.threads is None
+    calls: list[int] = []
+    monkeypatch.setattr(host_module.torch, "set_num_threads", calls.append)
+    trainer.host.threads = 1  # as `attach` sets it on a GPU
+    trainer.step(*data[0])
+    trainer.host.wait()
+    assert calls == [1]

@@ -61,6 +61,7 @@ class HostSide:
         # for copy events, its optimizer steps, and how long the next step's `wait` blocked
         self.last_timing: dict[str, float] = {}
         self._timing: dict[str, float] = {}
+        self.threads: int | None = None  # the updates' CPU threads (`update_threads`)
 
     @property
     def state_bytes(self) -> int:
@@ -82,6 +83,7 @@ class HostSide:
         self._load_state()
         executor.hooked = frozenset(self.fed) | frozenset(self.grads)
         executor.copy_hook = self._copied
+        self.threads = update_threads(executor.cuda)
 
     def _load_state(self) -> None:
         """The user's optimizer state, where it has any (a resumed run), in the graph's
@@ -135,6 +137,8 @@ class HostSide:
             self._failed.append(exc)
 
     def _update_all(self, executor: Any) -> None:
+        if self.threads is not None:  # this thread's parallel regions (and later threads')
+            torch.set_num_threads(self.threads)
         lr = float(self.user.param_groups[0]["lr"])
         began = time.perf_counter()
         waited = 0.0
@@ -175,6 +179,18 @@ class HostSide:
         if self.smap.step is not None and steps:
             out[self.smap.step] = torch.as_tensor(steps[0], dtype=torch.float32)
         return out
+
+
+def update_threads(cuda: bool) -> int | None:
+    """The CPU threads the host's updates run on beside a GPU: one fewer than torch's, since
+    the thread that waits for the GPU (a loss's `.item()`, a synchronize) spins on a core
+    meanwhile, and a parallel kernel on every core is as slow as its thread that shares one:
+    the Trainer's fused AdamW on 2 threads of a 2-core machine beside one spinning process ran
+    0.77e9 parameters a second, against 1.59e9 alone and 0.83e9 on 1 thread
+    (`experiments/gpu/cpu_adam_probe.py --beside-spin`, 2026-12-05); on the H100's 16-core
+    host the Trainer's updates ran 1.4-3.8e9 beside the GPU against the probe's 4.3e9 alone.
+    None (torch's own) on the CPU, where the iteration is done before they start."""
+    return max(1, torch.get_num_threads() - 1) if cuda else None
 
 
 def torch_optimizer(spec: Optimizer, params: list[torch.Tensor]) -> torch.optim.Optimizer:

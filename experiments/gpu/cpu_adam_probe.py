@@ -6,11 +6,14 @@ of the new weight to bf16 timed apart, the per-update overhead of a tiny tensor)
 are `MemorySystem.host_update_rate`, `host_cast_rate` and `HOST_UPDATE_OVERHEAD_S`.
 
     python3 experiments/gpu/cpu_adam_probe.py OUT.json [--billions 1.0] [--steps 4] [--busy-link]
+        [--beside-spin]
 
 `--busy-link` (a GPU machine): `host_side` again while two CUDA streams copy 1 GiB pinned
 buffers to the GPU and back without pause, as a plan's weights, gradients and activations
 cross the link while the host updates (the host's memory serves both): `host_side_busy_link`,
-with the link's bytes a second meanwhile.
+with the link's bytes a second meanwhile. `--beside-spin` (any machine): `host_side` on all of
+torch's threads and on one fewer, each beside a process spinning on one core, as the thread
+that waits for a GPU spins (`trainer.host.update_threads`): `host_side_beside_spin_N`.
 
 The parameters are split in tensors of 3072 x 3072 (a 3B decoder's projection) so that the
 time per parameter is that of a real model's update; the median of the steps after the first.
@@ -22,6 +25,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -96,6 +101,25 @@ def copying_both_ways(stop: threading.Event, moved: list[float], nbytes: int = 1
     moved += [count, time.perf_counter() - start]
 
 
+def beside_spin(params: list[torch.Tensor], steps: int, threads: int) -> dict[str, float]:
+    """`host_side` on `threads` threads (a thread of its own, as the Trainer's updates run)
+    while another process spins on a core."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    out: dict[str, float] = {}
+
+    def work() -> None:
+        torch.set_num_threads(threads)
+        out.update(host_side(params, steps))
+    try:
+        time.sleep(0.5)
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+    finally:
+        spinner.kill()
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
@@ -103,6 +127,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--busy-link", action="store_true",
                    help="host_side again while the GPU's link copies both ways")
+    p.add_argument("--beside-spin", action="store_true",
+                   help="host_side on all threads and one fewer beside a spinning process")
     args = p.parse_args()
     torch.manual_seed(0)
     params = [torch.randn(TILE).mul_(0.02) for _ in range(int(args.billions * 1e9) // TILE)]
@@ -127,6 +153,13 @@ def main() -> int:
         print("host_side_busy_link", json.dumps({
             k: v for k, v in row["host_side_busy_link"].items() if not k.endswith("seconds")}),
             flush=True)
+    if args.beside_spin:
+        everyone = torch.get_num_threads()
+        for threads in sorted({everyone, max(1, everyone - 1)}, reverse=True):
+            key = f"host_side_beside_spin_{threads}"
+            row[key] = beside_spin(params, args.steps, threads)
+            print(key, json.dumps({k: v for k, v in row[key].items()
+                                   if not k.endswith("seconds")}), flush=True)
     args.out.write_text(json.dumps(row, indent=1) + "\n")
     return 0
 
