@@ -157,6 +157,7 @@ def ours(net, data, args) -> dict[str, Any]:
                   "predicted_s": plan.header.predicted_time_s,
                   "status": plan.header.solver.status, "describe": trainer.describe(),
                   "optimizer_on": trainer.optimizer_on, "notes": trainer.notes,
+                  "host_bytes": trainer.host_bytes,
                   "host_timings": host_timings}
 
 
