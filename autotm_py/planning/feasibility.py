@@ -223,7 +223,7 @@ class Smallest:
 
     def _causes_text(self, budget: int, hints: dict[str, str]) -> str:
         causes = self.causes(budget)
-        if not causes and self.reserve_bytes >= self.plan_bytes > 0:
+        if not causes and self._mostly_reserve():
             # not what alone does not fit (the tensors do not either), but most of it
             return (f"; {format_bytes(self.reserve_bytes)} of it is {self._reserve()}, the "
                     f"model's tensors need only {format_bytes(self.plan_bytes)}"
@@ -275,12 +275,14 @@ class Smallest:
                 f"{hints['chunks']} computes the loss over blocks of tokens and never holds "
                 "them whole (docs/training.md)")
 
+    def _mostly_reserve(self) -> bool:
+        """The runtime reserve is at least the kernel part (what the model's tensors need)."""
+        return self.reserve_bytes >= self.plan_bytes > 0
 
     def _update_text(self, budget: int, hints: dict[str, str]) -> str:
         """Where an optimizer update on the GPU sets it, with its own bytes (not the reserve
         or another overhead): on the host its state stays there."""
-        if self.op_type not in UPDATE_OPS or self.causes(budget) \
-                or self.reserve_bytes >= self.plan_bytes:
+        if self.op_type not in UPDATE_OPS or self.causes(budget) or self._mostly_reserve():
             return ""
         return (f"; an optimizer update sets it (the weight, its gradient and its optimizer "
                 f"state together): {hints['host']} runs the updates on the host's cores, "
