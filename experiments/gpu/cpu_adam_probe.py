@@ -120,6 +120,12 @@ def beside_spin(params: list[torch.Tensor], steps: int, threads: int) -> dict[st
     return out
 
 
+def report(row: dict, key: str) -> None:
+    """Print one probe's rates (not its per-step seconds) as it is measured."""
+    print(key, json.dumps({k: v for k, v in row[key].items() if not k.endswith("seconds")}),
+          flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
@@ -136,11 +142,9 @@ def main() -> int:
            "params": sum(t.numel() for t in params)}
     for variant in ("foreach", "fused"):
         row[variant] = probe(variant, params, args.steps)
-        print(variant, json.dumps({k: v for k, v in row[variant].items() if k != "seconds"}),
-              flush=True)
+        report(row, variant)
     row["host_side"] = host_side(params, args.steps)
-    print("host_side", json.dumps({k: v for k, v in row["host_side"].items()
-                                   if not k.endswith("seconds")}), flush=True)
+    report(row, "host_side")
     if args.busy_link:
         stop, moved = threading.Event(), []
         side = threading.Thread(target=copying_both_ways, args=(stop, moved))
@@ -150,16 +154,13 @@ def main() -> int:
         stop.set()
         side.join()
         row["host_side_busy_link"]["link_bytes_per_s"] = moved[0] / moved[1]
-        print("host_side_busy_link", json.dumps({
-            k: v for k, v in row["host_side_busy_link"].items() if not k.endswith("seconds")}),
-            flush=True)
+        report(row, "host_side_busy_link")
     if args.beside_spin:
         everyone = torch.get_num_threads()
         for threads in sorted({everyone, max(1, everyone - 1)}, reverse=True):
             key = f"host_side_beside_spin_{threads}"
             row[key] = beside_spin(params, args.steps, threads)
-            print(key, json.dumps({k: v for k, v in row[key].items()
-                                   if not k.endswith("seconds")}), flush=True)
+            report(row, key)
     args.out.write_text(json.dumps(row, indent=1) + "\n")
     return 0
 
