@@ -506,3 +506,9 @@ def test_beyond_card_trains_its_small_decoder_under_a_budget_and_writes_every_st
     assert len(row["losses"]) == 3 and all(x > 0 for x in row["losses"])
     assert row["budget_bytes"] < row["peak_bytes"] and "moves" in row["describe"]
     assert row["host_peak_bytes"] > 0 and row["tokens_per_s"] > 0
+    # where host memory went, phase by phase (the 5.12B decoder's unexplained 18 GB)
+    marks = row["host_memory"]["marks"]
+    assert [m["phase"] for m in marks] == ["start", "module built", "trainer set up", "step 1",
+                                           "step 2", "steps done"]
+    assert all(m["rss"] > 0 and m["available"] > 0 for m in marks)
+    assert "host memory, trainer set up: rss" in run.stdout

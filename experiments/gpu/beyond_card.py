@@ -22,7 +22,10 @@ caps without effect in its process:
   (`set_per_process_memory_fraction`, budget + 64 MiB as the other benchmarks).
 Every part runs `--steps` steps on the same seeded batches from the same seeded weights and
 writes step times (median after the first three), tokens/s, the loss of every step, the
-process's peak host memory (VmHWM) and the GPU's reserved peak to OUT.json as it goes.
+process's peak host memory (VmHWM) and the GPU's reserved peak to OUT.json as it goes, and
+`host_memory`: the process's resident bytes, the host's MemAvailable and torch's pinned host
+bytes at each phase (module built, Trainer set up, steps 1 and 2, done) and the lowest
+MemAvailable seen (`HostMemory`).
 
 Seen on an H200 (2026-12-04, experiments/results/beyond_card/2026-12-04/calls.txt): building
 and capturing the 3.33B model ~3 min, its 59 kernels profiled in seconds, the solve and the
@@ -53,6 +56,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -76,11 +80,53 @@ SIZES = {"3b": {"dim": 3072, "layers": 28, "heads": 24, "seq": 2048, "vocab": 50
          "medium": {"dim": 1536, "layers": 8, "heads": 12, "seq": 512, "vocab": 50257}}
 
 
-def host_peak_bytes() -> int | None:
-    """This process's peak resident memory (VmHWM), pinned host buffers included."""
+class HostMemory:
+    """Where host memory goes: marks at named phases (this process's resident bytes, the
+    host's MemAvailable, and on a GPU the bytes torch's pinned host allocator holds), and the
+    lowest MemAvailable seen, sampled every `every` seconds on a thread. The 5.12B decoder's
+    steps took about 18 GB more than the pinned pool, the AdamW state and the module account
+    for (2026-12-05, eleventh session): these say at which phase it came."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        from autotm_py.runtime.pinned import available_host_bytes
+
+        self.available = available_host_bytes
+        self.marks: list[dict[str, Any]] = []
+        self.low: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._began = time.perf_counter()
+        threading.Thread(target=self._sample, args=(every,), daemon=True).start()
+
+    def _sample(self, every: float) -> None:
+        while not self._stop.wait(every):
+            free = self.available()
+            if free is not None and free < self.low.get("available", free + 1):
+                self.low = {"available": free, "at_s": time.perf_counter() - self._began,
+                            "after": self.marks[-1]["phase"] if self.marks else None}
+
+    def mark(self, phase: str) -> None:
+        entry: dict[str, Any] = {"phase": phase, "at_s": time.perf_counter() - self._began,
+                                 "rss": _status_bytes("VmRSS"),
+                                 "available": self.available()}
+        if torch.cuda.is_available() and hasattr(torch.cuda, "host_memory_stats"):
+            stats = torch.cuda.host_memory_stats()
+            entry["torch_pinned"] = stats.get("allocated_bytes.current",
+                                              stats.get("reserved_bytes.current"))
+        self.marks.append(entry)
+        print(f"host memory, {phase}: " + ", ".join(
+            f"{k} {v / 1e9:.1f} GB" for k, v in entry.items()
+            if k not in ("phase", "at_s") and v is not None), flush=True)
+
+    def record(self) -> dict[str, Any]:
+        self._stop.set()
+        return {"marks": self.marks, "lowest_available": self.low}
+
+
+def _status_bytes(key: str) -> int | None:
+    """A byte count of /proc/self/status (VmRSS, VmHWM); None where there is none."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -125,7 +171,7 @@ def timed(step, data) -> dict[str, Any]:
             "seconds": seconds}
 
 
-def ours(net, data, args) -> dict[str, Any]:
+def ours(net, data, args, memory: HostMemory) -> dict[str, Any]:
     from autotm_py.trainer import Trainer
 
     started = time.perf_counter()
@@ -140,6 +186,7 @@ def ours(net, data, args) -> dict[str, Any]:
                       plans_dir=args.plans or tempfile.mkdtemp(),
                       optimizer_on=args.optimizer_on)
     setup_s = time.perf_counter() - started
+    memory.mark("trainer set up")
     print(f"setup {setup_s:.0f} s; {trainer.describe()}; predicted "
           f"{trainer.plan.header.predicted_time_s * 1e3:.1f} ms", flush=True)
     host_timings: list[dict[str, float]] = []
@@ -151,6 +198,8 @@ def ours(net, data, args) -> dict[str, Any]:
             print("  host, the step before: " + ", ".join(
                 f"{k} {v * 1e3:.1f} ms" for k, v in trainer.host.last_timing.items()),
                 flush=True)
+        if trainer.steps <= 2:  # the first eager step (the host's state made), the capture
+            memory.mark(f"step {trainer.steps}")
         return loss
     row = timed(step, data)
     plan = trainer.plan
@@ -244,19 +293,24 @@ def main(argv: list[str]) -> int:
         from autotm_py.trainer.loop import GPU_MODE
 
         print("\n".join(prepare_cuda("cuda", GPU_MODE, None)) or "placed allocator", flush=True)
+    memory = HostMemory()
+    memory.mark("start")
     net, data = build(size, args.batch, args.steps)
+    memory.mark("module built")
     params = sum(t.numel() for t in net.parameters())
     result: dict[str, Any] = {"part": args.part, "size": size, "batch": args.batch,
                               "params": params, "cap": args.cap, "args": vars(args) | {
                                   "out": str(args.out)}}
     print(f"{params / 1e9:.2f}B parameters, {args.part}", flush=True)
     if args.part == "ours":
-        row = ours(net, data, args)
+        row = ours(net, data, args, memory)
     elif args.part == "uncapped":
         row = uncapped(net, data, args.device)
     else:
         row = fsdp_offload(net, data, parse_bytes(args.cap), args.device)
-    row["host_peak_bytes"] = host_peak_bytes()
+    memory.mark("steps done")
+    row["host_peak_bytes"] = _status_bytes("VmHWM")  # pinned buffers included
+    row["host_memory"] = memory.record()
     if args.device == "cuda":
         from autotm_py.runtime.device import peaks
 
