@@ -346,13 +346,28 @@ def test_a_plan_the_hosts_memory_cannot_hold_is_refused_before_pinning(tmp_path,
     pool = pinned.slow_tier_layout(trainer.run_graph, trainer.plan)[1]
     assert trainer.host_bytes == pool + 8 * params
     monkeypatch.setattr(pinned, "available_host_bytes", lambda: trainer.host_bytes - 1)
-    with pytest.raises(ConfigError, match=r"Trainer: the plan's slow tier \(.*, pinned\) with "
+    with pytest.raises(ConfigError, match=r"Trainer: the plan's slow tier \(.*\) with "
                        r"the host's optimizer state .* of host memory, and this host has .* "
                        r"available: plan with a larger fast-memory budget"):
         _mlp_on_the_host(tmp_path)
     monkeypatch.setattr(pinned, "available_host_bytes", lambda: 1)
     with pytest.raises(ConfigError, match=r"the plan's slow tier \(one pinned host pool\)"):
         pinned.PinnedPool({0: 0}, 4096, pin=False)
+
+
+def test_a_pinned_pool_is_checked_at_the_size_torchs_host_allocator_takes(monkeypatch):
+    """torch's caching host allocator rounds a pinned allocation up to a power of two (a 49.9
+    GB pool took 64 GiB on an H100 host): the check counts that, not the pool's own bytes."""
+    from autotm_py.runtime import pinned
+
+    assert pinned.pinned_footprint(5 << 20, pin=False) == 5 << 20
+    assert pinned.pinned_footprint((5 << 20) + 1, pin=True) == 8 << 20
+    assert pinned.pinned_footprint(8 << 20, pin=True) == 8 << 20
+    assert pinned.pinned_footprint(0, pin=True) == 0
+    monkeypatch.setattr(pinned, "available_host_bytes", lambda: 6 << 20)
+    pinned.PinnedPool({0: 0}, 5 << 20, pin=False)  # fits as it is
+    with pytest.raises(ConfigError, match=r"needs 8\.00 MiB of host memory"):
+        pinned.PinnedPool({0: 0}, 5 << 20, pin=True)  # refused before pinning anything
 
 
 def test_beside_a_gpu_the_updates_leave_one_core_to_the_waiting_thread(tmp_path, monkeypatch):

@@ -40,7 +40,12 @@ from autotm_py.ir.layout import has_convolutions, to_channels_last
 from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import chunkable_logits_bytes, derive_training
 from autotm_py.options import AUTO_PRECISION, OPTIMIZER_PLACES, RunMode
-from autotm_py.runtime.pinned import SLOW_TIER_FIX, check_host_fits, slow_tier_layout
+from autotm_py.runtime.pinned import (
+    SLOW_TIER_FIX,
+    check_host_fits,
+    pinned_footprint,
+    slow_tier_layout,
+)
 from autotm_py.trainer.host import HostSide, RunMasters
 from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for, precision_on
 from autotm_py.trainer.spec import Example, loss_rule, optimizer_of, split_example
@@ -159,11 +164,13 @@ class Trainer:
         """The host memory the run will add (the plan's pinned slow tier, the host's optimizer
         state), checked against what the host has available before any of it is pinned."""
         pool = slow_tier_layout(self.run_graph, self.plan)[1]
+        taken = pinned_footprint(pool, pin=self.device.startswith("cuda"))
         state = self.host.state_bytes if self.host is not None else 0
-        what = f"Trainer: the plan's slow tier ({format_bytes(pool)}, pinned)" + (
+        pinned = f", pinned as {format_bytes(taken)}" if taken != pool else ""
+        what = f"Trainer: the plan's slow tier ({format_bytes(pool)}{pinned})" + (
             f" with the host's optimizer state ({format_bytes(state)})" if state else "")
-        check_host_fits(pool + state, what, SLOW_TIER_FIX)
-        return pool + state
+        check_host_fits(taken + state, what, SLOW_TIER_FIX)
+        return taken + state
 
     @property
     def steps(self) -> int:

@@ -85,7 +85,8 @@ class HostMemory:
     host's MemAvailable, and on a GPU the bytes torch's pinned host allocator holds), and the
     lowest MemAvailable seen, sampled every `every` seconds on a thread. The 5.12B decoder's
     steps took about 18 GB more than the pinned pool, the AdamW state and the module account
-    for (2026-12-05, eleventh session): these say at which phase it came."""
+    for (2026-12-05, eleventh session): torch's pinned allocator rounds the pool up to a power
+    of two (`runtime.pinned.pinned_footprint`); these marks show such gaps by phase."""
 
     def __init__(self, every: float = 1.0) -> None:
         from autotm_py.runtime.pinned import available_host_bytes
