@@ -346,7 +346,7 @@ def test_a_plan_the_hosts_memory_cannot_hold_is_refused_before_pinning(tmp_path,
     pool = pinned.slow_tier_layout(trainer.run_graph, trainer.plan)[1]
     assert trainer.host_bytes == pool + 8 * params
     monkeypatch.setattr(pinned, "available_host_bytes", lambda: trainer.host_bytes - 1)
-    with pytest.raises(ConfigError, match=r"Trainer: the plan's slow tier \(.*\) with "
+    with pytest.raises(ConfigError, match=r"Trainer: the plan's slow tier \([0-9.]+ [KMG]iB\) with "
                        r"the host's optimizer state .* of host memory, and this host has .* "
                        r"available: plan with a larger fast-memory budget"):
         _mlp_on_the_host(tmp_path)
