@@ -185,3 +185,24 @@ def test_host_uploads_arrive_whole_in_order_and_in_layout(pinned, target_layout)
         assert torch.equal(target.cpu(), source), f"batch {i}"
     direct = pinned and target_layout == torch.channels_last
     assert (len(uploads._staging) == 1) != direct
+
+
+def test_the_slow_tier_is_pinned_at_its_own_size_and_copies_from_it_do_not_block():
+    """The pool is registered with CUDA at its own size (5 MiB + 1 byte, where torch's pinned
+    allocator takes 8 MiB and counts it): pinned, outside torch's host allocator, and a copy from
+    it to the GPU returns before it is done as from torch's pinned memory."""
+    from autotm_py.runtime import pinned
+
+    before = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    nbytes = (5 << 20) + 1
+    assert pinned.pinned_footprint(nbytes, pin=True) == nbytes
+    pool = pinned.PinnedPool({0: 0}, nbytes, pin=True)
+    assert pool.buffer.numel() == nbytes and pool.buffer.is_pinned()
+    assert torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) == before
+    source = pool.buffer[:4 << 20].view(torch.float32).fill_(1.5)
+    target = torch.empty(source.shape, device="cuda")
+    torch.cuda._sleep(50_000_000)  # the copy queues behind this kernel
+    target.copy_(source, non_blocking=True)
+    assert not torch.cuda.current_stream().query()  # returned before the copy ran
+    torch.cuda.synchronize()
+    assert bool((target == 1.5).all())

@@ -370,6 +370,57 @@ def test_a_pinned_pool_is_checked_at_the_size_torchs_host_allocator_takes(monkey
         pinned.PinnedPool({0: 0}, 5 << 20, pin=True)  # refused before pinning anything
 
 
+class _FakeCudart:
+    """What `torch.cuda.cudart()` gives the pool: records registrations; `refuse` an error."""
+
+    def __init__(self, refuse: int = 0) -> None:
+        self.refuse = refuse
+        self.registered: list[tuple[int, int, int]] = []
+        self.unregistered: list[int] = []
+
+    def cudaHostRegister(self, ptr: int, nbytes: int, flags: int) -> int:
+        self.registered.append((ptr, nbytes, flags))
+        return self.refuse
+
+    def cudaHostUnregister(self, ptr: int) -> int:
+        self.unregistered.append(ptr)
+        return 0
+
+
+def test_where_cuda_registers_host_memory_the_pool_is_pinned_at_its_own_size(monkeypatch):
+    """Registered with CUDA (cudaHostRegister) the pool takes its own bytes, not torch's power
+    of two: the check counts 5 MiB, the buffer is 5 MiB, registered whole once, and unregistered
+    only when the pool and every view of it are gone. A refused registration falls back to
+    torch's pinned allocator."""
+    import gc
+
+    from autotm_py.ir.graph import Role, Tensor
+    from autotm_py.runtime import pinned
+
+    fake = _FakeCudart()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    assert pinned.pinned_footprint((5 << 20) + 1, pin=True) == (5 << 20) + 1
+    monkeypatch.setattr(pinned, "available_host_bytes", lambda: 6 << 20)
+    pool = pinned.PinnedPool({0: 0}, 5 << 20, pin=True)  # 8 MiB would not fit
+    ptr = pool.buffer.data_ptr()
+    assert pool.buffer.numel() == 5 << 20 and fake.registered == [(ptr, 5 << 20, 0)]
+    view = pool.view(0, Tensor(id=0, name="w", shape=(4,), dtype="float32", role=Role.WEIGHT,
+                               producer=None, users=()))
+    del pool
+    gc.collect()
+    assert fake.unregistered == []  # a view still reads the registered memory
+    del view
+    gc.collect()
+    assert fake.unregistered == [ptr]
+
+    taken: list[int] = []
+    monkeypatch.setattr(pinned, "_torch_pinned", lambda nbytes: taken.append(nbytes) or
+                        torch.empty(nbytes, dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(refuse=712))
+    assert pinned.pinned_host_buffer(4096).numel() == 4096 and taken == [4096]
+
+
 def test_beside_a_gpu_the_updates_leave_one_core_to_the_waiting_thread(tmp_path, monkeypatch):
     """On a GPU the host's updates run on one thread fewer than torch's (the thread waiting for
     the GPU spins on a core); on the CPU on torch's own."""

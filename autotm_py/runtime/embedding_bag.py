@@ -40,6 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from autotm_py.runtime.pinned import pinned_host_buffer
+
 HOST, HBM, COPY = 0, 1, 2  # as planning.embeddings
 _TYPESTR = {torch.float32: "<f4", torch.float16: "<f2", torch.float64: "<f8"}
 
@@ -102,24 +104,17 @@ def rows_aligned_with(like: torch.Tensor, rows: int, dim: int,
 
 
 def pinned_empty(rows: int, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Host memory pinned in place (``cudaHostRegister``, portable and mapped): torch's pinned
+    """Host memory pinned in place, portable and mapped (`pinned_host_buffer`): torch's pinned
     allocator rounds a request up to a power of two, which for tens of GB would pin up to twice
-    the bytes. The registration lasts as long as the process (it is never freed here). The rows
-    start on a 4 KiB boundary, so that an HBM tier allocated a whole number of rows from them
-    (`rows_aligned_with`) keeps its rows aligned too where a row's bytes divide 4 KiB."""
-    elem = torch.empty(0, dtype=dtype).element_size()
-    buf = torch.empty(rows * dim + 4096 // elem, dtype=dtype)
-    skip = (-buf.data_ptr() % 4096) // elem
-    host = buf[skip:skip + rows * dim].view(rows, dim)
-    if host.numel():
-        # the whole buffer from its storage's start: torch's `is_pinned` asks about the
-        # storage's first byte, and a tensor it does not see as pinned gets copied into
-        # torch's pinned allocator (`PlacedTables._install`), tens of GB each time
-        size = buf.numel() * buf.element_size()
-        err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), size, 3)
-        if not err == 0:
-            raise RuntimeError(f"cudaHostRegister of {size} bytes failed: {err}")
-    return host
+    the bytes. The rows start on a 4 KiB boundary, so that an HBM tier allocated a whole number
+    of rows from them (`rows_aligned_with`) keeps its rows aligned too where a row's bytes
+    divide 4 KiB. The whole buffer is registered from its storage's start: torch's `is_pinned`
+    asks about the storage's first byte, and a tensor it does not see as pinned gets copied
+    into torch's pinned allocator (`PlacedTables._install`), tens of GB each time."""
+    nbytes = rows * dim * torch.empty(0, dtype=dtype).element_size()
+    buf = pinned_host_buffer(nbytes + 4096, mapped=True)
+    skip = -buf.data_ptr() % 4096
+    return buf[skip:skip + nbytes].view(dtype).view(rows, dim)
 
 
 @dataclass

@@ -8,9 +8,13 @@ its weights where they started.
 
 from __future__ import annotations
 
+import logging
+import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy
 import torch
 
 from autotm_py.errors import ConfigError
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
     from autotm_py.ir.graph import Tensor, TensorGraph
 
 ALIGN = 256
+log = logging.getLogger(__name__)
 
 
 def slow_tensors(graph: TensorGraph, plan: Plan) -> list[int]:
@@ -78,14 +83,69 @@ def check_host_fits(need: int, what: str, fix: str) -> None:
                           f"{format_bytes(available)} available: {fix}")
 
 
+def registers_host_memory() -> bool:
+    """Whether host memory can be pinned at its own size here: a CUDA runtime that torch
+    exposes `cudaHostRegister` through (`torch.cuda.cudart()`)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        return hasattr(torch.cuda.cudart(), "cudaHostRegister")
+    except (AssertionError, RuntimeError):  # no libcudart bindings in this build
+        return False
+
+
 def pinned_footprint(nbytes: int, pin: bool) -> int:
-    """The host memory a pool of `nbytes` takes. Pinned, torch's caching host allocator rounds
-    every allocation up to the next power of two (for reuse; `CachingHostAllocator.h`): the
-    5.12B decoder's 49.9 GB pool at 48 GiB took 64 GiB, and the host's available memory fell
-    to 0.8 GB (H100, 2026-12-05). Not pinned (on the CPU), its own size."""
-    if not pin or nbytes <= 0:
+    """The host memory a pool of `nbytes` takes: its own size where it is registered with CUDA
+    (`pinned_host_buffer`) or not pinned (on the CPU). Pinned by torch's caching host
+    allocator instead, the next power of two: it rounds every allocation up for reuse
+    (`CachingHostAllocator.h`), and the 5.12B decoder's 49.9 GB pool at 48 GiB took 64 GiB, the
+    host's available memory falling to 0.8 GB (H100, 2026-12-05)."""
+    if not pin or nbytes <= 0 or registers_host_memory():
         return max(nbytes, 0)
+    return _power_of_two(nbytes)
+
+
+def _power_of_two(nbytes: int) -> int:
     return 1 << (nbytes - 1).bit_length()
+
+
+def pinned_host_buffer(nbytes: int, *, mapped: bool = False) -> torch.Tensor:
+    """`nbytes` of page-locked host memory at its own size: allocated pageable, its pages
+    touched by torch's parallel fill (registering untouched pages faults them in one at a time
+    in the driver), then registered with CUDA, so that copies from and to it are asynchronous
+    DMA as from torch's pinned memory, without the power-of-two rounding of torch's allocator
+    (19-28 GB of a 5.12B decoder's host memory). Unregistered when the buffer is collected;
+    torch's pinned allocator where registration is unavailable or refused. `mapped`: also
+    portable and mapped into the devices' address space (for kernels that read it in place:
+    the embedding tables' zero-copy host tier)."""
+    if not registers_host_memory():
+        return _torch_pinned(nbytes)
+    started = time.perf_counter()
+    # the memory is a numpy array's, which the tensor keeps alive until its storage (every view
+    # included) is freed; the finalizer, run as the array is collected and before numpy frees
+    # its memory, unregisters it: no page is freed while registered, none unregistered in use
+    owner = numpy.empty(nbytes, dtype=numpy.uint8)
+    buffer = torch.frombuffer(owner, dtype=torch.uint8).zero_()
+    flags = 3 if mapped else 0  # cudaHostRegisterPortable | cudaHostRegisterMapped, or Default
+    error = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), nbytes, flags)
+    if int(error) != 0:
+        log.warning("cudaHostRegister of %s refused (CUDA error %s): pinning it with torch's "
+                    "allocator, rounded up to %s", format_bytes(nbytes), int(error),
+                    format_bytes(_power_of_two(nbytes)))
+        del buffer, owner
+        return _torch_pinned(nbytes)
+    weakref.finalize(owner, _unregister, buffer.data_ptr())
+    log.info("pinned %s of host memory at its own size in %.1f s", format_bytes(nbytes),
+             time.perf_counter() - started)
+    return buffer
+
+
+def _torch_pinned(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+def _unregister(address: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(address)
 
 
 SLOW_TIER_FIX = "plan with a larger fast-memory budget (less in the slow tier), or free host memory"
@@ -99,7 +159,8 @@ class PinnedPool:
                         "the plan's slow tier (one pinned host pool)", SLOW_TIER_FIX)
         self.offsets = offsets
         self.nbytes = nbytes
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin and nbytes > 0)
+        self.buffer = pinned_host_buffer(nbytes) if pin and nbytes > 0 else \
+            torch.empty(nbytes, dtype=torch.uint8)
         # made once per tensor: three torch calls per copy to the slow tier were host time an
         # eager asynchronous plan spends per move (experiments/journal/gpu-2026-11.md)
         self._views: dict[int, torch.Tensor] = {}
