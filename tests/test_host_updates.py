@@ -152,6 +152,9 @@ def test_host_updates_train_as_plain_pytorch(name, opt_name, tmp_path):
                                              optimizer_on="host")
     assert trainer.host is not None and len(trainer.host.updates) == len(list(
         ours.parameters()))
+    # every parameter is its master's view (the lm's Linear weights transposed ones), and
+    # still trains as PyTorch
+    assert trainer.host.shared == set(trainer.host.weights)
     assert torch.allclose(torch.tensor(got), torch.tensor(want), rtol=RTOL), (got, want)
     assert_trained_alike(ours, reference, got_opt, want_opt)
 
@@ -230,6 +233,58 @@ def test_the_executor_reports_the_copies_the_host_waits_for(tmp_path):
     assert set(timing) == {"span_s", "waited_s", "updating_s", "blocked_s"}
     assert timing["updating_s"] > 0 and timing["waited_s"] >= 0
     assert timing["span_s"] == pytest.approx(timing["waited_s"] + timing["updating_s"])
+
+
+def test_the_modules_parameters_are_the_hosts_masters_and_sync_copies_nothing(tmp_path):
+    """With the updates on the host, a parameter the graph holds as it is becomes a view of
+    its master in the slow tier (the module's own copy freed): after a step's updates the module
+    already holds the trained values, and `sync` hands the optimizer the host's moments without
+    copying them; the values are those of plain PyTorch training (the other tests)."""
+    model, data, trainer = _mlp_on_the_host(tmp_path)
+    host = trainer.host
+    assert host is not None and host.shared == set(host.weights)
+    masters = {trainer.map.weights[w].name: m for w, m in zip(host.weights, host.masters,
+                                                                strict=True)}
+    params = dict(model.named_parameters())
+    assert all(params[n].data_ptr() == m.data_ptr() for n, m in masters.items())
+    for x, y in data * 2:
+        trainer.step(x, y)
+    host.wait()
+    before = {n: p.detach().clone() for n, p in params.items()}
+    trainer.sync()
+    for name, param in params.items():
+        assert param.data_ptr() == masters[name].data_ptr()
+        assert torch.equal(param.detach(), before[name])  # sync had nothing to write
+        state = trainer.optimizer.state[param]
+        opt = host.optimizers[list(masters).index(name)]
+        assert state["exp_avg"].data_ptr() == opt.state[masters[name]]["exp_avg"].data_ptr()
+
+
+def test_close_gives_the_module_its_own_values_and_lets_the_pool_go(tmp_path):
+    """After `close` the parameters and the optimizer's moments are copies of their own,
+    contiguous, with the trained values; the executor's pool is freed (the module no longer
+    views it); a step after it is a one-line error."""
+    import gc
+    import weakref
+
+    model, data, trainer = _mlp_on_the_host(tmp_path)
+    for x, y in data * 2:
+        trainer.step(x, y)
+    trainer.sync()
+    want = {n: p.detach().clone() for n, p in model.named_parameters()}
+    moments = {n: trainer.optimizer.state[p]["exp_avg"].clone()
+               for n, p in model.named_parameters()}
+    pool = weakref.ref(trainer.loop.executor.pool)
+    masters = {m.data_ptr() for m in trainer.host.masters}
+    trainer.close()
+    gc.collect()
+    assert pool() is None and trainer.steps == 2
+    for name, param in model.named_parameters():
+        assert param.is_contiguous() and param.data_ptr() not in masters
+        assert torch.equal(param.detach(), want[name])
+        assert torch.equal(trainer.optimizer.state[param]["exp_avg"], moments[name])
+    with pytest.raises(ConfigError, match=r"Trainer: closed .* make a new Trainer"):
+        trainer.step(*data[0])
 
 
 def test_bad_optimizer_places_are_one_line_errors(tmp_path, capsys):

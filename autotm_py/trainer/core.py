@@ -74,7 +74,8 @@ class Trainer:
     fp32). `optimizer_on`: where the optimizer's updates run: "gpu" (on the weights, gradients
     and optimizer state the plan places), "host" (on the host's cores, overlapping the GPU's
     backward pass: `trainer.host`; the GPU streams only the weights its kernels read and their
-    gradients) or "auto" (default): on the GPU unless the weights, gradients and optimizer
+    gradients; the module's parameters become views of the host's masters until `close`) or
+    "auto" (default): on the GPU unless the weights, gradients and optimizer
     state alone exceed the budget, then whichever plan is predicted faster (`notes` says which
     and both times)."""
 
@@ -129,6 +130,7 @@ class Trainer:
             masters.fed = {t: self.host.slot(self.loop.executor, t) for t in self.host.fed}
             self.host.attach(self.loop.executor)
         self._synced = 0
+        self._closed_at = 0
 
     def _plan_updates(self, config: PlanConfig, optimizer_on: str, plans_dir: Any,
                       measure: bool) -> tuple[str, Any, Any]:
@@ -174,7 +176,7 @@ class Trainer:
 
     @property
     def steps(self) -> int:
-        return self.loop.steps
+        return self.loop.steps if self.loop is not None else self._closed_at
 
     def _capture(self, loss_fn: Callable[..., Any], channels_last: bool | None,
                  loss_chunks: int | str, precision: str = "fp32") -> tuple[Any, Any]:
@@ -211,6 +213,9 @@ class Trainer:
     def step(self, *batch: Any) -> torch.Tensor:
         """One planned iteration on `batch` (`x, y` or `(x1, x2), y`, as the example was
         given); returns the loss (a 0-d tensor on the device; `.item()` waits for it)."""
+        if self.loop is None:
+            raise ConfigError("Trainer: closed (close() handed the module its values and let "
+                              "the plan's memory go): make a new Trainer to train on")
         current = split_example(batch if len(batch) == 2 else (batch[0] if batch else None))
         self._check_shapes(current)
         if self.host is None:
@@ -258,15 +263,33 @@ class Trainer:
     def sync(self) -> None:
         """Write the trained parameters, BatchNorm's running statistics and the optimizer's
         state into the module and the optimizer."""
-        if self.steps == 0:
+        if self.steps == 0 or self.loop is None:
             return
         finals = self.loop.finals()
+        shared: frozenset[int] = frozenset()
         if self.host is not None:
             full = {run: t for t, run in self._ids.items()}
             finals = {full[run]: value for run, value in finals.items()} | self.host.finals()
-        self.map.write_back(finals, self.optimizer)
+            shared = frozenset(self.host.shared)
+        self.map.write_back(finals, self.optimizer, shared)
         self._count_batches(self.steps - self._synced)
         self._synced = self.steps
+
+    def close(self) -> None:
+        """`sync`, then give the module and the optimizer values of their own and let the
+        Trainer's memory go (its executor, the slow tier's pool, the host's optimizers). With
+        the updates on the host the module's parameters are views of the pool's masters and
+        the optimizer's moments are the host's own (`HostSide.shared`), which would otherwise
+        keep the whole pool alive as long as the module; close copies them out first (the
+        module's bytes again, for a moment beside the pool). The Trainer cannot step after."""
+        if self.loop is None:
+            return
+        self.sync()
+        if self.host is not None:
+            self.host.wait()
+            self.map.own_copies(self.optimizer, frozenset(self.host.shared))
+        self._closed_at = self.steps
+        self.loop = self.host = None  # type: ignore[assignment]  # the executor and its pool
 
     def _count_batches(self, steps: int) -> None:
         """BatchNorm's `num_batches_tracked`, which torch bumps in every training forward."""

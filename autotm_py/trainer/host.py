@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from autotm_py.ir.graph import TensorGraph
@@ -62,6 +63,8 @@ class HostSide:
         self.last_timing: dict[str, float] = {}
         self._timing: dict[str, float] = {}
         self.threads: int | None = None  # the updates' CPU threads (`update_threads`)
+        # the weights (training graph ids) whose module parameter is its master's view
+        self.shared: set[int] = set()
 
     @property
     def state_bytes(self) -> int:
@@ -78,12 +81,34 @@ class HostSide:
         for tid, fed in zip(self.weights, self.fed, strict=True):
             master = self.slot(executor, fed)
             master.copy_(self.smap.master(self.full, tid))
+            self._share_with_module(tid, master)
             self.masters.append(master)
             self.optimizers.append(torch_optimizer(self.spec, [master]))
         self._load_state()
         executor.hooked = frozenset(self.fed) | frozenset(self.grads)
         executor.copy_hook = self._copied
         self.threads = update_threads(executor.cuda)
+
+    def _share_with_module(self, tid: int, master: torch.Tensor) -> None:
+        """Make the module's parameter a view of its master where the graph holds its elements
+        row-major, as they are or transposed (a Linear's W^T: the parameter is then a
+        transposed view, not contiguous), in its dtype, on the host: the module's own fp32
+        copy, 4 bytes a parameter, is freed, and the module holds the trained values once a
+        step's updates are done (`Trainer.sync` waits for them). Any other weight (gathered
+        elements, another layout or device) keeps the module's copy."""
+        source = self.smap.weights[tid]
+        param = self.smap.module_tensors[source.name]
+        if source.index is not None or param.device.type != "cpu" or \
+                param.dtype != master.dtype or not master.is_contiguous() or \
+                master.numel() != param.numel():
+            return
+        if source.perm is None:
+            view = master.view(param.shape)
+        else:
+            view = master.view([param.shape[axis] for axis in source.perm]).permute(
+                tuple(int(a) for a in np.argsort(source.perm)))
+        param.data = view
+        self.shared.add(tid)
 
     def _load_state(self) -> None:
         """The user's optimizer state, where it has any (a resumed run), in the graph's

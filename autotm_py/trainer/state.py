@@ -115,22 +115,40 @@ class StateMap:
                 return torch.tensor(float(steps[0]), dtype=torch.float32)
         return leaf_value(graph, tid)
 
-    def write_back(self, final: Mapping[int, torch.Tensor], optimizer: Any) -> None:
+    def write_back(self, final: Mapping[int, torch.Tensor], optimizer: Any,
+                   shared: frozenset[int] = frozenset()) -> None:
         """Copy the final values of the carried tensors (keyed by their id at the iteration's
-        start) into the module's tensors and the optimizer's state."""
+        start) into the module's tensors and the optimizer's state. `shared`: weights whose
+        module parameter is already their final value's memory (the host's masters:
+        `HostSide.shared`); their optimizer state is handed over as it is, not copied (a
+        5.85B decoder's moments are 47 GB), and keeps following the Trainer's steps."""
         with torch.no_grad():
             for tid, source in self.weights.items():
-                target = self.module_tensors[source.name]
-                target.copy_(as_source(final[tid], target, source))
+                if tid not in shared:
+                    target = self.module_tensors[source.name]
+                    target.copy_(as_source(final[tid], target, source))
             for tid, (weight, key) in self.state.items():
                 param = self.module_tensors[self.weights[weight].name]
                 state = optimizer.state[param]
                 value = as_source(final[tid], param, self.weights[weight])
-                state[key] = value.clone()
+                state[key] = value if weight in shared else value.clone()
             if self.step is not None:
                 step = final[self.step].detach().to("cpu", torch.float32).reshape(())
                 for param in _trained(self):
                     optimizer.state[param]["step"] = step.clone()
+
+
+    def own_copies(self, optimizer: Any, shared: frozenset[int]) -> None:
+        """Give the parameters of weights `shared` (views of the host's masters) and their
+        optimizer state memory of their own, contiguous (`Trainer.close`)."""
+        with torch.no_grad():
+            for tid in shared:
+                param = self.module_tensors[self.weights[tid].name]
+                param.data = param.data.clone(memory_format=torch.contiguous_format)
+                state = optimizer.state.get(param, {})
+                for key in STATE_NAMES.values():
+                    if isinstance(state.get(key), torch.Tensor):
+                        state[key] = state[key].clone(memory_format=torch.contiguous_format)
 
 
 class LeafValues(MutableMapping[int, torch.Tensor]):
