@@ -218,18 +218,17 @@ def _export(module: Any, args: tuple[Any, ...], names: Sequence[str] | None,
 def _constants_as_nodes(model: onnx.ModelProto, state: set[str]) -> None:
     """Turn every initializer that is not a module tensor into a Constant node, placed first
     (the importer reads float initializers as weights, which training would update)."""
-    keep, constants = [], []
-    for init in model.graph.initializer:
-        if init.name in state:
-            keep.append(init)
-        else:
-            constants.append(helper.make_node("Constant", [], [init.name],
-                                              name=f"{init.name}_constant", value=init))
-    if not constants:
+    inits = model.graph.initializer
+    at = [i for i, init in enumerate(inits) if init.name not in state]
+    if not at:
         return
+    constants = [helper.make_node("Constant", [], [inits[i].name],
+                                  name=f"{inits[i].name}_constant", value=inits[i]) for i in at]
+    # deleted where they are: re-adding the module's initializers would copy every weight's
+    # bytes (a third of a 0.3B decoder's capture time, 4.6 of 12 s, 2026-12-05)
+    for i in reversed(at):
+        del inits[i]
     nodes = [*constants, *model.graph.node]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
 
