@@ -79,6 +79,9 @@ SIZES = {"3b": {"dim": 3072, "layers": 28, "heads": 24, "seq": 2048, "vocab": 50
          # 5.85B: 94 GB of fp32 state; ~119 GB of host memory with the pool pinned at its own
          # size (the 5.12B decoder took 20.4 bytes a parameter beside its pool's rounding)
          "6b": {"dim": 4096, "layers": 28, "heads": 32, "seq": 2048, "vocab": 50257},
+         # 6.66B: ~121 GB of host memory estimated with the module sharing the host's masters
+         # (its own 4 bytes a parameter freed); not yet run
+         "7b": {"dim": 4096, "layers": 32, "heads": 32, "seq": 2048, "vocab": 50257},
          "small": {"dim": 128, "layers": 4, "heads": 4, "seq": 64, "vocab": 512},
          "medium": {"dim": 1536, "layers": 8, "heads": 12, "seq": 512, "vocab": 50257}}
 
@@ -281,7 +284,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--small", action="store_true", help="tiny model on the CPU")
     p.add_argument("--size", choices=tuple(SIZES), default="3b",
                    help="3b (default); 5b: 5.12B, more state than an 80 GB card holds; 6b: "
-                   "5.85B; medium: "
+                   "5.85B; 7b: 6.66B; medium: "
                    "0.3B, to follow host memory on a CPU")
     args = p.parse_args(argv)
     # the minutes of a 3B capture, profile and solve, stamped as they pass
