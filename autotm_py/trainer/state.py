@@ -137,7 +137,6 @@ class StateMap:
                 for param in _trained(self):
                     optimizer.state[param]["step"] = step.clone()
 
-
     def own_copies(self, optimizer: Any, shared: frozenset[int]) -> None:
         """Give the parameters of weights `shared` (views of the host's masters) and their
         optimizer state memory of their own, contiguous (`Trainer.close`)."""
