@@ -130,7 +130,6 @@ class Trainer:
             masters.fed = {t: self.host.slot(self.loop.executor, t) for t in self.host.fed}
             self.host.attach(self.loop.executor)
         self._synced = 0
-        self._closed_at = 0
 
     def _plan_updates(self, config: PlanConfig, optimizer_on: str, plans_dir: Any,
                       measure: bool) -> tuple[str, Any, Any]:
@@ -176,7 +175,8 @@ class Trainer:
 
     @property
     def steps(self) -> int:
-        return self.loop.steps if self.loop is not None else self._closed_at
+        # closed: the steps it synced, all of them
+        return self.loop.steps if self.loop is not None else self._synced
 
     def _capture(self, loss_fn: Callable[..., Any], channels_last: bool | None,
                  loss_chunks: int | str, precision: str = "fp32") -> tuple[Any, Any]:
@@ -284,11 +284,9 @@ class Trainer:
         module's bytes again, for a moment beside the pool). The Trainer cannot step after."""
         if self.loop is None:
             return
-        self.sync()
+        self.sync()  # the host's updates waited for (`HostSide.finals`)
         if self.host is not None:
-            self.host.wait()
             self.map.own_copies(self.optimizer, frozenset(self.host.shared))
-        self._closed_at = self.steps
         self.loop = self.host = None  # type: ignore[assignment]  # the executor and its pool
 
     def _count_batches(self, steps: int) -> None:
