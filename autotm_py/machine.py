@@ -380,11 +380,6 @@ class MachineModel:
     def copy_time(self, tid: int, to_tier: str, mode: str) -> float:
         return self.copying.copy_time(int(self.graph.tensor_bytes[tid]), to_tier, mode)
 
-    def host_update_time(self, numel: int) -> float:
-        """Seconds the host's vectorised optimizer update of `numel` fp32 parameters takes
-        (`ir.host_updates`, `MemorySystem.host_update_s`)."""
-        return self.memory.host_update_s(numel)
-
     def fill_time(self, tid: int) -> float:
         """Seconds a fill kernel takes to write tensor `tid` in fast memory with one value (a
         `Fill` record): its bytes at the fast tier's write bandwidth, on the compute stream."""

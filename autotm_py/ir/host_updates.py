@@ -30,6 +30,7 @@ fields (`offloaded_updates(graph)` reads them back); the optimizer is `meta["tra
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import astuple, dataclass
 
 from autotm_py.errors import ConfigError
@@ -76,29 +77,68 @@ def update_bytes(graph: TensorGraph) -> int:
                for t in set(k.inputs) if graph.tensors[t].numel > 1)
 
 
-def offload_updates(graph: TensorGraph) -> TensorGraph:
-    """The GPU's part of training graph `graph`, every optimizer update on the host (module
-    docstring). A graph without updates is a `ConfigError`; one already offloaded comes back
-    unchanged."""
+def gpu_kept_updates(graph: TensorGraph, host_share: float) -> tuple[str, ...]:
+    """The weights whose updates a split keeps on the GPU so that the host updates about
+    `host_share` of the parameters: those of the last gradients the GPU makes (graph: the
+    all-host `offload_updates` of a training graph), at least one short of all of them.
+    Their updates run after the backward pass anyway, and the next iteration's forward reads
+    their weights first, so each one kept shortens the host's part where it ends the step."""
+    updates = offloaded_updates(graph)
+    total = sum(u.numel for u in updates)
+    keep: list[str] = []
+    gpu = 0
+    for u in reversed(updates[1:]):
+        if gpu + u.numel / 2 > (1 - host_share) * total:
+            break
+        keep.append(u.weight)
+        gpu += u.numel
+    return tuple(keep)
+
+
+def offload_updates(graph: TensorGraph, keep: Collection[str] = ()) -> TensorGraph:
+    """The GPU's part of training graph `graph`, every optimizer update on the host but those
+    of the weights named in `keep` (module docstring, "Split"). A graph without updates is a
+    `ConfigError`, as is a `keep` that names every trained weight or a tensor that is none;
+    a graph already offloaded comes back unchanged."""
     if offloaded_updates(graph):
         return graph
     updates = [k for k in graph.kernels if k.op_type in UPDATE_OPS]
     if not updates:
         raise ConfigError(f"graph {graph.name!r} has no optimizer updates to run on the host: "
                           "derive a training graph first (--training)")
+    _check_kept(graph, updates, keep)
     dropped_kernels: set[int] = set()
     dropped_tensors: set[int] = set()
-    records = [_offload_one(graph, k, dropped_kernels, dropped_tensors) for k in updates]
+    records = [_offload_one(graph, k, dropped_kernels, dropped_tensors) for k in updates
+               if graph.tensors[k.inputs[0]].name not in keep]
+    kept_adam = any(k.op_type == "AdamUpdate" and graph.tensors[k.inputs[0]].name in keep
+                    for k in updates)
     for k in graph.kernels:
-        if k.op_type == STEP_OP:
+        if k.op_type == STEP_OP and not kept_adam:  # the GPU's Adam updates read its step
             dropped_kernels.add(k.id)
             dropped_tensors.update(k.inputs)
             dropped_tensors.update(k.outputs)
     dropped_tensors.update(_unused_after(graph, dropped_kernels))
+    # the step's coefficients and the learning rate, which every update reads, stay for the
+    # GPU's (a split)
+    dropped_tensors -= {t for k in graph.kernels if k.id not in dropped_kernels
+                        for t in (*k.inputs, *k.outputs)}
     drained = {u.grad for u in records}
     # the host runs the updates as the GPU makes their gradients
     records.sort(key=lambda u: graph.by_name(u.grad).producer)
     return _rebuild(graph, dropped_kernels, dropped_tensors, drained, tuple(records))
+
+
+def _check_kept(graph: TensorGraph, updates: list[Kernel], keep: Collection[str]) -> None:
+    trained = {graph.tensors[k.inputs[0]].name for k in updates}
+    unknown = sorted(set(keep) - trained)
+    if unknown:
+        raise ConfigError(f"keep: {', '.join(unknown[:3])} {'is' if len(unknown) == 1 else 'are'}"
+                          " not trained weights of the graph: name weights whose updates stay "
+                          "on the GPU")
+    if trained and trained <= set(keep):
+        raise ConfigError("keep names every trained weight: no update is left for the host "
+                          "(run the updates on the GPU: the training graph itself)")
 
 
 def _offload_one(graph: TensorGraph, update: Kernel, dropped_kernels: set[int],
@@ -141,15 +181,16 @@ def _rebuild(graph: TensorGraph, dropped_kernels: set[int], dropped_tensors: set
     b.outputs = kept + [remap[graph.by_name(n).id] for n in sorted(drained)
                         if remap[graph.by_name(n).id] not in kept]
     b.carried = [(remap[a], remap[z]) for a, z in graph.carried if a in remap and z in remap]
-    b.meta = {**graph.meta, "training": _training_meta(graph, remap, kept_kernels),
+    b.meta = {**graph.meta, "training": _training_meta(graph, remap, kept_kernels, drained),
               META_KEY: tuple(astuple(u) for u in records)}
     return b.build()
 
 
-def _training_meta(graph: TensorGraph, remap: dict[int, int], kept_kernels: list[int]
-                   ) -> dict[str, object]:
-    """meta["training"] with the ids of the GPU's graph: no weight gradient pairs (their
-    updates are the host's), no learning-rate tensor."""
+def _training_meta(graph: TensorGraph, remap: dict[int, int], kept_kernels: list[int],
+                   drained: set[str]) -> dict[str, object]:
+    """meta["training"] with the ids of the GPU's graph: the weight gradient pairs of the
+    updates it keeps (the others are the host's), and the learning-rate tensor if they read
+    it."""
     meta = dict(graph.meta.get("training") or {})
     for key in ("loss", "labels"):
         if key in meta:
@@ -158,6 +199,9 @@ def _training_meta(graph: TensorGraph, remap: dict[int, int], kept_kernels: list
         meta["loss_kernel"] = kept_kernels.index(meta["loss_kernel"])
     if "forward_kernels" in meta:
         meta["forward_kernels"] = sum(k < meta["forward_kernels"] for k in kept_kernels)
-    meta.pop("lr_tensor", None)
-    meta["weight_grads"] = ()
+    lr = meta.pop("lr_tensor", None)
+    if lr in remap:  # the GPU's updates read it
+        meta["lr_tensor"] = remap[lr]
+    meta["weight_grads"] = tuple((remap[w], remap[g]) for w, g in meta.get("weight_grads", ())
+                                 if graph.tensors[g].name not in drained)
     return meta

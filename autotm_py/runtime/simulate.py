@@ -51,7 +51,7 @@ from autotm_py.ir.host_updates import offloaded_updates
 from autotm_py.machine import MachineModel
 from autotm_py.memory.accounting import aligned_sizes
 from autotm_py.memory.scratch import OVERWRITES
-from autotm_py.memory.tiers import FAST, SLOW
+from autotm_py.memory.tiers import FAST, HOST_UPDATE_OVERHEAD_S, SLOW
 from autotm_py.plan import (
     INITIAL,
     NON_REPRODUCIBLE_OPS,
@@ -65,6 +65,7 @@ from autotm_py.plan import (
     Plan,
     Recompute,
 )
+from autotm_py.runtime.link_load import LinkLoad
 from autotm_py.runtime.simulate_result import (
     KernelSpan,
     MoveSpan,
@@ -115,7 +116,8 @@ class Simulator(PlanInterpreter):
         self.violations: list[str] = []
         self.peak = (0, -1)
         self.moved: dict[str, int] = {}
-        self.host_update_s = self.host_end_s = 0.0  # optimizer updates on the host
+        # optimizer updates on the host, and when the GPU's own iteration ended
+        self.host_update_s = self.host_end_s = self.gpu_end_s = 0.0
         self.filled = 0  # bytes written by Fill records
         layout = plan.arena
         self.slots = arena.SlotMap() if layout is not None else None
@@ -459,6 +461,7 @@ class Simulator(PlanInterpreter):
         starts when the last has (the Trainer waits for it: it reads the weights they
         write)."""
         by_name = self.graph.tensor_ids_by_name
+        self.gpu_end_s = self.clock
         written = {m.tensor: m.end_s for m in self.moves if m.to == SLOW}
         read: dict[int, float] = {}
         for m in self.moves:
@@ -469,15 +472,17 @@ class Simulator(PlanInterpreter):
                 self.violate(f"tensor {self.name(tid)} is written by the host before each "
                              "iteration and must start in the slow tier only")
         host = 0.0
+        load = LinkLoad(self.moves)
         for update in offloaded_updates(self.graph):
             grad = by_name[update.grad]
             if self.state[grad, TIER_INDEX[FAST]] or not self.state[grad, TIER_INDEX[SLOW]]:
                 self.violate(f"gradient {update.grad} is read by the host after the iteration "
                              "and must end in the slow tier only")
-            work = self.machine.host_update_time(update.numel)
-            self.host_update_s += work
             ready = max(written.get(grad, 0.0), read.get(by_name[update.weight], 0.0))
-            host = max(host, ready) + work
+            start = max(host, ready)
+            host = load.work_end(start + HOST_UPDATE_OVERHEAD_S, update.numel,
+                                 self.machine.memory.host_update_speed)
+            self.host_update_s += host - start
         self.host_end_s = host
         self.clock = max(self.clock, host)
 
@@ -588,4 +593,5 @@ class Simulator(PlanInterpreter):
             recomputes=tuple(self.recomputes),
             reserve_bytes=self.machine.reserve_bytes, plannable_bytes=self.machine.tensor_budget,
             costs_digest=self.machine.profile_costs.digest, filled_bytes=self.filled,
-            host_update_s=self.host_update_s, host_end_s=self.host_end_s)
+            host_update_s=self.host_update_s, host_end_s=self.host_end_s,
+            gpu_end_s=self.gpu_end_s)

@@ -79,6 +79,7 @@ class SimulationResult:
     # (the iteration, `total_s`, ends no earlier)
     host_update_s: float = 0.0
     host_end_s: float = 0.0
+    gpu_end_s: float = 0.0  # the GPU's iteration's end, before the host's updates
 
     @property
     def ok(self) -> bool:
@@ -97,7 +98,8 @@ class SimulationResult:
         """What the optimizer updates on the host cost (`ir.host_updates`)."""
         return (f"optimizer updates on the host: {self.host_update_s * 1e3:.3f} ms of work, the "
                 f"last ending at {self.host_end_s * 1e3:.3f} ms of the "
-                f"{self.total_s * 1e3:.3f} ms iteration")
+                f"{self.total_s * 1e3:.3f} ms iteration (the GPU's part ends at "
+                f"{self.gpu_end_s * 1e3:.3f} ms)")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

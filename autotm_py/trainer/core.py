@@ -35,7 +35,12 @@ from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.frontend.capture import capture_module
 from autotm_py.frontend.onnx import import_model
-from autotm_py.ir.host_updates import offload_updates, update_bytes
+from autotm_py.ir.host_updates import (
+    gpu_kept_updates,
+    offload_updates,
+    offloaded_updates,
+    update_bytes,
+)
 from autotm_py.ir.layout import has_convolutions, to_channels_last
 from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import chunkable_logits_bytes, derive_training
@@ -51,6 +56,10 @@ from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for, preci
 from autotm_py.trainer.spec import Example, loss_rule, optimizer_of, split_example
 from autotm_py.trainer.state import Masters, StateMap
 from autotm_py.units import format_bytes
+
+# where a Trainer's optimizer updates may run (`optimizer_on`): the command line's places, the
+# two split between the host and the GPU, or the planner's choice
+PLACES = (*OPTIMIZER_PLACES, "split", "auto")
 
 
 class Trainer:
@@ -74,10 +83,12 @@ class Trainer:
     fp32). `optimizer_on`: where the optimizer's updates run: "gpu" (on the weights, gradients
     and optimizer state the plan places), "host" (on the host's cores, overlapping the GPU's
     backward pass: `trainer.host`; the GPU streams only the weights its kernels read and their
-    gradients; the module's parameters become views of the host's masters until `close`) or
-    "auto" (default): on the GPU unless the weights, gradients and optimizer
-    state alone exceed the budget, then whichever plan is predicted faster (`notes` says which
-    and both times)."""
+    gradients; the module's parameters become views of the host's masters until `close`),
+    "split" (the host the weights whose gradients come first, the GPU those that come last:
+    `host_share` of the parameters on the host, or by default the share the host's plan is
+    predicted to finish within the GPU's iteration) or "auto" (default): on the GPU unless the
+    weights, gradients and optimizer state alone exceed the budget, then whichever of the
+    three plans is predicted fastest (`notes` says which and their times)."""
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[..., Any], example: Any, *, budget: int | str | None = None,
@@ -87,10 +98,10 @@ class Trainer:
                  plans_dir: str | os.PathLike[str] | None = None,
                  channels_last: bool | None = None, profile: bool | None = None,
                  loss_chunks: int | str = "auto", precision: str = AUTO_PRECISION,
-                 optimizer_on: str = "auto") -> None:
-        if optimizer_on not in (*OPTIMIZER_PLACES, "auto"):
+                 optimizer_on: str = "auto", host_share: float | None = None) -> None:
+        if optimizer_on not in PLACES:
             raise ConfigError(f"Trainer: optimizer_on={optimizer_on!r}: choose one of "
-                              f"{', '.join(OPTIMIZER_PLACES)}, auto")
+                              f"{', '.join(PLACES)}")
         if (budget is None) == (ratio is None):
             raise ConfigError("Trainer: give either budget (bytes, e.g. '4GiB') or ratio "
                               "(fast:slow, e.g. '1:3'), not both and not neither")
@@ -116,11 +127,12 @@ class Trainer:
                             reserve_bytes=None if cuda else 0, time_limit_s=time_limit_s)
         # what the GPU runs: the training graph, or its part without the optimizer's updates
         self.optimizer_on, self.run_graph, self.plan = self._plan_updates(
-            config, optimizer_on, plans_dir, cuda if profile is None else profile)
+            config, optimizer_on, plans_dir, cuda if profile is None else profile,
+            _share_option(host_share, optimizer_on))
         self._ids = _run_ids(self.graph, self.run_graph)
         masters: Any = Masters(self.graph, self.map, optimizer)
         self.host: HostSide | None = None
-        if self.optimizer_on == "host":
+        if self.optimizer_on != "gpu":
             self.host = HostSide(self.graph, self.run_graph, self.map, optimizer, self._spec)
             masters = RunMasters(self.run_graph, masters, frozenset(self.host.fed))
         masters.update(self._batch_masters(self.example))
@@ -132,34 +144,81 @@ class Trainer:
         self._synced = 0
 
     def _plan_updates(self, config: PlanConfig, optimizer_on: str, plans_dir: Any,
-                      measure: bool) -> tuple[str, Any, Any]:
+                      measure: bool, host_share: float | None) -> tuple[str, Any, Any]:
         """Where the optimizer's updates run, the graph the GPU runs, and its plan. "auto":
         on the GPU, unless the weights, gradients and optimizer state alone exceed the
-        budget; then both are planned and the one predicted faster kept (said in `notes`). A
-        ratio is of the training graph's peak wherever the updates run."""
+        budget; then the three places are planned and the one predicted fastest kept (said in
+        `notes`). "split" plans the host's first: its cut comes from that plan. A ratio is of
+        the training graph's peak wherever the updates run."""
         state = update_bytes(self.graph)
         budget = pipeline.user_budget(self.graph, config)
-        places = [optimizer_on] if optimizer_on != "auto" else \
-            ["gpu", "host"] if budget is not None and state > budget else ["gpu"]
+        places = {"auto": ["gpu", "host", "split"] if budget is not None and state > budget
+                  else ["gpu"], "split": ["host", "split"]}.get(optimizer_on, [optimizer_on])
         if "host" in places and budget is not None:
             config = replace(config, ratio=None, fast_mem_bytes=budget)
         plans: dict[str, tuple[Any, Any]] = {}
+        failed: dict[str, ConfigError] = {}
         for place in places:
-            graph = offload_updates(self.graph) if place == "host" else self.graph
+            if place == "split" and "host" not in plans:
+                continue  # its cut comes from the host's plan
             try:
-                plans[place] = graph, plan_for(graph, config, self.device, plans_dir=plans_dir,
-                                               measure=measure, face="trainer")
+                graph = self._run_graph(place, plans, config, host_share)
+                if graph is not None:
+                    plans[place] = graph, plan_for(graph, config, self.device,
+                                                   plans_dir=plans_dir, measure=measure,
+                                                   face="trainer")
             except ConfigError as exc:
-                if len(places) == 1 or (place == "host" and not plans):
-                    raise ConfigError(f"Trainer: {exc}") from None
+                failed[place] = exc
+        if not plans:  # the host's reason where it was tried: it needs the least memory
+            raise ConfigError(f"Trainer: {failed.get('host') or next(iter(failed.values()))}")
         place = min(plans, key=lambda p: plans[p][1].header.predicted_time_s or math.inf)
-        if len(places) > 1:
-            times = ", ".join(f"{p} {plans[p][1].header.predicted_time_s * 1e3:.1f} ms"
-                              if p in plans else f"{p} infeasible" for p in places)
-            self.notes.append(f"optimizer updates on the {place} (optimizer_on='auto': the "
-                              f"weights, gradients and optimizer state, {format_bytes(state)}, "
-                              f"exceed the budget; predicted a step: {times})")
+        if optimizer_on == "split":
+            place = "split" if "split" in plans else "host"
+        self.notes += self._place_notes(optimizer_on, places, plans, failed, state)
         return place, *plans[place]
+
+    def _run_graph(self, place: str, plans: dict[str, tuple[Any, Any]], config: PlanConfig,
+                   host_share: float | None) -> Any:
+        """The graph the GPU runs with the updates at `place`; None for a split that would
+        keep nothing on the GPU (the host's updates end within the GPU's iteration)."""
+        if place == "gpu":
+            return self.graph
+        if place == "host":
+            return offload_updates(self.graph)
+        host_graph, host_plan = plans["host"]
+        if host_share is None:
+            host_share = _host_share_within(pipeline.simulate(
+                host_graph, host_plan,
+                costs=pipeline.device_costs(host_graph, self.device, config.gpu)))
+        keep = gpu_kept_updates(host_graph, host_share)
+        return offload_updates(self.graph, keep) if keep else None
+
+    def _place_notes(self, optimizer_on: str, places: list[str],
+                     plans: dict[str, tuple[Any, Any]], failed: dict[str, ConfigError],
+                     state: int) -> list[str]:
+        """What `optimizer_on` chose, and the predicted step of every place it planned."""
+        times = ", ".join(f"{p} {plans[p][1].header.predicted_time_s * 1e3:.1f} ms"
+                          if p in plans else f"{p} infeasible" if p in failed
+                          else f"{p} not planned" for p in places)
+        notes = []
+        if optimizer_on == "auto" and len(places) > 1:
+            best = min(plans, key=lambda p: plans[p][1].header.predicted_time_s or math.inf)
+            notes.append(f"optimizer updates on the {best} (optimizer_on='auto': the weights, "
+                         f"gradients and optimizer state, {format_bytes(state)}, exceed the "
+                         f"budget; predicted a step: {times})")
+        if "split" in plans:
+            graph = plans["split"][0]
+            host = sum(u.numel for u in offloaded_updates(graph))
+            gpu = sum(graph.tensors[w].numel for w, _ in graph.meta["training"]["weight_grads"])
+            notes.append(f"split: the host updates {host / (host + gpu):.0%} of the parameters "
+                         f"as their gradients come, the GPU the last {gpu / (host + gpu):.0%} "
+                         "(the weights the backward pass reaches last)")
+        elif "split" in failed and optimizer_on == "split":
+            notes.append(f"split: no plan, so every update runs on the host ({failed['split']})")
+        elif "split" in places and "host" in plans and "split" not in failed:
+            notes.append("split: the host's updates are predicted to end within the GPU's "
+                         "iteration, so all of them stay on the host")
+        return notes
 
     def _check_host_memory(self) -> int:
         """The host memory the run will add (the plan's pinned slow tier, the host's optimizer
@@ -311,6 +370,31 @@ def _run_ids(graph: Any, run: Any) -> dict[int, int]:
     """The training graph's tensor ids -> the run graph's, for the tensors both have."""
     ids = run.tensor_ids_by_name
     return {t.id: ids[t.name] for t in graph.tensors if t.name in ids}
+
+
+def _host_share_within(predicted: Any) -> float:
+    """The share of the host's update work that a simulated all-host plan finishes by the end
+    of the GPU's iteration (`SimulationResult.gpu_end_s`): a split hands the rest, the
+    updates of the last gradients, to the GPU, which the simulation of the split's own plan
+    then prices (1: the host is done in time, nothing to hand over)."""
+    past = predicted.host_end_s - predicted.gpu_end_s
+    if past <= 0 or predicted.host_update_s <= 0:
+        return 1.0
+    return max(0.0, 1 - past / predicted.host_update_s)
+
+
+def _share_option(host_share: float | None, optimizer_on: str) -> float | None:
+    """The Trainer's `host_share`, checked: a fraction in (0, 1), for optimizer_on="split"."""
+    if host_share is None:
+        return None
+    if optimizer_on != "split":
+        raise ConfigError(f"Trainer: host_share={host_share!r} is for optimizer_on='split' (it "
+                          f"has {optimizer_on!r}): drop it or split the updates")
+    if isinstance(host_share, bool) or not isinstance(host_share, int | float) or \
+            not 0 < host_share < 1:
+        raise ConfigError(f"Trainer: host_share={host_share!r}: give the fraction of the "
+                          "parameters the host updates, between 0 and 1 (exclusive)")
+    return float(host_share)
 
 
 def _chunks_option(loss_chunks: int | str) -> int | None:

@@ -12,8 +12,10 @@ caps without effect in its process:
 - `ours`: `Trainer(module, AdamW, lm_loss, example, budget=CAP, precision="bf16",
   loss_chunks=16, optimizer_on=...)` on the GPU; the plan decides what stays in HBM and what
   streams; `--optimizer-on gpu` updates on the GPU on streamed state, `host` on the host's
-  cores as the gradients come out (`trainer.host`), `auto` (default) whichever the planner
-  predicts faster where the weights and optimizer state exceed the cap (both planned);
+  cores as the gradients come out (`trainer.host`), `split` the host the first gradients'
+  and the GPU the last ones' (`--host-share`, or the planner's cut), `auto` (default)
+  whichever the planner predicts fastest where the weights and optimizer state exceed the
+  cap (all three planned);
 - `uncapped`: the same module under `torch.autocast("cuda", torch.bfloat16)`, AdamW
   (fused) on the GPU, no cap: the speed of unlimited memory where it fits the H200;
 - `fsdp`: FSDP2 (`fully_shard`) on one GPU with `CPUOffloadPolicy` (parameters, gradients and
@@ -191,7 +193,7 @@ def ours(net, data, args, memory: HostMemory) -> dict[str, Any]:
                       budget=args.cap, device=args.device, precision="bf16", mode=mode,
                       loss_chunks=args.loss_chunks, time_limit_s=args.time_limit,
                       plans_dir=args.plans or tempfile.mkdtemp(),
-                      optimizer_on=args.optimizer_on)
+                      optimizer_on=args.optimizer_on, host_share=args.host_share)
     setup_s = time.perf_counter() - started
     memory.mark("trainer set up")
     print(f"setup {setup_s:.0f} s; {trainer.describe()}; predicted "
@@ -279,8 +281,11 @@ def main(argv: list[str]) -> int:
                    "caching allocator capped at --cap (no arena to pack)")
     p.add_argument("--time-limit", type=float, default=300.0, help="solver seconds")
     p.add_argument("--plans", help="plan cache folder (a second run starts without solving)")
-    p.add_argument("--optimizer-on", choices=("gpu", "host", "auto"), default="auto",
+    p.add_argument("--optimizer-on", choices=("gpu", "host", "split", "auto"), default="auto",
                    help="ours: where the AdamW updates run (the Trainer's optimizer_on)")
+    p.add_argument("--host-share", type=float, default=None,
+                   help="ours, --optimizer-on split: the share of the parameters the host "
+                   "updates (the Trainer's host_share; default: the planner's cut)")
     p.add_argument("--small", action="store_true", help="tiny model on the CPU")
     p.add_argument("--size", choices=tuple(SIZES), default="3b",
                    help="3b (default); 5b: 5.12B, more state than an 80 GB card holds; 6b: "
