@@ -3,7 +3,9 @@
 memory above the built module (ru_maxrss), for the Trainer's setup on large modules
 (docs/training-loop.md). Run each version in a fresh process:
 
-    python experiments/capture_cost.py [--repo DIR]   # DIR: a checkout to import autotm_py from
+    python experiments/capture_cost.py [--repo DIR] [--no-values]
+        # DIR: a checkout to import autotm_py from; --no-values: as the Trainer captures
+        # (`capture_module(..., values=False)`: no copy of the weights)
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
+    p.add_argument("--no-values", action="store_true",
+                   help="capture_module(values=False), as the Trainer captures")
     args = p.parse_args(argv)
     sys.path[:0] = [str(args.repo), str(args.repo / "experiments" / "gpu")]
     import torch
@@ -30,7 +34,7 @@ def main(argv: list[str]) -> int:
     tokens = torch.randint(0, 50257, (1, 512))
     built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     started = time.perf_counter()
-    capture_module(net, (tokens,))
+    capture_module(net, (tokens,), **({"values": False} if args.no_values else {}))
     seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"{args.repo}: capture {seconds:.1f} s, peak {(peak - built) / 1e9:.2f} GB above the "

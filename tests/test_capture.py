@@ -414,3 +414,44 @@ def test_an_initializer_with_other_bytes_than_its_module_tensor_is_refused(dtype
         _check_bytes(helper.make_tensor("w", kind, (2, 3), bytes(other), raw=True), tensor, "w")
     with pytest.raises(ModelImportError, match="shape"):
         _check_bytes(helper.make_tensor("w", kind, (3, 2), raw, raw=True), tensor, "w")
+
+
+@pytest.mark.parametrize("name", ["cnn", "lm"])
+def test_a_capture_without_values_copies_no_weight_and_imports_alike(name, tmp_path_factory):
+    """`values=False` (the Trainer's capture): every floating-point module tensor's
+    initializer is a shape and dtype only, marked as external data nothing reads; the names,
+    the mapping and the imported graph are those of the capture with values."""
+    _, module, example, captured, _, _ = _captured(name, tmp_path_factory)
+    bare = capture_module(module, example, values=False)
+    assert bare.sources == captured.sources and bare.trainable == captured.trainable
+    floating = {n for n, t in [*module.named_parameters(), *module.named_buffers()]
+                if t.is_floating_point()}
+    for init in bare.model.graph.initializer:
+        left_out = init.data_location == onnx.TensorProto.EXTERNAL
+        assert left_out == (init.name in floating)
+        assert not (left_out and (init.raw_data or init.float_data))
+    again, want = (import_model(c.model, initializer_weights=True) for c in (bare, captured))
+    assert [(k.op_type, k.name) for k in again.kernels] == \
+        [(k.op_type, k.name) for k in want.kernels]
+    assert [(t.name, t.shape, t.dtype, t.role) for t in again.tensors] == \
+        [(t.name, t.shape, t.dtype, t.role) for t in want.tensors]
+
+
+def test_a_capture_without_values_checks_the_exporter_holds_the_modules_tensor(monkeypatch):
+    """Without the bytes to compare, the exporter's initializer must be the module's tensor
+    itself (the same memory): one it computed or copied is refused as `_check_bytes` refuses
+    other bytes."""
+    module, example = _make("mlp")
+    export = torch.onnx.export
+
+    def copying(*args, **kwargs):
+        program = export(*args, **kwargs)
+        value = next(iter(program.model.graph.initializers.values()))
+        value.const_value = type(value.const_value)(value.const_value.raw.detach().clone(),
+                                                    name=value.name)
+        return program
+
+    monkeypatch.setattr(torch.onnx, "export", copying)
+    capture_module(module, example)  # with values: the copy has the same bytes
+    with pytest.raises(ModelImportError, match="is not the module's tensor of that name"):
+        capture_module(module, example, values=False)

@@ -280,6 +280,22 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
                       plans_dir=tmp_path)
     with pytest.raises(ConfigError, match="drop_last=True"):
         trainer.step(x[:5], y[:5])
+    # the loss is matched on the exported graph's output: one tensor
+    with pytest.raises(ConfigError, match="returns 2 tensors: the Trainer takes modules whose "
+                                          "forward returns one tensor"):
+        two = TwoOutputs()
+        Trainer(two, torch.optim.SGD(two.parameters(), lr=0.1), F.cross_entropy, example=(x, y),
+                ratio="1:1", device="cpu")
+
+
+class TwoOutputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.fc(x)
+        return y, y.relu()
 
 
 def test_a_plan_priced_with_another_gpus_kernel_times_says_so_in_the_trainers_notes(tmp_path):

@@ -243,13 +243,14 @@ class Trainer:
         chunks = _chunks_option(loss_chunks)
         params = [p for p in self.module.parameters() if p.requires_grad]
         spec = self._spec = optimizer_of(self.optimizer, params)
-        rule = loss_rule(loss_fn, _output(self.module, self.example), self.example.labels)
-        captured = capture_module(self.module, self.example.inputs)
+        # the values are read from the module (`StateMap`): the capture copies none of them
+        captured = capture_module(self.module, self.example.inputs, values=False)
         if captured.frozen:
             raise ConfigError(f"parameters {', '.join(sorted(captured.frozen))} do not require "
                               "grad: the Trainer trains every parameter the forward reads")
         forward = import_model(captured.model, name=type(self.module).__name__,
                                initializer_weights=True)
+        rule = loss_rule(loss_fn, _stand_in_output(forward), self.example.labels)
         forward = with_precision(forward, precision)
         try:
             graph = derive_training(forward, optimizer=spec, loss=rule, loss_chunks=chunks or 1)
@@ -421,22 +422,19 @@ def auto_loss_chunks(graph: Any, device: str) -> int:
     return AUTO_LOSS_CHUNKS
 
 
-def _output(module: torch.nn.Module, example: Example) -> torch.Tensor:
-    """The module's output on the example (eval mode, no gradients, state untouched), to
-    identify the loss."""
-    flags = {m: m.training for m in module.modules()}
-    try:
-        module.eval()
-        device = next((p.device for p in module.parameters()), torch.device("cpu"))
-        with torch.no_grad():
-            out = module(*(t.to(device) for t in example.inputs))
-    finally:
-        for m, flag in flags.items():
-            m.training = flag
-    if not isinstance(out, torch.Tensor):
-        raise ConfigError(f"the module returns {type(out).__name__}: the Trainer takes modules "
-                          "whose forward returns one tensor (the output the loss reads)")
-    return out.detach().cpu()
+def _stand_in_output(forward: Any) -> torch.Tensor:
+    """Seeded random values of the shape of the forward's one output, on which the loss
+    function is matched to a rule (`loss_rule` compares values the rules compute from any
+    output): running the module itself on the example costs a forward pass on its device,
+    the host's cores for a module too large for the GPU (the 0.30B decoder at batch 8: 9-10
+    s on a 2-core machine; the 3.33B decoder at batch 12 spent about 170 s of its 297 s setup
+    on the H100 machine before the exporter's output was folded, 2026-12-05)."""
+    if len(forward.outputs) != 1:
+        raise ConfigError(f"the module's forward returns {len(forward.outputs)} tensors: the "
+                          "Trainer takes modules whose forward returns one tensor (the output "
+                          "the loss reads)")
+    shape = forward.tensors[forward.outputs[0]].shape
+    return torch.randn(shape, generator=torch.Generator().manual_seed(0))
 
 
 def _check_labels(graph: Any, example: Example) -> None:
