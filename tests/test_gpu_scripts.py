@@ -299,16 +299,21 @@ def test_repredict_link_prices_the_same_plans_on_the_h200s_link(monkeypatch):
     assert measured < h200 < 0.99 * recorded  # measured 44.0 ms, predicted 45.3 -> 44.5
 
 
+def _stand_in_python(tmp_path, line: str) -> dict[str, str]:
+    """The environment of a script whose `python3` is a shell stand-in running `line`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(f"#!/bin/sh\n{line}\n")
+    fake.chmod(0o755)
+    return os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
 def test_plan_by_plan_scripts_run_each_spec_under_each_setting(tmp_path):
     """eager_vs_replay.sh and connections_ab.sh share run_spec.sh: one `autotm run` process per
     spec and setting, its output kept, one line printed. A stand-in python3 records how it was
     called (the real runs need the GPU)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "python3"
-    fake.write_text('#!/bin/sh\necho "measured $CUDA_DEVICE_MAX_CONNECTIONS $*"\n')
-    fake.chmod(0o755)
-    env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = _stand_in_python(tmp_path, 'echo "measured $CUDA_DEVICE_MAX_CONNECTIONS $*"')
     spec = "vgg19:64:plans/vgg19_1-1+gpu.json.gz:seq=8"
 
     def run(*args: str) -> list[str]:
@@ -513,3 +518,28 @@ def test_beyond_card_trains_its_small_decoder_under_a_budget_and_writes_every_st
                                            "step 2", "steps done"]
     assert all(m["rss"] > 0 and m["available"] > 0 for m in marks)
     assert "host memory, trainer set up: rss" in run.stdout
+
+
+def test_beyond_card_calls_run_their_parts_with_their_options(tmp_path):
+    """experiments/gpu/beyond_card_calls.sh (issue 49's device calls): each call runs its
+    parts of beyond_card.py, one process each, with the options the docs name, and records
+    every part's exit in machine.txt; an unknown call is refused. A stand-in python3 records
+    how it was called (the real parts need the GPU)."""
+    env = _stand_in_python(tmp_path, 'echo "$*"')
+
+    def call(name: str) -> subprocess.CompletedProcess:
+        out = tmp_path / name
+        out.mkdir()
+        return subprocess.run(["bash", "experiments/gpu/beyond_card_calls.sh", name, str(out)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+    assert call("split").returncode == 0
+    machine = (tmp_path / "split" / "machine.txt").read_text()
+    assert "uncapped_b4: exit 0" in machine and "split70_b16: exit 0" in machine
+    split = (tmp_path / "split" / "split70_b16.log").read_text()
+    assert "--part ours --cap 24GiB" in split and "--batch 16" in split
+    assert "--optimizer-on split --host-share 0.7" in split
+    assert call("host").returncode == 0
+    assert "--part fsdp --cap 24GiB --batch 8" in (tmp_path / "host" / "fsdp_b8.log").read_text()
+    refused = call("nine")
+    assert refused.returncode == 2 and "unknown call nine" in refused.stderr

@@ -43,6 +43,15 @@ def test_updates_on_the_host_overlap_cuda_graph_replays_and_follow_pytorch(name)
     _follows(run)
 
 
+@pytest.mark.parametrize("name", ["cnn", "lm"])
+def test_updates_split_between_the_host_and_the_gpu_follow_pytorch(name):
+    """optimizer_on="split", half the parameters each: the GPU's updates of the last
+    gradients in the replayed iteration and the host's of the others train as PyTorch."""
+    run = in_own_process("tests.test_trainer_gpu", "train_both", name, False, "split", 0.5)
+    assert run["replayed"] and run["host_updates"] > 0 and run["gpu_updates"] > 0, run["notes"]
+    _follows(run)
+
+
 def _follows(run: dict) -> None:
     assert run["moves_and_recomputes"] > 0
     for got, want in zip(run["ours"], run["torch"], strict=True):
@@ -50,10 +59,11 @@ def _follows(run: dict) -> None:
     assert run["worst_parameter"] <= 10 * RTOL, run
 
 
-def train_both(name: str, cuda_first: bool = False, optimizer_on: str = "gpu") -> dict:
+def train_both(name: str, cuda_first: bool = False, optimizer_on: str = "gpu",
+               host_share: float | None = None) -> dict:
     """STEPS steps of `name` through the Trainer on CUDA and with plain PyTorch on CUDA
-    (`cuda_first`: the process uses CUDA before it makes the Trainer; `optimizer_on`: the
-    Trainer's)."""
+    (`cuda_first`: the process uses CUDA before it makes the Trainer; `optimizer_on` and
+    `host_share`: the Trainer's)."""
     import copy
     from dataclasses import replace
 
@@ -79,8 +89,9 @@ def train_both(name: str, cuda_first: bool = False, optimizer_on: str = "gpu") -
     # fp32: the reference trains in fp32 (the GPU default, bf16, is tests/test_precision_gpu.py's)
     # at 6:1 of the peak, or nearer the peak where that is below the smallest feasible budget
     # (the lm on the H200, 2026-12-04: its attention gradient and its measured scratch)
+    split = {} if host_share is None else {"host_share": host_share}
     trainer = _capped_trainer(ours, opt, loss_fn, data[0], "cuda", precision="fp32",
-                              optimizer_on=optimizer_on)
+                              optimizer_on=optimizer_on, **split)
     got = [float(trainer.step(x, y)) for x, y in data]
     trainer.sync()
     layout = torch.channels_last if name == "cnn" else torch.contiguous_format
@@ -99,5 +110,6 @@ def train_both(name: str, cuda_first: bool = False, optimizer_on: str = "gpu") -
             + sum(1 for _ in plan.recomputes()),
             "notes": trainer.notes,
             "host_updates": len(trainer.host.updates) if trainer.host is not None else 0,
+            "gpu_updates": len(trainer.run_graph.meta["training"]["weight_grads"]),
             "staged_carried": len(trainer.loop.executor.uploads.staged
                                   & {first for first, _ in trainer.run_graph.carried})}

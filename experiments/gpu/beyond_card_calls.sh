@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 49's GPU calls, each one device command of at most ten minutes, every part a process of
+# its own with a timeout (experiments/gpu/beyond_card.py), logs and JSON under OUT. The profile
+# and plan caches go from call to call as OUT/caches.tgz: copy the last call's back into the
+# repository root (untracked) before the next, which unpacks it when present.
+#
+#   bash experiments/gpu/beyond_card_calls.sh split OUT   # uncapped b4; 3.33B b16 split, share 0.7
+#   bash experiments/gpu/beyond_card_calls.sh host OUT    # uncapped b4; 3.33B b16 host; FSDP2 b8
+#   bash experiments/gpu/beyond_card_calls.sh auto OUT    # uncapped b4; 3.33B b16 split, the planner's cut
+#   bash experiments/gpu/beyond_card_calls.sh seven OUT   # the 6.66B decoder at 24 GiB, batch 4
+#   bash experiments/gpu/beyond_card_calls.sh tests OUT   # the GPU tests of the host's updates
+#
+# Each call starts with the machine (GPU, host memory, cores) and the date in OUT/machine.txt.
+set -u
+call=$1 OUT=$2
+. experiments/gpu/setup.sh
+export XDG_CACHE_HOME=/tmp/xdg
+[ -f caches.tgz ] && tar xzf caches.tgz -C /tmp
+{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  grep MemAvailable /proc/meminfo; nproc; date -u; } > "$OUT/machine.txt"
+B=experiments/gpu/beyond_card.py
+ours=(--part ours --cap 24GiB --time-limit 30 --plans /tmp/plans)
+
+part() {  # part NAME SECONDS ARGS...: one process, its log, its exit status in machine.txt
+  local name=$1 seconds=$2
+  shift 2
+  timeout "$seconds" python3 $B "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name: exit $? at $(date -u +%T)" >> "$OUT/machine.txt"
+}
+
+case $call in
+  split) part uncapped_b4 80 --part uncapped --batch 4 --steps 6
+         part split70_b16 450 "${ours[@]}" --batch 16 --steps 8 --optimizer-on split \
+              --host-share 0.7 ;;
+  host)  part uncapped_b4 80 --part uncapped --batch 4 --steps 6
+         part host_b16 330 "${ours[@]}" --batch 16 --steps 8 --optimizer-on host
+         part fsdp_b8 120 --part fsdp --cap 24GiB --batch 8 --steps 5 ;;
+  auto)  part uncapped_b4 80 --part uncapped --batch 4 --steps 6
+         part split_b16 450 "${ours[@]}" --batch 16 --steps 8 --optimizer-on split ;;
+  seven) part seven_host_b4 540 "${ours[@]}" --size 7b --batch 4 --steps 6 --optimizer-on host ;;
+  tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_trainer_gpu.py \
+             tests/test_executor_gpu.py -k "host or split or own_size" > "$OUT/tests.log" 2>&1
+         echo "tests: exit $?" >> "$OUT/machine.txt" ;;
+  *) echo "unknown call $call: split, host, auto, seven or tests" >&2; exit 2 ;;
+esac
+tar czf "$OUT/caches.tgz" -C /tmp xdg plans 2>/dev/null
+cat "$OUT/machine.txt"
+grep -h -E "^setup|^step [0-9]+:|split:|predicted" "$OUT"/*.log | tail -n 30
