@@ -44,7 +44,9 @@ SPLIT_KEY = "conv_grad_split"
 # graph.meta's key of the optimizer updates a graph leaves to the host (`ir.host_updates` sets
 # it; read here from the meta alone)
 HOST_UPDATES_KEY = "host_updates"
-OPTIMIZER_PLACES: tuple[str, ...] = ("gpu", "host")  # --optimizer-on
+# graph.meta's key of the share of the parameters the host updates in a split graph
+HOST_SHARE_KEY = "host_share"
+OPTIMIZER_PLACES: tuple[str, ...] = ("gpu", "host", "split")  # --optimizer-on
 
 # TensorGraph.meta key of the model a graph was loaded from (an ONNX file's absolute path or a
 # zoo name; `pipeline.load_graph` sets it, plans record it as `PlanHeader.source`)
@@ -75,6 +77,9 @@ class ModelOptions:
     # --optimizer-on host: every optimizer update runs on the host (`ir.host_updates`); the
     # graph is the GPU's part
     host_updates: bool = False
+    # --optimizer-on split --host-share F: with host_updates, the host updates about this
+    # share of the parameters and the GPU the rest (None: the host all of them)
+    host_share: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_conv_grads", tuple(self.split_conv_grads or ()))
@@ -89,6 +94,10 @@ class ModelOptions:
                               f"{', '.join(OPTIMIZERS)}")
         if self.loss_chunks < 1:
             raise ConfigError(f"--loss-chunks {self.loss_chunks}: must be >= 1")
+        if self.host_share is not None and not (self.host_updates and
+                                                0 < self.host_share < 1):
+            raise ConfigError(f"--host-share {self.host_share}: a fraction between 0 and 1 "
+                              "(exclusive), with --optimizer-on split")
         if self.precision not in PRECISION_CHOICES:
             raise ConfigError(f"--precision {self.precision!r}: choose one of "
                               f"{', '.join(PRECISION_CHOICES)}")
@@ -107,13 +116,15 @@ class ModelOptions:
                    channels_last=meta.get(LAYOUT_KEY) == CHANNELS_LAST,
                    precision=str(meta.get(PRECISION_KEY, "fp32")),
                    split_conv_grads=tuple(meta.get(SPLIT_KEY) or ()),
-                   host_updates=bool(meta.get(HOST_UPDATES_KEY)))
+                   host_updates=bool(meta.get(HOST_UPDATES_KEY)),
+                   host_share=meta.get(HOST_SHARE_KEY))
 
     def differences(self, other: ModelOptions) -> list[str]:
         """In words, the options where `other` differs from this one."""
         out = []
         for name in ("batch", "dims", "training", "optimizer", "fuse", "loss", "loss_chunks",
-                     "channels_last", "precision", "split_conv_grads", "host_updates"):
+                     "channels_last", "precision", "split_conv_grads", "host_updates",
+                     "host_share"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if dict(mine or {}) != dict(theirs or {}) if name == "dims" else mine != theirs:
                 out.append(f"{name} {theirs!r} (the plan's: {mine!r})")

@@ -57,7 +57,7 @@ def load_graph(model: PathLike, options: ModelOptions | None = None) -> TensorGr
     # a plan made for a graph with its convolution backward kernels split rebuilds them
     graph = split_conv_grads(graph, options.split_conv_grads) \
         if options.split_conv_grads else graph
-    return offload_updates(graph) if options.host_updates else graph
+    return offload_updates(graph, options.host_share) if options.host_updates else graph
 
 
 @dataclass(frozen=True)

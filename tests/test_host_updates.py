@@ -18,6 +18,7 @@ from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.frontend.fuse import fuse_graph
 from autotm_py.ir.host_updates import (
+    SHARE_KEY,
     UPDATE_OPS,
     drained_tensors,
     fed_tensors,
@@ -30,6 +31,7 @@ from autotm_py.ir.training import derive_training
 from autotm_py.memory.tiers import FAST, HOST_UPDATE_FLOOR, SLOW, preset
 from autotm_py.options import ModelOptions
 from autotm_py.pipeline import machine_for_plan
+from autotm_py.plan import Plan
 from autotm_py.runtime.link_load import LinkLoad
 from autotm_py.runtime.simulate import Simulator
 from autotm_py.runtime.simulate_result import MoveSpan
@@ -314,6 +316,9 @@ def test_close_gives_the_module_its_own_values_and_lets_the_pool_go(tmp_path):
 
 
 def test_bad_optimizer_places_are_one_line_errors(tmp_path, capsys):
+    for flags in (["--optimizer-on", "split"], ["--optimizer-on", "host", "--host-share", "0.5"]):
+        assert main(["optimize", "resnet50", "--training", *flags]) == 2
+        assert "--optimizer-on split takes --host-share F" in capsys.readouterr().err
     make, loss_fn = MODELS["mlp"]
     model = make()
     with pytest.raises(ConfigError,
@@ -328,15 +333,22 @@ def test_bad_optimizer_places_are_one_line_errors(tmp_path, capsys):
     assert "a bench run times the GPU's part only" in capsys.readouterr().err
 
 
-def test_optimize_and_run_say_what_the_hosts_updates_cost(tmp_path, capsys):
+# the split keeps the first layer's update on the GPU: its weight, gradient and moments
+# together need more than half the split graph's peak
+@pytest.mark.parametrize("place", [["host", "--ratio", "1:1"],
+                                   ["split", "--host-share", "0.5", "--ratio", "2:1"]])
+def test_optimize_and_run_say_what_the_hosts_updates_cost(place, tmp_path, capsys):
     model, plan = "models/corpus/gated_mlp.onnx", str(tmp_path / "plan.json")
     code = main(["optimize", model, "--training", "--optimizer", "adam", "--precision", "bf16",
-                 "--optimizer-on", "host", "--gpu", "h200", "--ratio", "1:1", "--time-limit",
-                 "20", "--no-baselines", "-o", plan])
+                 "--optimizer-on", *place, "--gpu", "h200", "--time-limit", "20",
+                 "--no-baselines", "-o", plan])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "optimizer updates on the host" in out and "ms of work, the last ending at" in out
     assert "(the GPU's part ends at " in out
+    header = Plan.load(plan).header
+    assert header.model.host_updates and header.model.host_share == (
+        0.5 if place[0] == "split" else None)
     # `run` starts from the file's weights (the bf16 copies fed from them) and says what it
     # does not time
     assert main(["run", model, "--plan", plan, "--device", "cpu", "--iterations", "1"]) == 0
@@ -354,7 +366,8 @@ def test_a_split_keeps_the_updates_of_the_last_gradients_on_the_gpu():
     kept = sum(graph.by_name(w).numel for w in keep)
     biggest = max(u.numel for u in order)
     assert abs(kept - total / 2) <= biggest / 2 + 1, (kept, total)
-    split = offload_updates(graph, keep)
+    split = offload_updates(graph, 0.5)
+    assert split.meta[SHARE_KEY] == 0.5 and ModelOptions.of_graph(split).host_share == 0.5
     assert [u.weight for u in offloaded_updates(split)] == [u.weight for u in order
                                                             if u.weight not in keep]
     on_gpu = {split.tensors[k.inputs[0]].name for k in split.kernels if k.op_type in UPDATE_OPS}
@@ -366,12 +379,12 @@ def test_a_split_keeps_the_updates_of_the_last_gradients_on_the_gpu():
     assert all(u.grad in outputs for u in offloaded_updates(split))
     assert not any(graph.tensors[g].name in outputs for w, g in
                    graph.meta["training"]["weight_grads"] if graph.tensors[w].name in keep)
+    # a share that leaves the GPU nothing is every update on the host; at least one stays
     assert gpu_kept_updates(offload_updates(graph), 0.999) == ()
+    assert SHARE_KEY not in offload_updates(graph, 0.999).meta
     assert len(gpu_kept_updates(offload_updates(graph), 1e-6)) == len(order) - 1
-    with pytest.raises(ConfigError, match="not trained weights"):
-        offload_updates(graph, ["nope"])
-    with pytest.raises(ConfigError, match="every trained weight"):
-        offload_updates(graph, [u.weight for u in order])
+    with pytest.raises(ConfigError, match="between 0 and 1"):
+        offload_updates(graph, 1.5)
 
 
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))

@@ -191,7 +191,7 @@ def test_reader_reads_exactly_the_schema_fields() -> None:
     # version 2's run mode: `graph` and the arena, placed and scratch of its config
     assert keys["_opt"] == {"overlaps", "tensors", "kernels", "kernel_io", "graph", "arena",
                             "placed", "scratch", "loss_chunks", "channels_last", "precision",
-                            "split_conv_grads", "host_updates",
+                            "split_conv_grads", "host_updates", "host_share",
                             "gpu", "source"}
     assert "run" in keys["_req"]
 

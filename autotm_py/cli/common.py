@@ -42,7 +42,7 @@ FROM_PLAN = ("Not given: the plan's, for commands that read a plan (simulate, ru
 MODEL_FLAGS = {"batch": "batch", "dims": "dims", "training": "training",
                "optimizer": "optimizer", "loss": "loss", "loss_chunks": "loss_chunks",
                "channels_last": "channels_last", "no_fuse": "fuse", "precision": "precision",
-               "optimizer_on": "host_updates"}
+               "optimizer_on": "host_updates", "host_share": "host_share"}
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,18 @@ def _model_args(model: str | None, flags: dict[str, Any]) -> ModelArgs:
                            loss_chunks=flags["loss_chunks"] or 1,
                            channels_last=bool(flags["channels_last"]),
                            precision=flags["precision"] or AUTO_PRECISION,
-                           host_updates=flags["optimizer_on"] == "host")
+                           host_updates=flags["optimizer_on"] in ("host", "split"),
+                           host_share=_host_share(flags["optimizer_on"], flags["host_share"]))
     return ModelArgs(model, options, given)
+
+
+def _host_share(optimizer_on: str | None, host_share: float | None) -> float | None:
+    """--host-share, which --optimizer-on split needs and nothing else takes."""
+    if (optimizer_on == "split") != (host_share is not None):
+        raise click.UsageError("--optimizer-on split takes --host-share F (the share of the "
+                               "parameters the host updates, e.g. 0.7), and --host-share only "
+                               "goes with it")
+    return host_share
 
 
 def _model_flags(argument: bool, optional: bool = False) -> list[Callable[[F], F]]:
@@ -139,8 +149,16 @@ def _precision_flags() -> list[Callable[[F], F]]:
                  "weights, gradients and optimizer state, moved in and out as the plan says; "
                  "host: on the host's cores (a vectorised AdamW or SGD), as gradients arrive, "
                  "the GPU streaming only the weights its kernels read in and their gradients "
-                 "out: for models whose optimizer state does not fit the budget [default: gpu]. "
+                 "out: for models whose optimizer state does not fit the budget; split: the "
+                 "host those of the first gradients the backward pass makes, the GPU the last "
+                 "ones' (--host-share) [default: gpu]. "
                  f"{FROM_PLAN} See docs/training-loop.md."),
+        click.option(
+            "--host-share", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+            default=None, metavar="F",
+            help="With --optimizer-on split: the share of the parameters whose updates the "
+                 "host runs (the GPU runs those of the last gradients). The Trainer's "
+                 "optimizer_on='split' finds one itself."),
     ]
 
 

@@ -31,14 +31,15 @@ fields (`offloaded_updates(graph)` reads them back); the optimizer is `meta["tra
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 
 from autotm_py.errors import ConfigError
 from autotm_py.ir.builder import GraphBuilder
 from autotm_py.ir.graph import Kernel, Role, TensorGraph
-from autotm_py.options import HOST_UPDATES_KEY
+from autotm_py.options import HOST_SHARE_KEY, HOST_UPDATES_KEY
 
 META_KEY = HOST_UPDATES_KEY
+SHARE_KEY = HOST_SHARE_KEY
 UPDATE_OPS = frozenset({"SGDUpdate", "AdamUpdate"})
 STEP_OP = "AdamStep"
 
@@ -95,18 +96,34 @@ def gpu_kept_updates(graph: TensorGraph, host_share: float) -> tuple[str, ...]:
     return tuple(keep)
 
 
-def offload_updates(graph: TensorGraph, keep: Collection[str] = ()) -> TensorGraph:
-    """The GPU's part of training graph `graph`, every optimizer update on the host but those
-    of the weights named in `keep` (module docstring, "Split"). A graph without updates is a
-    `ConfigError`, as is a `keep` that names every trained weight or a tensor that is none;
-    a graph already offloaded comes back unchanged."""
+def offload_updates(graph: TensorGraph, host_share: float | None = None) -> TensorGraph:
+    """The GPU's part of training graph `graph`: every optimizer update on the host (module
+    docstring), or with `host_share` (a split) the host's about that share of the parameters
+    and the GPU's the rest, the updates of the last gradients (`gpu_kept_updates`; a share
+    that leaves none to the GPU gives every update to the host). A graph without updates is a
+    `ConfigError`; a graph already offloaded comes back unchanged. A split graph records its
+    share (`meta[SHARE_KEY]`: `options.ModelOptions.of_graph` reads it back)."""
     if offloaded_updates(graph):
         return graph
+    hosted = _offload(graph, ())
+    if host_share is None:
+        return hosted
+    if not 0 < host_share < 1:
+        raise ConfigError(f"host share {host_share!r}: give the fraction of the parameters the "
+                          "host updates, between 0 and 1 (exclusive)")
+    keep = gpu_kept_updates(hosted, host_share)
+    if not keep:
+        return hosted
+    split = _offload(graph, frozenset(keep))
+    return replace(split, meta={**split.meta, SHARE_KEY: float(host_share)})
+
+
+def _offload(graph: TensorGraph, keep: Collection[str]) -> TensorGraph:
+    """`graph` with the updates of every trained weight not named in `keep` on the host."""
     updates = [k for k in graph.kernels if k.op_type in UPDATE_OPS]
     if not updates:
         raise ConfigError(f"graph {graph.name!r} has no optimizer updates to run on the host: "
                           "derive a training graph first (--training)")
-    _check_kept(graph, updates, keep)
     dropped_kernels: set[int] = set()
     dropped_tensors: set[int] = set()
     records = [_offload_one(graph, k, dropped_kernels, dropped_tensors) for k in updates
@@ -127,18 +144,6 @@ def offload_updates(graph: TensorGraph, keep: Collection[str] = ()) -> TensorGra
     # the host runs the updates as the GPU makes their gradients
     records.sort(key=lambda u: graph.by_name(u.grad).producer)
     return _rebuild(graph, dropped_kernels, dropped_tensors, drained, tuple(records))
-
-
-def _check_kept(graph: TensorGraph, updates: list[Kernel], keep: Collection[str]) -> None:
-    trained = {graph.tensors[k.inputs[0]].name for k in updates}
-    unknown = sorted(set(keep) - trained)
-    if unknown:
-        raise ConfigError(f"keep: {', '.join(unknown[:3])} {'is' if len(unknown) == 1 else 'are'}"
-                          " not trained weights of the graph: name weights whose updates stay "
-                          "on the GPU")
-    if trained and trained <= set(keep):
-        raise ConfigError("keep names every trained weight: no update is left for the host "
-                          "(run the updates on the GPU: the training graph itself)")
 
 
 def _offload_one(graph: TensorGraph, update: Kernel, dropped_kernels: set[int],

@@ -35,12 +35,7 @@ from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError
 from autotm_py.frontend.capture import capture_module
 from autotm_py.frontend.onnx import import_model
-from autotm_py.ir.host_updates import (
-    gpu_kept_updates,
-    offload_updates,
-    offloaded_updates,
-    update_bytes,
-)
+from autotm_py.ir.host_updates import offload_updates, offloaded_updates, update_bytes
 from autotm_py.ir.layout import has_convolutions, to_channels_last
 from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import chunkable_logits_bytes, derive_training
@@ -57,9 +52,9 @@ from autotm_py.trainer.spec import Example, loss_rule, optimizer_of, split_examp
 from autotm_py.trainer.state import Masters, StateMap
 from autotm_py.units import format_bytes
 
-# where a Trainer's optimizer updates may run (`optimizer_on`): the command line's places, the
-# two split between the host and the GPU, or the planner's choice
-PLACES = (*OPTIMIZER_PLACES, "split", "auto")
+# where a Trainer's optimizer updates may run (`optimizer_on`): the command line's places, or
+# the planner's choice
+PLACES = (*OPTIMIZER_PLACES, "auto")
 
 
 class Trainer:
@@ -174,7 +169,7 @@ class Trainer:
         place = min(plans, key=lambda p: plans[p][1].header.predicted_time_s or math.inf)
         if optimizer_on == "split":
             place = "split" if "split" in plans else "host"
-        self.notes += self._place_notes(optimizer_on, places, plans, failed, state)
+        self.notes += self._place_notes(optimizer_on, place, places, plans, failed, state)
         return place, *plans[place]
 
     def _run_graph(self, place: str, plans: dict[str, tuple[Any, Any]], config: PlanConfig,
@@ -190,23 +185,27 @@ class Trainer:
             host_share = _host_share_within(pipeline.simulate(
                 host_graph, host_plan,
                 costs=pipeline.device_costs(host_graph, self.device, config.gpu)))
-        keep = gpu_kept_updates(host_graph, host_share)
-        return offload_updates(self.graph, keep) if keep else None
+        if host_share >= 1:
+            return None
+        graph = offload_updates(self.graph, host_share)
+        return graph if graph.meta["training"]["weight_grads"] else None
 
-    def _place_notes(self, optimizer_on: str, places: list[str],
+    def _place_notes(self, optimizer_on: str, chosen: str, places: list[str],
                      plans: dict[str, tuple[Any, Any]], failed: dict[str, ConfigError],
                      state: int) -> list[str]:
-        """What `optimizer_on` chose, and the predicted step of every place it planned."""
+        """What `optimizer_on` chose (`chosen`), and the predicted step of every place it
+        planned."""
         times = ", ".join(f"{p} {plans[p][1].header.predicted_time_s * 1e3:.1f} ms"
                           if p in plans else f"{p} infeasible" if p in failed
                           else f"{p} not planned" for p in places)
         notes = []
         if optimizer_on == "auto" and len(places) > 1:
-            best = min(plans, key=lambda p: plans[p][1].header.predicted_time_s or math.inf)
-            notes.append(f"optimizer updates on the {best} (optimizer_on='auto': the weights, "
+            where = "split between the host and the GPU" if chosen == "split" else \
+                f"on the {chosen}"
+            notes.append(f"optimizer updates {where} (optimizer_on='auto': the weights, "
                          f"gradients and optimizer state, {format_bytes(state)}, exceed the "
                          f"budget; predicted a step: {times})")
-        if "split" in plans:
+        if chosen == "split":
             graph = plans["split"][0]
             host = sum(u.numel for u in offloaded_updates(graph))
             gpu = sum(graph.tensors[w].numel for w, _ in graph.meta["training"]["weight_grads"])
@@ -216,8 +215,9 @@ class Trainer:
         elif "split" in failed and optimizer_on == "split":
             notes.append(f"split: no plan, so every update runs on the host ({failed['split']})")
         elif "split" in places and "host" in plans and "split" not in failed:
-            notes.append("split: the host's updates are predicted to end within the GPU's "
-                         "iteration, so all of them stay on the host")
+            notes.append("split: no update is left to the GPU (the host's are predicted to "
+                         "end within the GPU's iteration, or host_share is near 1), so all of "
+                         "them stay on the host")
         return notes
 
     def _check_host_memory(self) -> int:

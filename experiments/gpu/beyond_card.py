@@ -217,6 +217,8 @@ def ours(net, data, args, memory: HostMemory) -> dict[str, Any]:
                   "predicted_s": plan.header.predicted_time_s,
                   "status": plan.header.solver.status, "describe": trainer.describe(),
                   "optimizer_on": trainer.optimizer_on, "notes": trainer.notes,
+                  # the host's predicted work and when the GPU's part ends (`host_note`)
+                  "plan_notes": list(plan.header.notes),
                   "host_bytes": trainer.host_bytes,
                   "host_timings": host_timings}
 

@@ -256,6 +256,7 @@ function _optmodel(x, ctx)
         _opt(_str, x, "precision", "fp32", ctx),
         _opt(_strings, x, "split_conv_grads", String[], ctx),
         _opt(_bool, x, "host_updates", false, ctx),
+        _opt(_optfloat, x, "host_share", nothing, ctx),
     )
 end
 

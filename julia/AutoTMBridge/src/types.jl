@@ -132,6 +132,8 @@ struct ModelOptions
     # kernels split, by name (none: absent in older plans)
     host_updates::Bool  # --optimizer-on host: the updates run on the host (false: absent in
     # older plans)
+    host_share::Union{Float64,Nothing}  # --optimizer-on split: the host's share of the
+    # parameters (nothing: all of them, or absent in older plans)
 end
 
 """The kernel costs the plan was solved with: `digest` (a hash over every kernel's time,
