@@ -543,3 +543,19 @@ def test_beyond_card_calls_run_their_parts_with_their_options(tmp_path):
     assert "--part fsdp --cap 24GiB --batch 8" in (tmp_path / "host" / "fsdp_b8.log").read_text()
     refused = call("nine")
     assert refused.returncode == 2 and "unknown call nine" in refused.stderr
+
+
+def test_repredict_beyond_plans_and_predicts_the_trainers_graph(tmp_path):
+    """experiments/gpu/repredict_beyond.py --solve on the CPU (the small decoder): the
+    Trainer's graph rebuilt, planned and simulated, the host's work and both ends printed; the
+    plan cache of a call (`--plans`) without a plan of this graph says so."""
+    script = "experiments/gpu/repredict_beyond.py"
+    common = ["--size", "small", "--batch", "1", "--cap", "70MiB", "--gpu", "h200"]
+    done = subprocess.run([sys.executable, script, *common, "--solve", "--time-limit", "10"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "optimizer updates on the host: " in done.stdout
+    assert "(the GPU's part ends at " in done.stdout
+    done = subprocess.run([sys.executable, script, *common, "--plans", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "no plan of this graph" in done.stdout

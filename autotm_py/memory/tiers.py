@@ -79,14 +79,8 @@ class MemorySystem:
     def host_update_s(self, numel: int) -> float:
         """Seconds the host's update of a weight of `numel` parameters takes, with the
         per-update overhead."""
-        return HOST_UPDATE_OVERHEAD_S + numel / self.host_update_speed()
-
-    def host_update_speed(self, link_bytes_per_s: float = 0.0) -> float:
-        """Parameters a second the host's updates run at while the link's copies move
-        `link_bytes_per_s` through host memory (`HOST_UPDATE_BYTES`)."""
-        rate = self.host_update_rate or DEFAULT_HOST_UPDATE_RATE
-        share = 1 - link_bytes_per_s / (rate * HOST_UPDATE_BYTES)
-        return rate * max(HOST_UPDATE_FLOOR, share)
+        return HOST_UPDATE_OVERHEAD_S + numel / (self.host_update_rate or
+                                                 DEFAULT_HOST_UPDATE_RATE)
 
     def with_copies_slower(self, to_fast: float, to_slow: float) -> MemorySystem:
         """The same system with its link's bandwidths into the fast tier divided by `to_fast`
@@ -208,16 +202,6 @@ _DRAM = TierSpec("dram", read_bw=105 * GB, write_bw=70 * GB, latency_s=81e-9)
 # as it is until measured on the H200's host.
 DEFAULT_HOST_UPDATE_RATE = 5.07e9
 HOST_UPDATE_OVERHEAD_S = 1.4e-4
-# The host's memory serves both its updates and the link's copies (they read and write pinned
-# host memory). An AdamW update moves 28 bytes of host memory a parameter (reads the fp32
-# weight, gradient and two moments, writes the weight and the moments), so a host updating
-# `rate` parameters a second alone has about rate * 28 bytes a second of memory bandwidth,
-# and beside copies of L bytes a second it keeps (rate * 28 - L) / 28. The H100's host: 4.32e9
-# alone, 1.48e9 while copies ran both ways at 81 GB/s (`cpu_adam_probe.py --busy-link`,
-# experiments/results/beyond_card/2026-12-05b): the model gives 1.43e9. Never below
-# `HOST_UPDATE_FLOOR` of the rate alone.
-HOST_UPDATE_BYTES = 28
-HOST_UPDATE_FLOOR = 0.1
 
 PRESETS: dict[str, MemorySystem] = {
     # Izraelevitz et al. 2019 (arXiv 1903.05714): six interleaved Optane DC PMM DIMMs,

@@ -51,7 +51,7 @@ from autotm_py.ir.host_updates import offloaded_updates
 from autotm_py.machine import MachineModel
 from autotm_py.memory.accounting import aligned_sizes
 from autotm_py.memory.scratch import OVERWRITES
-from autotm_py.memory.tiers import FAST, HOST_UPDATE_OVERHEAD_S, SLOW
+from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import (
     INITIAL,
     NON_REPRODUCIBLE_OPS,
@@ -65,7 +65,6 @@ from autotm_py.plan import (
     Plan,
     Recompute,
 )
-from autotm_py.runtime.link_load import LinkLoad
 from autotm_py.runtime.simulate_result import (
     KernelSpan,
     MoveSpan,
@@ -472,17 +471,15 @@ class Simulator(PlanInterpreter):
                 self.violate(f"tensor {self.name(tid)} is written by the host before each "
                              "iteration and must start in the slow tier only")
         host = 0.0
-        load = LinkLoad(self.moves)
         for update in offloaded_updates(self.graph):
             grad = by_name[update.grad]
             if self.state[grad, TIER_INDEX[FAST]] or not self.state[grad, TIER_INDEX[SLOW]]:
                 self.violate(f"gradient {update.grad} is read by the host after the iteration "
                              "and must end in the slow tier only")
+            work = self.machine.memory.host_update_s(update.numel)
+            self.host_update_s += work
             ready = max(written.get(grad, 0.0), read.get(by_name[update.weight], 0.0))
-            start = max(host, ready)
-            host = load.work_end(start + HOST_UPDATE_OVERHEAD_S, update.numel,
-                                 self.machine.memory.host_update_speed)
-            self.host_update_s += host - start
+            host = max(host, ready) + work
         self.host_end_s = host
         self.clock = max(self.clock, host)
 
