@@ -404,6 +404,24 @@ def test_a_split_without_a_share_cuts_where_the_host_would_end_after_the_gpu(tmp
         trainer(optimizer_on="host", host_share=0.5)
 
 
+def test_the_cut_from_a_simulated_host_plan_is_a_share_offload_updates_takes():
+    """All of the host's work past the GPU's end (its first gradient out only as the GPU
+    ends) hands the GPU every update but the host's first, never a share of 0; none past it,
+    nothing."""
+    from types import SimpleNamespace
+
+    from autotm_py.trainer.core import _host_share_within
+
+    graph = decoder("bf16")
+    late = _host_share_within(SimpleNamespace(host_end_s=3.0, gpu_end_s=1.0, host_update_s=2.0))
+    assert 0 < late < 1e-6
+    assert len(offloaded_updates(offload_updates(graph, late))) == 1
+    assert _host_share_within(SimpleNamespace(host_end_s=1.0, gpu_end_s=1.0,
+                                              host_update_s=2.0)) == 1.0
+    half = _host_share_within(SimpleNamespace(host_end_s=2.0, gpu_end_s=1.0, host_update_s=2.0))
+    assert half == pytest.approx(0.5)
+
+
 def test_auto_plans_both_places_only_where_the_state_exceeds_the_budget(tmp_path):
     """optimizer_on="auto" (the default): the GPU where the weights, gradients and optimizer
     state fit the budget (one plan, no note); below that both plans, the faster kept and

@@ -97,6 +97,7 @@ class Trainer:
         if optimizer_on not in PLACES:
             raise ConfigError(f"Trainer: optimizer_on={optimizer_on!r}: choose one of "
                               f"{', '.join(PLACES)}")
+        host_share = _share_option(host_share, optimizer_on)  # before the capture's minutes
         if (budget is None) == (ratio is None):
             raise ConfigError("Trainer: give either budget (bytes, e.g. '4GiB') or ratio "
                               "(fast:slow, e.g. '1:3'), not both and not neither")
@@ -122,8 +123,7 @@ class Trainer:
                             reserve_bytes=None if cuda else 0, time_limit_s=time_limit_s)
         # what the GPU runs: the training graph, or its part without the optimizer's updates
         self.optimizer_on, self.run_graph, self.plan = self._plan_updates(
-            config, optimizer_on, plans_dir, cuda if profile is None else profile,
-            _share_option(host_share, optimizer_on))
+            config, optimizer_on, plans_dir, cuda if profile is None else profile, host_share)
         self._ids = _run_ids(self.graph, self.run_graph)
         masters: Any = Masters(self.graph, self.map, optimizer)
         self.host: HostSide | None = None
@@ -377,11 +377,18 @@ def _host_share_within(predicted: Any) -> float:
     """The share of the host's update work that a simulated all-host plan finishes by the end
     of the GPU's iteration (`SimulationResult.gpu_end_s`): a split hands the rest, the
     updates of the last gradients, to the GPU, which the simulation of the split's own plan
-    then prices (1: the host is done in time, nothing to hand over)."""
+    then prices (1: the host is done in time, nothing to hand over). Never 0, which
+    `offload_updates` refuses: where all of the host's work ends past the GPU's (its first
+    gradient out only as the GPU ends), the smallest share, which leaves the host its first
+    weight (`gpu_kept_updates`)."""
     past = predicted.host_end_s - predicted.gpu_end_s
     if past <= 0 or predicted.host_update_s <= 0:
         return 1.0
-    return max(0.0, 1 - past / predicted.host_update_s)
+    return max(SMALLEST_SHARE, 1 - past / predicted.host_update_s)
+
+
+# a share of the parameters above 0 and below every weight's share of any real model
+SMALLEST_SHARE = 1e-9
 
 
 def _share_option(host_share: float | None, optimizer_on: str) -> float | None:
