@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from autotm_py.exports import lazy_exports
 
-_EXPORTS = {"Trainer": "autotm_py.trainer.core", "train_file": "autotm_py.trainer.files",
+_EXPORTS = {"Trainer": "autotm_py.trainer.core", "capture_training": "autotm_py.trainer.core",
+            "train_file": "autotm_py.trainer.files",
             "FileTraining": "autotm_py.trainer.files"}
 __all__ = sorted(_EXPORTS)
 

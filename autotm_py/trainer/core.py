@@ -241,17 +241,9 @@ class Trainer:
                  loss_chunks: int | str, precision: str = "fp32") -> tuple[Any, Any]:
         """The training graph of the module's forward at the example, and the capture."""
         chunks = _chunks_option(loss_chunks)
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        spec = self._spec = optimizer_of(self.optimizer, params)
-        # the values are read from the module (`StateMap`): the capture copies none of them
-        captured = capture_module(self.module, self.example.inputs, values=False)
-        if captured.frozen:
-            raise ConfigError(f"parameters {', '.join(sorted(captured.frozen))} do not require "
-                              "grad: the Trainer trains every parameter the forward reads")
-        forward = import_model(captured.model, name=type(self.module).__name__,
-                               initializer_weights=True)
-        rule = loss_rule(loss_fn, _stand_in_output(forward), self.example.labels)
-        forward = with_precision(forward, precision)
+        forward, rule, spec, captured = capture_training(
+            self.module, self.optimizer, loss_fn, self.example, precision)
+        self._spec = spec
         try:
             graph = derive_training(forward, optimizer=spec, loss=rule, loss_chunks=chunks or 1)
             if chunks is None:  # "auto": the plain graph says whether chunks pay
@@ -427,6 +419,25 @@ def auto_loss_chunks(graph: Any, device: str) -> int:
     if logits is None or logits < AUTO_CHUNK_SHARE * graph.peak_live_bytes:
         return 1
     return AUTO_LOSS_CHUNKS
+
+
+def capture_training(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     loss_fn: Callable[..., Any], example: Example,
+                     precision: str = "fp32") -> tuple[Any, Any, Any, Any]:
+    """The pieces of a training graph, before its loss is chunked or its updates moved: the
+    module's forward at the example (imported, in `precision`), the loss function's rule, the
+    optimizer's spec and the capture. Every parameter must require grad. The values stay in
+    the module (`StateMap` reads them): the capture copies none."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    spec = optimizer_of(optimizer, params)
+    captured = capture_module(module, example.inputs, values=False)
+    if captured.frozen:
+        raise ConfigError(f"parameters {', '.join(sorted(captured.frozen))} do not require "
+                          "grad: the Trainer trains every parameter the forward reads")
+    forward = import_model(captured.model, name=type(module).__name__,
+                           initializer_weights=True)
+    rule = loss_rule(loss_fn, _stand_in_output(forward), example.labels)
+    return with_precision(forward, precision), rule, spec, captured
 
 
 def _stand_in_output(forward: Any) -> torch.Tensor:

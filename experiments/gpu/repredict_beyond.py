@@ -30,26 +30,20 @@ from trainer_bench import lm_loss  # noqa: E402
 from autotm_py import pipeline  # noqa: E402
 from autotm_py.config import PlanConfig  # noqa: E402
 from autotm_py.errors import PlanError  # noqa: E402
-from autotm_py.frontend.capture import capture_module  # noqa: E402
-from autotm_py.frontend.onnx import import_model  # noqa: E402
 from autotm_py.ir.host_updates import offload_updates  # noqa: E402
-from autotm_py.ir.precision import with_precision  # noqa: E402
 from autotm_py.ir.training import derive_training  # noqa: E402
 from autotm_py.plan import Plan  # noqa: E402
-from autotm_py.trainer.core import _stand_in_output  # noqa: E402
+from autotm_py.trainer.core import capture_training  # noqa: E402
 from autotm_py.trainer.loop import GPU_MODE  # noqa: E402
-from autotm_py.trainer.spec import loss_rule, optimizer_of  # noqa: E402
+from autotm_py.trainer.spec import split_example  # noqa: E402
 from autotm_py.units import parse_bytes  # noqa: E402
 
 
 def training_graph(size: dict[str, int], batch: int, chunks: int):
     """The Trainer's training graph of the decoder (bf16, AdamW, `chunks` loss blocks)."""
     net, data = build(size, batch, 1)
-    spec = optimizer_of(adamw(net.parameters()), list(net.parameters()))
-    captured = capture_module(net, data[0][:1], values=False)
-    forward = with_precision(import_model(captured.model, name=type(net).__name__,
-                                          initializer_weights=True), "bf16")
-    rule = loss_rule(lm_loss, _stand_in_output(forward), data[0][1])
+    forward, rule, spec, _ = capture_training(net, adamw(net.parameters()), lm_loss,
+                                              split_example(data[0]), "bf16")
     return derive_training(forward, optimizer=spec, loss=rule, loss_chunks=chunks)
 
 
