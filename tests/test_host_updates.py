@@ -404,6 +404,30 @@ def test_a_split_without_a_share_cuts_where_the_host_would_end_after_the_gpu(tmp
         trainer(optimizer_on="host", host_share=0.5)
 
 
+def test_a_given_share_plans_the_split_alone(tmp_path, monkeypatch):
+    """With host_share given there is no all-host plan to cut from: one plan is made, the
+    split's; a share that leaves the GPU no update plans every update on the host."""
+    import autotm_py.trainer.core as core
+
+    make, loss_fn = MODELS["mlp"]
+    model = make()
+    planned = []
+    plan_for = core.plan_for
+    monkeypatch.setattr(core, "plan_for", lambda graph, *a, **kw: planned.append(
+        graph.meta.get(SHARE_KEY)) or plan_for(graph, *a, **kw))
+
+    def trainer(share):
+        planned.clear()
+        return Trainer(model, OPTIMIZERS["adamw"](model.parameters()), loss_fn,
+                       example=batches("mlp", 1)[0], device="cpu", ratio="2:1",
+                       plans_dir=tmp_path, optimizer_on="split", host_share=share)
+
+    assert trainer(0.5).optimizer_on == "split" and planned == [0.5]
+    all_host = trainer(0.999)
+    assert all_host.optimizer_on == "host" and planned == [None]
+    assert any(n.startswith("split: no update is left to the GPU") for n in all_host.notes)
+
+
 def test_the_cut_from_a_simulated_host_plan_is_a_share_offload_updates_takes():
     """All of the host's work past the GPU's end (its first gradient out only as the GPU
     ends) hands the GPU every update but the host's first, never a share of 0; none past it,

@@ -148,16 +148,21 @@ class Trainer:
         state = update_bytes(self.graph)
         budget = pipeline.user_budget(self.graph, config)
         places = {"auto": ["gpu", "host", "split"] if budget is not None and state > budget
-                  else ["gpu"], "split": ["host", "split"]}.get(optimizer_on, [optimizer_on])
-        if "host" in places and budget is not None:
+                  else ["gpu"],
+                  # a given share needs no host plan to cut from
+                  "split": ["host", "split"] if host_share is None else ["split"],
+                  }.get(optimizer_on, [optimizer_on])
+        if places != ["gpu"] and budget is not None:
             config = replace(config, ratio=None, fast_mem_bytes=budget)
         plans: dict[str, tuple[Any, Any]] = {}
         failed: dict[str, ConfigError] = {}
         for place in places:
-            if place == "split" and "host" not in plans:
+            if place == "split" and host_share is None and "host" not in plans:
                 continue  # its cut comes from the host's plan
             try:
                 graph = self._run_graph(place, plans, config, host_share)
+                if graph is None and "host" not in places:  # the GPU would keep no update
+                    place, graph = "host", offload_updates(self.graph)
                 if graph is not None:
                     plans[place] = graph, plan_for(graph, config, self.device,
                                                    plans_dir=plans_dir, measure=measure,
@@ -180,8 +185,8 @@ class Trainer:
             return self.graph
         if place == "host":
             return offload_updates(self.graph)
-        host_graph, host_plan = plans["host"]
         if host_share is None:
+            host_graph, host_plan = plans["host"]
             host_share = _host_share_within(pipeline.simulate(
                 host_graph, host_plan,
                 costs=pipeline.device_costs(host_graph, self.device, config.gpu)))
