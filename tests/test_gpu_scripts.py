@@ -536,11 +536,16 @@ def test_beyond_card_calls_run_their_parts_with_their_options(tmp_path):
     assert call("split").returncode == 0
     machine = (tmp_path / "split" / "machine.txt").read_text()
     assert "uncapped_b4: exit 0" in machine and "split70_b16: exit 0" in machine
+    assert "--part uncapped --batch 8" in (tmp_path / "split" / "uncapped_b8.log").read_text()
     split = (tmp_path / "split" / "split70_b16.log").read_text()
     assert "--part ours --cap 24GiB" in split and "--batch 16" in split
     assert "--optimizer-on split --host-share 0.7" in split
     assert call("host").returncode == 0
     assert "--part fsdp --cap 24GiB --batch 8" in (tmp_path / "host" / "fsdp_b8.log").read_text()
+    assert call("eighty").returncode == 0
+    eighty = (tmp_path / "eighty" / "seven_80_b4.log").read_text()
+    assert "--cap 80GiB" in eighty and "--size 7b" in eighty and "--optimizer-on gpu" in eighty
+    assert "-k split" in (tmp_path / "eighty" / "tests.log").read_text()
     refused = call("nine")
     assert refused.returncode == 2 and "unknown call nine" in refused.stderr
 
