@@ -120,3 +120,38 @@ def test_notebooks_execute(tmp_path):
     (tmp_path / "sim.json").write_text(__import__("json").dumps(simulation_dict()))
     _execute_notebook("plan_report", {"AUTOTM_PLAN": str(tmp_path / "plan.json"),
                                       "AUTOTM_TIMELINE": str(tmp_path / "sim.json")})
+
+
+def test_timeline_gaps_accounts_for_a_plans_iteration(tmp_path):
+    """experiments/timeline_gaps.py on the timeline of a plan that moves tensors: the GPU's
+    kernel time and its waits add up to the iteration, and the link's copies are listed per
+    direction; a file that is not a timeline is a one-line error."""
+    import json
+
+    import timeline_gaps
+
+    from autotm_py import pipeline
+    from autotm_py.config import PlanConfig
+    from autotm_py.options import RunMode
+    from tests.graphs import costs_for, layered_net
+
+    graph = layered_net(6, width=4, kib=256)
+    costs = costs_for(graph, "cuda")
+    config = PlanConfig(ratio="1:3", device="cuda", strategy="async", time_limit_s=30,
+                        run=RunMode())  # eager on torch's allocator: no arena to pack
+    plan = pipeline.optimize(graph, config, costs=costs).plan
+    timeline = pipeline.simulate(graph, plan, costs=costs).to_dict()
+    spans = timeline_gaps.gpu_spans(timeline)
+    idle = sum(g for g, _, _ in timeline_gaps.waits(spans))
+    busy = sum(end - start for start, end, _ in spans)
+    assert busy + idle == pytest.approx(max(end for _, end, _ in spans), rel=1e-6)
+    assert timeline_gaps.link_busy(timeline), "the plan at a quarter of the peak moves"
+    path = tmp_path / "timeline.json"
+    path.write_text(json.dumps(timeline))
+    done = subprocess.run([sys.executable, str(EXPERIMENTS / "timeline_gaps.py"), str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("iteration "), done.stderr
+    path.write_text("not json")
+    done = subprocess.run([sys.executable, str(EXPERIMENTS / "timeline_gaps.py"), str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "give the JSON `autotm simulate -o` writes" in done.stderr
