@@ -161,12 +161,13 @@ class Trainer:
                 continue  # its cut comes from the host's plan
             try:
                 graph = self._run_graph(place, plans, config, host_share)
-                if graph is None and "host" not in places:  # the GPU would keep no update
-                    place, graph = "host", offload_updates(self.graph)
-                if graph is not None:
-                    plans[place] = graph, plan_for(graph, config, self.device,
-                                                   plans_dir=plans_dir, measure=measure,
-                                                   face="trainer")
+                if place == "split" and not graph.meta["training"]["weight_grads"]:
+                    if "host" in plans:  # the GPU would keep no update: the host's plan
+                        continue
+                    place = "host"
+                plans[place] = graph, plan_for(graph, config, self.device,
+                                               plans_dir=plans_dir, measure=measure,
+                                               face="trainer")
             except ConfigError as exc:
                 failed[place] = exc
         if not plans:  # the host's reason where it was tried: it needs the least memory
@@ -179,8 +180,9 @@ class Trainer:
 
     def _run_graph(self, place: str, plans: dict[str, tuple[Any, Any]], config: PlanConfig,
                    host_share: float | None) -> Any:
-        """The graph the GPU runs with the updates at `place`; None for a split that would
-        keep nothing on the GPU (the host's updates end within the GPU's iteration)."""
+        """The graph the GPU runs with the updates at `place`. A split that keeps no update
+        on the GPU (the host's are predicted to end within the GPU's iteration, or the share
+        leaves none) is the all-host graph."""
         if place == "gpu":
             return self.graph
         if place == "host":
@@ -190,10 +192,9 @@ class Trainer:
             host_share = _host_share_within(pipeline.simulate(
                 host_graph, host_plan,
                 costs=pipeline.device_costs(host_graph, self.device, config.gpu)))
-        if host_share >= 1:
-            return None
-        graph = offload_updates(self.graph, host_share)
-        return graph if graph.meta["training"]["weight_grads"] else None
+            if host_share >= 1:
+                return host_graph
+        return offload_updates(self.graph, host_share)
 
     def _place_notes(self, optimizer_on: str, chosen: str, places: list[str],
                      plans: dict[str, tuple[Any, Any]], failed: dict[str, ConfigError],
