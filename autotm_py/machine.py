@@ -104,9 +104,18 @@ class MachineModel:
     headroom: float = 0.0  # share of the budget left free for allocator fragmentation
     run: RunMode = field(default_factory=RunMode)  # how the plan runs: module docstring
     arena_margin: int = 0  # bytes held back so that the packed arena fits (fit loop)
+    # the costs as given (`profile_costs`), before `costs` takes their replay form: set here,
+    # and passed on by `dataclasses.replace`, which would otherwise hand the replay form in as
+    # `costs` to be replayed again (estimated kernels' slot copies counted twice) and recorded
+    # in the plan's header as its profiles (a drift warning on every later `simulate`); so a
+    # `replace` keeps the given costs: other costs make a new MachineModel
+    given_costs: KernelCosts | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_profile_costs", self.costs)
+        if self.given_costs is None:
+            object.__setattr__(self, "given_costs", self.costs)
+        else:  # a `replace` of a machine: price from what it was given
+            object.__setattr__(self, "costs", self.given_costs)
         if self.replays:
             object.__setattr__(self, "costs", self.costs.replayed(
                 self._slot_copy_bytes(), self._io_bytes(), self._folded_updates()))
@@ -157,7 +166,8 @@ class MachineModel:
     def profile_costs(self) -> KernelCosts:
         """The costs as given (`costs` holds their graph-replay form when `run.replay`):
         what a plan's header records and what today's profiles are compared with."""
-        return self._profile_costs  # type: ignore[attr-defined,no-any-return]
+        assert self.given_costs is not None  # set by __post_init__
+        return self.given_costs
 
     # ---- bytes ---------------------------------------------------------------------------
     @property

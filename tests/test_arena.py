@@ -294,6 +294,24 @@ def test_graph_replay_prices_device_times():
             == pytest.approx(2e-3 * n)
 
 
+def test_a_replaced_machine_prices_from_its_given_costs_not_their_replay_form():
+    """`dataclasses.replace` of a replayed machine (the arena's fit loop adds a margin so; the
+    baselines lift the budget) keeps the costs it was given: its replay form is not replayed
+    again (an estimated kernel's slot copies counted twice) and a plan's header records the
+    profiles as loaded (else `simulate` warned of changed profiles on every such plan)."""
+    graph = small_training()
+    n = len(graph.kernels)
+    costs = replace(KernelCosts.from_times("cuda", [2e-3] * n), device_s=(1e-3,) * n,
+                    estimated=(True,) + (False,) * (n - 1))
+    machine = MachineModel(graph, preset("h100-pcie5").with_budget(1 << 30), costs,
+                           run=RunMode(True, False, replay=True))
+    assert machine.costs != costs  # its replay form: slot copies on the estimated kernel too
+    again = replace(machine, arena_margin=4096)
+    assert again.profile_costs is costs
+    assert again.costs == machine.costs
+    assert replace(machine, run=RunMode()).costs is costs  # eager: the profile's times
+
+
 def test_graph_replay_prices_copies_by_their_replay_factors_and_records_the_measured_link(
         monkeypatch):
     """A plan priced for replay charges each copy its direction's replay factor times its eager
