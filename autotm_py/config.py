@@ -68,9 +68,15 @@ DEFAULT_RECOMPUTE_EARLY = 32
 # sped up one (ResNet-200 at 25%: 4.3% measured) and no other, with a larger ILP
 # (experiments/journal/gpu-2026-11.md).
 READ_PRICINGS: tuple[str, ...] = ("step", "spread")
+# Where the ILP prices an async write (docs/planning.md, "Pricing writes over their span"):
+# step = against the kernel it is issued beside, its source's memory free after that step;
+# spread = over the kernels after it until their time covers the copy, the source holding its
+# memory as long (the executor frees it when the copy is done).
+WRITE_PRICINGS: tuple[str, ...] = ("step", "spread")
 # --split-conv-grads: when the planner splits fused convolution backward kernels (`PlanConfig`)
 SPLIT_MODES: tuple[str, ...] = ("auto", "on", "off")
 DEFAULT_READ_PRICING = "step"
+DEFAULT_WRITE_PRICING = "step"
 # The plan names of the three families, as headers, `autotm bench --strategies` and reports
 # write them: "<strategy>" (move-only), "<strategy>+recompute" (joint), "recompute-only".
 RECOMPUTE_SUFFIX = "+recompute"
@@ -107,6 +113,7 @@ class PlanConfig:
     # (`recompute.recompute_spec`): chains regenerated link by link, as checkpointing does.
     recompute_early: int = DEFAULT_RECOMPUTE_EARLY
     read_pricing: str = DEFAULT_READ_PRICING  # READ_PRICINGS
+    write_pricing: str = DEFAULT_WRITE_PRICING  # WRITE_PRICINGS
     # How the plan will run, and is priced for (`options.RunMode`): arena, placed outputs,
     # scratch windows or region, CUDA-graph replay. With `run.arena` (GPU mode) every
     # fast-memory buffer gets a planned offset in one arena and the packed arena fits the
@@ -152,6 +159,9 @@ class PlanConfig:
         if self.read_pricing not in READ_PRICINGS:
             raise ConfigError(f"--read-pricing {self.read_pricing!r}: choose one of "
                               f"{', '.join(READ_PRICINGS)}")
+        if self.write_pricing not in WRITE_PRICINGS:
+            raise ConfigError(f"--write-pricing {self.write_pricing!r}: choose one of "
+                              f"{', '.join(WRITE_PRICINGS)}")
         if self.async_candidates is not None and self.async_candidates < 1:
             raise ConfigError(f"--async-candidates {self.async_candidates}: must be >= 1 "
                               "(or 'all')")

@@ -384,7 +384,8 @@ def test_bf16_bench_processes_coordinate_and_summarize(tmp_path):
          "--precision", "bf16", "--time-limit", "10", "--no-eager", "--lock",
          str(out / "gpu.lock"), "--budgets-out", str(out / "budgets.json"), "--budget-shares",
          "0.9,0.95", "--signal", str(out / "profiled"), "--profile-chunks", "2",
-         "--save-plans"],
+         "--save-plans", "--plan-option", "write_pricing=spread", "--plan-option",
+         "async_window=30"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "profiled").exists()
@@ -394,6 +395,8 @@ def test_bf16_bench_processes_coordinate_and_summarize(tmp_path):
     assert len(set(priced)) == 2, priced
     saved = Plan.load(out / "ours_1.json.1.0.plan.json")
     assert saved.header.budget_bytes is None or saved.header.budget_bytes > 0
+    assert (saved.header.config["write_pricing"], saved.header.config["async_window"]) == \
+        ("spread", 30)  # --plan-option reaches the Trainer's plan
     budgets = json.loads((out / "budgets.json").read_text())
     assert 0 < budgets["budgets"]["0.9"] < budgets["budgets"]["0.95"] < budgets["peak_bytes"]
     ours = json.loads((out / "ours_1.json").read_text())

@@ -13,12 +13,12 @@ from autotm_py.machine import MachineModel
 from autotm_py.memory.tiers import FAST, SLOW, preset
 from autotm_py.options import RunMode
 from autotm_py.pipeline import optimize, simulate
-from autotm_py.plan import Move, Plan
+from autotm_py.plan import Compute, Free, Move, Plan
 from autotm_py.planning import formulation
 from autotm_py.planning.decode import Walk, fast_intervals, prune_reads
 from autotm_py.planning.feasibility import min_feasible_budget
 from autotm_py.planning.gadgets import ASYNC, NONE, SYNC, tensor_gadgets
-from autotm_py.planning.paths import DROP, F0, NK, READ, S, build_paths
+from autotm_py.planning.paths import DROP, F0, NK, READ, WRITE, S, build_paths
 from autotm_py.planning.solvers import parse_cbc_log
 from autotm_py.units import parse_ratio
 from tests.graphs import costs_for, layered_net, small_training, sync_and_async_at_a_third
@@ -409,6 +409,17 @@ def test_a_re_run_decision_needs_a_regeneration():
     assert sim.total_s == pytest.approx(result.objective_s, rel=1e-6)
 
 
+def async_edges(f, kind: str):
+    """(tensor, its paths, edge index, edge) of every async READ or WRITE edge of `f`."""
+    for tid, p in enumerate(f.paths):
+        if p is None:
+            continue
+        modes = p.gadgets.read if kind == READ else p.gadgets.write
+        for i, e in enumerate(p.edges):
+            if e.kind == kind and modes[e.layer] == ASYNC:
+                yield tid, p, i, e
+
+
 def test_spread_reads_price_an_async_read_over_the_kernels_until_its_use():
     """`read_pricing="spread"`: an async read issued beside kernel k of a tensor next used at
     kernel u adds its copy time to the terms of kernels k..u-1, each its share by kernel time;
@@ -418,28 +429,79 @@ def test_spread_reads_price_an_async_read_over_the_kernels_until_its_use():
     spread = formulation.build(machine, "async", 4, spread_reads=True)
     step = formulation.build(machine, "async", 4, spread_reads=False)
     checked = 0
-    for tid, p in enumerate(spread.paths):
-        if p is None:
-            continue
-        for i, e in enumerate(p.edges):
-            if e.kind != READ or p.gadgets.read[e.layer] != ASYNC:
-                continue
-            issue = p.gadgets.kernels[e.layer]
-            use = min(k for k, io in zip(p.gadgets.kernels, p.gadgets.io, strict=True)
-                      if io and k > issue)
-            shares = dict(formulation.read_shares(spread, p, e.layer))
-            times = {k: machine.fast_time(k) for k in range(issue, use)}
-            assert set(shares) == {k for k, t in times.items() if t > 0}
-            assert sum(shares.values()) == pytest.approx(1.0)
-            seconds = machine.copying.async_terms(int(g.tensor_bytes[tid]), FAST)[0][1]
-            for k, share in shares.items():
-                assert share == pytest.approx(times[k] / sum(times.values()))
-                lane = spread.async_terms[k][machine.memory.stream_of(FAST)]
-                assert lane[spread.x[tid][i]] == pytest.approx(seconds * share)
-            alone = step.async_terms[issue][machine.memory.stream_of(FAST)]
-            assert alone[step.x[tid][i]] == pytest.approx(seconds)
-            checked += len(shares) > 1
+    for tid, p, i, e in async_edges(spread, READ):
+        issue = p.gadgets.kernels[e.layer]
+        use = min(k for k, io in zip(p.gadgets.kernels, p.gadgets.io, strict=True)
+                  if io and k > issue)
+        shares = dict(formulation.read_shares(spread, p, e.layer))
+        times = {k: machine.fast_time(k) for k in range(issue, use)}
+        assert set(shares) == {k for k, t in times.items() if t > 0}
+        assert sum(shares.values()) == pytest.approx(1.0)
+        seconds = machine.copying.async_terms(int(g.tensor_bytes[tid]), FAST)[0][1]
+        for k, share in shares.items():
+            assert share == pytest.approx(times[k] / sum(times.values()))
+            lane = spread.async_terms[k][machine.memory.stream_of(FAST)]
+            assert lane[spread.x[tid][i]] == pytest.approx(seconds * share)
+        alone = step.async_terms[issue][machine.memory.stream_of(FAST)]
+        assert alone[step.x[tid][i]] == pytest.approx(seconds)
+        checked += len(shares) > 1
     assert checked  # some read spans several kernels
+
+
+def test_spread_writes_price_a_write_over_the_kernels_that_cover_it():
+    """`write_pricing="spread"`: an async write issued beside kernel k adds its copy time to
+    the terms of k and the kernels after it, each its share by kernel time, up to the first
+    whose time covers the copy (or the kernel before the tensor's next gadget that may read or
+    use it); its source holds its memory in the capacity rows over that span, and the plan
+    frees it after the span's last kernel. `"step"`: all of it at k, freed after k."""
+    g = layered_net(3, width=3, kib=1024)
+    costs = costs_for(g, scale_s=3e-6)  # short kernels: some copies outlast one
+    machine = MachineModel(g, preset("h100-pcie5").with_budget(None), costs)
+    spread = formulation.build(machine, "async", 4, spread_writes=True)
+    step = formulation.build(machine, "async", 4)
+    lane = machine.memory.stream_of(SLOW)
+    spans = 0
+    for tid, p, i, e in async_edges(spread, WRITE):
+        issue = p.gadgets.kernels[e.layer]
+        span = formulation.write_span(spread, tid, p, e.layer)
+        kernels = [k for k, _ in span]
+        assert kernels == list(range(issue, issue + len(kernels)))
+        assert sum(s for _, s in span) == pytest.approx(1.0)
+        seconds = machine.copying.async_terms(int(g.tensor_bytes[tid]), SLOW)[0][1]
+        covered = sum(machine.fast_time(k) for k in kernels[:-1])
+        assert covered < seconds  # no kernel more than the copy needs
+        later = [k for k, io, j in zip(p.gadgets.kernels, p.gadgets.io,
+                                       range(len(p.gadgets.kernels)), strict=True)
+                 if k > issue and (io or p.gadgets.reads(j))]
+        assert not later or kernels[-1] < later[0]
+        for k, share in span:
+            if share > 0:
+                assert spread.async_terms[k][lane][spread.x[tid][i]] == \
+                    pytest.approx(seconds * share)
+        assert step.async_terms[issue][lane][step.x[tid][i]] == pytest.approx(seconds)
+        spans += len(kernels) > 1
+    assert spans  # some write spans several kernels
+    need, _ = min_feasible_budget(MachineModel(g, preset("h100-pcie5"), costs), "sync")
+    cfg = PlanConfig.for_plan_name("async", device="cuda", memory="h100-pcie5",
+                                   fast_mem_bytes=(3 * need + machine.peak[0]) // 4,
+                                   solver="highs", gap=0.0, reserve_bytes=0,
+                                   write_pricing="spread", run=RunMode())
+    res = optimize(g, cfg, costs=costs)
+    sim = simulate(g, res.plan, costs=costs)  # strict: the verifier counts the held sources
+    assert sim.fast_peak_bytes <= res.budget_bytes
+    held = 0
+    records = res.plan.records
+    for at, rec in enumerate(records):
+        if not (isinstance(rec, Move) and rec.to == SLOW and rec.mode == "async"):
+            continue
+        free = next(i for i in range(at, len(records)) if records[i] == Free(rec.tensor, FAST))
+        freed_after = next(r.kernel for r in reversed(records[:free]) if isinstance(r, Compute))
+        assert freed_after >= rec.overlaps
+        held += freed_after > rec.overlaps
+    assert held, "no write's source is held past its kernel: nothing checked"
+    assert res.plan.header.config["write_pricing"] == "spread"
+    with pytest.raises(ConfigError, match="--write-pricing 'late': choose one of step, spread"):
+        PlanConfig(write_pricing="late")
 
 
 @pytest.mark.parametrize("strategy", ["async", "async+recompute"])

@@ -96,15 +96,18 @@ def test_random_plans_verify_and_beat_baselines(strategy, data):
         assert res.objective_s <= moves.objective_s * (1 + 1e-6)
 
 
+@pytest.mark.parametrize("pricing", [{"read_pricing": "spread"}, {"write_pricing": "spread"}])
 @pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s.startswith("async")])
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_random_spread_plans_verify_and_join_no_later(strategy, data):
-    """`read_pricing="spread"` (reads priced over the kernels until their use) changes only the
-    objective: the plan still verifies and fits, runs no faster than all-fast, and, joined at
-    its uses, no slower than on the step-join timeline. (Its objective estimates the join at
-    use, so it bounds neither timeline: no equality here.)"""
-    graph, costs, cfg, _ = budgeted(data, strategy, read_pricing="spread")
+def test_random_spread_plans_verify_and_join_no_later(strategy, pricing, data):
+    """`read_pricing="spread"` (reads priced over the kernels until their use) and
+    `write_pricing="spread"` (writes over the kernels that cover them, their sources freed
+    after those) change only the objective and where a write's source is freed: the plan
+    still verifies and fits, runs no faster than all-fast, and, joined at its uses, no slower
+    than on the step-join timeline. (Its objective estimates the join at use, so it bounds
+    neither timeline: no equality here.)"""
+    graph, costs, cfg, _ = budgeted(data, strategy, **pricing)
     budget = cfg.fast_mem_bytes
     res = optimize(graph, cfg, costs=costs, baselines=False)
     assert res.status == "optimal", res.message

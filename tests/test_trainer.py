@@ -153,6 +153,34 @@ def test_training_through_the_trainer_equals_plain_pytorch(name, opt_name, tmp_p
     assert_trained_alike(ours, reference, got_opt, want_opt)
 
 
+def test_plan_options_reach_the_plan_and_train_as_plain_pytorch(tmp_path):
+    """`plan_options` sets more of the planner's options (here spread reads and writes, as
+    `optimize --read-pricing spread --write-pricing spread`): the plan records them, its
+    writes' sources are freed where the plan says, and training still equals PyTorch's."""
+    torch.manual_seed(0)
+    reference = MLP()
+    ours = copy.deepcopy(reference)
+    data = batches("mlp", 6)
+    want, want_opt = torch_training(reference, OPTIMIZERS["adamw"], F.cross_entropy, data)
+    got, got_opt, trainer = trainer_training(
+        ours, OPTIMIZERS["adamw"], F.cross_entropy, data, ratio="2:1", plans_dir=tmp_path,
+        plan_options={"write_pricing": "spread", "read_pricing": "spread", "async_window": 30})
+    config = trainer.plan.header.config
+    assert (config["write_pricing"], config["read_pricing"], config["async_window"]) == \
+        ("spread", "spread", 30)
+    assert sum(1 for _ in trainer.plan.moves()) + sum(1 for _ in trainer.plan.recomputes())
+    assert torch.allclose(torch.tensor(got), torch.tensor(want), rtol=RTOL), (got, want)
+    assert_trained_alike(ours, reference, got_opt, want_opt)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for options, message in (({"strategy": "sync"}, "set by the Trainer's own arguments"),
+                             ({"pricing": 1}, "not a planning option; choose from"),
+                             ({"write_pricing": "late"}, "--write-pricing 'late'")):
+        with pytest.raises(ConfigError, match=message):
+            Trainer(model, opt, F.cross_entropy, example=data[0], ratio="1:1", device="cpu",
+                    plan_options=options)
+
+
 def assert_trained_alike(ours: nn.Module, reference: nn.Module, got_opt, want_opt) -> None:
     """Parameters, buffers and optimizer state within RTOL of the reference's."""
     for (pname, p), (_, q) in zip(ours.named_parameters(), reference.named_parameters(),

@@ -13,6 +13,7 @@ from autotm_py.config import (
     DEFAULT_READ_PRICING,
     DEFAULT_SOLVER,
     DEFAULT_STRATEGY,
+    DEFAULT_WRITE_PRICING,
     STRATEGIES,
     PlanConfig,
 )
@@ -104,6 +105,7 @@ class BenchSpec:
     # default (`options.default_run_mode`).
     run: RunMode = None  # type: ignore[assignment]  # set in __post_init__
     read_pricing: str = DEFAULT_READ_PRICING  # `optimize --read-pricing`
+    write_pricing: str = DEFAULT_WRITE_PRICING  # `optimize --write-pricing`
     gpu: str | None = None  # `--gpu`: plans priced with this GPU's profiles (GPU mode)
     recompute: str = "auto"  # `--recompute`, for the strategies that do not fix it
     # `--split-conv-grads`: every model's fused convolution backward kernels split into their
@@ -158,7 +160,8 @@ class BenchSpec:
         return dict(device=self.device, memory=self.memory, gap=self.gap,
                     time_limit_s=self.time_limit_s, pin_weights=self.pin_weights,
                     headroom=self.headroom, threads=self.threads, run=self.run,
-                    read_pricing=self.read_pricing, gpu=self.gpu, **kwargs)
+                    read_pricing=self.read_pricing, write_pricing=self.write_pricing,
+                    gpu=self.gpu, **kwargs)
 
     @property
     def memory_name(self) -> str:
@@ -181,9 +184,10 @@ class BenchSpec:
     @property
     def options(self) -> str | None:
         """How plans are made and run beyond their strategy, as a row's key names it: None for
-        the defaults (eager runs on torch's allocator, step-priced reads; older results have
-        no such column), else e.g. ``arena+replay+placed``, ``arena+replay+placed+windows``,
-        ``arena+replay+placed+spread`` or, for graphs with a chunked loss, ``...+loss16``;
+        the defaults (eager runs on torch's allocator, step-priced reads and writes; older
+        results have no such column), else e.g. ``arena+replay+placed``,
+        ``arena+replay+placed+windows``, ``arena+replay+placed+spread`` (spread reads;
+        ``+writes-spread``: spread writes) or, for graphs with a chunked loss, ``...+loss16``;
         plans priced for another GPU's profiles end in its name, ``...+gpu-h200``. (Rows and
         plan files written before 2026-12-01 name replay ``graph``.)"""
         run, model = self.run, self.model
@@ -192,6 +196,8 @@ class BenchSpec:
                                        ("windows", run.windows),
                                        (self.read_pricing,
                                         self.read_pricing != DEFAULT_READ_PRICING),
+                                       ("writes-spread",
+                                        self.write_pricing != DEFAULT_WRITE_PRICING),
                                        (f"loss{model.loss_chunks}", model.loss_chunks > 1),
                                        ("nhwc", model.channels_last),
                                        (f"gpu-{gpu_slug(self.gpu or '')}", bool(self.gpu)),

@@ -43,10 +43,12 @@ from autotm_py.config import (
     DEFAULT_SOLVER,
     DEFAULT_STRATEGY,
     DEFAULT_TIME_LIMIT_S,
+    DEFAULT_WRITE_PRICING,
     PLAN_NAMES,
     READ_PRICINGS,
     RECOMPUTE_MODES,
     SPLIT_MODES,
+    WRITE_PRICINGS,
     PlanConfig,
 )
 from autotm_py.errors import ConfigError
@@ -137,6 +139,12 @@ RATIO_HELP = (
                    "from above); spread: over the kernels from that one to the tensor's next "
                    "use, where the executor waits for it (an estimate, not a bound; a larger "
                    "ILP).")
+@click.option("--write-pricing", type=click.Choice(WRITE_PRICINGS),
+              default=DEFAULT_WRITE_PRICING, show_default=True,
+              help="How the ILP prices an overlapped write: step: against the kernel it is "
+                   "issued beside, its source freed after that kernel; spread: over the "
+                   "kernels after it until their time covers the copy, its source kept in "
+                   "fast memory as long (docs/planning.md).")
 @click.option("--split-conv-grads", type=click.Choice(SPLIT_MODES), default="auto",
               show_default=True,
               help="Split a fused convolution backward kernel (ConvGrad: dY, X, W -> dX, dW) "
@@ -168,7 +176,7 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
                  time_limit: float | None, async_window: int,
                  async_candidates: int | None, recompute: str, recompute_depth: int,
                  recompute_ratio: float, recompute_early: int, read_pricing: str,
-                 split_conv_grads: str, pin_weights: bool,
+                 write_pricing: str, split_conv_grads: str, pin_weights: bool,
                  threads: int | None, headroom: float, reserve: str | None, mode: RunModeArgs,
                  gpu: str | None, profiles_dir: str | None, no_baselines: bool,
                  values_path: str | None, output: str | None, as_json: bool) -> int:
@@ -193,6 +201,7 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
         pin_weights=pin_weights, threads=threads, headroom=headroom, recompute=recompute,
         recompute_depth=recompute_depth, recompute_ratio=recompute_ratio,
         recompute_early=recompute_early, read_pricing=read_pricing,
+        write_pricing=write_pricing,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
         run=mode.for_device(device), gpu=gpu, split_conv_grads=split_conv_grads,
         fills=api.value_fills(api.load_values(values_path)) if values_path else ())

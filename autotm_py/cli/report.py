@@ -31,8 +31,10 @@ from autotm_py.config import (
     DEFAULT_READ_PRICING,
     DEFAULT_SOLVER,
     DEFAULT_STRATEGY,
+    DEFAULT_WRITE_PRICING,
     READ_PRICINGS,
     RECOMPUTE_MODES,
+    WRITE_PRICINGS,
 )
 from autotm_py.errors import ConfigError
 from autotm_py.plan import Plan, costs_drift
@@ -230,6 +232,9 @@ def _split(text: str) -> tuple[str, ...]:
 @click.option("--read-pricing", type=click.Choice(READ_PRICINGS),
               default=DEFAULT_READ_PRICING, show_default=True,
               help="How plans price the reads of moved tensors (`optimize --read-pricing`).")
+@click.option("--write-pricing", type=click.Choice(WRITE_PRICINGS),
+              default=DEFAULT_WRITE_PRICING, show_default=True,
+              help="How plans price the writes of moved tensors (`optimize --write-pricing`).")
 @click.option("--split-conv-grads", is_flag=True,
               help="Split every fused convolution backward kernel into its filter and data "
                    "parts before planning and running (`optimize --split-conv-grads on`); the "
@@ -259,7 +264,7 @@ def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, recom
               solvers: str, device: str, memory: str | None, time_limit: float | None,
               gap: float, pin_weights: bool, profiles: str | None, execute: bool,
               iterations: int, warmup: int, headroom: float, fit: bool, mode: RunModeArgs,
-              read_pricing: str, split_conv_grads: bool,
+              read_pricing: str, write_pricing: str, split_conv_grads: bool,
               gpu: str | None, plans_dir: str | None,
               output: str, engine: str, workers: int | None,
               address: str | None, threads: int | None,
@@ -291,7 +296,7 @@ def bench_cmd(model: ModelArgs, models: str, ratios: str, strategies: str, recom
                      profiles_dir=profiles, execute=execute, iterations=iterations,
                      warmup=warmup, headroom=headroom, fit=fit, plans_dir=plans_dir,
                      threads=threads, run=mode.for_device(device), read_pricing=read_pricing,
-                     gpu=gpu, split_conv_grads=split_conv_grads)
+                     write_pricing=write_pricing, gpu=gpu, split_conv_grads=split_conv_grads)
     if "channels_last" not in model.given:  # optimize's layout, for the whole sweep
         spec = replace(spec, model=sweep_layout(spec.models, spec.model, device=device, gpu=gpu,
                                                 profiles_dir=profiles))

@@ -94,7 +94,9 @@ def fast_intervals(p: TensorPaths, w: Walk, birth: int, last: int) -> list[tuple
 
 
 def emit(b: ScheduleBuilder, tid: int, p: TensorPaths, w: Walk,
-         fill: float | None = None) -> None:
+         fill: float | None = None,
+         write_spans: Mapping[tuple[int, int], tuple[tuple[int, float], ...]] | None = None
+         ) -> None:
     """Add the tensor's initial tier, moves and frees to the schedule (its regenerations are
     added per producer by `decode`). `fill`: the tensor's known value; its reads are fills and
     its writes drops (no copy: it needs no slow copy)."""
@@ -117,7 +119,8 @@ def emit(b: ScheduleBuilder, tid: int, p: TensorPaths, w: Walk,
             b.free(tid, FAST, k)
             fast = False
         elif kind == WRITE:
-            b.evict(tid, k, MODE_NAMES[g.write[layer]])
+            span = (write_spans or {}).get((tid, layer))
+            b.evict(tid, k, MODE_NAMES[g.write[layer]], span[-1][0] if span else None)
             fast, slow = False, True
         else:  # DROP or DISCARD
             b.free(tid, FAST, k)
@@ -174,7 +177,7 @@ def decode(f: Formulation, *, config: Mapping[str, Any], solver: SolverStats,
                 b.free(tid, FAST, max([machine.live_ranges[tid][1], *users[tid]]))
             continue
         w = prune_reads(p, walks[tid], users[tid])
-        emit(b, tid, p, w, f.fills.get(tid))
+        emit(b, tid, p, w, f.fills.get(tid), f.write_spans)
         intervals[tid] = fast_intervals(p, w, machine.live_ranges[tid][0], p.gadgets.last)
     for kid, kernel in enumerate(graph.kernels):
         b.compute(kid, tuple(FAST if tid not in intervals or

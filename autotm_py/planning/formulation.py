@@ -79,6 +79,13 @@ class Formulation:
     # price an async read over the kernels until its tensor's next use (copies join at their
     # use) instead of against the one kernel it is issued beside (AutoTM's step join)
     spread_reads: bool = False
+    # price an async write over the kernels after it until they cover the copy, its source
+    # holding its fast memory until then (the copy runs on beside them; `write_span`)
+    spread_writes: bool = False
+    # (tensor, gadget layer) of a spread async write -> the kernels it runs beside and their
+    # shares of its copy time (`write_span`); decode frees the source after the last of them
+    write_spans: dict[tuple[int, int], tuple[tuple[int, float], ...]] = \
+        field(default_factory=dict)
     # tensors a value profile found all zero or one constant -> that value
     # (`recompute.fill_candidates`): dropped for free and filled again instead of copied
     fills: Mapping[int, float] = field(default_factory=dict)
@@ -149,17 +156,20 @@ def residency_edges(p: TensorPaths, kid: int) -> tuple[int, ...]:
 
 def build(machine: MachineModel, strategy: str, window: int, candidates: int | None = None,
           fixed: frozenset[int] = frozenset(), *, recompute: RecomputeSpec | None = None,
-          moves: bool = True, spread_reads: bool = False,
+          moves: bool = True, spread_reads: bool = False, spread_writes: bool = False,
           fills: Mapping[int, float] | None = None) -> Formulation:
     """Build the ILP: every family below, in order, then the objective. `fixed` tensors stay
     in fast memory (`gadgets.small_tensors`): they enter as constants. `recompute`: where
     tensors may be regenerated (None: move-only); `moves=False`: no copies (recompute-only);
     `spread_reads`: async reads priced over the kernels until their use (`read_shares`), else
-    against the kernel they are issued beside (AutoTM). `fills`: known-value tensors, filled
+    against the kernel they are issued beside (AutoTM); `spread_writes`: async writes priced
+    over the kernels after them until those cover the copy, holding the source's memory as
+    long (`write_span`). `fills`: known-value tensors, filled
     instead of copied (family 5)."""
     started = time.perf_counter()
     f = Formulation(machine, strategy, window, candidates, fixed, recompute, moves,
-                    spread_reads=spread_reads, fills=dict(fills or {}))
+                    spread_reads=spread_reads, spread_writes=spread_writes,
+                    fills=dict(fills or {}))
     add_paths(f)
     add_steady_state(f)
     add_capacity(f)
@@ -238,6 +248,7 @@ def add_capacity(f: Formulation) -> None:
         size = float(machine.sizes[tid]) * MIB
         if p is not None and size > 0:
             _residency_changes(f, tid, p, size, changes)
+            _write_holds(f, tid, p, size, changes)
         elif tid in f.fixed:
             start, end = machine.live_ranges[tid][0], last_kernel(f, tid)
             constant[start] += size
@@ -269,6 +280,23 @@ def _residency_changes(f: Formulation, tid: int, p: TensorPaths, size: float,
         for v in f.flows(tid, previous):
             _add(changes[k], v, -size)
         previous = edges
+
+
+def _write_holds(f: Formulation, tid: int, p: TensorPaths, size: float,
+                 changes: list[Expr]) -> None:
+    """A spread async write's source keeps its fast memory to the end of its span: size * x
+    from the kernel after its gadget to the span's last kernel (the write edge leaves the
+    tensor slow-only, so its residency has let the memory go)."""
+    if not f.spread_writes or tid in f.fills:
+        return
+    for e, v in zip(p.edges, f.x[tid], strict=True):
+        if e.kind != WRITE or p.gadgets.write[e.layer] != ASYNC:
+            continue
+        span = write_span(f, tid, p, e.layer)
+        issue, last = p.gadgets.kernels[e.layer], span[-1][0]
+        if last > issue:
+            _add(changes[issue + 1], v, size)
+            _add(changes[last + 1], v, -size)
 
 
 def residency_pieces(p: TensorPaths, last: int) -> list[tuple[int, tuple[int, ...]]]:
@@ -359,9 +387,12 @@ def add_moves(f: Formulation) -> None:
                 _add(f.objective, v, machine.copying.copy_time(nbytes, to, "sync") * MS)
             elif mode == ASYNC:
                 shares = read_shares(f, p, e.layer) if e.kind == READ and f.spread_reads \
-                    else ((p.gadgets.kernels[e.layer], 1.0),)
+                    else write_span(f, tid, p, e.layer) if e.kind == WRITE and \
+                    f.spread_writes else ((p.gadgets.kernels[e.layer], 1.0),)
                 for name, seconds in machine.copying.async_terms(nbytes, to):
                     for kid, share in shares:
+                        if share <= 0:  # a write's span may cross a kernel of no time
+                            continue
                         terms = f.async_terms.setdefault(kid, {})
                         _add(terms.setdefault(name, {}), v, seconds * share)
 
@@ -380,6 +411,35 @@ def read_shares(f: Formulation, p: TensorPaths, j: int) -> tuple[tuple[int, floa
     if total <= 0:
         return tuple((k, 1.0 / len(times)) for k in kernels)
     return tuple((k, t / total) for k, t in zip(kernels, times, strict=True) if t > 0)
+
+
+def write_span(f: Formulation, tid: int, p: TensorPaths, j: int
+               ) -> tuple[tuple[int, float], ...]:
+    """Where a spread async write issued at gadget j runs: its own kernel and those after it
+    until their time covers the copy (the copy stream runs on beside them; the executor frees
+    the source when the copy is done), stopping before the tensor's next gadget that may read
+    or use it, and at its last kernel; each takes a share of the copy in proportion to its
+    time. Cached in `f.write_spans`: the capacity rows, the prices and the decoder read it."""
+    key = (tid, j)
+    if key in f.write_spans:
+        return f.write_spans[key]
+    machine, g = f.machine, p.gadgets
+    issue = g.kernels[j]
+    due = next((g.kernels[i] for i in range(j + 1, len(g.kernels)) if g.io[i] or g.reads(i)),
+               last_kernel(f, tid) + 1)
+    copy_s = max((s for _, s in machine.copying.async_terms(
+        int(machine.graph.tensor_bytes[tid]), SLOW)), default=0.0)
+    end = min(due, len(machine.graph.kernels))
+    kernels, times = [issue], [machine.fast_time(issue)]
+    total = times[0]
+    while total < copy_s and kernels[-1] + 1 < end:
+        kernels.append(kernels[-1] + 1)
+        times.append(machine.fast_time(kernels[-1]))
+        total += times[-1]
+    span = tuple((k, t / total if total > 0 else 1.0 / len(kernels))
+                 for k, t in zip(kernels, times, strict=True))
+    f.write_spans[key] = span
+    return span
 
 
 # ---- (6) epigraph ------------------------------------------------------------------------

@@ -70,12 +70,15 @@ class ScheduleBuilder:
         """Make `tid`'s fast copy with a fill kernel before kernel `kid` (where a read would)."""
         self._reads.setdefault(kid, []).append(Fill(tid, value))
 
-    def evict(self, tid: int, kid: int, mode: str = "sync") -> None:
+    def evict(self, tid: int, kid: int, mode: str = "sync", free_after: int | None = None
+              ) -> None:
         """Write `tid` to the slow tier after kernel `kid` (sync) or beside it (async), then
-        drop its fast copy."""
+        drop its fast copy: after `kid`, or for an async write priced over later kernels too
+        (`formulation.write_span`) after `free_after`, the last of them."""
         if mode == "async":
             self._overlapped_writes.setdefault(kid, []).append(Move(tid, SLOW, "async", kid))
-            self._frees.setdefault(kid, []).append(Free(tid, FAST))
+            self._frees.setdefault(kid if free_after is None else free_after, []).append(
+                Free(tid, FAST))
         else:
             self._writes.setdefault(kid, []).extend((Move(tid, SLOW, "sync"), Free(tid, FAST)))
 

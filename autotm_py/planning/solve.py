@@ -348,6 +348,7 @@ class _Search:
         f = formulation.build(self.machine, stage.strategy, config.async_window, candidates,
                               self.small, recompute=recompute, moves=stage.mode != "only",
                               spread_reads=config.read_pricing == "spread",
+                              spread_writes=config.write_pricing == "spread",
                               fills=fill_candidates(self.machine, config.fills))
         log.info("built the %s ILP (depth %d%s): %d variables, %d constraints in %.2f s",
                  f.name, stage.depth, ", regenerations fixed" if stage.fixed else "",

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import fields as dataclass_fields
 from dataclasses import replace
 from typing import Any
 
@@ -83,7 +84,10 @@ class Trainer:
     `host_share` of the parameters on the host, or by default the share the host's plan is
     predicted to finish within the GPU's iteration) or "auto" (default): on the GPU unless the
     weights, gradients and optimizer state alone exceed the budget, then whichever of the
-    three plans is predicted fastest (`notes` says which and their times)."""
+    three plans is predicted fastest (`notes` says which and their times). `plan_options`:
+    more of `PlanConfig`'s fields, as `autotm optimize`'s advanced options set them (e.g.
+    {"write_pricing": "spread", "read_pricing": "spread", "async_window": 60}); the ones the
+    arguments above set are refused."""
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[..., Any], example: Any, *, budget: int | str | None = None,
@@ -93,11 +97,13 @@ class Trainer:
                  plans_dir: str | os.PathLike[str] | None = None,
                  channels_last: bool | None = None, profile: bool | None = None,
                  loss_chunks: int | str = "auto", precision: str = AUTO_PRECISION,
-                 optimizer_on: str = "auto", host_share: float | None = None) -> None:
+                 optimizer_on: str = "auto", host_share: float | None = None,
+                 plan_options: Mapping[str, Any] | None = None) -> None:
         if optimizer_on not in PLACES:
             raise ConfigError(f"Trainer: optimizer_on={optimizer_on!r}: choose one of "
                               f"{', '.join(PLACES)}")
         host_share = _share_option(host_share, optimizer_on)  # before the capture's minutes
+        more = _plan_options(plan_options)
         if (budget is None) == (ratio is None):
             raise ConfigError("Trainer: give either budget (bytes, e.g. '4GiB') or ratio "
                               "(fast:slow, e.g. '1:3'), not both and not neither")
@@ -120,7 +126,8 @@ class Trainer:
         config = PlanConfig(strategy=strategy, ratio=ratio, fast_mem_bytes=budget,
                             device="cuda", recompute=recompute, run=self.mode,
                             gpu=gpu or gpu_name(self.device),
-                            reserve_bytes=None if cuda else 0, time_limit_s=time_limit_s)
+                            reserve_bytes=None if cuda else 0, time_limit_s=time_limit_s,
+                            **more)
         # what the GPU runs: the training graph, or its part without the optimizer's updates
         self.optimizer_on, self.run_graph, self.plan = self._plan_updates(
             config, optimizer_on, plans_dir, cuda if profile is None else profile, host_share)
@@ -401,6 +408,27 @@ def _share_option(host_share: float | None, optimizer_on: str) -> float | None:
         raise ConfigError(f"Trainer: host_share={host_share!r}: give the fraction of the "
                           "parameters the host updates, between 0 and 1 (exclusive)")
     return float(host_share)
+
+
+# PlanConfig fields the Trainer's own arguments, device or mode set (`plan_options` may not)
+TRAINER_SET = frozenset({"strategy", "ratio", "fast_mem_bytes", "device", "recompute", "run",
+                         "gpu", "reserve_bytes", "time_limit_s"})
+
+
+def _plan_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The Trainer's `plan_options`, checked: `PlanConfig` fields its arguments do not set
+    (their values `PlanConfig` checks itself)."""
+    options = dict(options or {})
+    fields = {f.name for f in dataclass_fields(PlanConfig)} - TRAINER_SET
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        taken = [k for k in unknown if k in TRAINER_SET]
+        raise ConfigError(f"Trainer: plan_options {', '.join(map(repr, unknown))}: "
+                          + ("set by the Trainer's own arguments; pass them there" if taken
+                             and len(taken) == len(unknown) else
+                             f"not a planning option; choose from {', '.join(sorted(fields))}"))
+    PlanConfig(**options)  # its values' errors now, not after the capture's minutes
+    return options
 
 
 def _chunks_option(loss_chunks: int | str) -> int | None:

@@ -375,6 +375,19 @@ def ratio_of(share: float) -> str:
     return f"{part.numerator}:{part.denominator - part.numerator}"
 
 
+def plan_option(text: str) -> tuple[str, Any]:
+    """KEY=VALUE of --plan-option: a whole number or a decimal as a number, else the text."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE, e.g. write_pricing=spread")
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    return key, value
+
+
 def budget_of(args, share: float) -> dict[str, Any]:
     """The Trainer's budget at `share`: the bytes a `--budgets` file gives it (the shares of
     another graph's peak: the unchunked model's, as users run it, where this one chunks its
@@ -396,7 +409,8 @@ def ours(net, loss_fn, data, share: float, args, ready: Callable[[dict], None] |
     trainer = Trainer(net, opt, loss_fn, example=data[0], **budget_of(args, share),
                       device=args.device, time_limit_s=args.time_limit,
                       plans_dir=tempfile.mkdtemp(), loss_chunks=args.loss_chunks,
-                      mode=COPIES_MODE if args.copies else None, precision=args.precision)
+                      mode=COPIES_MODE if args.copies else None, precision=args.precision,
+                      plan_options=dict(args.plan_option))
     setup_s = time.perf_counter() - started
     plan = trainer.plan
     row = {"setup_s": setup_s, "precision": trainer.graph.meta.get("precision", "fp32"),
@@ -703,6 +717,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budgets-out", help="write the budget of each --budget-shares here once "
                    "the graph exists")
     p.add_argument("--budget-shares", default="0.5,0.333,0.25")
+    p.add_argument("--plan-option", action="append", type=plan_option, default=[],
+                   metavar="KEY=VALUE", help="a planning option of ours (Trainer(plan_options="
+                   "...)), e.g. write_pricing=spread or async_window=60; repeatable")
     p.add_argument("--lock", help="a file locked while this process measures on the GPU")
     p.add_argument("--signal", help="touched once the Trainer exists (kernels profiled)")
     p.add_argument("--after", help="the Trainer plans only once this file exists")
