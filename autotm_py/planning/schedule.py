@@ -10,7 +10,9 @@ For each kernel k, in this order:
 2. overlapped copies of step k (``Move(t, to, async, overlaps=k)``), reads first;
 3. ``Compute(k, placement)``;
 4. frees after k: dead tensors, dropped fast copies, fast copies written by step k's async
-   writes (released when the copy is done: the ILP counts them to the end of the step);
+   writes (released when the copy is done: the ILP counts them to the end of the step), or,
+   priced over a span (`--write-pricing spread`), by an earlier step's write whose span ends
+   at k (the ILP counts them to its end);
 5. blocking write-evictions after k (``Move(t, slow, sync)`` then ``Free(t, fast)``).
 
 Between two kernels memory first shrinks (4, 5) then grows (1, 2 of the next kernel), so the
