@@ -49,7 +49,9 @@
 # plans stopped at 60 s, the 25% one 7.2% from its bound, H200 2026-12-04), COMPILE (0.1:
 # activation_memory_budget fractions, each a compile; COMPILE= empty: none, for a rerun whose
 # compile rows an earlier run of the same code measured), LOSS_CHUNKS (16 for BERT and GPT-2, 1 for ResNet-200),
-# ALL_FAST_REGION (bytes, 48 GiB), PROC_S (540), EXTRA (more trainer_bench options). SMOKE=1: on
+# ALL_FAST_REGION (bytes, 48 GiB), PROC_S (540), EXTRA (more trainer_bench options; the copies
+# priced where they run, docs/planning.md: EXTRA="--plan-option read_pricing=spread
+# --plan-option write_pricing=spread --plan-option async_window=60"). SMOKE=1: on
 # this machine's CPU at toy sizes (--small --device cpu, no setup.sh), a check of the script.
 set -u
 [ -n "${SMOKE:-}" ] || . experiments/gpu/setup.sh
