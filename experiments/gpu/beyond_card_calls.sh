@@ -9,6 +9,7 @@
 #   bash experiments/gpu/beyond_card_calls.sh auto OUT    # uncapped b4; 3.33B b16 split, the planner's cut
 #   bash experiments/gpu/beyond_card_calls.sh seven OUT   # the 6.66B decoder at 24 GiB, batch 4
 #   bash experiments/gpu/beyond_card_calls.sh eighty OUT  # split GPU test; the 6.66B decoder at 80 GiB
+#                                                         # (the whole card less 3 GiB where smaller)
 #   bash experiments/gpu/beyond_card_calls.sh tests OUT   # the GPU tests of the host's updates
 #
 # Each call starts with the machine (GPU, host memory, cores) and the date in OUT/machine.txt.
@@ -45,9 +46,14 @@ case $call in
              > "$OUT/tests.log" 2>&1
           echo "tests: exit $? at $(date -u +%T)" >> "$OUT/machine.txt"
           # the updates on the GPU: one plan to make (auto makes three), and the host holds
-          # only what the 80 GiB leave over (the host's AdamW state alone is 53 GB at 6.66B)
-          part seven_80_b4 480 --part ours --cap 80GiB --time-limit 30 --plans /tmp/plans \
-               --size 7b --batch 4 --steps 6 --optimizer-on gpu ;;
+          # only what the cap leaves over (the host's AdamW state alone is 53 GB at 6.66B).
+          # The cap: 80 GiB, or on a card without 80 GiB to give (an H100 80GB has 79.6 GiB in
+          # all) the whole card less 3 GiB for CUDA's context and cuBLAS's workspaces
+          cap=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits \
+                    | head -n 1) / 1024 - 3 ))
+          [ "$cap" -gt 80 ] && cap=80
+          part seven_${cap}_b4 480 --part ours --cap ${cap}GiB --time-limit 30 \
+               --plans /tmp/plans --size 7b --batch 4 --steps 6 --optimizer-on gpu ;;
   tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_trainer_gpu.py \
              tests/test_executor_gpu.py -k "host or split or own_size" > "$OUT/tests.log" 2>&1
          echo "tests: exit $?" >> "$OUT/machine.txt" ;;
