@@ -10,6 +10,7 @@
 #   bash experiments/gpu/beyond_card_calls.sh seven OUT   # the 6.66B decoder at 24 GiB, batch 4
 #   bash experiments/gpu/beyond_card_calls.sh eighty OUT  # split GPU test; the 6.66B decoder at 80 GiB
 #                                                         # (the whole card less 3 GiB where smaller)
+#   SIZE=8b bash experiments/gpu/beyond_card_calls.sh card OUT  # eighty's decoder run alone, sized
 #   bash experiments/gpu/beyond_card_calls.sh tests OUT   # the GPU tests of the host's updates
 #
 # Each call starts with the machine (GPU, host memory, cores) and the date in OUT/machine.txt.
@@ -42,9 +43,13 @@ case $call in
   auto)  part uncapped_b4 80 --part uncapped --batch 4 --steps 6
          part split_b16 450 "${ours[@]}" --batch 16 --steps 8 --optimizer-on split ;;
   seven) part seven_host_b4 540 "${ours[@]}" --size 7b --batch 4 --steps 6 --optimizer-on host ;;
-  eighty) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_trainer_gpu.py -k split \
-             > "$OUT/tests.log" 2>&1
-          echo "tests: exit $? at $(date -u +%T)" >> "$OUT/machine.txt"
+  eighty|card)
+          if [ "$call" = eighty ]; then
+            python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_trainer_gpu.py -k split \
+                > "$OUT/tests.log" 2>&1
+            echo "tests: exit $? at $(date -u +%T)" >> "$OUT/machine.txt"
+          fi
+          size=${SIZE:-7b}
           # the updates on the GPU: one plan to make (auto makes three), and the host holds
           # only what the cap leaves over (the host's AdamW state alone is 53 GB at 6.66B).
           # The cap: 80 GiB, or on a card without 80 GiB to give (an H100 80GB has 79.6 GiB in
@@ -52,12 +57,12 @@ case $call in
           cap=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits \
                     | head -n 1) / 1024 - 3 ))
           [ "$cap" -gt 80 ] && cap=80
-          part seven_${cap}_b4 480 --part ours --cap ${cap}GiB --time-limit 30 \
-               --plans /tmp/plans --size 7b --batch 4 --steps 6 --optimizer-on gpu ;;
+          part card_${size}_${cap}_b4 480 --part ours --cap ${cap}GiB --time-limit 30 \
+               --plans /tmp/plans --size "$size" --batch 4 --steps 6 --optimizer-on gpu ;;
   tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_trainer_gpu.py \
              tests/test_executor_gpu.py -k "host or split or own_size" > "$OUT/tests.log" 2>&1
          echo "tests: exit $?" >> "$OUT/machine.txt" ;;
-  *) echo "unknown call $call: split, host, auto, seven, eighty or tests" >&2; exit 2 ;;
+  *) echo "unknown call $call: split, host, auto, seven, eighty, card or tests" >&2; exit 2 ;;
 esac
 tar czf "$OUT/caches.tgz" -C /tmp xdg plans 2>/dev/null
 cat "$OUT/machine.txt"
