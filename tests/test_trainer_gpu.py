@@ -113,3 +113,47 @@ def train_both(name: str, cuda_first: bool = False, optimizer_on: str = "gpu",
             "gpu_updates": len(trainer.run_graph.meta["training"]["weight_grads"]),
             "staged_carried": len(trainer.loop.executor.uploads.staged
                                   & {first for first, _ in trainer.run_graph.carried})}
+
+
+def test_a_budget_beyond_the_card_is_refused_before_the_plan_is_placed():
+    """A budget above the GPU memory a plan may take (the Trainer's, and a plan's run by
+    `execute`) is a one-line error with the largest budget that fits, not CUDA's "invalid
+    argument" at the arena's first copy (an 80 GiB budget on an H100 80GB, 2026-12-06)."""
+    errors = in_own_process("tests.test_trainer_gpu", "beyond_the_card")
+    for face, message in errors.items():
+        assert message.startswith(f"{face}: the budget "), errors
+        assert "give a budget of at most" in message, errors
+
+
+def beyond_the_card() -> dict:
+    """The errors of a Trainer and of `execute` given the card's memory and 1 GiB more."""
+    import tempfile
+    from dataclasses import replace
+
+    import torch
+
+    from autotm_py.errors import ConfigError
+    from autotm_py.options import RunMode
+    from autotm_py.runtime.execute import execute
+    from autotm_py.trainer import Trainer
+    from tests.test_executor import _arena_plans, _graph
+    from tests.test_trainer import MODELS, OPTIMIZERS, batches
+
+    make, loss_fn = MODELS["mlp"]
+    module = make()
+    beyond = torch.cuda.get_device_properties(0).total_memory + (1 << 30)
+    errors = {}
+    try:
+        Trainer(module, OPTIMIZERS["sgd-momentum"](module.parameters()), loss_fn,
+                example=batches("mlp", 1)[0], device="cuda", budget=beyond,
+                plans_dir=tempfile.mkdtemp())
+    except ConfigError as exc:
+        errors["Trainer"] = str(exc)
+    graph = _graph("cnn")
+    plan = _arena_plans(graph)["async"]
+    plan = replace(plan, header=replace(plan.header, budget_bytes=beyond))
+    try:
+        execute(graph, plan, device="cuda", mode=RunMode(arena=True, replay=False))
+    except ConfigError as exc:
+        errors["the plan"] = str(exc)
+    return errors

@@ -17,6 +17,7 @@ import torch
 from autotm_py.errors import ConfigError
 from autotm_py.options import DEFAULT_ALLOCATOR_SETTINGS
 from autotm_py.runtime import placed
+from autotm_py.units import format_bytes
 
 # The hardware work queues a CUDA context spreads its streams over (CUDA's default is 8). With
 # 8, a plan replayed as a CUDA graph copies 9-14% slower than the same plan run eagerly (every
@@ -39,6 +40,38 @@ def check_device(device: str) -> str:
     if device != "cpu":
         raise ConfigError(f"--device {device!r}: choose cuda or cpu")
     return device
+
+
+def gpu_room_bytes(device: str) -> int:
+    """The GPU memory a plan run in this process may take: under the placed allocator its
+    region (reserved at the first allocation as the free memory less `placed.REGION_SPARE`),
+    else the free memory and what torch's caching allocator holds unused."""
+    lib = placed.active()
+    region = lib.stats().region_bytes if lib is not None else 0
+    if region:
+        return region
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    if lib is not None:
+        return max(free - placed.REGION_SPARE, 0)
+    index = cuda_index(device)
+    return free + torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
+
+
+def check_budget_room(budget: int | None, device: str, what: str) -> None:
+    """A `ConfigError` naming `what` where a plan's `budget` (bytes) exceeds the GPU memory it
+    may take here (`gpu_room_bytes`): its arena could not be placed (an 80 GiB budget on an
+    H100 80GB failed in its first copy with CUDA's "invalid argument")."""
+    if budget is None or not device.startswith("cuda"):
+        return
+    room = gpu_room_bytes(device)
+    if budget > room:
+        raise ConfigError(budget_room_error(budget, room, device_name(device), what))
+
+
+def budget_room_error(budget: int, room: int, gpu: str, what: str) -> str:
+    return (f"{what}: the budget {format_bytes(budget)} is more than the {format_bytes(room)} "
+            f"of GPU memory a plan may take on this {gpu} (its free memory less CUDA's and "
+            f"cuBLAS's own); give a budget of at most {format_bytes(room)}")
 
 
 def device_name(device: str) -> str:

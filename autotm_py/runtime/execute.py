@@ -28,6 +28,7 @@ from autotm_py.options import Measure, RunMode, check_run
 from autotm_py.runtime import placed
 from autotm_py.runtime.device import (
     apply_cap,
+    check_budget_room,
     check_device,
     configure_cuda,
     device_name,
@@ -185,6 +186,8 @@ def execute(graph: TensorGraph, plan: Plan, *, device: str = "cuda",
     not_placed = install_placed(plan.header.budget_bytes, device, measure.capped,
                                 measure.cap_slack_bytes) \
         if mode.places_outputs else None
+    if mode.arena:  # before the arena's first copy fails with CUDA's "invalid argument"
+        check_budget_room(plan.header.budget_bytes, device, "the plan")
     dev, executor, driver = new_executor(
         graph, plan, device, measure.seed, measure.deterministic, measure.kernel_times,
         mode=mode, masters=masters, allocator_settings=measure.allocator_settings)

@@ -42,6 +42,9 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("placed_alloc.c")
 MAX_MISSES = 8  # placed_alloc.c's table of the largest requests beyond the region
+# what an uncapped region leaves of the device's free memory (placed_alloc.c's reserve_region:
+# CUDA's and cuBLAS's own allocations made later, outside the region)
+REGION_SPARE = 1 << 30
 ENV_OFF = "AUTOTM_PLACED"  # "0": keep torch's caching allocator (and the slot copies)
 
 

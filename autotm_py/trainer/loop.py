@@ -26,6 +26,7 @@ from autotm_py.ir.graph import TensorGraph
 from autotm_py.ir.precision import check_precision
 from autotm_py.options import AUTO_PRECISION, RunMode, default_precision
 from autotm_py.plan import Plan
+from autotm_py.runtime.device import check_budget_room
 from autotm_py.runtime.drivers import ReplayDriver
 from autotm_py.runtime.execute import new_executor
 
@@ -54,6 +55,8 @@ def plan_for(graph: TensorGraph, config: PlanConfig, device: str, *,
     an infeasible budget is a `ConfigError` naming the smallest feasible one, the kernel that
     forces it and what does not fit, with the fix in `face`'s terms ("cli": options, as
     `autotm train` takes them; "trainer": the Trainer's arguments)."""
+    check_budget_room(pipeline.user_budget(graph, config), device,
+                      "Trainer" if face == "trainer" else "autotm train")
     costs = pipeline.device_costs(graph, device, config.gpu, measure=measure)
     where = Path(plans_dir) if plans_dir is not None else pipeline.default_plans_dir()
     result = pipeline.cached_optimize(graph, config, costs, where)
