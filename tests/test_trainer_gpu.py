@@ -59,22 +59,28 @@ def _follows(run: dict) -> None:
     assert run["worst_parameter"] <= 10 * RTOL, run
 
 
+def _no_runtime_reserve() -> None:
+    """As tests/conftest.py does in the test process: KiB-sized models, no runtime reserve."""
+    from dataclasses import replace
+
+    from autotm_py.memory import tiers
+
+    tiers.PRESETS = {n: replace(m, runtime_reserve_bytes=0) for n, m in tiers.PRESETS.items()}
+
+
 def train_both(name: str, cuda_first: bool = False, optimizer_on: str = "gpu",
                host_share: float | None = None) -> dict:
     """STEPS steps of `name` through the Trainer on CUDA and with plain PyTorch on CUDA
     (`cuda_first`: the process uses CUDA before it makes the Trainer; `optimizer_on` and
     `host_share`: the Trainer's)."""
     import copy
-    from dataclasses import replace
 
     import torch
 
-    from autotm_py.memory import tiers
     from tests.test_precision_gpu import _capped_trainer
     from tests.test_trainer import MODELS, OPTIMIZERS, batches, torch_training
 
-    # as tests/conftest.py does in the test process: KiB-sized models, no runtime reserve
-    tiers.PRESETS = {n: replace(m, runtime_reserve_bytes=0) for n, m in tiers.PRESETS.items()}
+    _no_runtime_reserve()
     # no TF32: its rounding (1e-3) would hide any real difference; the Trainer runs the CNN
     # channels-last, so does the reference (cuDNN picks per layout)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
@@ -139,6 +145,7 @@ def beyond_the_card() -> dict:
     from tests.test_executor import _arena_plans, _graph
     from tests.test_trainer import MODELS, OPTIMIZERS, batches
 
+    _no_runtime_reserve()
     make, loss_fn = MODELS["mlp"]
     module = make()
     beyond = torch.cuda.get_device_properties(0).total_memory + (1 << 30)
