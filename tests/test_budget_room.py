@@ -21,6 +21,8 @@ def test_a_budget_beyond_the_room_names_the_face_and_the_largest_that_fits(monke
         "give a budget of at most 77.00 GiB")
     device.check_budget_room(77 * GIB, "cuda", "Trainer")  # within: nothing said
     device.check_budget_room(None, "cuda", "Trainer")  # no budget: nothing to check
+    with pytest.raises(ConfigError, match=r"^the budget 80\.00 GiB"):  # the caller names itself
+        device.check_budget_room(80 * GIB, "cuda", None)
 
 
 def test_the_cpu_has_no_room_to_check(monkeypatch):

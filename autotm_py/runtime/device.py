@@ -57,8 +57,9 @@ def gpu_room_bytes(device: str) -> int:
     return free + torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
 
 
-def check_budget_room(budget: int | None, device: str, what: str) -> None:
-    """A `ConfigError` naming `what` where a plan's `budget` (bytes) exceeds the GPU memory it
+def check_budget_room(budget: int | None, device: str, what: str | None) -> None:
+    """A `ConfigError` naming `what` (None: the caller names itself, as the Trainer's errors
+    do) where a plan's `budget` (bytes) exceeds the GPU memory it
     may take here (`gpu_room_bytes`): its arena could not be placed (an 80 GiB budget on an
     H100 80GB failed in its first copy with CUDA's "invalid argument")."""
     if budget is None or not device.startswith("cuda"):
@@ -68,10 +69,10 @@ def check_budget_room(budget: int | None, device: str, what: str) -> None:
         raise ConfigError(budget_room_error(budget, room, device_name(device), what))
 
 
-def budget_room_error(budget: int, room: int, gpu: str, what: str) -> str:
-    return (f"{what}: the budget {format_bytes(budget)} is more than the {format_bytes(room)} "
-            f"of GPU memory a plan may take on this {gpu} (its free memory less CUDA's and "
-            f"cuBLAS's own); give a budget of at most {format_bytes(room)}")
+def budget_room_error(budget: int, room: int, gpu: str, what: str | None) -> str:
+    return (f"{what + ': ' if what else ''}the budget {format_bytes(budget)} is more than the "
+            f"{format_bytes(room)} of GPU memory a plan may take on this {gpu} (its free "
+            f"memory less CUDA's and cuBLAS's own); give a budget of at most {format_bytes(room)}")
 
 
 def device_name(device: str) -> str:

@@ -56,7 +56,7 @@ def plan_for(graph: TensorGraph, config: PlanConfig, device: str, *,
     forces it and what does not fit, with the fix in `face`'s terms ("cli": options, as
     `autotm train` takes them; "trainer": the Trainer's arguments)."""
     check_budget_room(pipeline.user_budget(graph, config), device,
-                      "Trainer" if face == "trainer" else "autotm train")
+                      None if face == "trainer" else "autotm train")  # the Trainer names itself
     costs = pipeline.device_costs(graph, device, config.gpu, measure=measure)
     where = Path(plans_dir) if plans_dir is not None else pipeline.default_plans_dir()
     result = pipeline.cached_optimize(graph, config, costs, where)
