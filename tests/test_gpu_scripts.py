@@ -545,10 +545,20 @@ def test_beyond_card_calls_run_their_parts_with_their_options(tmp_path):
     assert "--optimizer-on split --host-share 0.7" in split
     assert call("host").returncode == 0
     assert "--part fsdp --cap 24GiB --batch 8" in (tmp_path / "host" / "fsdp_b8.log").read_text()
-    assert call("eighty").returncode == 0
-    eighty = (tmp_path / "eighty" / "seven_80_b4.log").read_text()
+    assert call("eighty").returncode == 0  # no nvidia-smi here: the 80 GiB of the issue
+    eighty = (tmp_path / "eighty" / "card_7b_80_b4.log").read_text()
     assert "--cap 80GiB" in eighty and "--size 7b" in eighty and "--optimizer-on gpu" in eighty
     assert "-k split" in (tmp_path / "eighty" / "tests.log").read_text()
+    # an H100 80GB (81,559 MiB) has no 80 GiB to give: its whole card less 3 GiB; `card` runs
+    # the decoder alone, SIZE picking it
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 81559\n")
+    smi.chmod(0o755)
+    env["SIZE"] = "8b"
+    assert call("card").returncode == 0
+    card = (tmp_path / "card" / "card_8b_76_b4.log").read_text()
+    assert "--cap 76GiB" in card and "--size 8b" in card
+    assert not (tmp_path / "card" / "tests.log").exists()
     refused = call("nine")
     assert refused.returncode == 2 and "unknown call nine" in refused.stderr
 

@@ -54,9 +54,10 @@ case $call in
           # only what the cap leaves over (the host's AdamW state alone is 53 GB at 6.66B).
           # The cap: 80 GiB, or on a card without 80 GiB to give (an H100 80GB has 79.6 GiB in
           # all) the whole card less 3 GiB for CUDA's context and cuBLAS's workspaces
-          cap=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits \
-                    | head -n 1) / 1024 - 3 ))
-          [ "$cap" -gt 80 ] && cap=80
+          total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits \
+                  2>/dev/null | head -n 1)
+          cap=80
+          [ -n "$total" ] && [ $(( total / 1024 - 3 )) -lt 80 ] && cap=$(( total / 1024 - 3 ))
           part card_${size}_${cap}_b4 480 --part ours --cap ${cap}GiB --time-limit 30 \
                --plans /tmp/plans --size "$size" --batch 4 --steps 6 --optimizer-on gpu ;;
   tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_trainer_gpu.py \
