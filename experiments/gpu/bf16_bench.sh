@@ -22,8 +22,8 @@
 #     then checkpointing under each cap (ResNet-200: checkpoint_sequential at the fewest
 #     segments that fit; BERT: HF gradient checkpointing; GPT-2: every block), then any further
 #     COMPILE fractions. Its process uses torch's caching allocator, so caps work there.
-# Nothing is timed while another process times or profiles (gpu.lock), nor before all five
-# processes are ready to time (--ready-dir, --parties 5: their captures, profiling, solves and
+# Nothing is timed while another process times or profiles (gpu.lock), nor before all the
+# processes are ready to time (--ready-dir, --parties: five with three shares; their captures, profiling, solves and
 # compiles done, or the process ended), so no step is timed beside another's host work;
 # captures, solves and compiles overlap. The batches are in pinned memory on every side (as
 # DataLoader(pin_memory=True) gives them); the natives' eager steps copy them with
@@ -51,7 +51,9 @@
 # compile rows an earlier run of the same code measured), LOSS_CHUNKS (16 for BERT and GPT-2, 1 for ResNet-200),
 # ALL_FAST_REGION (bytes, 48 GiB), PROC_S (540), EXTRA (more trainer_bench options; the copies
 # priced where they run, docs/planning.md: EXTRA="--plan-option read_pricing=spread
-# --plan-option write_pricing=spread --plan-option async_window=60"). SMOKE=1: on
+# --plan-option write_pricing=spread --plan-option async_window=60"), SHARES (the capped
+# budgets, "0.5 0.333 0.25"; SHARES=0.25 with and without EXTRA in two calls is the spread
+# pricing's check at 25%, each call with its own all fast and natives). SMOKE=1: on
 # this machine's CPU at toy sizes (--small --device cpu, no setup.sh), a check of the script.
 set -u
 [ -n "${SMOKE:-}" ] || . experiments/gpu/setup.sh
@@ -67,11 +69,11 @@ case $model in
   *) echo "model: resnet200, bert or gpt2" >&2; exit 2 ;;
 esac
 [ -z "${SMOKE:-}" ] || cfg+=("${small[@]}" --small --device cpu)
+read -r -a shares <<< "${SHARES:-0.5 0.333 0.25}"
 bench=(timeout "${PROC_S:-540}" python3 experiments/gpu/trainer_bench.py "${cfg[@]}"
        --precision bf16 --steps "${STEPS:-20}" --time-limit "${LIMIT:-$limit}"
        --loss-chunks "${LOSS_CHUNKS:-$chunks}" --lock "$out/gpu.lock" --wait-s 480
-       --ready-dir "$out/ready" --parties 5 ${EXTRA:-})
-shares=(0.5 0.333 0.25)
+       --ready-dir "$out/ready" --parties $(( 2 + ${#shares[@]} )) ${EXTRA:-})
 echo "== $model bf16 $(date -u +%H:%M:%S)"
 # all fast: the loss unchunked (chunking recomputes the head's product, which only pays under a
 # cap), so the budgets are shares of the peak of the model as users run it
