@@ -31,3 +31,18 @@ def test_the_cpu_has_no_room_to_check(monkeypatch):
 
     monkeypatch.setattr(device, "gpu_room_bytes", room)
     device.check_budget_room(10**15, "cpu", "Trainer")
+
+
+def test_a_trainers_budget_is_read_before_the_capture():
+    """A budget the Trainer cannot read is refused at once, named as the Trainer's argument
+    (the room check of a readable one runs there too, on a GPU: tests/test_trainer_gpu.py)."""
+    import torch
+
+    from autotm_py.trainer import Trainer
+
+    module = torch.nn.Linear(4, 2)
+    with pytest.raises(ConfigError, match=r"^Trainer: budget 'lots': expected a size"):
+        Trainer(module, torch.optim.SGD(module.parameters(), lr=0.1),
+                torch.nn.functional.cross_entropy,
+                example=(torch.zeros(8, 4), torch.zeros(8, dtype=torch.long)),
+                budget="lots", device="cpu")

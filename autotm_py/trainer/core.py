@@ -41,6 +41,7 @@ from autotm_py.ir.layout import has_convolutions, to_channels_last
 from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import chunkable_logits_bytes, derive_training
 from autotm_py.options import AUTO_PRECISION, OPTIMIZER_PLACES, RunMode
+from autotm_py.runtime.device import check_budget_room
 from autotm_py.runtime.pinned import (
     SLOW_TIER_FIX,
     check_host_fits,
@@ -51,7 +52,7 @@ from autotm_py.trainer.host import HostSide, RunMasters
 from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for, precision_on
 from autotm_py.trainer.spec import Example, loss_rule, optimizer_of, split_example
 from autotm_py.trainer.state import Masters, StateMap
-from autotm_py.units import format_bytes
+from autotm_py.units import format_bytes, parse_bytes
 
 # where a Trainer's optimizer updates may run (`optimizer_on`): the command line's places, or
 # the planner's choice
@@ -115,6 +116,9 @@ class Trainer:
         # and profiling): one work queue for replays, the placed allocator for arena runs (its
         # region the device's free memory: the Trainer's own plan keeps within the budget)
         self.notes: list[str] = pipeline.prepare_cuda(self.device, self.mode, None)
+        if budget is not None:  # before the capture's minutes (a ratio: once it is resolved)
+            check_budget_room(parse_bytes(budget, flag="Trainer: budget")
+                              if isinstance(budget, str) else budget, self.device, "Trainer")
         self.example = split_example(example)
         self.precision = precision_on(precision, self.device)
         self.graph, captured = self._capture(loss_fn, channels_last, loss_chunks,
