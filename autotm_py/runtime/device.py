@@ -59,9 +59,9 @@ def gpu_room_bytes(device: str) -> int:
 
 def check_budget_room(budget: int | None, device: str, what: str | None) -> None:
     """A `ConfigError` naming `what` (None: the caller names itself, as the Trainer's errors
-    do) where a plan's `budget` (bytes) exceeds the GPU memory it
-    may take here (`gpu_room_bytes`): its arena could not be placed (an 80 GiB budget on an
-    H100 80GB failed in its first copy with CUDA's "invalid argument")."""
+    do) where a plan's `budget` (bytes) exceeds the GPU memory it may take here
+    (`gpu_room_bytes`): its arena could not be placed (an 80 GiB budget on an H100 80GB failed
+    at its first copy with CUDA's "invalid argument")."""
     if budget is None or not device.startswith("cuda"):
         return
     room = gpu_room_bytes(device)
