@@ -66,13 +66,11 @@ def check_budget_room(budget: int | None, device: str, what: str | None) -> None
         return
     room = gpu_room_bytes(device)
     if budget > room:
-        raise ConfigError(budget_room_error(budget, room, device_name(device), what))
-
-
-def budget_room_error(budget: int, room: int, gpu: str, what: str | None) -> str:
-    return (f"{what + ': ' if what else ''}the budget {format_bytes(budget)} is more than the "
-            f"{format_bytes(room)} of GPU memory a plan may take on this {gpu} (its free "
-            f"memory less CUDA's and cuBLAS's own); give a budget of at most {format_bytes(room)}")
+        raise ConfigError(
+            f"{what + ': ' if what else ''}the budget {format_bytes(budget)} is more than the "
+            f"{format_bytes(room)} of GPU memory a plan may take on this {device_name(device)} "
+            f"(its free memory less CUDA's and cuBLAS's own); give a budget of at most "
+            f"{format_bytes(room)}")
 
 
 def device_name(device: str) -> str:

@@ -116,9 +116,10 @@ class Trainer:
         # and profiling): one work queue for replays, the placed allocator for arena runs (its
         # region the device's free memory: the Trainer's own plan keeps within the budget)
         self.notes: list[str] = pipeline.prepare_cuda(self.device, self.mode, None)
-        if budget is not None:  # before the capture's minutes (a ratio: once it is resolved)
-            check_budget_room(parse_bytes(budget, flag="Trainer: budget")
-                              if isinstance(budget, str) else budget, self.device, "Trainer")
+        if isinstance(budget, str):  # read once, here, so a bad one is named as this argument
+            budget = parse_bytes(budget, flag="Trainer: budget")
+        # before the capture's minutes (a ratio: once it is resolved, in `plan_for`)
+        check_budget_room(budget, self.device, "Trainer")
         self.example = split_example(example)
         self.precision = precision_on(precision, self.device)
         self.graph, captured = self._capture(loss_fn, channels_last, loss_chunks,

@@ -23,12 +23,12 @@
 #     segments that fit; BERT: HF gradient checkpointing; GPT-2: every block), then any further
 #     COMPILE fractions. Its process uses torch's caching allocator, so caps work there.
 # Nothing is timed while another process times or profiles (gpu.lock), nor before all the
-# processes are ready to time (--ready-dir, --parties: five with three shares; their captures, profiling, solves and
-# compiles done, or the process ended), so no step is timed beside another's host work;
-# captures, solves and compiles overlap. The batches are in pinned memory on every side (as
-# DataLoader(pin_memory=True) gives them); the natives' eager steps copy them with
-# non_blocking=True. Each process is stopped after PROC_S seconds (default 540), so a call ends
-# within the 10 minutes a device command may run.
+# processes are ready to time (--ready-dir, --parties: five with three shares; their captures,
+# profiling, solves and compiles done, or the process ended), so no step is timed beside
+# another's host work; captures, solves and compiles overlap. The batches are in pinned memory
+# on every side (as DataLoader(pin_memory=True) gives them); the natives' eager steps copy them
+# with non_blocking=True. Each process is stopped after PROC_S seconds (default 540), so a call
+# ends within the 10 minutes a device command may run.
 #
 # Usage (GPU machine, repository root, the wheels of setup.sh carried):
 #   bash experiments/gpu/bf16_bench.sh OUT_DIR resnet200|bert|gpt2
