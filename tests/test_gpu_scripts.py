@@ -424,6 +424,13 @@ def test_bf16_bench_processes_coordinate_and_summarize(tmp_path):
         "23.5% from its bound")
     solved = summary.targets([fast, quarter | {"status": "optimal"}])[0]
     assert solved == "25%: 2.000x our all fast (missed: within 1.25x)"
+    # ALT's runs (ours_<share>_alt.json) are rows of their own, with targets of their own
+    (out / "ours_0.9_alt.json").write_text((out / "ours_1.json").read_text())
+    assert [r["option"] for r in summary.rows_of(out)].count(summary.ALT) == 1
+    alt = {"option": summary.ALT, "share": 0.25, "step_s": 1.2}
+    lines = summary.targets([fast, quarter, alt])
+    assert "ours, ALT options: 25%: 1.200x our all fast (met: within 1.25x)" in lines
+    assert lines[0].startswith("25%: 2.000x")
 
 
 def test_trainer_bench_times_nothing_before_every_process_is_ready(tmp_path, capsys):

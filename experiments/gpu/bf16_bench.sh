@@ -53,7 +53,10 @@
 # priced where they run, docs/planning.md: EXTRA="--plan-option read_pricing=spread
 # --plan-option write_pricing=spread --plan-option async_window=60"), SHARES (the capped
 # budgets, "0.5 0.333 0.25"; SHARES=0.25 with and without EXTRA in two calls is the spread
-# pricing's check at 25%, each call with its own all fast and natives). SMOKE=1: on
+# pricing's check at 25%, each call with its own all fast and natives), ALT (more trainer_bench
+# options for a second run of each capped share, ours_<share>_alt.json, side by side with the
+# first: ALT="--plan-option read_pricing=spread ..." is the spread pricing's check in one call,
+# both plans beside one all fast and one set of natives). SMOKE=1: on
 # this machine's CPU at toy sizes (--small --device cpu, no setup.sh), a check of the script.
 set -u
 [ -n "${SMOKE:-}" ] || . experiments/gpu/setup.sh
@@ -70,10 +73,12 @@ case $model in
 esac
 [ -z "${SMOKE:-}" ] || cfg+=("${small[@]}" --small --device cpu)
 read -r -a shares <<< "${SHARES:-0.5 0.333 0.25}"
+runs=1  # capped runs a share: two with ALT
+[ -z "${ALT:-}" ] || runs=2
 bench=(timeout "${PROC_S:-540}" python3 experiments/gpu/trainer_bench.py "${cfg[@]}"
        --precision bf16 --steps "${STEPS:-20}" --time-limit "${LIMIT:-$limit}"
        --loss-chunks "${LOSS_CHUNKS:-$chunks}" --lock "$out/gpu.lock" --wait-s 480
-       --ready-dir "$out/ready" --parties $(( 2 + ${#shares[@]} )) ${EXTRA:-})
+       --ready-dir "$out/ready" --parties $(( 2 + ${#shares[@]} * runs )) ${EXTRA:-})
 echo "== $model bf16 $(date -u +%H:%M:%S)"
 # all fast: the loss unchunked (chunking recomputes the head's product, which only pays under a
 # cap), so the budgets are shares of the peak of the model as users run it
@@ -98,6 +103,12 @@ if [ -s "$out/budgets.json" ]; then
     "${bench[@]}" "$out/ours_$s.json" --shares "$s" --no-eager --after "$out/profiled" \
         --budgets "$out/budgets.json" --region "$region" >"$out/ours_$s.log" 2>&1 &
     pids+=($!)
+    if [ -n "${ALT:-}" ]; then
+      # shellcheck disable=SC2086  # ALT is a list of options
+      "${bench[@]}" "$out/ours_${s}_alt.json" --shares "$s" --no-eager --after "$out/profiled" \
+          --budgets "$out/budgets.json" --region "$region" $ALT >"$out/ours_${s}_alt.log" 2>&1 &
+      pids+=($!)
+    fi
   done
 else
   echo "ours_1 ended before its graph had budgets: no capped runs (see $out/ours_1.log)"

@@ -122,12 +122,12 @@ def copy_sources(step, batch) -> dict[str, dict[str, int]]:
             for kind, lines in found.items()}
 
 
-def slot_copies(trainer, batch) -> dict[str, int]:
+def slot_copies(trainer, batch, losses: list[float] | None = None) -> dict[str, int]:
     """The outputs the executor copies into their slots in the Trainer's first step (eager,
     before the capture: a replay gives no Python frames to the profiler), by the op of the
     record that copies them ("carried, at the end": `Executor._steady`): {op: copies}. Call
-    before the first step. ResNet-200 b64 bf16 all fast replayed 2,033 device-to-device
-    copies a step, 2.1 ms (H200, 2026-12-04)."""
+    before the first step; its loss is appended to `losses`. ResNet-200 b64 bf16 all fast
+    replayed 2,033 device-to-device copies a step, 2.1 ms (H200, 2026-12-04)."""
     ex = trainer.loop.executor
     found: dict[str, int] = defaultdict(int)
     in_slot = ex._in_slot
@@ -150,7 +150,9 @@ def slot_copies(trainer, batch) -> dict[str, int]:
             ending[0] = False
     ex._in_slot, ex.finish = counted, finish
     try:
-        float(trainer.step(*batch))
+        loss = float(trainer.step(*batch))
+        if losses is not None:
+            losses.append(loss)
     finally:
         del ex._in_slot, ex.finish
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))

@@ -12,6 +12,8 @@ item 3), each model in one process on one GPU, fp32, plain SGD (lr 0.01, no mome
   capture;
 - autograd: torch.autograd over our kernels of the same imported graph
   (`runtime.eager.measure_autograd`, as native_compare.py runs it);
+- copies: the outputs ours' first (eager) step copies into their slots, by op
+  (`trainer_kernels.slot_copies`; a replay repeats them);
 - per op: the CUDA kernels of `--profiled` steps of native and ours, by kind and by name
   (trainer_kernels.profiled), and the top `--top` kernels where ours spends more than native;
   then the same of autograd's steps against ours (`runtime.eager.autograd_step`).
@@ -257,7 +259,13 @@ def run_model(name: str, args: argparse.Namespace, device: str) -> dict[str, Any
                                 "; ".join(row["fusion_problems"])), flush=True)
     if args.small:
         assert not row["fusion_problems"], row["fusion_problems"]
-    row["ours_first_loss"] = float(trainer.step(x, y))  # eager, on the capture's stream
+    # eager, on the capture's stream: the outputs it copies into their slots, by op (a
+    # replay repeats them; its trace names them only as the replay's)
+    first: list[float] = []
+    row["ours_slot_copies"] = tk.slot_copies(trainer, (x, y), first)
+    row["ours_first_loss"] = first[0]
+    print(f"{name} ours, outputs copied into their slots: " + (", ".join(
+        f"{op} {n}" for op, n in row["ours_slot_copies"].items()) or "none"), flush=True)
     row["ours"] = nc.measure_step(lambda: trainer.step(x, y), args.iterations, warmup=2,
                                   device=device)  # the capture, then replays
     row["ours_replayed"] = bool(getattr(trainer.loop.driver, "replayed", False))
