@@ -21,6 +21,8 @@
 # Variables: RATIOS (default 1:1,1:3), STRATEGIES (async+recompute), TIME_LIMIT (solver
 # seconds per plan, 120), SCALE (gpu; small runs the committed CPU sizes), CORPUS (a folder
 # that already holds the exports), PLANS (OUT_DIR/plans), EXTRA (more bench options).
+# PRECISION (fp32 or bf16; default: the tools' own, bf16 on a GPU that has it): the kernels
+# profiled and planned in it (the committed corpus rows before 2026-12-06 are fp32).
 # SPLIT=1: every fused convolution backward kernel split into its filter and data parts
 # (`bench --split-conv-grads`, rows named +split), the parts measured in context too.
 # SOLVE=1 (on the CPU machine, in this checkout's environment): only solve the plans into
@@ -29,6 +31,7 @@
 set -u
 [ -n "${SOLVE:-}" ] || . experiments/gpu/setup.sh  # SOLVE: this machine's environment
 split=$([ -z "${SPLIT:-}" ] || echo --split-conv-grads)
+precision=$([ -z "${PRECISION:-}" ] || echo "--precision $PRECISION")
 out=$1
 shift
 mkdir -p "$out"
@@ -55,12 +58,12 @@ for model in "$@"; do
     # estimates of kernels no shipped profile has
     echo "== profile $model $(date -u +%H:%M:%S)"
     python3 -m autotm_py profile "$corpus/$model.onnx" --training --device cuda --in-context \
-        $split --no-progress 2>&1 | tail -n 2
+        $split $precision --no-progress 2>&1 | tail -n 2
   fi
   echo "== $model ${RATIOS:-1:1,1:3} $(date -u +%H:%M:%S)"
   python3 -m autotm_py bench --models "$corpus/$model.onnx" --ratios "${RATIOS:-1:1,1:3}" \
       --strategies "${STRATEGIES:-async+recompute}" --device cuda --training \
-      --time-limit "${TIME_LIMIT:-120}" --arena --replay $split ${EXTRA:-} \
+      --time-limit "${TIME_LIMIT:-120}" --arena --replay $split $precision ${EXTRA:-} \
       $([ -n "${SOLVE:-}" ] || echo --execute) \
       --plans "$plans" --workers 1 --no-progress -o "$out/corpus_bench.csv" 2>&1 | tail -n 8
 done
