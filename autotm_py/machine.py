@@ -47,7 +47,7 @@ default there), and each capacity row counts its kernel's window beside the tens
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -59,7 +59,7 @@ from autotm_py.costs import REPLAY_TO_FAST_SLOWDOWN, REPLAY_TO_SLOW_SLOWDOWN
 from autotm_py.errors import ConfigError
 from autotm_py.ir.host_updates import drained_tensors, fed_tensors
 from autotm_py.memory import accounting
-from autotm_py.memory.scratch import allocated_outputs
+from autotm_py.memory.scratch import allocated_outputs, copied_outputs
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.options import RunMode
 from autotm_py.units import format_bytes
@@ -153,13 +153,14 @@ class MachineModel:
         any other replay, capped or not, uses static inputs (no slots, nothing copied)."""
         if not self.run.arena:
             return None
-        return self._allocated_bytes([t.nbytes for t in self.graph.tensors]).tolist()
+        return self._output_bytes([t.nbytes for t in self.graph.tensors], copied_outputs).tolist()
 
-    def _allocated_bytes(self, sizes: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Per kernel: the `sizes` of its outputs that torch allocates in an arena run
-        (`memory.scratch.allocated_outputs`)."""
-        return np.array([sum(int(sizes[t]) for t in allocated_outputs(self.graph, k,
-                                                                     self.places_outputs))
+    def _output_bytes(self, sizes: Sequence[int] | np.ndarray,
+                      which: Callable[..., list[int]] = allocated_outputs) -> np.ndarray:
+        """Per kernel: the `sizes` of its outputs that `which` names in an arena run (those
+        torch allocates, `memory.scratch.allocated_outputs`, or those copied into their slots,
+        `copied_outputs`)."""
+        return np.array([sum(int(sizes[t]) for t in which(self.graph, k, self.places_outputs))
                          for k in self.graph.kernels], dtype=np.int64)
 
     @property
@@ -283,7 +284,7 @@ class MachineModel:
 
     @cached_property
     def _kernel_scratch(self) -> np.ndarray:
-        return self.kernel_workspace + self._allocated_bytes(self.sizes)
+        return self.kernel_workspace + self._output_bytes(self.sizes)
 
     @cached_property
     def scratch(self) -> np.ndarray:

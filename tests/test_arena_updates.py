@@ -1,7 +1,7 @@
 """An arena run (CPU: the GPU's planned addresses without the placed allocator) of a Trainer's
 transformer: its SGD updates run as one multi-tensor update (`ArenaMemory._run_sgd`), its
-reshapes and transposes whose inputs die take their inputs' slots (`arena._alias_views`:
-nothing copied), and none of it changes a bit of the training."""
+reshapes whose inputs die take their inputs' slots (`arena._alias_views`: nothing copied), and
+both change no bit of the training."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import copy
 
 import torch
 
-from autotm_py.arena import PERMUTED_VIEWS, SAME_BYTES_VIEWS
+from autotm_py.arena import SAME_BYTES_VIEWS
 from autotm_py.kernels.grad_tensor import descend, sgd_update_many
 from autotm_py.options import RunMode
 from autotm_py.plan import Compute
@@ -92,64 +92,3 @@ def test_channels_last_weights_update_as_one_multi_tensor_kernel_with_their_like
     assert not fusable_lists([cl(4, 3, 2, 2)], [torch.randn(4, 3, 2, 2)])
     assert not fusable_lists([torch.randn(4, 3).t()], [torch.randn(4, 3).t()])
     assert not fusable_lists([torch.randn(4)], [torch.randn(4).double()])
-
-
-class Turned(torch.nn.Module):
-    """Transposes whose inputs die at them, between layers that read them strided."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(6, 5)
-
-    def forward(self, x):
-        h = self.a(x).transpose(1, 2)  # (B, 8, 6): the product read in the other axis order
-        return self.b(torch.tanh(h) * 2).transpose(1, 2)
-
-
-def test_transposes_take_their_inputs_slots_and_train_as_torch(tmp_path):
-    """`arena._alias_views` on transposes (`PERMUTED_VIEWS`): a transpose whose input dies at
-    it is packed at its input's offset, and the executor keeps the strided view of those
-    bytes (`memory.permutes_place`) instead of copying it into a slot of its own; the training
-    is bit for bit torch's allocator's."""
-    gen = torch.Generator().manual_seed(5)
-    data = [(torch.randn(4, 6, 8, generator=gen), torch.randn(4, 5, 8, generator=gen))
-            for _ in range(3)]
-
-    def train(mode, where):
-        torch.manual_seed(0)
-        model = Turned()
-        trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                          torch.nn.functional.mse_loss, example=data[0], device="cpu",
-                          ratio="1:0", mode=mode, plans_dir=tmp_path / where, time_limit_s=60)
-        losses = [trainer.step(x, y).clone() for x, y in data]
-        trainer.sync()
-        return trainer, losses, copy.deepcopy(model.state_dict())
-
-    trainer, losses, state = train(ARENA, "arena")
-    graph, plan, ex = trainer.graph, trainer.plan, trainer.loop.executor
-    offsets = plan.arena.offsets()
-    turned = [(index, graph.kernels[r.kernel]) for index, r in enumerate(plan.records)
-              if isinstance(r, Compute) and graph.kernels[r.kernel].op_type in PERMUTED_VIEWS]
-    assert len(turned) >= 3  # two forward transposes and their gradients
-    shared = 0
-    for index, kernel in turned:
-        src = max(key for key in offsets if key[1] == kernel.inputs[0] and key[0] <= index)
-        shared += offsets[src] == offsets[(index, kernel.outputs[0])]
-    assert shared >= 2
-    _, eager_losses, eager_state = train(RunMode(placed=False), "eager")
-    assert all(torch.equal(a, b) for a, b in zip(losses, eager_losses, strict=True))
-    assert all(torch.equal(state[k], eager_state[k]) for k in state)
-    assert ex.state.placed >= shared
-
-
-def test_a_strided_view_of_its_slots_bytes_is_kept_and_anything_else_is_not():
-    """`permutes_place`: the slot's bytes read in another axis order, and nothing else (an
-    offset view, another dtype, fewer elements, overlapping strides)."""
-    slot = torch.zeros(4, 6, 8)
-    assert memory.permutes_place(slot.view(4, 6, 8).transpose(1, 2), slot)
-    assert memory.permutes_place(slot.permute(2, 0, 1), slot)
-    assert not memory.permutes_place(slot[1:].transpose(1, 2), slot)
-    assert not memory.permutes_place(slot.view(torch.int32), slot)
-    assert not memory.permutes_place(slot[:, :3], slot)
-    assert not memory.permutes_place(slot[:, :1].expand(4, 6, 8), slot)
-    assert not memory.permutes_place(torch.zeros(4, 8, 6), slot)

@@ -37,9 +37,7 @@ Lifetimes, in half-steps (record i spans [2i, 2i + 2)):
   slot of its own, and the executor copies W' into W's slot when the iteration ends (inside the
   timed and captured iteration, `Executor.finish`; `Lifetimes.boundary`);
 - a view of its input's bytes (a reshape, `SAME_BYTES_VIEWS`) whose input dies at it takes
-  the input's slot in place too (`_alias_views`): the executor finds it there, uncopied; so
-  does a transpose (`PERMUTED_VIEWS`), whose value is then the slot's bytes read in another
-  axis order, as torch.autograd keeps it; a chain of such views shares one slot;
+  the input's slot in place too (`_alias_views`): the executor finds it there, uncopied;
 
 Packing (`arena.packing`): every item (a buffer, or the two pieces of a steady pair) gets an
 offset where it meets no item live at the same time, as tight as the search finds; offsets are
@@ -49,7 +47,6 @@ multiples of `ALIGN_BYTES`, as sizes are.
 from __future__ import annotations
 
 import bisect
-import itertools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -188,37 +185,27 @@ class Lifetimes:
 
     def live_peak(self) -> int:
         """The largest sum of tensor buffers live at once (what the ILP's rows bound), which
-        no packing can beat. The spans of a group share one slot: counted once while any of
-        them is live (a steady pair's two pieces, or an in-place chain held from its head's
-        start to its tail's end)."""
+        no packing can beat. A steady pair's two pieces share one slot: counted once."""
         events: dict[int, int] = {}
-        grouped = {i for group in self.groups for i in group}
-        for i, s in enumerate(self.spans):
-            if i not in grouped:
-                events[s.start] = events.get(s.start, 0) + s.nbytes
-                events[s.end] = events.get(s.end, 0) - s.nbytes
-        for group in self.groups:
-            size = self.spans[group[0]].nbytes
-            for start, end in _union(sorted((self.spans[i].start, self.spans[i].end)
-                                            for i in group)):
-                events[start] = events.get(start, 0) + size
-                events[end] = events.get(end, 0) - size
+        shared = {self.spans[z] for _, z in self.groups}
+        for s in self.spans:
+            if s in shared:  # the tail of a steady pair: its head's slot (a wrapped piece)
+                continue
+            events[s.start] = events.get(s.start, 0) + s.nbytes
+            events[s.end] = events.get(s.end, 0) - s.nbytes
+        for a, z in self.groups:
+            head, tail = self.spans[a], self.spans[z]
+            if tail.start >= head.end:  # W left fast memory and came back: two pieces
+                events[tail.start] = events.get(tail.start, 0) + tail.nbytes
+                events[tail.end] = events.get(tail.end, 0) - tail.nbytes
+            else:  # in place: the slot is held from the head's start to the tail's end
+                events[head.end] = events.get(head.end, 0) + head.nbytes
+                events[tail.end] = events.get(tail.end, 0) - head.nbytes
         live, peak = 0, 0
         for time in sorted(events):
             live += events[time]
             peak = max(peak, live)
         return peak
-
-
-def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted [start, end) intervals merged where they meet or overlap."""
-    merged: list[tuple[int, int]] = []
-    for start, end in intervals:
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
 
 
 def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
@@ -261,36 +248,23 @@ def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
 
 
 # Ops whose torch kernels return their input's bytes in the same element order (a view of a
-# row-major input, or the input itself), and those that return them in another axis order (a
-# permuted view: dense, but not row-major).
-PERMUTED_VIEWS = frozenset({"Transpose", "TransposeGrad"})
-SAME_BYTES_VIEWS = VIEW_OPS - PERMUTED_VIEWS
+# row-major input, or the input itself): the views but the transposes.
+SAME_BYTES_VIEWS = VIEW_OPS - {"Transpose", "TransposeGrad"}
 
 
 def _alias_views(machine: MachineModel, plan: Plan, spans: list[Span],
                  groups: list[tuple[int, ...]], in_place: set[tuple[int, int]]) -> None:
     """A view whose input dies at it takes the input's slot in place: its output is the
-    input's bytes already, so the executor finds it in its slot and copies nothing
-    (`Executor._in_slot`). Before, every such view was copied into a slot of its own
-    (reshapes into and out of attention heads and their gradients: 7 a layer in GPT-2 small,
-    whose step on an H200 made 184 device-to-device copies, 16 a layer in a Llama, 354 copies
-    and 448 copy kernels; counted on the CPU in the Trainer's arena plans). Only where the
-    input's fast copy is freed right after the view (`frees_after`: nothing reads it again)
-    and ends no later than the view's, and the input is in no steady group.
-
-    - `SAME_BYTES_VIEWS` (row-major, one dtype and size): found in the slot as it is
-      (`same_place`); one may follow another, and the chain shares the slot.
-    - `PERMUTED_VIEWS` (transposes): the value kept is the slot's bytes in the permuted order
-      (`permutes_place`), a strided tensor as torch.autograd passes on (a transpose copied
-      into a slot of its own was a strided copy kernel: 4 of a Llama layer's forward
-      transposes and 4 of its backward ones). It may end a chain; a row-major view after it
-      would not be the slot's bytes and gets its own slot. Only for tensors the plan never
-      moves, so that no copy to or from the slow tier reads or writes a strided value."""
+    input's bytes already (`SAME_BYTES_VIEWS`, row-major, one dtype and size), so the
+    executor finds it in its slot and copies nothing (`Executor._in_slot`: `same_place`).
+    Before, every such view was copied into a slot of its own (reshapes into and out of
+    attention heads and their gradients: 7 a layer in GPT-2 small, whose step on an H200 made
+    184 device-to-device copies, 16 a layer in a Llama, 354 copies and 448 copy kernels;
+    counted on the CPU in the Trainer's arena plans). Only where the input's fast copy is
+    freed right after the view (`frees_after`: nothing reads it again) and ends no later than
+    the view's, and neither is in a group already (one pair per slot, as an in-place update)."""
     graph = machine.graph
-    steady = {i for group in groups for i in group}
-    chains: dict[int, int] = {}  # the last span of a view chain -> its index in `groups`
-    permuted: set[int] = set()  # the chains that hold a transpose
-    moved = {r.tensor for r in plan.records if isinstance(r, Move)}
+    grouped = {i for group in groups for i in group}
     live: dict[tuple[int, int], int] = {(s.record, s.tensor): i for i, s in enumerate(spans)}
     by_tensor: dict[int, list[int]] = {}
     for i, s in enumerate(spans):
@@ -299,39 +273,24 @@ def _alias_views(machine: MachineModel, plan: Plan, spans: list[Span],
         if not isinstance(record, Compute):
             continue
         kernel = graph.kernels[record.kernel]
-        op = kernel.op_type
-        if op not in VIEW_OPS or len(kernel.outputs) != 1 or \
+        if kernel.op_type not in SAME_BYTES_VIEWS or len(kernel.outputs) != 1 or \
                 FAST not in record.placement[:1] or record.placement[-1] != FAST:
             continue
         src, out = kernel.inputs[0], kernel.outputs[0]
-        turned = op in PERMUTED_VIEWS
         a_in, b_out = graph.tensors[src], graph.tensors[out]
         if a_in.channels_last or b_out.channels_last or a_in.dtype != b_out.dtype or \
-                a_in.nbytes != b_out.nbytes or not frees_after(plan.records, index, src) or \
-                (turned and (src in moved or out in moved)):
+                a_in.nbytes != b_out.nbytes or not frees_after(plan.records, index, src):
             continue
         z = live.get((index, out))
         a = next((i for i in by_tensor.get(src, ())
                   if spans[i].start <= 2 * index < spans[i].end), None)
-        if a is None or z is None or a in steady or z in steady or z in chains:
-            continue
-        chain = chains.pop(a, None)
-        if chain is not None and chain in permuted and not turned:
-            chains[a] = chain  # not the slot's bytes in row-major order: a slot of its own
+        if a is None or z is None or a in grouped or z in grouped:
             continue
         head, tail = spans[a], spans[z]
         if head.nbytes != tail.nbytes or head.end > tail.end or tail.start != 2 * index:
-            if chain is not None:
-                chains[a] = chain
             continue
-        if chain is None:
-            chain = len(groups)
-            groups.append((a, z))
-        else:
-            groups[chain] = (*groups[chain], z)
-        chains[z] = chain
-        if turned:
-            permuted.add(chain)
+        groups.append((a, z))
+        grouped.update((a, z))
         in_place.add((index, out))
 
 
@@ -386,8 +345,7 @@ def overlapping(layout: ArenaLayout, life: Lifetimes) -> tuple[Span, Span] | Non
     check for tests and reports; the strict simulator checks the same rule as it walks the
     plan."""
     offsets = {(b.record, b.tensor): b.offset for b in layout.buffers}  # windows included
-    together = {frozenset((life.spans[a], life.spans[z])) for group in life.groups
-                for a, z in itertools.combinations(group, 2)}
+    together = {frozenset((life.spans[a], life.spans[z])) for a, z in life.groups}
     spans = sorted(life.spans, key=lambda s: s.start)
     for i, s in enumerate(spans):
         lo = offsets[(s.record, s.tensor)]

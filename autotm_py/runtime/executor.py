@@ -38,7 +38,7 @@ from autotm_py.interpreter import PlanInterpreter
 from autotm_py.kernels.util import empty_like_tensor, in_layout
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import INITIAL, Compute, Fill, Free, Move, Plan, Recompute
-from autotm_py.runtime.memory import CachingMemory, overlaps, permutes_place, same_place
+from autotm_py.runtime.memory import CachingMemory, overlaps, same_place
 from autotm_py.runtime.pinned import HostUploads, PinnedPool, slow_tier_layout
 
 if TYPE_CHECKING:
@@ -340,15 +340,11 @@ class Executor(PlanInterpreter):
 
     def _in_slot(self, value: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """An output in its slot: copied there unless the kernel wrote it in place or
-        allocated it there (the placed allocator), or it is a transpose of the bytes already
-        there (`arena._alias_views`), kept as that strided view."""
+        allocated it there (the placed allocator)."""
         if value is slot:
             return slot
         if same_place(value, slot):
             self.state.placed += 1
-        elif permutes_place(value, slot):
-            self.state.placed += 1
-            return value
         else:
             slot.copy_(value)
             self.state.copied += 1

@@ -115,16 +115,6 @@ def same_place(value: torch.Tensor, slot: torch.Tensor) -> bool:
         value.shape == slot.shape and value.stride() == slot.stride()
 
 
-def permutes_place(value: torch.Tensor, slot: torch.Tensor) -> bool:
-    """Whether `value` is the bytes of `slot` read in another axis order: a transpose that
-    took its input's slot (`arena._alias_views`), kept as the strided view it is."""
-    if value.data_ptr() != slot.data_ptr() or value.dtype != slot.dtype or \
-            value.numel() != slot.numel():
-        return False
-    order = sorted(range(value.dim()), key=lambda d: -value.stride(d))
-    return value.permute(order).is_contiguous()
-
-
 class CachingMemory:
     """torch's caching allocator (module docstring). `sgd_foreach`: runs of SGD updates as one
     foreach update (not where kernels are timed one by one)."""

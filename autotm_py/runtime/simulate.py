@@ -50,7 +50,7 @@ from autotm_py.interpreter import PlanInterpreter
 from autotm_py.ir.host_updates import offloaded_updates
 from autotm_py.machine import MachineModel
 from autotm_py.memory.accounting import aligned_sizes
-from autotm_py.memory.scratch import OVERWRITES, VIEW_OPS
+from autotm_py.memory.scratch import OVERWRITES
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import (
     INITIAL,
@@ -374,12 +374,12 @@ class Simulator(PlanInterpreter):
     def _check_scratch(self, kid: int) -> None:
         assert self.plan.arena is not None
         ends = {last for _, last in self.graph.carried}
-        view = self.graph.kernels[kid].op_type in VIEW_OPS
+        view = self.graph.kernels[kid].op_type in arena.SAME_BYTES_VIEWS
         for tid in self.in_place:
             if tid not in ends and not view:
                 self.violate(f"output {self.name(tid)} takes an input's slot in place, which "
                              "only an output that ends a carried pair, or a view of the "
-                             "input's bytes (`memory.scratch.VIEW_OPS`), may")
+                             "input's bytes (`arena.SAME_BYTES_VIEWS`), may")
         self.in_place = []
         need = int(self.machine.scratch[kid])
         have = self.scratch.get(self.index)
