@@ -232,10 +232,10 @@ def test_scratch_counts_workspace_and_outputs_torch_allocates():
 
 
 def test_the_parts_of_an_input_are_copied_into_their_slots_not_allocated():
-    """Split and ConcatGrad return views of parts of their input (`torch.split`): nothing is
-    allocated, so their outputs are no scratch and set no smallest budget (a U-Net's bf16
-    ConcatGrad, whose parts were counted, raised it from 71% to 89% of the peak), but each
-    part is still copied into its slot (priced as a slot copy)."""
+    """Split, ConcatGrad, Expand and a forward Slice return views of (parts of) their input:
+    nothing is allocated, so their outputs are no scratch and set no smallest budget (a
+    U-Net's bf16 ConcatGrad, whose parts were counted, raised it from 71% to 89% of the peak),
+    but each view is still copied into its slot (priced as a slot copy)."""
     b = GraphBuilder("parts")
     x = _act(b, "x", 64, Role.INPUT)
     b.inputs.append(x)
@@ -248,15 +248,22 @@ def test_the_parts_of_an_input_are_copied_into_their_slots_not_allocated():
     dl, dr = _act(b, "dleft", 32, Role.GRADIENT), _act(b, "dright", 32, Role.GRADIENT)
     b.add_kernel("ReluGrad", [dy, cat], [dcat], domain="autotm")
     b.add_kernel("ConcatGrad", [dcat], [dl, dr], domain="autotm")
-    b.outputs += [y, dl, dr]
+    wide, ahead, back = _act(b, "wide", 128), _act(b, "ahead", 32), _act(b, "back", 32)
+    b.add_kernel("Expand", [y], [wide], attrs={"shape": (2, 16384)})
+    b.add_kernel("Slice", [x], [ahead], attrs={"starts": (0,), "ends": (8192,), "steps": (1,)})
+    b.add_kernel("Slice", [x], [back], attrs={"starts": (-1,), "ends": (-16385,),
+                                              "steps": (-2,)})
+    b.outputs += [y, dl, dr, wide, ahead, back]
     graph = b.build()
     machine = MachineModel(graph, preset("h100-pcie5").with_budget(1 << 30), costs_for(graph),
                            run=RunMode(True, True))
-    split, concat_grad = graph.kernels[0], graph.kernels[-1]
-    for kernel in (split, concat_grad):
+    split, concat_grad = graph.kernels[0], graph.kernels[4]
+    for kernel in (split, concat_grad, *graph.kernels[5:7]):
         assert allocated_outputs(graph, kernel, placed=True) == []
         assert copied_outputs(graph, kernel, placed=True) == list(kernel.outputs)
         assert machine.scratch[kernel.id] == 0
+    flipped = graph.kernels[7]  # a negative step: a new tensor, allocated
+    assert allocated_outputs(graph, flipped, placed=True) == list(flipped.outputs)
     # ConcatGrad needs its input and its parts, no window beside them
     assert kernel_needs(machine)[concat_grad.id] == 2 * 64 * 1024
     parts = 64 * 1024

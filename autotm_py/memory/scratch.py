@@ -87,11 +87,20 @@ VIEW_OPS = frozenset({
 })
 
 
-# Ops whose torch kernels return views of parts of an input (`torch.split`): nothing is
-# allocated; each part is copied into its slot (time, not budget). Counted as allocated until
+# Ops whose torch kernels return views of (parts of) an input that are not its bytes in order
+# (`torch.split`, `expand`; Slice too where no step is negative, `returns_views`): nothing is
+# allocated; each view is copied into its slot (time, not budget). Counted as allocated until
 # 2026-12-06, a U-Net's ConcatGrad in bf16 (its parts 0.5 GiB) set the smallest feasible
 # budget at 89% of the peak where its working set is 57%.
-PART_VIEW_OPS = frozenset({"Split", "ConcatGrad"})
+PART_VIEW_OPS = frozenset({"Split", "ConcatGrad", "Expand"})
+
+
+def returns_views(kernel: Kernel) -> bool:
+    """Whether the torch kernel of `kernel` returns views of its input, allocating nothing:
+    `PART_VIEW_OPS`, and a Slice without negative steps (a flipped slice is a new tensor)."""
+    if kernel.op_type == "Slice":
+        return all(int(step) > 0 for step in kernel.attr("steps") or ())
+    return kernel.op_type in PART_VIEW_OPS
 
 
 def writes_in_place(graph: TensorGraph, kernel: Kernel) -> bool:
@@ -152,14 +161,14 @@ def allocated_outputs(graph: TensorGraph, kernel: Kernel, placed: bool = False) 
     direct = writes_in_place(graph, kernel)
     carried_ends = set() if direct and kernel.op_type in IN_PLACE_OPS else \
         {last for _, last in graph.carried}
-    copied = kernel.op_type not in VIEW_OPS and kernel.op_type not in PART_VIEW_OPS and \
+    copied = kernel.op_type not in VIEW_OPS and not returns_views(kernel) and \
         not direct and not (placed and kernel.op_type in PLACED_OPS)
     return [t for t in kernel.outputs if copied or t in carried_ends]
 
 
 def copied_outputs(graph: TensorGraph, kernel: Kernel, placed: bool = False) -> list[int]:
     """The outputs of `kernel` that the executor copies into their slots in an arena run:
-    those torch allocates elsewhere, and the parts of an input (`PART_VIEW_OPS`)."""
-    if kernel.op_type in PART_VIEW_OPS:
+    those torch allocates elsewhere, and views of parts of an input (`returns_views`)."""
+    if returns_views(kernel):
         return list(kernel.outputs)
     return allocated_outputs(graph, kernel, placed)
