@@ -73,12 +73,12 @@ case $model in
 esac
 [ -z "${SMOKE:-}" ] || cfg+=("${small[@]}" --small --device cpu)
 read -r -a shares <<< "${SHARES:-0.5 0.333 0.25}"
-runs=1  # capped runs a share: two with ALT
-[ -z "${ALT:-}" ] || runs=2
+tags=("")  # the capped runs of a share: ours_<share>.json, and ours_<share>_alt.json with ALT
+[ -z "${ALT:-}" ] || tags+=(_alt)
 bench=(timeout "${PROC_S:-540}" python3 experiments/gpu/trainer_bench.py "${cfg[@]}"
        --precision bf16 --steps "${STEPS:-20}" --time-limit "${LIMIT:-$limit}"
        --loss-chunks "${LOSS_CHUNKS:-$chunks}" --lock "$out/gpu.lock" --wait-s 480
-       --ready-dir "$out/ready" --parties $(( 2 + ${#shares[@]} * runs )) ${EXTRA:-})
+       --ready-dir "$out/ready" --parties $(( 2 + ${#shares[@]} * ${#tags[@]} )) ${EXTRA:-})
 echo "== $model bf16 $(date -u +%H:%M:%S)"
 # all fast: the loss unchunked (chunking recomputes the head's product, which only pays under a
 # cap), so the budgets are shares of the peak of the model as users run it
@@ -100,15 +100,14 @@ if [ -s "$out/budgets.json" ]; then
   for s in "${shares[@]}"; do
     region=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['budgets'][sys.argv[2]])" \
              "$out/budgets.json" "$s")
-    "${bench[@]}" "$out/ours_$s.json" --shares "$s" --no-eager --after "$out/profiled" \
-        --budgets "$out/budgets.json" --region "$region" >"$out/ours_$s.log" 2>&1 &
-    pids+=($!)
-    if [ -n "${ALT:-}" ]; then
-      # shellcheck disable=SC2086  # ALT is a list of options
-      "${bench[@]}" "$out/ours_${s}_alt.json" --shares "$s" --no-eager --after "$out/profiled" \
-          --budgets "$out/budgets.json" --region "$region" $ALT >"$out/ours_${s}_alt.log" 2>&1 &
+    for tag in "${tags[@]}"; do
+      options=()
+      [ -z "$tag" ] || read -r -a options <<< "$ALT"
+      "${bench[@]}" "$out/ours_$s$tag.json" --shares "$s" --no-eager --after "$out/profiled" \
+          --budgets "$out/budgets.json" --region "$region" "${options[@]}" \
+          >"$out/ours_$s$tag.log" 2>&1 &
       pids+=($!)
-    fi
+    done
   done
 else
   echo "ours_1 ended before its graph had budgets: no capped runs (see $out/ours_1.log)"
