@@ -17,6 +17,7 @@ from autotm_py.errors import ConfigError
 from autotm_py.frontend.onnx import import_onnx as _import_onnx
 from autotm_py.frontend.zoo.dlrm import KAGGLE_TABLES
 from autotm_py.ir.conv_split import split_conv_grads as _split_conv_grads
+from autotm_py.ir.conv_split import split_variants as _split_variants
 from autotm_py.ir.training import derive_training as _derive_training
 from autotm_py.memory.tiers import load_memory_system
 from autotm_py.options import SOURCE_META_KEY, Measure, ModelOptions, RunMode
@@ -85,8 +86,15 @@ def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike |
 
 def split_conv_grads(graph: TensorGraph, names: Sequence[str] | None = None) -> TensorGraph:
     """`graph` with its fused convolution backward kernels `names` (None: all) split into
-    their filter and data parts (`ir.conv_split`; `optimize --split-conv-grads`)."""
+    their filter and data parts, and its recurrent kernels named into batch chunks
+    (`ir.conv_split`; `optimize --split-conv-grads`)."""
     return _split_conv_grads(graph, names)
+
+
+def split_variants(graph: TensorGraph) -> list[TensorGraph]:
+    """The split graphs of `graph` whose kernels `profile --split-conv-grads` measures: the
+    default split, and its recurrent kernels in each power-of-two count of batch chunks."""
+    return _split_variants(graph)
 
 
 def load_costs(graph: TensorGraph, *, device: str = "cuda",

@@ -132,7 +132,8 @@ class PlanConfig:
     # tensor for free and fill it again before a use instead of copying it. (): no facts.
     fills: tuple[tuple[str, float], ...] = ()
     # Fused convolution backward kernels (ConvGrad: dY, X, W -> dX, dW) split into their
-    # filter and data parts (`ir.conv_split`; docs/planning.md): "auto" where that makes an
+    # filter and data parts, recurrent layers and their gradient kernels into batch chunks
+    # (`ir.conv_split`; docs/planning.md): "auto" where that makes an
     # infeasible budget feasible, "on" every one, "off" none (SPLIT_MODES). The plan is then
     # for the split graph (`PlanResult.graph`); "off" here, as the Trainer and the benchmark
     # run a plan on the graph they gave; `autotm optimize` defaults to "auto".

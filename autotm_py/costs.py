@@ -123,7 +123,8 @@ class KernelCosts:
             return self.times_s[k]
         return io_bytes / SLOT_COPY_BYTES_PER_S
 
-    def spliced(self, origins: Sequence[tuple[int, bool]], fresh: KernelCosts) -> KernelCosts:
+    def spliced(self, origins: Sequence[tuple[int, bool]], fresh: KernelCosts,
+                chunks: Mapping[int, int] | None = None) -> KernelCosts:
         """The costs of a graph whose kernels were split into parts (`ir.conv_split`):
         `origins[k]` is (the kernel here that kernel k is or is a part of, whether a part),
         `fresh` the split graph's costs from the profiles. A kernel kept costs what it did
@@ -131,22 +132,30 @@ class KernelCosts:
         kernel it came from was measured, the parts share that kernel's times in proportion to
         their estimates (its one launch more is not priced) and, like a part whose workspace
         is not measured, take its workspace (an upper bound: the fused call runs them one
-        after the other)."""
+        after the other). `chunks[k]`: part k is its kernel run over that many slices of the
+        batch in turn (a recurrent kernel): unmeasured, it takes that many times the
+        kernel's measured time (each slice at most the whole batch's: the steps are
+        sequential) and that share of its measured workspace."""
         n = len(origins)
         measured = {o for o, part in origins if part and not self.estimated[o]}
         shares = {o: sum(fresh.times_s[k] for k, (p, part) in enumerate(origins)
                          if part and p == o) for o in measured}
+
+        slices = dict(chunks or {})
 
         def one(k: int, mine: Sequence[Any], theirs: Sequence[Any], field_: str) -> Any:
             o, part = origins[k]
             if not part:
                 return mine[o]
             if field_ == "workspace_bytes":
-                return max(theirs[k], mine[o]) if fresh.estimated[k] else theirs[k]
+                share = -(-mine[o] // slices.get(k, 1))
+                return max(theirs[k], share) if fresh.estimated[k] else theirs[k]
             if not (fresh.estimated[k] and o in measured):
                 return theirs[k]
             if field_ == "scaled":
                 return mine[o]
+            if k in slices:
+                return mine[o] * slices[k]
             return mine[o] * (fresh.times_s[k] / shares[o] if shares[o] > 0 else 0.5)
 
         def column(field_: str, default: Any) -> tuple:

@@ -27,7 +27,7 @@ from autotm_py import arena
 from autotm_py.config import default_memory
 from autotm_py.costs import KernelCosts
 from autotm_py.errors import AutoTMError, PlanError, SolverError
-from autotm_py.ir.conv_split import fused_conv_grads
+from autotm_py.ir.conv_split import describe_split, splittable_kernels
 from autotm_py.machine import MachineModel, over_device_note
 from autotm_py.memory import accounting
 from autotm_py.memory.accounting import ALIGN_BYTES
@@ -45,7 +45,7 @@ from autotm_py.planning import local_search, solve
 from autotm_py.planning.baselines import BASELINES, BaselineResult
 from autotm_py.planning.bounds import transfer_bound
 from autotm_py.planning.control import SolveControl
-from autotm_py.planning.feasibility import kernel_needs, smallest_budget
+from autotm_py.planning.feasibility import smallest_budget, splits_for_budget
 from autotm_py.planning.solve import PlanResult
 from autotm_py.profiling.cache import user_profiles_dir
 from autotm_py.profiling.fingerprint import detected_gpu
@@ -116,29 +116,29 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
     result's `graph` is then the split graph, the one the plan is for."""
     control = control or SolveControl(time_limit_s=config.time_limit_s)
     machine = machine_for(graph, config, costs, profiles_dir=profiles_dir)
-    mode, fused = config.split_conv_grads, fused_conv_grads(graph)
+    mode, fused = config.split_conv_grads, splittable_kernels(graph)
     if mode == "on" and fused:
-        return _split_and_plan(machine, config, costs, profiles_dir, baselines, control, fused)
+        return _split_and_plan(machine, config, costs, profiles_dir, baselines, control,
+                               [graph.kernels[k].name for k in fused])
     result = _optimize(machine, config, costs, profiles_dir, baselines, control)
     if mode != "auto" or result.status != "infeasible" or result.smallest is None or \
             machine.tensor_budget is None or control.stop_requested:
         return result
-    # the one decision point of `--split-conv-grads auto`: the fused convolution backward
-    # kernels whose own working set the budget cannot hold, split where that makes it fit
-    needs = kernel_needs(machine)
-    over = [k for k in fused if needs[k] > machine.tensor_budget]
-    if not over or max(needs) > max(needs[k] for k in over):
+    # the one decision point of `--split-conv-grads auto`
+    names = splits_for_budget(machine, fused)
+    if not names:
         return result  # another kernel needs more: splitting cannot make it fit
-    return _split_and_plan(machine, config, costs, profiles_dir, baselines, control, over,
+    return _split_and_plan(machine, config, costs, profiles_dir, baselines, control, names,
                            infeasible=result)
 
 
 def _split_and_plan(machine: MachineModel, config: PlanConfig, costs: KernelCosts | None,
                     profiles_dir: PathLike | None, baselines: bool | Sequence[str],
-                    control: SolveControl, kernels: Sequence[int],
+                    control: SolveControl, names: Sequence[str],
                     infeasible: PlanResult | None = None) -> PlanResult:
-    """Plan the graph of `machine` with its fused convolution backward `kernels` split
-    (`ir.conv_split`) at the same budget in bytes. With `infeasible` (the unsplit graph's
+    """Plan the graph of `machine` with its fused convolution backward and recurrent kernels
+    `names` split (`ir.conv_split`: a recurrent kernel's entry may give its batch chunks) at
+    the same budget in bytes. With `infeasible` (the unsplit graph's
     result, `--split-conv-grads auto`): that result, its message saying so, unless the split
     graph's smallest feasible budget fits the budget and it gets a plan."""
     graph = machine.graph
@@ -146,25 +146,24 @@ def _split_and_plan(machine: MachineModel, config: PlanConfig, costs: KernelCost
                            split_conv_grads="off")
     costs = costs or load_costs(graph, device=config.device, profiles_dir=profiles_dir,
                                 gpu=config.gpu)
-    work = split_workload(Workload(graph, costs), [graph.kernels[k].name for k in kernels],
+    work = split_workload(Workload(graph, costs), names,
                           device=config.device, gpu=config.gpu, profiles_dir=profiles_dir)
     split, costs = work.graph, work.costs
     split_machine = machine_for(split, split_config, costs, profiles_dir=profiles_dir)
     before = smallest_budget(machine, config.strategy).budget_bytes
     least = smallest_budget(split_machine, config.strategy)
     after = least.budget_bytes
-    what = f"{len(kernels)} convolution backward kernel{'s' if len(kernels) > 1 else ''}"
+    what = describe_split(graph, names)
     if infeasible is not None and split_machine.tensor_budget is not None and \
             least.plan_bytes > split_machine.tensor_budget:
-        return replace(infeasible, message=f"{infeasible.message} (splitting {what} into their "
-                       f"filter and data parts would lower it to {format_bytes(after)} only)")
+        return replace(infeasible, message=f"{infeasible.message} (splitting {what} would "
+                       f"lower it to {format_bytes(after)} only)")
     result = _optimize(split_machine, split_config, costs, profiles_dir, baselines, control)
     if result.plan is None:
         return infeasible or replace(result, graph=split)
     why = "so that the budget fits" if infeasible is not None else "(--split-conv-grads on)"
     note = (f"split {what} {why}: smallest feasible budget {format_bytes(before)} -> "
-            f"{format_bytes(after)} (each into ConvGradFilter, then ConvGradData: "
-            "docs/planning.md)")
+            f"{format_bytes(after)} (docs/planning.md)")
     plan = result.plan.with_header(config=config.to_dict(),
                                    notes=(*result.plan.header.notes, note))
     return replace(result, plan=plan, graph=split)

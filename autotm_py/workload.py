@@ -19,7 +19,7 @@ from autotm_py.frontend.onnx import import_onnx
 from autotm_py.frontend.onnx_load import check_external_locations
 from autotm_py.frontend.weights import initializer_values
 from autotm_py.frontend.zoo import ZOO, build_graph
-from autotm_py.ir.conv_split import part_origins, split_conv_grads
+from autotm_py.ir.conv_split import CHUNKS_ATTR, part_origins, split_conv_grads
 from autotm_py.ir.host_updates import offload_updates
 from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.precision import with_precision
@@ -82,16 +82,18 @@ def load_workload(model: PathLike, options: ModelOptions, *, device: str = "cuda
 def split_workload(work: Workload, names: Sequence[str] | None = None, *, device: str = "cuda",
                    gpu: str | None = None, profiles_dir: PathLike | None = None,
                    shipped_dir: PathLike | None = None) -> Workload:
-    """`work` with the fused convolution backward kernels `names` (None: every one) split into
-    their parts (`ir.conv_split`): the kernels kept cost what they did, the parts what the
-    profiles say, or their share of the fused kernel's measured time where the profiles only
-    estimate them (`KernelCosts.spliced`)."""
+    """`work` with the fused convolution backward kernels and recurrent kernels
+    `names` (None: every one) split into their parts or batch chunks (`ir.conv_split`): the
+    kernels kept cost what they did, the parts what the profiles say, or what the measured
+    kernel gives them where the profiles only estimate them (`KernelCosts.spliced`)."""
     split = split_conv_grads(work.graph, names)
     if split is work.graph:
         return work
     fresh = load_costs(split, device=device, profiles_dir=profiles_dir, shipped_dir=shipped_dir,
                        gpu=gpu)
-    return Workload(split, work.costs.spliced(part_origins(work.graph, split), fresh))
+    chunks = {k.id: int(k.attr(CHUNKS_ATTR)) for k in split.kernels
+              if int(k.attr(CHUNKS_ATTR, 1)) > 1}
+    return Workload(split, work.costs.spliced(part_origins(work.graph, split), fresh, chunks))
 
 
 

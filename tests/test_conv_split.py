@@ -185,8 +185,9 @@ def test_auto_makes_a_budget_between_the_minimums_feasible(graph, own_costs):
     result = api.optimize(graph, _config(budget, "auto"), costs=costs)
     assert result.plan is not None and result.graph is not None
     assert split_names(result.graph) == ("conv1/grad", "conv2/grad")
-    note = (f"split 2 convolution backward kernels so that the budget fits: smallest feasible "
-            f"budget {format_bytes(before)} -> {format_bytes(after)}")
+    note = ("split 2 convolution backward kernels into their filter and data parts so that the "
+            f"budget fits: smallest feasible budget {format_bytes(before)} -> "
+            f"{format_bytes(after)}")
     assert any(n.startswith(note) for n in result.plan.header.notes), result.plan.header.notes
     plan = result.plan.validate(result.graph)
     assert plan.header.budget_bytes == budget
@@ -258,7 +259,8 @@ def test_the_cli_splits_by_default_and_run_rebuilds_the_split(onnx_path, graph, 
     out = tmp_path / "plan.json"
     assert _cli(onnx_path, budget, "-o", str(out)) == 0
     text = capsys.readouterr().out
-    assert "split 2 convolution backward kernels so that the budget fits" in text
+    assert "split 2 convolution backward kernels into their filter and data parts so that the " \
+        "budget fits" in text
     plan = Plan.load(out)
     assert plan.header.model.split_conv_grads == ("conv1/grad", "conv2/grad")
     assert json.loads(out.read_text())["header"]["model"]["split_conv_grads"] == \

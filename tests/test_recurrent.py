@@ -10,6 +10,7 @@ import copy
 import io
 import math
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -21,15 +22,28 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 from torch import nn
 
+from autotm_py import pipeline as pipeline_module
+from autotm_py import workload as workload_module
 from autotm_py.config import PlanConfig
 from autotm_py.errors import UnsupportedOpError
 from autotm_py.frontend.capture import capture_module
 from autotm_py.frontend.onnx import import_model
 from autotm_py.frontend.weights import initializer_values
+from autotm_py.ir.conv_split import (
+    CHUNKS_ATTR,
+    chunked_name,
+    part_origins,
+    recurrent_chunks,
+    split_conv_grads,
+    split_names,
+    splittable_kernels,
+)
 from autotm_py.ir.graph import Role
 from autotm_py.ir.training import derive_training
 from autotm_py.options import RunMode
 from autotm_py.pipeline import optimize
+from autotm_py.plan import Plan
+from autotm_py.planning.feasibility import smallest_budget
 from autotm_py.runtime.execute import run_steps
 from autotm_py.runtime.reference import autograd_steps, run_graph, train_steps
 from autotm_py.trainer import Trainer
@@ -373,6 +387,99 @@ def test_the_trainer_trains_an_lstm_classifier_like_pytorch(tmp_path):
     for (name, p), (_, q) in zip(ours.named_parameters(), reference.named_parameters(),
                                  strict=True):
         _close(p.detach(), q.detach(), name)
+
+
+# ---- recurrent gradient kernels split into batch chunks (`ir.conv_split`) -------------------
+def _chunk_case(kind: str, batch_first: bool, layers: int) -> tuple:
+    """A training graph whose recurrent gradient kernels' tapes outweigh their operands, and
+    the same graph split (`split_conv_grads`: each into batch chunks)."""
+    torch.manual_seed(11)
+    module = RNNNet(kind, layers, batch_first, "every", features=4, hidden=16)
+    x = torch.randn(16, 10, 4) if batch_first else torch.randn(10, 16, 4)
+    train = derive_training(import_model(capture_module(module, (x,)).model),
+                            optimizer="sgd", learning_rate=LR)
+    return train, split_conv_grads(train)
+
+
+@pytest.mark.parametrize("kind, batch_first, layers", [("LSTM", True, 2), ("GRU", False, 1)])
+def test_recurrent_kernels_in_batch_chunks_train_as_over_the_whole_batch(kind, batch_first,
+                                                                         layers):
+    train, split = _chunk_case(kind, batch_first, layers)
+    chunked = [k for k in split.kernels if k.attr(CHUNKS_ATTR)]
+    assert sorted(k.op_type for k in chunked) == [kind] * layers + [f"{kind}Grad"] * layers
+    assert split_names(split) == tuple(sorted(chunked_name(k.name, k.attr(CHUNKS_ATTR))
+                                              for k in chunked))
+    for k in chunked:
+        chunks, whole = k.attr(CHUNKS_ATTR), train.kernels[k.id]
+        assert chunks == recurrent_chunks(train, whole) and 1 < chunks <= 16
+        assert k.workspace_bytes == -(-whole.workspace_bytes // chunks)
+        largest = max(train.tensors[t].nbytes for t in k.io)
+        assert k.workspace_bytes <= largest < whole.workspace_bytes
+    assert split.peak_live_bytes < train.peak_live_bytes
+    assert splittable_kernels(split) == []  # chunked once: nothing left to split
+    for got, want in zip(train_steps(split, 3, seed=2), train_steps(train, 3, seed=2),
+                         strict=True):
+        for tid in train.outputs:  # the sum of the slices' weight gradients: not bitwise
+            torch.testing.assert_close(got[tid], want[tid], rtol=RTOL, atol=RTOL)
+
+
+def test_a_split_list_entry_sets_the_chunks():
+    train, _ = _chunk_case("GRU", False, 1)
+    grad = next(k for k in train.kernels if k.op_type == "GRUGrad")
+    split = split_conv_grads(train, [chunked_name(grad.name, 2)])
+    assert [k.attr(CHUNKS_ATTR) for k in split.kernels if k.attr(CHUNKS_ATTR)] == [2]
+    assert split_names(split) == (f"{grad.name}#2",)
+
+
+def test_a_chunked_kernel_is_priced_from_the_measured_whole_one():
+    """Unmeasured, a kernel in k chunks costs k times the whole kernel's measured time (each
+    slice at most the whole batch's: the steps are sequential) and a k-th of its workspace."""
+    train, split = _chunk_case("LSTM", True, 2)
+    origins = part_origins(train, split)
+    chunked = {k.id: k.attr(CHUNKS_ATTR) for k in split.kernels if k.attr(CHUNKS_ATTR)}
+    assert sorted(chunked) == [k for k, (_, part) in enumerate(origins) if part]
+    measured = replace(costs_for(train), workspace_bytes=tuple(
+        (1 << 20) * (k.op_type in ("LSTM", "LSTMGrad")) for k in train.kernels))
+    fresh = costs_for(split)
+    estimated = replace(fresh, estimated=tuple(part for _, part in origins))
+    costs = measured.spliced(origins, estimated, chunked)
+    for k, chunks in chunked.items():
+        assert costs.times_s[k] == pytest.approx(chunks * measured.times_s[k])
+        theirs = fresh.workspace_bytes[k] if fresh.workspace_bytes else 0
+        assert costs.workspace_bytes[k] == max(theirs, -(-(1 << 20) // chunks))
+    assert measured.spliced(origins, fresh, chunked).times_s[min(chunked)] == \
+        fresh.times_s[min(chunked)]  # measured chunks: their own times
+
+
+def test_auto_chunks_the_lstm_gradient_a_budget_cannot_hold(monkeypatch, tmp_path):
+    """Below the smallest budget the whole-batch LSTMGrad allows, `--split-conv-grads auto`
+    chunks it, plans, and the plan trains as the unsplit graph; a plan file rebuilds it."""
+    monkeypatch.setattr(pipeline_module, "load_costs", lambda graph, **kw: costs_for(graph))
+    monkeypatch.setattr(workload_module, "load_costs", lambda graph, **kw: costs_for(graph))
+    train, split = _chunk_case("LSTM", True, 2)
+    config = PlanConfig(fast_mem_bytes=1 << 40, device="cuda", strategy="sync",
+                        recompute="off", run=RunMode())
+    def smallest(graph) -> int:
+        machine = pipeline_module.machine_for(graph, config, costs_for(graph))
+        return smallest_budget(machine, "sync").budget_bytes
+    before, after = smallest(train), smallest(split)
+    assert after < before
+    budget = (before + after) // 2
+    off = optimize(train, replace(config, fast_mem_bytes=budget), costs=costs_for(train))
+    assert off.status == "infeasible" and "LSTMGrad" in off.message
+    result = optimize(train, replace(config, fast_mem_bytes=budget, split_conv_grads="auto"),
+                      costs=costs_for(train))
+    assert result.plan is not None and result.graph is not None, result.message
+    assert any(n.startswith("split ") and " recurrent kernels into chunks of the batch so "
+               "that the budget fits" in n for n in result.plan.header.notes)
+    assert result.fast_peak_bytes <= budget
+    for got, want in zip(run_steps(result.graph, result.plan, steps=2, seed=4),
+                         train_steps(train, 2, seed=4), strict=True):
+        for tid in train.outputs:
+            torch.testing.assert_close(got[tid], want[tid], rtol=RTOL, atol=RTOL)
+    path = tmp_path / "plan.json"
+    result.plan.save(path)
+    assert Plan.load(path).header.model.split_conv_grads == split_names(result.graph)
 
 
 # ---- constant folding of T5's relative-position buckets -----------------------------------

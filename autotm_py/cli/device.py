@@ -52,8 +52,9 @@ DEVICES = click.Choice(["cpu", "cuda"])
                    "iterations (the graph must fit on the GPU) and keep those times.")
 @click.option("--split-conv-grads", is_flag=True,
               help="Also measure the graph with its fused convolution backward kernels split "
-                   "into their filter and data parts (`optimize --split-conv-grads`), so plans "
-                   "that split them are priced with their own times.")
+                   "into their filter and data parts and its recurrent kernels in each "
+                   "power-of-two count of batch chunks (`optimize --split-conv-grads`), so "
+                   "plans that split them are priced with their own times.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--values", "values_out", type=click.Path(dir_okay=False), default=None,
               metavar="FILE", help="Instead of timing kernels: run all-fast iterations and "
@@ -79,9 +80,9 @@ def profile_cmd(model: ModelArgs, device: str, profiles_dir: str | None, repeats
     if values_out:
         _profile_values(graph, device, iterations, seed, values_out, as_json)
         return
-    split = api.split_conv_grads(graph) if split_conv_grads else graph
-    # the split graph's costs (its parts) after the graph's own
-    for g in [graph] if split is graph else [graph, split]:
+    # the split graphs' costs (their parts, their recurrent kernels in each count of batch
+    # chunks the planner may choose) after the graph's own
+    for g in [graph, *(api.split_variants(graph) if split_conv_grads else [])]:
         costs = api.profile(g, device=device, profiles_dir=profiles_dir, repeats=repeats,
                             warmup=warmup, max_seconds=max_seconds, resume=not fresh,
                             threads=threads, progress=not (no_progress or as_json))

@@ -149,8 +149,10 @@ RATIO_HELP = (
               show_default=True,
               help="Split a fused convolution backward kernel (ConvGrad: dY, X, W -> dX, dW) "
                    "into ConvGradFilter then ConvGradData, which never hold X and dX together "
-                   "(about one launch more on a GPU). auto: the ones whose working set the "
-                   "budget cannot hold, where that makes an infeasible budget feasible; on: "
+                   "(about one launch more on a GPU), and a recurrent layer or its gradient "
+                   "kernel (LSTM, LSTMGrad, GRU, GRUGrad) into chunks of the batch run in "
+                   "turn. auto: the ones whose working set the budget cannot hold, with the "
+                   "fewest chunks that fit, where that makes an infeasible budget feasible; on: "
                    "every one; off: none. The plan's notes say so; run and simulate rebuild "
                    "the split from the plan.")
 @click.option("--pin-weights", is_flag=True,

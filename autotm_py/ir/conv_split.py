@@ -1,4 +1,5 @@
-"""Split fused convolution backward kernels into their parts (`split_conv_grads`).
+"""Split backward kernels that set a budget's floor (`split_conv_grads`): fused convolution
+backward kernels into their parts, recurrent layers and their gradient kernels into batch chunks.
 
 The training rules (`ir/rules/nn.py`) give a convolution whose input and filter both need
 gradients one `ConvGrad` kernel (dY, X, W -> dX, dW[, dB]), as autograd runs one
@@ -9,6 +10,15 @@ then ConvGradData (dY, W -> dX), never holds X and dX together: on a GPU torch r
 and filter gradients as two cuDNN calls anyway, so the split costs about one launch. The
 planner splits the kernels that keep a budget infeasible (`pipeline.optimize`,
 `--split-conv-grads`; docs/planning.md, "Splitting convolution backward kernels").
+
+A recurrent layer (`LSTM`, `GRU`) computes every step's input gates at once, and its gradient
+kernel (`LSTMGrad`, `GRUGrad`: `ir/rules/recurrent.py`) recomputes the forward of the whole
+sequence inside itself, a tape of 15 (LSTM) or 12 (GRU) times its output Y: temporaries that can
+be most of a model's peak. Their split is the same kernel run over `batch_chunks` slices of the
+batch in turn (`kernels/recurrent.py`): the sequences of a batch are independent, so the
+temporaries shrink by that factor at the price of smaller, slower recurrent products. The chunk
+count is the shapes' default (`recurrent_chunks`) or one the planner fits to a budget, written
+into the split list ("<name>#<chunks>"), so a plan's list rebuilds the same graph.
 
 A split graph records the names of the kernels it split under `META_KEY`, which
 `options.ModelOptions.of_graph` reads back, so a plan made for it rebuilds it.
@@ -23,6 +33,7 @@ from autotm_py.ir.builder import GraphBuilder
 from autotm_py.ir.graph import Kernel, TensorGraph
 from autotm_py.ir.layout import META_KEY as LAYOUT_KEY
 from autotm_py.ir.layout import is_channels_last, to_channels_last
+from autotm_py.ir.rules.recurrent import RECURRENT_TRAINING_OPS
 from autotm_py.options import SPLIT_KEY
 
 META_KEY = SPLIT_KEY  # graph.meta[META_KEY]: the names of the fused kernels split
@@ -33,11 +44,104 @@ META_KEY = SPLIT_KEY  # graph.meta[META_KEY]: the names of the fused kernels spl
 CONV_GRAD_PARTS = {"ConvGrad": ("ConvGradData", "ConvGradFilter"),
                    "ConvTransposeGrad": ("ConvTransposeGradData", "ConvTransposeGradFilter")}
 BIAS_PART = "ConvGradBias"
+RECURRENT_OPS = ("LSTM", "GRU", *RECURRENT_TRAINING_OPS)
+CHUNKS_ATTR = "batch_chunks"  # a recurrent kernel's batch slices, run in turn
+# a split list names a recurrent kernel split into chunks other than its default
+# (`recurrent_chunks`) as "<name>#<chunks>": the planner fits them to a budget
+CHUNKS_SEP = "#"
 
 
 def fused_conv_grads(graph: TensorGraph) -> list[int]:
     """The ids of the fused convolution backward kernels of `graph`."""
     return [k.id for k in graph.kernels if k.op_type in CONV_GRAD_PARTS]
+
+
+def recurrent_chunks(graph: TensorGraph, k: Kernel) -> int:
+    """The batch chunks a split of recurrent kernel `k` runs in by default: the fewest (a power
+    of two, at most the batch) that bring its temporaries (its IR workspace) to at most its
+    largest input or output, so that it needs at most that much more than its operands. 1: it
+    needs no split."""
+    largest = max(graph.tensors[t].nbytes for t in k.io)
+    return chunks_to_fit(graph, k, k.workspace_bytes, largest)
+
+
+def chunks_to_fit(graph: TensorGraph, k: Kernel, tape_bytes: int, room: int) -> int:
+    """The fewest batch chunks (a power of two, at most the batch) in which recurrent kernel
+    `k`'s temporaries of `tape_bytes` take at most `room` bytes; the batch where none does."""
+    batch = _batch(graph, k)
+    chunks = 1
+    while chunks < batch and -(-tape_bytes // chunks) > room:
+        chunks *= 2
+    return min(chunks, batch)
+
+
+def _batch(graph: TensorGraph, k: Kernel) -> int:
+    x = graph.tensors[k.inputs[0]].shape  # X: (T, B, I), batch first in layout 1
+    return x[0] if int(k.attr("layout", 0)) else x[1]
+
+
+def split_variants(graph: TensorGraph) -> list[TensorGraph]:
+    """The split graphs a profile measures, so that any split the planner makes of `graph` is
+    priced with its own kernels' times: every kernel split as `split_conv_grads` does by
+    default, then each other power-of-two count of batch chunks (up to the batch) for all its
+    recurrent kernels at once. [] where nothing splits."""
+    ids = splittable_kernels(graph)
+    if not ids:
+        return []
+    default = split_conv_grads(graph)
+    recurrent = [graph.kernels[k] for k in ids if graph.kernels[k].op_type in RECURRENT_OPS]
+    done = {tuple(sorted(split_names(default)))}
+    out = [default]
+    chunks = 2
+    while recurrent and chunks <= max(_batch(graph, k) for k in recurrent):
+        names = tuple(sorted(chunked_name(k.name, min(chunks, _batch(graph, k)))
+                             for k in recurrent))
+        if names not in done:
+            done.add(names)
+            out.append(split_conv_grads(graph, names))
+        chunks *= 2
+    return out
+
+
+def chunked_name(name: str, chunks: int) -> str:
+    """A split list's entry for a recurrent kernel in `chunks` chunks."""
+    return f"{name}{CHUNKS_SEP}{chunks}"
+
+
+def _parse(entry: str) -> tuple[str, int | None]:
+    """(kernel name, chunks or None) of a split list's entry."""
+    name, sep, chunks = entry.rpartition(CHUNKS_SEP)
+    if sep and chunks.isdigit() and int(chunks) > 0:
+        return name, int(chunks)
+    return entry, None
+
+
+def _chunkable(graph: TensorGraph, k: Kernel) -> bool:
+    return k.op_type in RECURRENT_OPS and int(k.attr(CHUNKS_ATTR, 1)) == 1 and \
+        recurrent_chunks(graph, k) > 1
+
+
+def splittable_kernels(graph: TensorGraph) -> list[int]:
+    """The ids of the kernels of `graph` a split would change: its fused convolution backward
+    kernels and the recurrent kernels whose temporaries outweigh their largest operand."""
+    return [k.id for k in graph.kernels
+            if k.op_type in CONV_GRAD_PARTS or _chunkable(graph, k)]
+
+
+def describe_split(graph: TensorGraph, names: Iterable[str]) -> str:
+    """What splitting the kernels `names` (split list entries) of `graph` does, in words."""
+    by_name = {k.name: k.op_type for k in graph.kernels}
+    ops = [by_name[_parse(n)[0]] for n in names]
+    conv = sum(op in CONV_GRAD_PARTS for op in ops)
+    parts = []
+    if conv:
+        parts.append(f"{conv} convolution backward kernel{'s' if conv > 1 else ''} into their "
+                     "filter and data parts")
+    if len(ops) > conv:
+        rnn = len(ops) - conv
+        parts.append(f"{rnn} recurrent kernel{'s' if rnn > 1 else ''} into chunks of the "
+                     "batch")
+    return " and ".join(parts)
 
 
 def split_names(graph: TensorGraph) -> tuple[str, ...]:
@@ -46,32 +150,46 @@ def split_names(graph: TensorGraph) -> tuple[str, ...]:
 
 
 def split_conv_grads(graph: TensorGraph, names: Iterable[str] | None = None) -> TensorGraph:
-    """`graph` with each fused convolution backward kernel named in `names` (None: every one)
-    replaced, at its place, by ConvGradFilter (dY, X -> dW), ConvGradBias (dY -> dB) where it
-    computed dB, then ConvGradData (dY, W -> dX). The tensors (ids, names, roles) are the same;
-    the kernels after a split one move up by one or two ids. A graph without those kernels
-    comes back unchanged. A name that is no fused kernel of `graph` is a `GraphError`."""
-    kernels = {k.name: k for k in graph.kernels if k.op_type in CONV_GRAD_PARTS}
-    wanted = set(kernels) if names is None else set(names)
-    unknown = sorted(wanted - set(kernels))
+    """`graph` with each kernel named in `names` (None: every one `splittable_kernels` gives)
+    split: a fused convolution backward kernel replaced, at its place, by ConvGradFilter
+    (dY, X -> dW), ConvGradBias (dY -> dB) where it computed dB, then ConvGradData (dY, W ->
+    dX); a recurrent kernel (a layer or its gradient) run in batch chunks, `recurrent_chunks`
+    of them or the
+    count its entry gives ("<name>#<chunks>", `chunked_name`). The tensors (ids, names, roles)
+    are the same; the kernels after a split convolution move up by one or two ids. A graph
+    without those kernels comes back unchanged. A name that is no such kernel of `graph` is a
+    `GraphError`."""
+    kernels = {graph.kernels[k].name: graph.kernels[k] for k in splittable_kernels(graph)}
+    entries = [kernels[n].name for n in kernels] if names is None else list(names)
+    wanted = dict(_parse(e) for e in entries)
+    unknown = sorted(set(wanted) - set(kernels))
     if unknown:
         raise GraphError(f"cannot split {', '.join(map(repr, unknown[:3]))}: no fused "
-                         f"convolution backward kernel of that name in graph {graph.name!r}")
+                         "convolution backward kernel or recurrent kernel with temporaries "
+                         f"to chunk of that name in graph {graph.name!r}")
     if not wanted:
         return graph
     b = GraphBuilder(graph.name)
     for t in graph.tensors:
         b.add_tensor(t.name, t.shape, t.dtype, t.role)
     b.constants.update(graph.constants)
+    recorded = []
     for k in graph.kernels:
-        if k.name in wanted:
+        if k.name in wanted and k.op_type in RECURRENT_OPS:
+            chunks = wanted[k.name] or recurrent_chunks(graph, k)
+            b.add_kernel(k.op_type, k.inputs, k.outputs, name=k.name, domain=k.domain,
+                         attrs={**k.attrs_dict, CHUNKS_ATTR: chunks},
+                         workspace_bytes=-(-k.workspace_bytes // chunks))
+            recorded.append(chunked_name(k.name, chunks))
+        elif k.name in wanted:
             _add_parts(b, graph, k)
+            recorded.append(k.name)
         else:
             b.add_kernel(k.op_type, k.inputs, k.outputs, name=k.name, domain=k.domain,
                          attrs=k.attrs_dict, workspace_bytes=k.workspace_bytes)
     b.inputs, b.outputs, b.carried = list(graph.inputs), list(graph.outputs), list(graph.carried)
     meta = {key: value for key, value in graph.meta.items() if key != LAYOUT_KEY}
-    b.meta = {**meta, META_KEY: tuple(sorted({*split_names(graph), *wanted}))}
+    b.meta = {**meta, META_KEY: tuple(sorted({*split_names(graph), *recorded}))}
     out = b.build()
     # the same tensors channels-last: each part joins tensors the fused kernel joined
     return to_channels_last(out) if is_channels_last(graph) else out
@@ -105,13 +223,15 @@ def _add_parts(b: GraphBuilder, graph: TensorGraph, k: Kernel) -> None:
 
 def part_origins(graph: TensorGraph, split: TensorGraph) -> list[tuple[int, bool]]:
     """For each kernel of `split` (`split_conv_grads(graph, ...)`): the id of the kernel of
-    `graph` it is or is a part of, and whether it is a part. The split keeps the order."""
+    `graph` it is or is a part of, and whether it is a part (a chunked recurrent kernel is
+    its own one part). The split keeps the order."""
     out: list[tuple[int, bool]] = []
     j = 0
     for k in graph.kernels:
         mine = split.kernels[j] if j < len(split.kernels) else None
         if mine is not None and mine.op_type == k.op_type and mine.name == k.name:
-            out.append((k.id, False))
+            chunked = int(mine.attr(CHUNKS_ATTR, 1)) != int(k.attr(CHUNKS_ATTR, 1))
+            out.append((k.id, chunked))
             j += 1
             continue
         if k.op_type not in CONV_GRAD_PARTS:

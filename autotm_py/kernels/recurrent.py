@@ -19,7 +19,10 @@ the whole sequence from the saved inputs under `torch.enable_grad()` and call
 `torch.autograd.grad` with the incoming gradients of Y, Y_h (and Y_c): the backward torch
 itself runs for the layer (cuDNN's on CUDA), at the price of a second forward. Their inputs
 are the forward's inputs (X W R B initial_h [initial_c]) followed by the present output
-gradients (`grad_mask`); they output the gradients that `output_mask` asks for.
+gradients (`grad_mask`); they output the gradients that `output_mask` asks for. With
+`batch_chunks = k` (`ir.conv_split`, a split for a budget) a layer and its gradient kernel run
+over k slices of the batch in turn, so their temporaries (the gradient's recomputed forward's
+tape) are 1/k as large.
 """
 
 from __future__ import annotations
@@ -123,7 +126,8 @@ def recurrent(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     # gradient kernel's recomputation and nn.LSTM in training would each see other values.
     # Nothing is recorded unless an argument requires grad.
     with torch.enable_grad():
-        return recurrent_forward(kernel.op_type, kernel, args)
+        return _chunked(kernel, args, lambda part: recurrent_forward(kernel.op_type, kernel,
+                                                                       part))
 
 
 def recompute_grad(kernel: Kernel, args: Tensors,
@@ -146,7 +150,52 @@ def recompute_grad(kernel: Kernel, args: Tensors,
             for g, leaf in zip(grads, wanted, strict=True)]
 
 
+def _batch_axes(kernel: Kernel) -> tuple[list[int | None], list[int | None]]:
+    """The batch axis of each input and each output of a recurrent kernel (None: not
+    batched): X (T, B, I), states (D, B, H) and Y or dY (T, D, B, H) in layout 0, batch first
+    in layout 1; W, R and B and their gradients are shared by every sequence."""
+    sequence, state, y = (0, 0, 0) if int(kernel.attr("layout", 0)) else (1, 1, 2)
+    if not kernel.op_type.endswith("Grad"):  # X W R B h [c] -> Y Y_h [Y_c]
+        return ([sequence, None, None, None] + [state] * (len(kernel.inputs) - 4),
+                [y] + [state] * (2 if kernel.op_type == "LSTM" else 1))
+    forward = [sequence, None, None, None] + [state] * (len(kernel.attr("output_mask")) - 4)
+    present = [i for i, m in enumerate(kernel.attr("grad_mask")) if int(m)]  # Y, Y_h, Y_c
+    wanted = [forward[i] for i, m in enumerate(kernel.attr("output_mask")) if int(m)]
+    return forward + [y if which == 0 else state for which in present], wanted
+
+
+def in_batch_chunks(kernel: Kernel, args: Tensors, chunks: int,
+                    run: Callable[[Tensors], list[torch.Tensor]]) -> list[torch.Tensor]:
+    """`run` over `chunks` slices of the batch, one after the other: the sequences of a batch
+    are independent, so the batched outputs are the slices' joined and the weights' gradients
+    their sum. Only one slice's temporaries (the recomputed forward's tape) are alive at a
+    time."""
+    in_axes, out_axes = _batch_axes(kernel)
+    joined: list[list[torch.Tensor]] = [[] for _ in out_axes]
+    sums: list[torch.Tensor | None] = [None] * len(out_axes)
+    for part in range(chunks):
+        piece = [a if ax is None else a.tensor_split(chunks, ax)[part]
+                 for a, ax in zip(args, in_axes, strict=True)]
+        for j, value in enumerate(run(piece)):
+            if out_axes[j] is not None:
+                joined[j].append(value)
+            else:
+                sums[j] = value if sums[j] is None else sums[j].add_(value)
+    return [torch.cat(joined[j], ax) if ax is not None else sums[j]  # type: ignore[misc]
+            for j, ax in enumerate(out_axes)]
+
+
+def _chunked(kernel: Kernel, args: Tensors,
+             run: Callable[[Tensors], list[torch.Tensor]]) -> list[torch.Tensor]:
+    chunks = int(kernel.attr("batch_chunks", 1))
+    return run(args) if chunks <= 1 else in_batch_chunks(kernel, args, chunks, run)
+
+
 @register("LSTMGrad", "GRUGrad")
 def recurrent_backward(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     op = kernel.op_type.removesuffix("Grad")
-    return recompute_grad(kernel, args, lambda leaves: recurrent_forward(op, kernel, leaves))
+
+    def grad(part: Tensors) -> list[torch.Tensor]:
+        return recompute_grad(kernel, part, lambda leaves: recurrent_forward(op, kernel, leaves))
+
+    return _chunked(kernel, args, grad)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autotm_py.ir.conv_split import RECURRENT_OPS, chunked_name, chunks_to_fit
 from autotm_py.ir.host_updates import UPDATE_OPS
 from autotm_py.ir.training import chunkable_logits_bytes
 from autotm_py.units import format_bytes, parse_bytes
@@ -91,6 +92,31 @@ def kernel_needs(machine: MachineModel, fixed: frozenset[int] = frozenset(),
     resident = machine.live_bytes(fixed, ranges)
     return [int(machine.workspace[k]) + _own_bytes(machine, k, fixed) + int(resident[k])
             for k in range(len(machine.graph.kernels))]
+
+
+def splits_for_budget(machine: MachineModel, splittable: Sequence[int]) -> list[str]:
+    """`--split-conv-grads auto`: the split list (`ir.conv_split`) of the `splittable`
+    kernels whose own need the budget cannot hold, [] where another kernel needs more (no
+    split can make the budget fit). A recurrent kernel gets the fewest batch chunks whose
+    share of its temporaries leaves its need within the budget, so that a larger budget keeps
+    larger, faster chunks."""
+    needs, budget = kernel_needs(machine), int(machine.tensor_budget or 0)
+    over = [k for k in splittable if needs[k] > budget]
+    if not over or max(needs) > max(needs[k] for k in over):
+        return []
+    graph, out = machine.graph, []
+    for k in over:
+        kernel = graph.kernels[k]
+        # where the scratch region, not the kernel's own row, holds its workspace: the
+        # shapes' default; else what its row leaves for its workspace (a scratch window holds
+        # the workspace and the outputs torch allocates: only the first shrinks)
+        if kernel.op_type in RECURRENT_OPS and machine.workspace[k] > 0:
+            tape = int(machine.kernel_workspace[k])
+            room = max(budget - (needs[k] - tape), 1)
+            out.append(chunked_name(kernel.name, chunks_to_fit(graph, kernel, tape, room)))
+        else:
+            out.append(kernel.name)
+    return out
 
 
 def _own_bytes(machine: MachineModel, kid: int, fixed: frozenset[int]) -> int:
