@@ -36,6 +36,7 @@ from autotm_py.ir.conv_split import (
     recurrent_chunks,
     split_conv_grads,
     split_names,
+    split_variants,
     splittable_kernels,
 )
 from autotm_py.ir.graph import Role
@@ -429,6 +430,20 @@ def test_a_split_list_entry_sets_the_chunks():
     split = split_conv_grads(train, [chunked_name(grad.name, 2)])
     assert [k.attr(CHUNKS_ATTR) for k in split.kernels if k.attr(CHUNKS_ATTR)] == [2]
     assert split_names(split) == (f"{grad.name}#2",)
+
+
+def test_a_profile_measures_every_count_of_chunks():
+    """`profile --split-conv-grads` measures the default split, then every recurrent kernel
+    in each power-of-two count of chunks up to the batch (16 here), so that whatever count
+    `auto` fits to a budget is priced by its own times."""
+    train, split = _chunk_case("GRU", False, 1)
+    variants = split_variants(train)
+    assert split_names(variants[0]) == split_names(split)
+    counts = [{k.attr(CHUNKS_ATTR) for k in v.kernels if k.attr(CHUNKS_ATTR)}
+              for v in variants[1:]]
+    default = {k.attr(CHUNKS_ATTR) for k in split.kernels if k.attr(CHUNKS_ATTR)}
+    assert counts == [{c} for c in (2, 4, 8, 16) if {c} != default]
+    assert split_variants(variants[0]) == []  # nothing left to split
 
 
 def test_a_chunked_kernel_is_priced_from_the_measured_whole_one():
