@@ -108,10 +108,11 @@ def chunked_name(name: str, chunks: int) -> str:
     return f"{name}{CHUNKS_SEP}{chunks}"
 
 
-def _parse(entry: str) -> tuple[str, int | None]:
-    """(kernel name, chunks or None) of a split list's entry."""
+def _parse(entry: str, names: Iterable[str]) -> tuple[str, int | None]:
+    """(kernel name, chunks or None) of a split list's entry, given the kernels' `names` (a
+    kernel whose own name ends in "#<digits>" is that kernel)."""
     name, sep, chunks = entry.rpartition(CHUNKS_SEP)
-    if sep and chunks.isdigit() and int(chunks) > 0:
+    if entry not in names and sep and chunks.isdigit() and int(chunks) > 0:
         return name, int(chunks)
     return entry, None
 
@@ -131,12 +132,12 @@ def splittable_kernels(graph: TensorGraph) -> list[int]:
 def describe_split(graph: TensorGraph, names: Iterable[str]) -> str:
     """What splitting the kernels `names` (split list entries) of `graph` does, in words."""
     by_name = {k.name: k.op_type for k in graph.kernels}
-    ops = [by_name[_parse(n)[0]] for n in names]
+    ops = [by_name[_parse(n, by_name)[0]] for n in names]
     conv = sum(op in CONV_GRAD_PARTS for op in ops)
     parts = []
     if conv:
-        parts.append(f"{conv} convolution backward kernel{'s' if conv > 1 else ''} into their "
-                     "filter and data parts")
+        parts.append(f"{conv} convolution backward kernel{'s' if conv > 1 else ''} into "
+                     f"{'their' if conv > 1 else 'its'} filter and data parts")
     if len(ops) > conv:
         rnn = len(ops) - conv
         parts.append(f"{rnn} recurrent kernel{'s' if rnn > 1 else ''} into chunks of the "
@@ -161,7 +162,7 @@ def split_conv_grads(graph: TensorGraph, names: Iterable[str] | None = None) -> 
     `GraphError`."""
     kernels = {graph.kernels[k].name: graph.kernels[k] for k in splittable_kernels(graph)}
     entries = [kernels[n].name for n in kernels] if names is None else list(names)
-    wanted = dict(_parse(e) for e in entries)
+    wanted = dict(_parse(e, kernels) for e in entries)
     unknown = sorted(set(wanted) - set(kernels))
     if unknown:
         raise GraphError(f"cannot split {', '.join(map(repr, unknown[:3]))}: no fused "
