@@ -3,8 +3,8 @@
 
 On CUDA torch runs the layers with cuDNN; the split graph (`split_conv_grads`: every LSTM and
 LSTMGrad over slices of the batch) trains as the whole-batch graph does, within float rounding
-(the weights' gradients are sums over the slices), in a plan at planned addresses that moves
-tensors as on torch's allocator."""
+(the weights' gradients are sums over the slices), and its all-fast plan at planned addresses,
+replayed, computes bitwise what it computes on torch's allocator."""
 
 from __future__ import annotations
 
