@@ -62,6 +62,7 @@ from autotm_py.workload import (  # noqa: F401
     initial_values,
     load_graph,
     load_workload,
+    planned_graph,
     split_workload,
 )
 
@@ -478,11 +479,14 @@ def cached_optimize(graph: TensorGraph, config: PlanConfig, costs: KernelCosts,
     path = Path(cache_dir) / f"{stem}.json.gz"
     if path.is_file():
         try:
-            plan = Plan.load(path).validate(graph)
-        except PlanError:
+            plan = Plan.load(path)
+            planned = planned_graph(graph, plan)
+            plan.validate(planned)
+        except (PlanError, AutoTMError):
             plan = None  # a damaged or foreign file: solve again and replace it
         if plan is not None:
-            return saved_result(graph, plan, config, costs, str(path))
+            return replace(saved_result(planned, plan, config, costs, str(path)),
+                           graph=None if planned is graph else planned)
     result = optimize(graph, config, costs=costs, control=control)
     if result.plan is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

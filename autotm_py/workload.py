@@ -19,7 +19,7 @@ from autotm_py.frontend.onnx import import_onnx
 from autotm_py.frontend.onnx_load import check_external_locations
 from autotm_py.frontend.weights import initializer_values
 from autotm_py.frontend.zoo import ZOO, build_graph
-from autotm_py.ir.conv_split import CHUNKS_ATTR, part_origins, split_conv_grads
+from autotm_py.ir.conv_split import CHUNKS_ATTR, part_origins, split_conv_grads, split_names
 from autotm_py.ir.host_updates import offload_updates
 from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.precision import with_precision
@@ -30,6 +30,7 @@ from autotm_py.profiling.profile import profile as profile_kernels
 
 if TYPE_CHECKING:
     from autotm_py.ir.graph import TensorGraph
+    from autotm_py.plan import Plan
 
 PathLike = str | os.PathLike[str]
 
@@ -140,3 +141,12 @@ def _missing_data_files(path: Path) -> list[str]:
 
     proto = onnx.load(str(path), load_external_data=False)
     return sorted(check_external_locations(proto, path.parent, str(path))) or ["(unknown)"]
+
+
+def planned_graph(graph: TensorGraph, plan: Plan) -> TensorGraph:
+    """The graph `plan` is for, made from `graph`: with the kernels the plan's model options
+    split (`--split-conv-grads`: `optimize` may plan a split of the graph it was given)."""
+    recorded = plan.header.model.split_conv_grads if plan.header.model else ()
+    if not recorded or split_names(graph):
+        return graph
+    return split_conv_grads(graph, recorded)

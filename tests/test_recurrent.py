@@ -25,7 +25,7 @@ from torch import nn
 from autotm_py import pipeline as pipeline_module
 from autotm_py import workload as workload_module
 from autotm_py.config import PlanConfig
-from autotm_py.errors import UnsupportedOpError
+from autotm_py.errors import ConfigError, UnsupportedOpError
 from autotm_py.frontend.capture import capture_module
 from autotm_py.frontend.onnx import import_model
 from autotm_py.frontend.weights import initializer_values
@@ -361,33 +361,94 @@ class Classifier(nn.Module):
         return self.fc(self.rnn(x)[0][:, -1])
 
 
+def _batches(shape: tuple[int, ...], classes: int, count: int) -> list[tuple]:
+    gen = torch.Generator().manual_seed(3)
+    return [(torch.randn(*shape, generator=gen),
+             torch.randint(0, classes, (shape[0],), generator=gen)) for _ in range(count)]
+
+
+def _plain_training(module: nn.Module, data: list[tuple]) -> list[float]:
+    """The losses of SGD with momentum on `module` over `data`, as plain PyTorch trains."""
+    opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for x, y in data:
+        opt.zero_grad()
+        loss = F.cross_entropy(module(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _trains_like(trainer: Trainer, ours: nn.Module, reference: nn.Module,
+                 data: list[tuple]) -> None:
+    """`trainer` (of `ours`, a copy of `reference` before training) gives plain PyTorch's
+    losses and parameters over `data`."""
+    want = _plain_training(reference, data)
+    got = [float(trainer.step(x, y)) for x, y in data]
+    trainer.sync()
+    assert got == pytest.approx(want, rel=RTOL)
+    for (name, p), (_, q) in zip(ours.named_parameters(), reference.named_parameters(),
+                                 strict=True):
+        _close(p.detach(), q.detach(), name)
+
+
 def test_the_trainer_trains_an_lstm_classifier_like_pytorch(tmp_path):
     torch.manual_seed(0)
     reference = Classifier()
     ours = copy.deepcopy(reference)
-    gen = torch.Generator().manual_seed(3)
-    data = [(torch.randn(4, 6, 64, generator=gen), torch.randint(0, 5, (4,), generator=gen))
-            for _ in range(8)]
-    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    want = []
-    for x, y in data:
-        opt.zero_grad()
-        loss = F.cross_entropy(reference(x), y)
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
+    data = _batches((4, 6, 64), 5, 8)
     ours_opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
     # recompute "off": the solve takes a third of the time, and with recompute on the plan
     # at this budget recomputes nothing either (18 moves both ways)
     trainer = Trainer(ours, ours_opt, F.cross_entropy, example=data[0], device="cpu",
                       ratio="2:1", plans_dir=tmp_path, recompute="off")
-    got = [float(trainer.step(x, y)) for x, y in data]
-    trainer.sync()
     assert sum(1 for _ in trainer.plan.moves()) > 0
-    assert got == pytest.approx(want, rel=RTOL)
-    for (name, p), (_, q) in zip(ours.named_parameters(), reference.named_parameters(),
-                                 strict=True):
-        _close(p.detach(), q.detach(), name)
+    _trains_like(trainer, ours, reference, data)
+
+
+class DeepClassifier(nn.Module):
+    """Two LSTM layers over 10 steps of a batch of 16: their gradient kernels' recomputed tapes
+    are more than half the training graph's peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(4, 16, num_layers=2, batch_first=True)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.rnn(x)[0][:, -1])
+
+
+def test_the_trainer_chunks_recurrent_kernels_a_budget_cannot_hold(tmp_path, monkeypatch):
+    """At half the peak, which the whole-batch LSTMGrad kernels cannot fit, the Trainer plans
+    (as `optimize` does by default) its graph with them in batch chunks, runs that graph and
+    trains as plain PyTorch; a second Trainer of the same model and budget takes the split plan
+    from the plan cache; with the split off the budget is infeasible."""
+    torch.manual_seed(0)
+    reference = DeepClassifier()
+    ours = copy.deepcopy(reference)
+    data = _batches((16, 10, 4), 5, 6)
+
+    def trainer(module: nn.Module, **options) -> Trainer:
+        opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+        return Trainer(module, opt, F.cross_entropy, example=data[0], device="cpu",
+                       ratio="1:1", plans_dir=tmp_path, recompute="off", **options)
+
+    with pytest.raises(ConfigError, match="LSTMGrad"):
+        trainer(copy.deepcopy(reference), plan_options={"split_conv_grads": "off"})
+    ours_trainer = trainer(ours)
+    chunked = [k.name for k in ours_trainer.run_graph.kernels if k.attr(CHUNKS_ATTR, 1) > 1]
+    assert len(chunked) == 2 and all(k.endswith("/grad") for k in chunked)
+    assert any(n.startswith("split 2 recurrent kernels") for n in ours_trainer.loop.notes)
+    _trains_like(ours_trainer, ours, reference, data)
+
+    def no_solve(*args, **kwargs):
+        raise AssertionError("solved again: the split plan was not taken from the cache")
+
+    monkeypatch.setattr(pipeline_module, "optimize", no_solve)
+    again = trainer(copy.deepcopy(reference))
+    assert split_names(again.run_graph) == split_names(ours_trainer.run_graph)
 
 
 # ---- recurrent gradient kernels split into batch chunks (`ir.conv_split`) -------------------

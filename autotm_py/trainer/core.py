@@ -132,7 +132,7 @@ class Trainer:
                             device="cuda", recompute=recompute, run=self.mode,
                             gpu=gpu or gpu_name(self.device),
                             reserve_bytes=None if cuda else 0, time_limit_s=time_limit_s,
-                            **more)
+                            **{"split_conv_grads": "auto", **more})
         # what the GPU runs: the training graph, or its part without the optimizer's updates
         self.optimizer_on, self.run_graph, self.plan = self._plan_updates(
             config, optimizer_on, plans_dir, cuda if profile is None else profile, host_share)
@@ -177,9 +177,8 @@ class Trainer:
                     if "host" in plans:  # the GPU would keep no update: the host's plan
                         continue
                     place = "host"
-                plans[place] = graph, plan_for(graph, config, self.device,
-                                               plans_dir=plans_dir, measure=measure,
-                                               face="trainer")
+                plans[place] = plan_for(graph, config, self.device, plans_dir=plans_dir,
+                                        measure=measure, face="trainer")
             except ConfigError as exc:
                 failed[place] = exc
         if not plans:  # the host's reason where it was tried: it needs the least memory

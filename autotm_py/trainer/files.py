@@ -80,7 +80,7 @@ def train_file(model: str | os.PathLike[str], data: str | os.PathLike[str], *, s
     notes += pipeline.prepare_cuda(device, mode, None)  # before this process first uses CUDA
     config = replace(config, device="cuda", run=mode, gpu=config.gpu or gpu_name(device),
                      reserve_bytes=config.reserve_bytes if cuda else 0)
-    plan = plan_for(graph, config, device, plans_dir=plans_dir, measure=cuda)
+    graph, plan = plan_for(graph, config, device, plans_dir=plans_dir, measure=cuda)
     loop = Loop(graph, plan, device, mode, masters)
     losses = _train(loop, graph, feeds, steps, optimizer.lr)
     sources = weight_sources(model, graph, found=found)

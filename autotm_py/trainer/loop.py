@@ -50,11 +50,13 @@ def default_mode(device: str) -> RunMode:
 
 def plan_for(graph: TensorGraph, config: PlanConfig, device: str, *,
              plans_dir: str | os.PathLike[str] | None = None, measure: bool = False,
-             face: str = "cli") -> Plan:
-    """The plan of a training graph under `config`, from the plan cache or solved (and kept);
-    an infeasible budget is a `ConfigError` naming the smallest feasible one, the kernel that
-    forces it and what does not fit, with the fix in `face`'s terms ("cli": options, as
-    `autotm train` takes them; "trainer": the Trainer's arguments)."""
+             face: str = "cli") -> tuple[TensorGraph, Plan]:
+    """The plan of a training graph under `config`, from the plan cache or solved (and kept),
+    and the graph it runs: `graph`, or its split where the plan splits kernels to fit the budget
+    (`config.split_conv_grads`; the same tensors, so the same values feed it). An infeasible
+    budget is a `ConfigError` naming the smallest feasible one, the kernel that forces it and
+    what does not fit, with the fix in `face`'s terms ("cli": options, as `autotm train` takes
+    them; "trainer": the Trainer's arguments)."""
     check_budget_room(pipeline.user_budget(graph, config), device,
                       None if face == "trainer" else "autotm train")  # the Trainer names itself
     costs = pipeline.device_costs(graph, device, config.gpu, measure=measure)
@@ -65,7 +67,7 @@ def plan_for(graph: TensorGraph, config: PlanConfig, device: str, *,
             result.min_feasible_budget_bytes is not None else None
         raise ConfigError(result.message if least is None else
                           least.message(result.budget_bytes or 0, face))
-    return result.plan
+    return result.graph or graph, result.plan
 
 
 def precision_on(precision: str, device: str) -> str:
@@ -98,7 +100,7 @@ class Loop:
         # a plan priced partly with another GPU's kernel times, or left without the arena its
         # run mode asks for (its packing did not fit), says so where the user looks
         self.notes: list[str] = [n for n in plan.header.notes
-                                 if n.startswith((BORROWED_NOTE, "no arena"))]
+                                 if n.startswith((BORROWED_NOTE, "no arena", "split "))]
 
     def step(self, values: Mapping[int, torch.Tensor]) -> None:
         """One iteration, starting from `values` for the tensors they name (a batch, the

@@ -13,8 +13,8 @@
 #      replayed: predicted against measured, the chunks chosen, the reserved peak.
 #
 # Usage (GPU machine, repository root): bash experiments/gpu/lstm_chunks.sh OUT_DIR
-# Variables: RATIOS ("1:1 2:3 1:2": 50%, 40%, 33%), PRECISION (fp32), TIME_LIMIT (solver
-# seconds, 60), ITERATIONS (timed iterations of each run, 20), CORPUS (a folder with the
+# Variables: RATIOS ("1:1 2:3 1:2": 50%, 40%, 33%), PRECISION (fp32), PROFILE_S (seconds the
+# profile step may take, 300), TIME_LIMIT (solver seconds, 60), ITERATIONS (timed iterations of each run, 20), CORPUS (a folder with the
 # export), DEVICE (cuda; cpu with SCALE=small checks the script on a CPU machine).
 # Writes OUT_DIR/lstm_bench.{csv,json}, OUT_DIR/plan_<share>.json, OUT_DIR/run_<share>.json
 # and OUT_DIR/lstm_chunks.json (one line per share: experiments/gpu/lstm_chunks_summary.py).
@@ -33,8 +33,11 @@ if [ ! -f "$model" ]; then
 fi
 if [ "$device" = cuda ]; then
   echo "== profile $(date -u +%H:%M:%S)"
-  python3 -m autotm_py profile "$model" $opts --device cuda --in-context --split-conv-grads \
-      --no-progress 2>&1 | tail -n 2
+  # cut at PROFILE_S: what was measured stays cached (profile resumes), the rest is priced
+  # from the whole kernels (k times their time); the log says how far it got
+  timeout "${PROFILE_S:-300}" python3 -m autotm_py profile "$model" $opts --device cuda \
+      --in-context --split-conv-grads > "$out/profile.log" 2>&1
+  echo "profile exit $? $(date -u +%H:%M:%S)"; tail -c 600 "$out/profile.log"
 fi
 echo "== all fast, autograd, checkpointing $(date -u +%H:%M:%S)"
 python3 -m autotm_py bench --models "$model" --ratios 1:0 --strategies async+recompute \

@@ -337,10 +337,10 @@ def coordinate_planning(args) -> None:
             wait_for(args.after, args.wait_s, "the kernel profiles")
         for other in others:
             device_costs(other, device, config.gpu, measure=kw.get("measure", False))
-        plan = real_plan_for(graph, config, device, **kw)
+        planned = real_plan_for(graph, config, device, **kw)  # (the graph it runs, the plan)
         if args.signal:
             Path(args.signal).touch()
-        return plan
+        return planned
 
     def device_costs(graph, device, gpu, *, measure=False):
         # every process measures the kernels no profile has yet (a capped graph's chunked
