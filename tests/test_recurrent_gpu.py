@@ -45,3 +45,54 @@ def test_a_chunked_graph_in_its_arena_computes_what_it_computes_on_the_caching_a
     for step, (a, b) in enumerate(zip(arena, cached, strict=True)):
         for tid in split.outputs:
             assert torch.equal(a[tid], b[tid]), (step, split.name_of(tid))
+
+
+class WideClassifier(torch.nn.Module):
+    """Two cuDNN LSTM layers over 256 steps of a batch of 64: a peak of hundreds of MiB, most of
+    it the gradient kernels' recomputed tapes, so that 80% of it, less the GPU's runtime
+    reserve, holds the whole-batch LSTMGrad kernels only in chunks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.LSTM(256, 512, num_layers=2, batch_first=True)
+        self.fc = torch.nn.Linear(512, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.rnn(x)[0][:, -1])
+
+
+def test_the_trainer_trains_an_lstm_in_batch_chunks_on_cuda_as_pytorch(tmp_path):
+    """The Trainer on a GPU (its default mode: arena, placed outputs or copies into slots,
+    replay) at 80% of the peak: the plan chunks recurrent kernels, and 4 steps give cuDNN
+    PyTorch's losses and parameters within float rounding (the chunks' summed gradients)."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from autotm_py.trainer import Trainer
+
+    torch.manual_seed(0)
+    reference = WideClassifier().cuda()
+    ours = copy.deepcopy(reference)
+    gen = torch.Generator().manual_seed(3)
+    data = [(torch.randn(64, 256, 256, generator=gen).cuda(),
+             torch.randint(0, 10, (64,), generator=gen).cuda()) for _ in range(4)]
+    opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    want = []
+    for x, y in data:
+        opt.zero_grad()
+        loss = F.cross_entropy(reference(x), y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    trainer = Trainer(ours, torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9),
+                      F.cross_entropy, example=data[0], ratio="4:1", device="cuda",
+                      plans_dir=tmp_path, precision="fp32", time_limit_s=30)
+    assert any(int(k.attr(CHUNKS_ATTR, 1)) > 1 for k in trainer.run_graph.kernels), \
+        trainer.loop.notes
+    got = [float(trainer.step(x, y)) for x, y in data]
+    trainer.sync()
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
+    for (name, p), (_, q) in zip(ours.named_parameters(), reference.named_parameters(),
+                                 strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5, msg=name)
