@@ -132,10 +132,12 @@ class KernelCosts:
         kernel it came from was measured, the parts share that kernel's times in proportion to
         their estimates (its one launch more is not priced) and, like a part whose workspace
         is not measured, take its workspace (an upper bound: the fused call runs them one
-        after the other). `chunks[k]`: part k is its kernel run over that many slices of the
-        batch in turn (a recurrent kernel): unmeasured, it takes that many times the
-        kernel's measured time (each slice at most the whole batch's: the steps are
-        sequential) and that share of its measured workspace."""
+        after the other). `chunks[k]`: part k is its kernel (a recurrent kernel), or a part of
+        it (a convolution's filter or data gradient), run over that many slices of the batch
+        in turn: unmeasured, it takes that many times its share of the kernel's measured time
+        (each slice at most the whole batch's: a recurrence's steps are sequential, and a
+        slice of a convolution fills less of the GPU) and that share of its measured
+        workspace."""
         n = len(origins)
         measured = {o for o, part in origins if part and not self.estimated[o]}
         shares = {o: sum(fresh.times_s[k] for k, (p, part) in enumerate(origins)
@@ -154,9 +156,10 @@ class KernelCosts:
                 return theirs[k]
             if field_ == "scaled":
                 return mine[o]
-            if k in slices:
-                return mine[o] * slices[k]
-            return mine[o] * (fresh.times_s[k] / shares[o] if shares[o] > 0 else 0.5)
+            # a part's share of the measured kernel (a chunked recurrent kernel: all of it),
+            # that many times over for its chunks
+            share = fresh.times_s[k] / shares[o] if shares[o] > 0 else 0.5
+            return mine[o] * share * slices.get(k, 1)
 
         def column(field_: str, default: Any) -> tuple:
             mine, theirs = getattr(self, field_), getattr(fresh, field_)

@@ -126,7 +126,7 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
             machine.tensor_budget is None or control.stop_requested:
         return result
     # the one decision point of `--split-conv-grads auto`
-    names = splits_for_budget(machine, fused)
+    names = splits_for_budget(machine)
     if not names:
         return result  # another kernel needs more: splitting cannot make it fit
     return _split_and_plan(machine, config, costs, profiles_dir, baselines, control, names,

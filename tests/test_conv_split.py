@@ -20,16 +20,22 @@ from autotm_py.cli import main
 from autotm_py.config import PlanConfig
 from autotm_py.errors import ConfigError, GraphError
 from autotm_py.ir.conv_split import (
+    CHUNKS_ATTR,
+    CONV_GRAD_PARTS,
+    PROFILED_CONV_CHUNKS,
+    describe_split,
     fused_conv_grads,
     part_origins,
     split_conv_grads,
     split_names,
+    split_variants,
 )
 from autotm_py.ir.layout import to_channels_last
 from autotm_py.options import ModelOptions, RunMode
 from autotm_py.plan import Plan
 from autotm_py.planning.feasibility import smallest_budget
 from autotm_py.runtime.execute import run_steps
+from autotm_py.runtime.reference import train_steps
 from autotm_py.units import format_bytes
 from tests.graphs import costs_for
 
@@ -322,3 +328,79 @@ def test_profile_measures_the_split_parts_too(onnx_path, tmp_path, capsys):
     capsys.readouterr()
     after = api.load_costs(split, device="cpu", profiles_dir=cache)
     assert not any(after.estimated)
+
+
+# ---- convolutions in batch chunks: where their measured workspace sets the floor ----------
+CHUNKED = ("conv0#2", "conv1#2", "conv2#2", "conv1/grad#2", "conv2/grad#2")
+WORKSPACE = 4 << 20  # cuDNN-like: several times the largest tensor of the graph
+
+
+def test_chunked_convolutions_and_parts_train_as_the_whole_batch(graph):
+    """Forward convolutions and a fused backward kernel's parts over slices of the batch: the
+    outputs are the whole batch's (the filter gradients summed, within float rounding)."""
+    split = split_conv_grads(graph, CHUNKED)
+    assert split_names(split) == tuple(sorted(CHUNKED))
+    chunks = {k.name: k.attr(CHUNKS_ATTR) for k in split.kernels if k.attr(CHUNKS_ATTR)}
+    assert chunks == {"conv0": 2, "conv1": 2, "conv2": 2, "conv1/grad_filter": 2,
+                      "conv1/grad_data": 2, "conv2/grad_filter": 2, "conv2/grad_data": 2}
+    assert describe_split(graph, CHUNKED) == (
+        "2 convolution backward kernels into their filter and data parts (2 in chunks of the "
+        "batch) and 3 convolutions into chunks of the batch")
+    whole = train_steps(graph, 2, seed=4)
+    for a, b in zip(train_steps(split, 2, seed=4), whole, strict=True):
+        for tid in graph.outputs:
+            torch.testing.assert_close(a[tid], b[tid], rtol=1e-5, atol=1e-6)
+    with pytest.raises(GraphError, match="count of chunks"):
+        split_conv_grads(graph, ["conv1"])  # a forward convolution only in chunks
+
+
+def _measured_workspace(graph):
+    """The tests' costs with `WORKSPACE` measured for each whole convolution and fused
+    backward kernel, and a split's parts and chunked kernels unmeasured (priced from them)."""
+    costs = costs_for(graph)
+    whole = [k.op_type in ("Conv", "ConvGrad") and not k.attr(CHUNKS_ATTR)
+             for k in graph.kernels]
+    return replace(costs, workspace_bytes=tuple(WORKSPACE if w else 0 for w in whole),
+                   estimated=tuple(k.op_type in CONV_GRAD_PARTS.get("ConvGrad", ()) or
+                                   bool(k.attr(CHUNKS_ATTR)) for k in graph.kernels))
+
+
+def test_auto_chunks_convolutions_whose_workspace_the_budget_cannot_hold(graph, monkeypatch,
+                                                                         tmp_path):
+    """Where a fused backward kernel's parts and the forward convolutions still need more than
+    the budget with their whole workspace, `auto` runs them in batch chunks (each a share of
+    the workspace), the plan fits, trains as the unsplit graph and rebuilds from its file."""
+    for module in (pipeline, workload):
+        monkeypatch.setattr(module, "load_costs", lambda g, **kw: _measured_workspace(g))
+
+    def floor(names) -> int:
+        work = workload.split_workload(workload.Workload(graph, _measured_workspace(graph)),
+                                       names)
+        return _smallest(work.graph, work.costs)
+
+    plain, chunked = floor(None), floor(CHUNKED)
+    assert chunked < plain < _smallest(graph, _measured_workspace(graph))
+    budget = (plain + chunked) // 2
+    result = api.optimize(graph, _config(budget, "auto"), costs=_measured_workspace(graph))
+    assert result.plan is not None and result.graph is not None, result.message
+    assert any(n.startswith("split 2 convolution backward kernels into their filter and data "
+                            "parts (2 in chunks of the batch) and 3 convolutions into chunks")
+               for n in result.plan.header.notes), result.plan.header.notes
+    assert result.fast_peak_bytes <= budget
+    for a, b in zip(run_steps(result.graph, result.plan, steps=2, seed=4),
+                    train_steps(graph, 2, seed=4), strict=True):
+        for tid in graph.outputs:
+            torch.testing.assert_close(a[tid], b[tid], rtol=1e-5, atol=1e-6)
+    path = tmp_path / "plan.json"
+    result.plan.save(path)
+    rebuilt = workload.planned_graph(graph, Plan.load(path))
+    assert rebuilt.model_hash == result.graph.model_hash
+
+
+def test_profile_variants_chunk_the_convolutions_up_to_their_cap(tmp_path):
+    """`profile --split-conv-grads` measures each power-of-two count of chunks of every
+    convolution up to `PROFILED_CONV_CHUNKS` (of a batch of 16 images: 2, 4 and 8)."""
+    g = api.load_model(conv_onnx(tmp_path / "b16.onnx", n=16, size=8), TRAINING)
+    counts = sorted({int(k.attr(CHUNKS_ATTR)) for v in split_variants(g) for k in v.kernels
+                     if k.op_type == "Conv" and k.attr(CHUNKS_ATTR)})
+    assert counts == [c for c in (2, 4, 8, 16) if c <= PROFILED_CONV_CHUNKS]

@@ -45,6 +45,12 @@ CONV_GRAD_PARTS = {"ConvGrad": ("ConvGradData", "ConvGradFilter"),
                    "ConvTransposeGrad": ("ConvTransposeGradData", "ConvTransposeGradFilter")}
 BIAS_PART = "ConvGradBias"
 RECURRENT_OPS = ("LSTM", "GRU", *RECURRENT_TRAINING_OPS)
+# forward convolutions a split may run in batch chunks, only where an entry gives the count
+# (their workspace is measured, not in the IR: `feasibility.splits_for_budget` fits it)
+FORWARD_CONVS = ("Conv", "ConvRelu")
+# the most batch chunks of convolutions a profile measures (`split_variants`): more are priced
+# from the whole kernel (`KernelCosts.spliced`)
+PROFILED_CONV_CHUNKS = 8
 CHUNKS_ATTR = "batch_chunks"  # a recurrent kernel's batch slices, run in turn
 # a split list names a recurrent kernel split into chunks other than its default
 # (`recurrent_chunks`) as "<name>#<chunks>": the planner fits them to a budget
@@ -76,35 +82,44 @@ def chunks_to_fit(graph: TensorGraph, k: Kernel, tape_bytes: int, room: int) -> 
 
 
 def _batch(graph: TensorGraph, k: Kernel) -> int:
-    x = graph.tensors[k.inputs[0]].shape  # X: (T, B, I), batch first in layout 1
-    return x[0] if int(k.attr("layout", 0)) else x[1]
+    x = graph.tensors[k.inputs[0]].shape  # X: (T, B, I), batch first in layout 1; dY (N, C, ...)
+    return x[1] if k.op_type in RECURRENT_OPS and not int(k.attr("layout", 0)) else x[0]
 
 
 def split_variants(graph: TensorGraph) -> list[TensorGraph]:
     """The split graphs a profile measures, so that any split the planner makes of `graph` is
     priced with its own kernels' times: every kernel split as `split_conv_grads` does by
     default, then each other power-of-two count of batch chunks (up to the batch) for all its
-    recurrent kernels at once. [] where nothing splits."""
+    recurrent kernels, fused convolution backward kernels' parts and forward convolutions at
+    once (convolutions up to `PROFILED_CONV_CHUNKS`). [] where nothing splits."""
     ids = splittable_kernels(graph)
     if not ids:
         return []
     default = split_conv_grads(graph)
-    recurrent = [graph.kernels[k] for k in ids if graph.kernels[k].op_type in RECURRENT_OPS]
+    chunkable = [graph.kernels[k] for k in [*ids, *forward_convs(graph)]]
     done = {tuple(sorted(split_names(default)))}
     out = [default]
     chunks = 2
-    while recurrent and chunks <= max(_batch(graph, k) for k in recurrent):
+    while chunkable and chunks <= max(_batch(graph, k) for k in chunkable):
         names = tuple(sorted(chunked_name(k.name, min(chunks, _batch(graph, k)))
-                             for k in recurrent))
-        if names not in done:
+                             for k in chunkable if k.op_type in RECURRENT_OPS or
+                             chunks <= PROFILED_CONV_CHUNKS))
+        if names and names not in done:
             done.add(names)
             out.append(split_conv_grads(graph, names))
         chunks *= 2
     return out
 
 
+def forward_convs(graph: TensorGraph) -> list[int]:
+    """The ids of the forward convolutions of `graph` a split may run in batch chunks."""
+    return [k.id for k in graph.kernels
+            if k.op_type in FORWARD_CONVS and int(k.attr(CHUNKS_ATTR, 1)) == 1]
+
+
 def chunked_name(name: str, chunks: int) -> str:
-    """A split list's entry for a recurrent kernel in `chunks` chunks."""
+    """A split list's entry for a recurrent kernel in `chunks` chunks, or a fused convolution
+    backward kernel split into parts that each run in `chunks` chunks."""
     return f"{name}{CHUNKS_SEP}{chunks}"
 
 
@@ -132,16 +147,21 @@ def splittable_kernels(graph: TensorGraph) -> list[int]:
 def describe_split(graph: TensorGraph, names: Iterable[str]) -> str:
     """What splitting the kernels `names` (split list entries) of `graph` does, in words."""
     by_name = {k.name: k.op_type for k in graph.kernels}
-    ops = [by_name[_parse(n, by_name)[0]] for n in names]
+    entries = [_parse(n, by_name) for n in names]
+    ops = [by_name[name] for name, _ in entries]
     conv = sum(op in CONV_GRAD_PARTS for op in ops)
+    sliced = sum(op in CONV_GRAD_PARTS and (chunks or 1) > 1
+                 for op, (_, chunks) in zip(ops, entries, strict=True))
+    forward = sum(op in FORWARD_CONVS for op in ops)
+    rnn = len(ops) - conv - forward
     parts = []
     if conv:
         parts.append(f"{conv} convolution backward kernel{'s' if conv > 1 else ''} into "
-                     f"{'their' if conv > 1 else 'its'} filter and data parts")
-    if len(ops) > conv:
-        rnn = len(ops) - conv
-        parts.append(f"{rnn} recurrent kernel{'s' if rnn > 1 else ''} into chunks of the "
-                     "batch")
+                     f"{'their' if conv > 1 else 'its'} filter and data parts" +
+                     (f" ({sliced} in chunks of the batch)" if sliced else ""))
+    for count, what in ((forward, "convolution"), (rnn, "recurrent kernel")):
+        if count:
+            parts.append(f"{count} {what}{'s' if count > 1 else ''} into chunks of the batch")
     return " and ".join(parts)
 
 
@@ -154,20 +174,25 @@ def split_conv_grads(graph: TensorGraph, names: Iterable[str] | None = None) -> 
     """`graph` with each kernel named in `names` (None: every one `splittable_kernels` gives)
     split: a fused convolution backward kernel replaced, at its place, by ConvGradFilter
     (dY, X -> dW), ConvGradBias (dY -> dB) where it computed dB, then ConvGradData (dY, W ->
-    dX); a recurrent kernel (a layer or its gradient) run in batch chunks, `recurrent_chunks`
-    of them or the
-    count its entry gives ("<name>#<chunks>", `chunked_name`). The tensors (ids, names, roles)
+    dX), those two parts run in batch chunks where its entry gives a count ("<name>#<chunks>",
+    `chunked_name`); a recurrent kernel (a layer or its gradient) run in batch chunks,
+    `recurrent_chunks` of them or the count its entry gives; a forward convolution (Conv,
+    ConvRelu) run in the batch chunks its entry gives. The tensors (ids, names, roles)
     are the same; the kernels after a split convolution move up by one or two ids. A graph
     without those kernels comes back unchanged. A name that is no such kernel of `graph` is a
     `GraphError`."""
     kernels = {graph.kernels[k].name: graph.kernels[k] for k in splittable_kernels(graph)}
     entries = [kernels[n].name for n in kernels] if names is None else list(names)
-    wanted = dict(_parse(e, kernels) for e in entries)
+    convs = {graph.kernels[k].name: graph.kernels[k] for k in forward_convs(graph)}
+    wanted = dict(_parse(e, {**kernels, **convs}) for e in entries)
+    # a forward convolution only in chunks
+    kernels.update({n: k for n, k in convs.items() if (wanted.get(n) or 1) > 1})
     unknown = sorted(set(wanted) - set(kernels))
     if unknown:
         raise GraphError(f"cannot split {', '.join(map(repr, unknown[:3]))}: no fused "
-                         "convolution backward kernel or recurrent kernel with temporaries "
-                         f"to chunk of that name in graph {graph.name!r}")
+                         "convolution backward kernel, recurrent kernel with temporaries to "
+                         "chunk or convolution given a count of chunks (\"<name>#<chunks>\") "
+                         f"of that name in graph {graph.name!r}")
     if not wanted:
         return graph
     b = GraphBuilder(graph.name)
@@ -176,15 +201,16 @@ def split_conv_grads(graph: TensorGraph, names: Iterable[str] | None = None) -> 
     b.constants.update(graph.constants)
     recorded = []
     for k in graph.kernels:
-        if k.name in wanted and k.op_type in RECURRENT_OPS:
-            chunks = wanted[k.name] or recurrent_chunks(graph, k)
+        if k.name in wanted and k.op_type in (*RECURRENT_OPS, *FORWARD_CONVS):
+            chunks = min(wanted[k.name] or recurrent_chunks(graph, k), _batch(graph, k))
             b.add_kernel(k.op_type, k.inputs, k.outputs, name=k.name, domain=k.domain,
                          attrs={**k.attrs_dict, CHUNKS_ATTR: chunks},
                          workspace_bytes=-(-k.workspace_bytes // chunks))
             recorded.append(chunked_name(k.name, chunks))
         elif k.name in wanted:
-            _add_parts(b, graph, k)
-            recorded.append(k.name)
+            chunks = min(wanted[k.name] or 1, _batch(graph, k))
+            _add_parts(b, graph, k, chunks)
+            recorded.append(k.name if chunks == 1 else chunked_name(k.name, chunks))
         else:
             b.add_kernel(k.op_type, k.inputs, k.outputs, name=k.name, domain=k.domain,
                          attrs=k.attrs_dict, workspace_bytes=k.workspace_bytes)
@@ -196,8 +222,17 @@ def split_conv_grads(graph: TensorGraph, names: Iterable[str] | None = None) -> 
     return to_channels_last(out) if is_channels_last(graph) else out
 
 
-def _add_parts(b: GraphBuilder, graph: TensorGraph, k: Kernel) -> None:
-    """The parts of fused kernel `k`, in the order that holds the least at once.
+def part_operands(k: Kernel) -> list[list[int]]:
+    """The inputs and outputs of each part of fused kernel `k`: its filter part (dY, X, dW),
+    its data part (dY, W, dX) and, where it computes dB, its bias part (dY, dB)."""
+    dy, x, w = k.inputs[:3]
+    dx, dw = k.outputs[:2]
+    return [[dy, x, dw], [dy, w, dx], *([[dy, k.outputs[2]]] if len(k.outputs) > 2 else [])]
+
+
+def _add_parts(b: GraphBuilder, graph: TensorGraph, k: Kernel, chunks: int = 1) -> None:
+    """The parts of fused kernel `k`, in the order that holds the least at once; the filter
+    and data parts over `chunks` slices of the batch (their workspace a slice's).
 
     Filter first: ConvGradFilter holds dY, X and dW; then X, where no later kernel reads it,
     is dead before ConvGradData makes dX, which then holds dY, W, dX (and dW, alive until its
@@ -208,18 +243,21 @@ def _add_parts(b: GraphBuilder, graph: TensorGraph, k: Kernel) -> None:
     dy, x, w = k.inputs[:3]
     dx, dw = k.outputs[:2]
     attrs = {key: value for key, value in k.attrs_dict.items() if key != "output_mask"}
+    if chunks > 1:
+        attrs[CHUNKS_ATTR] = chunks
     stem = k.name.removesuffix("/grad")  # the rules' names: <conv>/grad -> <conv>/grad_data
     tensors = graph.tensors
     # each part keeps the fused kernel's own workspace (none from the rules: measured
     # workspace comes with the costs, `KernelCosts.spliced`)
+    workspace = -(-k.workspace_bytes // chunks)
     b.add_kernel(filter_op, [dy, x], [dw], name=f"{stem}/grad_filter", domain=k.domain,
-                 attrs={**attrs, "shape": tensors[dw].shape}, workspace_bytes=k.workspace_bytes)
+                 attrs={**attrs, "shape": tensors[dw].shape}, workspace_bytes=workspace)
     if len(k.outputs) > 2:
         db = k.outputs[2]
         b.add_kernel(BIAS_PART, [dy], [db], name=f"{stem}/grad_bias", domain=k.domain,
                      attrs={"shape": tensors[db].shape})
     b.add_kernel(data_op, [dy, w], [dx], name=f"{stem}/grad_data", domain=k.domain,
-                 attrs={**attrs, "shape": tensors[dx].shape}, workspace_bytes=k.workspace_bytes)
+                 attrs={**attrs, "shape": tensors[dx].shape}, workspace_bytes=workspace)
 
 
 def part_origins(graph: TensorGraph, split: TensorGraph) -> list[tuple[int, bool]]:

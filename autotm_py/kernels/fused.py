@@ -68,10 +68,11 @@ from autotm_py.ir.rules.fused import (
     padded_classes,
 )
 from autotm_py.kernels.loss_grad import fused_softmax_grad
-from autotm_py.kernels.nn import conv, cudnn_window
+from autotm_py.kernels.nn import convolution, cudnn_window
 from autotm_py.kernels.util import (
     log_softmax_rows,
     loss_dtype,
+    over_batch_chunks,
     register,
     softmax_grad_rows,
 )
@@ -533,12 +534,19 @@ def linear_cross_entropy_grad(kernel: Kernel, args: Tensors) -> list[torch.Tenso
 # ---- ConvRelu: the convolution with its bias and ReLU in cuDNN's epilogue -------------------
 @register(CONV_RELU)
 def conv_relu(kernel: Kernel, args: Tensors) -> torch.Tensor:
+    """Conv then Relu (with `batch_chunks`, over slices of the batch in turn, as Conv)."""
+    rest = [None] * (len(args) - 1)  # the weight and bias: whole for every slice
+    return over_batch_chunks(kernel, args, [0, *rest], [0],
+                             lambda part: [_conv_relu(kernel, part)])[0]
+
+
+def _conv_relu(kernel: Kernel, args: Tensors) -> torch.Tensor:
     if torch.is_grad_enabled() and any(a.requires_grad for a in args):
-        return torch.relu(conv(kernel, args))
+        return torch.relu(convolution(kernel, args))
     x, w = args[0], args[1]
     geo = cudnn_window(kernel, x, w)  # where cuDNN's fused call computes what Conv + Relu do
     if geo is not None:
         return torch.cudnn_convolution_relu(x, w, args[2] if len(args) > 2 else None,
                                             list(geo.strides), list(geo.begins),
                                             list(geo.dilations), 1)
-    return conv(kernel, args).relu_()
+    return convolution(kernel, args).relu_()

@@ -30,6 +30,7 @@ from autotm_py.kernels.util import (
     conv_padding,
     expanded_like,
     negate,
+    over_batch_chunks,
     pad_spatial,
     register,
     softmax_grad_rows,
@@ -83,21 +84,34 @@ def _explicit_pads(k: Kernel) -> Sequence[int] | None:
 
 @register("ConvGradData", "ConvTransposeGradData")
 def conv_grad_data(k: Kernel, args: Tensors) -> torch.Tensor:
-    dy, w = args
-    explicit = _explicit_pads(k)
-    x = expanded_like(dy, _padded(k.attr("shape"), explicit))
-    dx = _conv_backward(k, dy, x, w, [True, False, False])[0]
-    return dx if explicit is None else pad_spatial(dx, negate(explicit))
+    """dX from dY and W; with `batch_chunks` (`ir.conv_split`) over slices of the batch in
+    turn, each slice's dX written into the whole one (bitwise the whole batch's: the images of
+    a batch are independent)."""
+    explicit, shape = _explicit_pads(k), list(k.attr("shape"))
+
+    def data(part: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        dy, w = part
+        x = expanded_like(dy, _padded([dy.shape[0], *shape[1:]], explicit))
+        dx = _conv_backward(k, dy, x, w, [True, False, False])[0]
+        return [dx if explicit is None else pad_spatial(dx, negate(explicit))]
+
+    return over_batch_chunks(k, args, [0, None], [0], data)[0]
 
 
 @register("ConvGradFilter", "ConvTransposeGradFilter")
 def conv_grad_filter(k: Kernel, args: Tensors) -> torch.Tensor:
-    dy, x = args
+    """dW from dY and X; with `batch_chunks` the slices' filter gradients summed (within
+    float rounding of the whole batch's: the sum's order differs)."""
     explicit = _explicit_pads(k)
-    if explicit is not None:
-        x = pad_spatial(x, explicit)
-    w = expanded_like(dy, k.attr("shape"))
-    return _conv_backward(k, dy, x, w, [False, True, False])[1]
+
+    def filter_(part: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        dy, x = part
+        if explicit is not None:
+            x = pad_spatial(x, explicit)
+        w = expanded_like(dy, k.attr("shape"))
+        return [_conv_backward(k, dy, x, w, [False, True, False])[1]]
+
+    return over_batch_chunks(k, args, [0, 0], [None], filter_)[0]
 
 
 @register("ConvGrad", "ConvTransposeGrad")

@@ -328,9 +328,11 @@ def conv(k: Kernel, args: Tensors, outs: Tensors) -> bool:
         return False
     deterministic = torch.backends.cudnn.deterministic or \
         torch.are_deterministic_algorithms_enabled()
-    A.cudnn_convolution.out(x, w, list(geo.begins), list(geo.strides), list(geo.dilations), 1,
-                            torch.backends.cudnn.benchmark, deterministic,
-                            torch.backends.cudnn.allow_tf32, out=outs[0])
+    chunks = int(k.attr("batch_chunks", 1))  # `ir.conv_split`: slices of the batch in turn
+    for x_part, out in zip(x.tensor_split(chunks), outs[0].tensor_split(chunks), strict=True):
+        A.cudnn_convolution.out(x_part, w, list(geo.begins), list(geo.strides),
+                                list(geo.dilations), 1, torch.backends.cudnn.benchmark,
+                                deterministic, torch.backends.cudnn.allow_tf32, out=out)
     if len(args) > 2:
         outs[0].add_(args[2].reshape(1, -1, 1, 1))
     return True

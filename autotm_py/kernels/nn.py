@@ -23,6 +23,7 @@ from autotm_py.kernels.util import (
     attrs,
     conv_padding,
     log_softmax_rows,
+    over_batch_chunks,
     pad_spatial,
     register,
     unsupported,
@@ -33,6 +34,14 @@ Tensors = Sequence[torch.Tensor]
 
 @register("Conv")
 def conv(k: Kernel, args: Tensors) -> torch.Tensor:
+    """The convolution; with `batch_chunks` (`ir.conv_split`) over slices of the batch in
+    turn, each slice's output written into the whole one."""
+    rest = [None] * (len(args) - 1)  # the weight and bias: whole for every slice
+    return over_batch_chunks(k, args, [0, *rest], [0], lambda part: [convolution(k, part)])[0]
+
+
+def convolution(k: Kernel, args: Tensors) -> torch.Tensor:
+    """One convolution over the whole of `args`."""
     x, w = args[0], args[1]
     bias = args[2] if len(args) > 2 else None
     geo = window(attrs(k), x.shape[2:], w.shape[2:])

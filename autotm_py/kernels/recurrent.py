@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
-from autotm_py.kernels.util import register
+from autotm_py.kernels.util import over_batch_chunks, register
 
 Tensors = Sequence[torch.Tensor]
 # ONNX gate chunks in torch's order: LSTM i o f c -> i f g(c) o, GRU z r h -> r z n(h)
@@ -126,8 +126,8 @@ def recurrent(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     # gradient kernel's recomputation and nn.LSTM in training would each see other values.
     # Nothing is recorded unless an argument requires grad.
     with torch.enable_grad():
-        return _chunked(kernel, args, lambda part: recurrent_forward(kernel.op_type, kernel,
-                                                                       part))
+        return over_batch_chunks(kernel, args, *_batch_axes(kernel),
+                                 lambda part: recurrent_forward(kernel.op_type, kernel, part))
 
 
 def recompute_grad(kernel: Kernel, args: Tensors,
@@ -164,33 +164,6 @@ def _batch_axes(kernel: Kernel) -> tuple[list[int | None], list[int | None]]:
     return forward + [y if which == 0 else state for which in present], wanted
 
 
-def in_batch_chunks(kernel: Kernel, args: Tensors, chunks: int,
-                    run: Callable[[Tensors], list[torch.Tensor]]) -> list[torch.Tensor]:
-    """`run` over `chunks` slices of the batch, one after the other: the sequences of a batch
-    are independent, so the batched outputs are the slices' joined and the weights' gradients
-    their sum. Only one slice's temporaries (the recomputed forward's tape) are alive at a
-    time."""
-    in_axes, out_axes = _batch_axes(kernel)
-    joined: list[list[torch.Tensor]] = [[] for _ in out_axes]
-    sums: list[torch.Tensor | None] = [None] * len(out_axes)
-    for part in range(chunks):
-        piece = [a if ax is None else a.tensor_split(chunks, ax)[part]
-                 for a, ax in zip(args, in_axes, strict=True)]
-        for j, value in enumerate(run(piece)):
-            if out_axes[j] is not None:
-                joined[j].append(value)
-            else:
-                sums[j] = value if sums[j] is None else sums[j].add_(value)
-    return [torch.cat(joined[j], ax) if ax is not None else sums[j]  # type: ignore[misc]
-            for j, ax in enumerate(out_axes)]
-
-
-def _chunked(kernel: Kernel, args: Tensors,
-             run: Callable[[Tensors], list[torch.Tensor]]) -> list[torch.Tensor]:
-    chunks = int(kernel.attr("batch_chunks", 1))
-    return run(args) if chunks <= 1 else in_batch_chunks(kernel, args, chunks, run)
-
-
 @register("LSTMGrad", "GRUGrad")
 def recurrent_backward(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     op = kernel.op_type.removesuffix("Grad")
@@ -198,4 +171,4 @@ def recurrent_backward(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     def grad(part: Tensors) -> list[torch.Tensor]:
         return recompute_grad(kernel, part, lambda leaves: recurrent_forward(op, kernel, leaves))
 
-    return _chunked(kernel, args, grad)
+    return over_batch_chunks(kernel, args, *_batch_axes(kernel), grad)

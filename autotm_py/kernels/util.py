@@ -164,3 +164,46 @@ def in_layout(value: torch.Tensor, tensor: Tensor) -> torch.Tensor:
 def empty_like_tensor(tensor: Tensor, device: torch.device | str) -> torch.Tensor:
     return torch.empty(tensor.shape, dtype=TORCH_DTYPES[tensor.dtype], device=device,
                        memory_format=memory_format(tensor))
+
+
+def over_batch_chunks(k: Kernel, args: Sequence[torch.Tensor],
+                      in_axes: Sequence[int | None], out_axes: Sequence[int | None],
+                      run: Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]
+                      ) -> list[torch.Tensor]:
+    """`run` on the whole batch, or over kernel `k`'s `batch_chunks` slices of it one after the
+    other (`ir.conv_split`): each input is sliced along its axis in `in_axes` (None: whole,
+    e.g. a weight), each output with an axis in `out_axes` is the slices' written into one tensor of
+    the whole batch (the first slice's dtype and layout), and one without (a weight's gradient)
+    the slices' sum. Only one slice's temporaries and one slice's outputs are alive beside the
+    whole outputs."""
+    chunks = int(k.attr("batch_chunks", 1))
+    if chunks <= 1:
+        return list(run(list(args)))
+    batch = next(a.shape[ax] for a, ax in zip(args, in_axes, strict=True) if ax is not None)
+    whole: list[torch.Tensor | None] = [None] * len(out_axes)
+    start = 0
+    for part in range(chunks):
+        piece = [a if ax is None else a.tensor_split(chunks, ax)[part]
+                 for a, ax in zip(args, in_axes, strict=True)]
+        values = run(piece)
+        for j, (value, ax) in enumerate(zip(values, out_axes, strict=True)):
+            if ax is None:
+                whole[j] = value if whole[j] is None else whole[j].add_(value)  # type: ignore[union-attr]
+                continue
+            if whole[j] is None:
+                shape = list(value.shape)
+                shape[ax] = batch
+                whole[j] = torch.empty(shape, dtype=value.dtype, device=value.device,
+                                       memory_format=_format_of(value))
+            whole[j].narrow(ax, start, value.shape[ax]).copy_(value)  # type: ignore[union-attr]
+        start += next(p.shape[ax] for p, ax in zip(piece, in_axes, strict=True)
+                      if ax is not None)
+    return whole  # type: ignore[return-value]
+
+
+def _format_of(value: torch.Tensor) -> torch.memory_format:
+    """The memory format `value` is stored in (channels-last images keep it when joined)."""
+    if value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last) and \
+            not value.is_contiguous():
+        return torch.channels_last
+    return torch.contiguous_format

@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autotm_py.ir.conv_split import RECURRENT_OPS, chunked_name, chunks_to_fit
+from autotm_py.ir.conv_split import (
+    CONV_GRAD_PARTS,
+    RECURRENT_OPS,
+    chunked_name,
+    chunks_to_fit,
+    forward_convs,
+    part_operands,
+    splittable_kernels,
+)
 from autotm_py.ir.host_updates import UPDATE_OPS
 from autotm_py.ir.training import chunkable_logits_bytes
 from autotm_py.units import format_bytes, parse_bytes
@@ -94,29 +102,48 @@ def kernel_needs(machine: MachineModel, fixed: frozenset[int] = frozenset(),
             for k in range(len(machine.graph.kernels))]
 
 
-def splits_for_budget(machine: MachineModel, splittable: Sequence[int]) -> list[str]:
-    """`--split-conv-grads auto`: the split list (`ir.conv_split`) of the `splittable`
-    kernels whose own need the budget cannot hold, [] where another kernel needs more (no
-    split can make the budget fit). A recurrent kernel gets the fewest batch chunks whose
+def splits_for_budget(machine: MachineModel) -> list[str]:
+    """`--split-conv-grads auto`: the split list (`ir.conv_split`) of the kernels a split
+    changes (`splittable_kernels`, and the forward convolutions that have workspace) whose own
+    need the budget cannot hold, [] where another kernel needs more (no split can make the
+    budget fit). A recurrent kernel gets the fewest batch chunks whose
     share of its temporaries leaves its need within the budget, so that a larger budget keeps
-    larger, faster chunks."""
+    larger, faster chunks; so do a convolution's filter and data parts where the largest of
+    them with its workspace (the fused kernel's, measured) still needs more, and a forward
+    convolution whose measured workspace is what the budget cannot hold."""
+    graph = machine.graph
+    convs = [k for k in forward_convs(graph) if machine.workspace[k] > 0]
     needs, budget = kernel_needs(machine), int(machine.tensor_budget or 0)
-    over = [k for k in splittable if needs[k] > budget]
+    over = [k for k in [*splittable_kernels(graph), *convs] if needs[k] > budget]
     if not over or max(needs) > max(needs[k] for k in over):
         return []
-    graph, out = machine.graph, []
+    out = []
     for k in over:
         kernel = graph.kernels[k]
         # where the scratch region, not the kernel's own row, holds its workspace: the
         # shapes' default; else what its row leaves for its workspace (a scratch window holds
         # the workspace and the outputs torch allocates: only the first shrinks)
-        if kernel.op_type in RECURRENT_OPS and machine.workspace[k] > 0:
-            tape = int(machine.kernel_workspace[k])
-            room = max(budget - (needs[k] - tape), 1)
-            out.append(chunked_name(kernel.name, chunks_to_fit(graph, kernel, tape, room)))
-        else:
+        if machine.workspace[k] <= 0:
+            out.append(kernel.name)
+            continue
+        tape = int(machine.kernel_workspace[k])
+        room = max(budget - (needs[k] - tape - _parts_saving(machine, kernel)), 1)
+        chunks = chunks_to_fit(graph, kernel, tape, room)
+        if chunks > 1 or kernel.op_type in RECURRENT_OPS:
+            out.append(chunked_name(kernel.name, chunks))
+        elif kernel.op_type in CONV_GRAD_PARTS:  # its parts unchunked (a forward one: as is)
             out.append(kernel.name)
     return out
+
+
+def _parts_saving(machine: MachineModel, kernel: Any) -> int:
+    """The bytes of its inputs and outputs a fused convolution backward kernel's largest part
+    does without (0 for a recurrent kernel: its chunks read and write them all)."""
+    if kernel.op_type not in CONV_GRAD_PARTS:
+        return 0
+    largest = max(sum(int(machine.sizes[t]) for t in set(part))
+                  for part in part_operands(kernel))
+    return machine.io_bytes(kernel.id) - largest
 
 
 def _own_bytes(machine: MachineModel, kid: int, fixed: frozenset[int]) -> int:

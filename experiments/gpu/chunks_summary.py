@@ -1,9 +1,9 @@
-"""One line per budget of experiments/gpu/lstm_chunks.sh: the share of the unsplit peak, the
-budget, the batch chunks the plan chose per recurrent kernel, predicted and measured iteration,
+"""One line per budget of experiments/gpu/chunks_bench.sh: the share of the unsplit peak, the
+budget, the kernels the plan split (with their batch chunks), predicted and measured iteration,
 their error, the reserved peak and the allocator's retries; with the unsplit graph's all-fast
 iteration, torch.autograd of it and checkpointing from the same call's bench row.
 
-    python experiments/gpu/lstm_chunks_summary.py OUT_DIR -o OUT_DIR/lstm_chunks.json
+    python experiments/gpu/chunks_summary.py OUT_DIR -o OUT_DIR/chunks.json
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def share_row(plan_file: Path, run_file: Path, peak: int | None) -> dict[str, An
 
 
 def summary(out: Path) -> dict[str, Any]:
-    bench = out / "lstm_bench.json"
+    bench = out / "bench.json"
     row = read_result(bench)[0] if bench.exists() else {}
     peak = row.get("peak_bytes")
     return {
@@ -51,7 +51,7 @@ def summary(out: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="lstm_chunks.sh's OUT_DIR")
+    parser.add_argument("out", type=Path, help="chunks_bench.sh's OUT_DIR")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
     doc = summary(args.out)
