@@ -367,9 +367,9 @@ def _batches(shape: tuple[int, ...], classes: int, count: int) -> list[tuple]:
              torch.randint(0, classes, (shape[0],), generator=gen)) for _ in range(count)]
 
 
-def _plain_training(module: nn.Module, data: list[tuple]) -> list[float]:
+def _plain_training(module: nn.Module, data: list[tuple], lr: float = 0.1) -> list[float]:
     """The losses of SGD with momentum on `module` over `data`, as plain PyTorch trains."""
-    opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9)
     losses = []
     for x, y in data:
         opt.zero_grad()

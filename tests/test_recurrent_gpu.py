@@ -17,7 +17,7 @@ from autotm_py.pipeline import all_fast_plan, with_arena
 from autotm_py.runtime.execute import run_steps
 from autotm_py.runtime.reference import train_steps
 from tests.graphs import costs_for
-from tests.test_recurrent import _chunk_case
+from tests.test_recurrent import _chunk_case, _plain_training
 
 pytestmark = pytest.mark.gpu
 
@@ -77,14 +77,7 @@ def test_the_trainer_trains_an_lstm_in_batch_chunks_on_cuda_as_pytorch(tmp_path)
     gen = torch.Generator().manual_seed(3)
     data = [(torch.randn(64, 256, 256, generator=gen).cuda(),
              torch.randint(0, 10, (64,), generator=gen).cuda()) for _ in range(4)]
-    opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
-    want = []
-    for x, y in data:
-        opt.zero_grad()
-        loss = F.cross_entropy(reference(x), y)
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
+    want = _plain_training(reference, data, lr=0.05)
     trainer = Trainer(ours, torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9),
                       F.cross_entropy, example=data[0], ratio="4:1", device="cuda",
                       plans_dir=tmp_path, precision="fp32", time_limit_s=30)
