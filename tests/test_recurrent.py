@@ -440,7 +440,7 @@ def test_the_trainer_chunks_recurrent_kernels_a_budget_cannot_hold(tmp_path, mon
     ours_trainer = trainer(ours)
     chunked = [k.name for k in ours_trainer.run_graph.kernels if k.attr(CHUNKS_ATTR, 1) > 1]
     assert len(chunked) == 2 and all(k.endswith("/grad") for k in chunked)
-    assert any(n.startswith("split 2 recurrent kernels") for n in ours_trainer.loop.notes)
+    assert any(n.startswith("split 2 recurrent kernels") for n in ours_trainer.notes)
     _trains_like(ours_trainer, ours, reference, data)
 
     def no_solve(*args, **kwargs):

@@ -82,7 +82,7 @@ def test_the_trainer_trains_an_lstm_in_batch_chunks_on_cuda_as_pytorch(tmp_path)
                       F.cross_entropy, example=data[0], ratio="4:1", device="cuda",
                       plans_dir=tmp_path, precision="fp32", time_limit_s=30)
     assert any(int(k.attr(CHUNKS_ATTR, 1)) > 1 for k in trainer.run_graph.kernels), \
-        trainer.loop.notes
+        trainer.notes
     got = [float(trainer.step(x, y)) for x, y in data]
     trainer.sync()
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)

@@ -145,6 +145,7 @@ class Trainer:
         masters.update(self._batch_masters(self.example))
         self.host_bytes = self._check_host_memory()
         self.loop = Loop(self.run_graph, self.plan, self.device, self.mode, masters)
+        self.notes += self.loop.notes  # the plan's: another GPU's profiles, no arena, a split
         if self.host is not None:  # the GPU reads the host's slow-tier copies as they are
             masters.fed = {t: self.host.slot(self.loop.executor, t) for t in self.host.fed}
             self.host.attach(self.loop.executor)
