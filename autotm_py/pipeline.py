@@ -45,7 +45,7 @@ from autotm_py.planning import local_search, solve
 from autotm_py.planning.baselines import BASELINES, BaselineResult
 from autotm_py.planning.bounds import transfer_bound
 from autotm_py.planning.control import SolveControl
-from autotm_py.planning.feasibility import smallest_budget, splits_for_budget
+from autotm_py.planning.feasibility import refit_chunks, smallest_budget, splits_for_budget
 from autotm_py.planning.solve import PlanResult
 from autotm_py.profiling.cache import user_profiles_dir
 from autotm_py.profiling.fingerprint import detected_gpu
@@ -125,8 +125,7 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
     if mode != "auto" or result.status != "infeasible" or result.smallest is None or \
             machine.tensor_budget is None or control.stop_requested:
         return result
-    # the one decision point of `--split-conv-grads auto`
-    names = splits_for_budget(machine)
+    names = splits_for_budget(machine)  # the one decision point of `--split-conv-grads auto`
     if not names:
         return result  # another kernel needs more: splitting cannot make it fit
     return _split_and_plan(machine, config, costs, profiles_dir, baselines, control, names,
@@ -137,22 +136,24 @@ def _split_and_plan(machine: MachineModel, config: PlanConfig, costs: KernelCost
                     profiles_dir: PathLike | None, baselines: bool | Sequence[str],
                     control: SolveControl, names: Sequence[str],
                     infeasible: PlanResult | None = None) -> PlanResult:
-    """Plan the graph of `machine` with its fused convolution backward and recurrent kernels
-    `names` split (`ir.conv_split`: a recurrent kernel's entry may give its batch chunks) at
-    the same budget in bytes. With `infeasible` (the unsplit graph's
-    result, `--split-conv-grads auto`): that result, its message saying so, unless the split
-    graph's smallest feasible budget fits the budget and it gets a plan."""
+    """Plan the graph of `machine` with the kernels `names` split (`ir.conv_split`; chunks
+    doubled where measured ones need more: `refit_chunks`) at the same budget in bytes. With
+    `infeasible` (the unsplit graph's result, `--split-conv-grads auto`): that result, its
+    message saying so, unless the split graph's smallest budget fits and it gets a plan."""
     graph = machine.graph
     split_config = replace(config, ratio=None, fast_mem_bytes=machine.user_budget,
                            split_conv_grads="off")
-    costs = costs or load_costs(graph, device=config.device, profiles_dir=profiles_dir,
-                                gpu=config.gpu)
-    work = split_workload(Workload(graph, costs), names,
-                          device=config.device, gpu=config.gpu, profiles_dir=profiles_dir)
-    split, costs = work.graph, work.costs
-    split_machine = machine_for(split, split_config, costs, profiles_dir=profiles_dir)
+    whole = Workload(graph, costs or load_costs(graph, device=config.device,
+                                                profiles_dir=profiles_dir, gpu=config.gpu))
+
+    def machine_of(entries: Sequence[str]) -> MachineModel:
+        work = split_workload(whole, entries, device=config.device, gpu=config.gpu,
+                              profiles_dir=profiles_dir)
+        return machine_for(work.graph, split_config, work.costs, profiles_dir=profiles_dir)
+
+    names, split_machine, least = refit_chunks(graph, names, machine_of, config.strategy)
+    split, costs = split_machine.graph, split_machine.given_costs
     before = smallest_budget(machine, config.strategy).budget_bytes
-    least = smallest_budget(split_machine, config.strategy)
     after = least.budget_bytes
     what = describe_split(graph, names)
     if infeasible is not None and split_machine.tensor_budget is not None and \

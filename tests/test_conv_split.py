@@ -404,3 +404,38 @@ def test_profile_variants_chunk_the_convolutions_up_to_their_cap(tmp_path):
     counts = sorted({int(k.attr(CHUNKS_ATTR)) for v in split_variants(g) for k in v.kernels
                      if k.op_type == "Conv" and k.attr(CHUNKS_ATTR)})
     assert counts == [c for c in (2, 4, 8, 16) if c <= PROFILED_CONV_CHUNKS]
+
+
+def test_chunks_are_doubled_where_the_measured_chunks_need_more(tmp_path, monkeypatch):
+    """`auto` fits each convolution's chunks to a share of its whole workspace; where the
+    profiles measured the chunked kernels and 2 chunks keep 90% of it (cuDNN chooses its
+    algorithm per batch), the forcing kernel's chunks are doubled until the split fits."""
+    g = api.load_model(conv_onnx(tmp_path / "b4.onnx", n=4), TRAINING)
+
+    def measured_chunks(split):
+        costs = _measured_workspace(split)
+        ws, est = list(costs.workspace_bytes), list(costs.estimated)
+        for k in split.kernels:
+            chunks = int(k.attr(CHUNKS_ATTR) or 1)
+            if chunks > 1:
+                ws[k.id] = WORKSPACE * 9 // 10 if chunks == 2 else WORKSPACE // chunks
+                est[k.id] = False
+        return replace(costs, workspace_bytes=tuple(ws), estimated=tuple(est))
+
+    pricing = [_measured_workspace]  # what the profiles hold: set per step below
+    for module in (pipeline, workload):
+        monkeypatch.setattr(module, "load_costs", lambda graph, **kw: pricing[0](graph))
+
+    def floor(names, priced) -> int:
+        pricing[0] = priced
+        work = workload.split_workload(workload.Workload(g, priced(g)), names)
+        return _smallest(work.graph, work.costs)
+
+    quarters = [n.replace("#2", "#4") for n in CHUNKED]
+    budget = floor(CHUNKED, _measured_workspace)  # what 2 chunks need at half the workspace
+    assert floor(quarters, measured_chunks) <= budget < floor(CHUNKED, measured_chunks)
+    pricing[0] = measured_chunks
+    result = api.optimize(g, _config(budget, "auto"), costs=measured_chunks(g))
+    assert result.plan is not None, result.message
+    assert max(int(k.attr(CHUNKS_ATTR) or 1) for k in result.graph.kernels) == 4
+    assert result.fast_peak_bytes <= budget

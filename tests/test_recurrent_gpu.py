@@ -72,12 +72,12 @@ def test_the_trainer_trains_an_lstm_in_batch_chunks_on_cuda_as_pytorch(tmp_path)
     from autotm_py.trainer import Trainer
 
     torch.manual_seed(0)
-    reference = WideClassifier().cuda()
-    ours = copy.deepcopy(reference)
+    reference = WideClassifier()
+    ours = copy.deepcopy(reference)  # on the CPU, as a user hands it over; batches too
     gen = torch.Generator().manual_seed(3)
-    data = [(torch.randn(64, 256, 256, generator=gen).cuda(),
-             torch.randint(0, 10, (64,), generator=gen).cuda()) for _ in range(4)]
-    want = _plain_training(reference, data, lr=0.05)
+    data = [(torch.randn(64, 256, 256, generator=gen), torch.randint(0, 10, (64,), generator=gen))
+            for _ in range(4)]
+    want = _plain_training(reference.cuda(), [(x.cuda(), y.cuda()) for x, y in data], lr=0.05)
     trainer = Trainer(ours, torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9),
                       F.cross_entropy, example=data[0], ratio="4:1", device="cuda",
                       plans_dir=tmp_path, precision="fp32", time_limit_s=30)
@@ -88,4 +88,5 @@ def test_the_trainer_trains_an_lstm_in_batch_chunks_on_cuda_as_pytorch(tmp_path)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
     for (name, p), (_, q) in zip(ours.named_parameters(), reference.named_parameters(),
                                  strict=True):
-        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(p.detach().cpu(), q.detach().cpu(), rtol=1e-4, atol=1e-5,
+                                   msg=name)

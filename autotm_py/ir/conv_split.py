@@ -74,14 +74,15 @@ def recurrent_chunks(graph: TensorGraph, k: Kernel) -> int:
 def chunks_to_fit(graph: TensorGraph, k: Kernel, tape_bytes: int, room: int) -> int:
     """The fewest batch chunks (a power of two, at most the batch) in which recurrent kernel
     `k`'s temporaries of `tape_bytes` take at most `room` bytes; the batch where none does."""
-    batch = _batch(graph, k)
+    batch = batch_of(graph, k)
     chunks = 1
     while chunks < batch and -(-tape_bytes // chunks) > room:
         chunks *= 2
     return min(chunks, batch)
 
 
-def _batch(graph: TensorGraph, k: Kernel) -> int:
+def batch_of(graph: TensorGraph, k: Kernel) -> int:
+    """The batch a chunkable kernel `k` runs over (the most chunks it can take)."""
     x = graph.tensors[k.inputs[0]].shape  # X: (T, B, I), batch first in layout 1; dY (N, C, ...)
     return x[1] if k.op_type in RECURRENT_OPS and not int(k.attr("layout", 0)) else x[0]
 
@@ -100,8 +101,8 @@ def split_variants(graph: TensorGraph) -> list[TensorGraph]:
     done = {tuple(sorted(split_names(default)))}
     out = [default]
     chunks = 2
-    while chunkable and chunks <= max(_batch(graph, k) for k in chunkable):
-        names = tuple(sorted(chunked_name(k.name, min(chunks, _batch(graph, k)))
+    while chunkable and chunks <= max(batch_of(graph, k) for k in chunkable):
+        names = tuple(sorted(chunked_name(k.name, min(chunks, batch_of(graph, k)))
                              for k in chunkable if k.op_type in RECURRENT_OPS or
                              chunks <= PROFILED_CONV_CHUNKS))
         if names and names not in done:
@@ -130,6 +131,11 @@ def _parse(entry: str, names: Iterable[str]) -> tuple[str, int | None]:
     if entry not in names and sep and chunks.isdigit() and int(chunks) > 0:
         return name, int(chunks)
     return entry, None
+
+
+def entry_kernel(entry: str, graph: TensorGraph) -> str:
+    """The name of the kernel of `graph` a split list's entry names."""
+    return _parse(entry, {k.name for k in graph.kernels})[0]
 
 
 def _chunkable(graph: TensorGraph, k: Kernel) -> bool:
@@ -202,13 +208,13 @@ def split_conv_grads(graph: TensorGraph, names: Iterable[str] | None = None) -> 
     recorded = []
     for k in graph.kernels:
         if k.name in wanted and k.op_type in (*RECURRENT_OPS, *FORWARD_CONVS):
-            chunks = min(wanted[k.name] or recurrent_chunks(graph, k), _batch(graph, k))
+            chunks = min(wanted[k.name] or recurrent_chunks(graph, k), batch_of(graph, k))
             b.add_kernel(k.op_type, k.inputs, k.outputs, name=k.name, domain=k.domain,
                          attrs={**k.attrs_dict, CHUNKS_ATTR: chunks},
                          workspace_bytes=-(-k.workspace_bytes // chunks))
             recorded.append(chunked_name(k.name, chunks))
         elif k.name in wanted:
-            chunks = min(wanted[k.name] or 1, _batch(graph, k))
+            chunks = min(wanted[k.name] or 1, batch_of(graph, k))
             _add_parts(b, graph, k, chunks)
             recorded.append(k.name if chunks == 1 else chunked_name(k.name, chunks))
         else:

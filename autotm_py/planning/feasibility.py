@@ -19,19 +19,23 @@ formats it (`Smallest.message`, with the fixes in the face's own terms: `FACES`)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from autotm_py.ir.conv_split import (
+    CHUNKS_ATTR,
     CONV_GRAD_PARTS,
     RECURRENT_OPS,
+    batch_of,
     chunked_name,
     chunks_to_fit,
+    entry_kernel,
     forward_convs,
     part_operands,
+    part_origins,
     splittable_kernels,
 )
 from autotm_py.ir.host_updates import UPDATE_OPS
@@ -39,6 +43,7 @@ from autotm_py.ir.training import chunkable_logits_bytes
 from autotm_py.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
+    from autotm_py.ir.graph import TensorGraph
     from autotm_py.machine import MachineModel
 
 # The parts beside the kernel's own bytes, in the order a message names them.
@@ -134,6 +139,30 @@ def splits_for_budget(machine: MachineModel) -> list[str]:
         elif kernel.op_type in CONV_GRAD_PARTS:  # its parts unchunked (a forward one: as is)
             out.append(kernel.name)
     return out
+
+
+def refit_chunks(graph: TensorGraph, names: Sequence[str],
+                 machine_of: Callable[[Sequence[str]], MachineModel], strategy: str
+                 ) -> tuple[list[str], MachineModel, Smallest]:
+    """`names` (a split list of `graph`'s kernels, `splits_for_budget`'s) with their batch
+    chunks doubled while a chunked kernel still sets the split graph's smallest budget above
+    the budget (`machine_of(names)`: the split graph priced): the chunks were fitted to a
+    share of the whole kernel's workspace, and a measured chunk may take more (cuDNN's
+    workspace on a U-Net's convolution, an H100: 770 MiB whole, 640 MiB for each of 2
+    chunks). Returns the list, its machine and its smallest budget."""
+    names = list(names)
+    while True:
+        machine = machine_of(names)
+        least = smallest_budget(machine, strategy)
+        if machine.tensor_budget is None or least.plan_bytes <= machine.tensor_budget:
+            return names, machine, least
+        kernel = machine.graph.kernels[least.kernel]
+        chunks = int(kernel.attr(CHUNKS_ATTR, 1))
+        if chunks <= 1 or chunks >= batch_of(machine.graph, kernel):
+            return names, machine, least
+        origin = graph.kernels[part_origins(graph, machine.graph)[least.kernel][0]].name
+        names = [chunked_name(origin, 2 * chunks) if entry_kernel(n, graph) == origin else n
+                 for n in names]
 
 
 def _parts_saving(machine: MachineModel, kernel: Any) -> int:
