@@ -145,3 +145,21 @@ CASES: list[tuple[str, list[np.ndarray], dict[str, Any], int]] = [
 def test_forward_kernel_matches_onnxruntime(op: str, inputs: list[np.ndarray],
                                             attrs: dict[str, Any], n_out: int) -> None:
     check(op, inputs, attrs, n_out)
+
+
+def test_resize_makes_its_tap_tables_once_per_device_and_dtype():
+    """The index and weight tables of a resized axis are made on the device once and reused:
+    a copy from the host at every call broke CUDA-graph capture on a GPU."""
+    from autotm_py.kernels import resize
+
+    class Linear:  # the kernel attributes `_taps` reads
+        def attr(self, name, default=None):
+            return {"mode": "linear", "coordinate_transformation_mode": "half_pixel"}.get(
+                name, default)
+
+    x = torch.zeros(2, dtype=torch.float64)
+    first, again = resize._taps(Linear(), 4, 8, 2.0, x), resize._taps(Linear(), 4, 8, 2.0, x)
+    assert first[0] is again[0] and first[1] is again[1]
+    assert first[1].dtype == torch.float64 and tuple(first[0].shape) == (2, 8)
+    other = resize._taps(Linear(), 4, 8, 2.0, x.float())
+    assert other[1] is not first[1] and other[1].dtype == torch.float32

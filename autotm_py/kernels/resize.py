@@ -89,16 +89,25 @@ def _taps(k: Kernel, in_len: int, out_len: int, scale: float, like: torch.Tensor
     ctm = str(k.attr("coordinate_transformation_mode", "half_pixel"))
     if int(k.attr("antialias", 0)) or ctm == "tf_crop_and_resize":
         raise unsupported(k, f"Resize with antialias or {ctm!r}")
+    key = (in_len, out_len, float(scale), mode, ctm,
+           str(k.attr("nearest_mode", "round_prefer_floor")),
+           float(k.attr("cubic_coeff_a", -0.75)), bool(k.attr("exclude_outside", 0)))
     try:
-        idx, w = axis_taps(in_len, out_len, float(scale), mode, ctm,
-                           str(k.attr("nearest_mode", "round_prefer_floor")),
-                           float(k.attr("cubic_coeff_a", -0.75)),
-                           bool(k.attr("exclude_outside", 0)))
+        return _device_taps(key, like.device, like.dtype)
     except ValueError as exc:
         raise unsupported(k, f"Resize option {exc}") from None
-    weights = None if mode == "nearest" else torch.as_tensor(w, dtype=like.dtype,
-                                                             device=like.device)
-    return torch.as_tensor(idx, device=like.device), weights
+
+
+@functools.lru_cache(maxsize=256)
+def _device_taps(key: tuple, device: torch.device, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`axis_taps` as tensors on `device`, made once: a copy from the host at every call
+    cost time and broke CUDA-graph capture ("Cannot copy between CPU and CUDA tensors during
+    CUDA graph capture": the corpus U-Net on an H100, 2026-12-06); the first, eager,
+    iteration makes them before a replay's capture."""
+    idx, w = axis_taps(*key)
+    weights = None if key[3] == "nearest" else torch.as_tensor(w, dtype=dtype, device=device)
+    return torch.as_tensor(idx, device=device), weights
 
 
 def _view(rank: int, axis: int) -> list[int]:
