@@ -246,8 +246,7 @@ def _add_parts(b: GraphBuilder, graph: TensorGraph, k: Kernel, chunks: int = 1) 
     activation-sized tensor more at its peak, where dW and W are filter-sized. The bias part
     reads only dY and goes between them, so dY dies with the last part as it did with `k`."""
     data_op, filter_op = CONV_GRAD_PARTS[k.op_type]
-    dy, x, w = k.inputs[:3]
-    dx, dw = k.outputs[:2]
+    (dy, x, dw), (_, w, dx), *bias = part_operands(k)
     attrs = {key: value for key, value in k.attrs_dict.items() if key != "output_mask"}
     if chunks > 1:
         attrs[CHUNKS_ATTR] = chunks
@@ -258,8 +257,7 @@ def _add_parts(b: GraphBuilder, graph: TensorGraph, k: Kernel, chunks: int = 1) 
     workspace = -(-k.workspace_bytes // chunks)
     b.add_kernel(filter_op, [dy, x], [dw], name=f"{stem}/grad_filter", domain=k.domain,
                  attrs={**attrs, "shape": tensors[dw].shape}, workspace_bytes=workspace)
-    if len(k.outputs) > 2:
-        db = k.outputs[2]
+    for _, db in bias:
         b.add_kernel(BIAS_PART, [dy], [db], name=f"{stem}/grad_bias", domain=k.domain,
                      attrs={"shape": tensors[db].shape})
     b.add_kernel(data_op, [dy, w], [dx], name=f"{stem}/grad_data", domain=k.domain,
@@ -282,7 +280,7 @@ def part_origins(graph: TensorGraph, split: TensorGraph) -> list[tuple[int, bool
         if k.op_type not in CONV_GRAD_PARTS:
             raise GraphError(f"graph {split.name!r} is no split of {graph.name!r}: kernel "
                              f"#{k.id} {k.name!r} is missing")
-        parts = 3 if len(k.outputs) > 2 else 2
+        parts = len(part_operands(k))
         out.extend([(k.id, True)] * parts)
         j += parts
     return out

@@ -72,7 +72,7 @@ from autotm_py.kernels.nn import convolution, cudnn_window
 from autotm_py.kernels.util import (
     log_softmax_rows,
     loss_dtype,
-    over_batch_chunks,
+    over_image_chunks,
     register,
     softmax_grad_rows,
 )
@@ -535,9 +535,7 @@ def linear_cross_entropy_grad(kernel: Kernel, args: Tensors) -> list[torch.Tenso
 @register(CONV_RELU)
 def conv_relu(kernel: Kernel, args: Tensors) -> torch.Tensor:
     """Conv then Relu (with `batch_chunks`, over slices of the batch in turn, as Conv)."""
-    rest = [None] * (len(args) - 1)  # the weight and bias: whole for every slice
-    return over_batch_chunks(kernel, args, [0, *rest], [0],
-                             lambda part: [_conv_relu(kernel, part)])[0]
+    return over_image_chunks(kernel, args, lambda part: _conv_relu(kernel, part))
 
 
 def _conv_relu(kernel: Kernel, args: Tensors) -> torch.Tensor:

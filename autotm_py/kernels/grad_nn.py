@@ -31,6 +31,7 @@ from autotm_py.kernels.util import (
     expanded_like,
     negate,
     over_batch_chunks,
+    over_image_chunks,
     pad_spatial,
     register,
     softmax_grad_rows,
@@ -89,13 +90,13 @@ def conv_grad_data(k: Kernel, args: Tensors) -> torch.Tensor:
     a batch are independent)."""
     explicit, shape = _explicit_pads(k), list(k.attr("shape"))
 
-    def data(part: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def data(part: Sequence[torch.Tensor]) -> torch.Tensor:
         dy, w = part
         x = expanded_like(dy, _padded([dy.shape[0], *shape[1:]], explicit))
         dx = _conv_backward(k, dy, x, w, [True, False, False])[0]
-        return [dx if explicit is None else pad_spatial(dx, negate(explicit))]
+        return dx if explicit is None else pad_spatial(dx, negate(explicit))
 
-    return over_batch_chunks(k, args, [0, None], [0], data)[0]
+    return over_image_chunks(k, args, data)
 
 
 @register("ConvGradFilter", "ConvTransposeGradFilter")

@@ -23,7 +23,7 @@ from autotm_py.kernels.util import (
     attrs,
     conv_padding,
     log_softmax_rows,
-    over_batch_chunks,
+    over_image_chunks,
     pad_spatial,
     register,
     unsupported,
@@ -36,8 +36,7 @@ Tensors = Sequence[torch.Tensor]
 def conv(k: Kernel, args: Tensors) -> torch.Tensor:
     """The convolution; with `batch_chunks` (`ir.conv_split`) over slices of the batch in
     turn, each slice's output written into the whole one."""
-    rest = [None] * (len(args) - 1)  # the weight and bias: whole for every slice
-    return over_batch_chunks(k, args, [0, *rest], [0], lambda part: [convolution(k, part)])[0]
+    return over_image_chunks(k, args, lambda part: convolution(k, part))
 
 
 def convolution(k: Kernel, args: Tensors) -> torch.Tensor:

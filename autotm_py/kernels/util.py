@@ -201,6 +201,15 @@ def over_batch_chunks(k: Kernel, args: Sequence[torch.Tensor],
     return whole  # type: ignore[return-value]
 
 
+def over_image_chunks(k: Kernel, args: Sequence[torch.Tensor],
+                      one: Callable[[list[torch.Tensor]], torch.Tensor]) -> torch.Tensor:
+    """`over_batch_chunks` of a kernel whose first input and one output are batched and whose
+    other inputs (a weight, a bias) are whole for every slice: a convolution, its data
+    gradient."""
+    rest = [None] * (len(args) - 1)
+    return over_batch_chunks(k, args, [0, *rest], [0], lambda part: [one(part)])[0]
+
+
 def _format_of(value: torch.Tensor) -> torch.memory_format:
     """The memory format `value` is stored in (channels-last images keep it when joined)."""
     if value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last) and \
