@@ -584,3 +584,28 @@ def test_repredict_beyond_plans_and_predicts_the_trainers_graph(tmp_path):
     done = subprocess.run([sys.executable, script, *common, "--plans", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "no plan of this graph" in done.stdout
+
+
+def test_native_checkpointing_of_the_corpus_unet_gives_eager_gradients(monkeypatch):
+    """native_compare.py's reference for the corpus U-Net (the torch module the corpus
+    exports): with each double convolution under torch.utils.checkpoint, one SGD step gives
+    the eager step's parameters, and the labels are one class per output pixel."""
+    import torch
+
+    native = _script("native_compare")
+    monkeypatch.setattr(native, "DEV", "cpu")
+    monkeypatch.setattr(native, "SCALE", "small")
+    stepped = []
+    for segments in (None, 1):
+        net, make, loss = native.native_model("unet_small", 2, {})
+        torch.manual_seed(3)
+        native.native_step("unet_small", net, make, loss, segments)()
+        stepped.append(net)
+    eager, checkpointed = stepped
+    assert isinstance(checkpointed.dec1, native.Checkpointed)
+    assert not isinstance(eager.dec1, native.Checkpointed)
+    for a, b in zip(eager.parameters(), checkpointed.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    x, labels = native.native_model("unet_small", 2, {})[1]()
+    assert x.shape == (2, 3, 32, 32) and labels.shape == (2, 32, 32)
+    assert int(labels.max()) < 3

@@ -2,10 +2,14 @@
 
 For each model (same shapes, fp32, SGD, one training iteration):
 - native eager: torchvision ResNet-200 / DenseNet-264 / VGG19 / ResNet-50, HF BertForMaskedLM /
-  GPT2LMHeadModel (SDPA attention), built from config with random weights;
+  GPT2LMHeadModel (SDPA attention), built from config with random weights, and the corpus
+  U-Net (`unet_small`: the torch module models/corpus/make_corpus.py exports, per-pixel
+  cross-entropy as our `--loss auto` gives it; our side loads the exported file, written into
+  OUT_DIR/corpus at the benchmark scale if absent);
 - native activation checkpointing under a cap of budget + 64 MiB (expandable segments), at the
   fewest segments that fit: `checkpoint_sequential` over the CNN's blocks, HF
-  `gradient_checkpointing_enable()` for the transformers;
+  `gradient_checkpointing_enable()` for the transformers, `torch.utils.checkpoint` around each
+  of the U-Net's five double convolutions;
 - ours: the all-fast plan through the executor (the graph as imported, fused by default), the
   same plan replayed as a CUDA graph (`--replay --no-cap`: static inputs, kernels' outputs from
   the graph's pool) and at planned addresses replayed (`--replay --arena`), our kernels under torch
@@ -54,20 +58,27 @@ from autotm_py.runtime.device import apply_cap, configure_cuda, release_cap  # n
 SHAPES = {"resnet200": (32, {}), "densenet264": (32, {}), "inception_v4": (64, {}),
           "vgg19": (64, {}), "resnet50": (32, {}),
           "bert_base": (16, {"seq": 512}), "gpt2_small": (8, {"seq": 1024})}
+SHAPES["unet_small"] = (32, {})
 SMALL = {"resnet200": (2, {}), "densenet264": (2, {}), "inception_v4": (2, {}), "vgg19": (2, {}),
-         "resnet50": (2, {}),
+         "resnet50": (2, {}), "unet_small": (2, {}),
          "bert_base": (2, {"seq": 64}), "gpt2_small": (2, {"seq": 64})}
 SEGMENTS = (2, 3, 4, 6, 8, 12, 16, 24, 33, 48)
 # torchvision models: native checkpointing with checkpoint_sequential
 CNNS = ("resnet200", "densenet264", "vgg19", "resnet50")
 SLACK = 64 << 20
 DEV = "cuda:0"
+# corpus models (models/corpus/make_corpus.py): the torch module is the native model, the
+# exported file ours; the checkpointed blocks are the module's children of these names
+CORPUS = {"unet_small": ("enc1", "enc2", "mid", "dec2", "dec1")}
+SCALE = "gpu"  # the corpus's scale: --small exports and builds them small
 CHANNELS_LAST = False  # --channels-last: the CNNs stored N, H, W, C on both sides
 
 
 # ---- native models -------------------------------------------------------------------------
 def native_model(name: str, batch: int, dims: dict[str, int]):
     """(module, make_batch, loss_of(module, batch)) for a native PyTorch user's model."""
+    if name in CORPUS:
+        return corpus_model(name, batch)
     if name in CNNS:
         import torchvision
 
@@ -110,6 +121,57 @@ def native_model(name: str, batch: int, dims: dict[str, int]):
     def loss(m, b):
         return m(input_ids=b[0], labels=b[1]).loss
     return net, make, loss
+
+
+def _make_corpus():
+    sys.path.insert(0, str(ROOT / "models" / "corpus"))
+    import make_corpus
+    return make_corpus
+
+
+def corpus_model(name: str, batch: int):
+    """The corpus model's torch module at SCALE, its input shape with the batch replaced, and
+    the loss our training graph appends (per-pixel cross-entropy over the class axis)."""
+    make_corpus = _make_corpus()
+    spec = next(s for s in make_corpus.SPECS if s.name == name)
+    torch.manual_seed(0)
+    net = spec.build(SCALE)
+    ((shape, _, _),) = spec.inputs(SCALE).values()
+    with torch.no_grad():  # the output's classes and positions, for the labels
+        _, classes, *positions = net(torch.zeros(1, *shape[1:])).shape
+
+    def make():
+        return (torch.randn(batch, *shape[1:], device=DEV),
+                torch.randint(0, classes, (batch, *positions), device=DEV))
+
+    def loss(m, b):
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1])
+    return net, make, loss
+
+
+def corpus_file(name: str, folder: Path) -> Path:
+    """The corpus model exported at SCALE into `folder` (once), for our side to load."""
+    path = folder / f"{name}.onnx"
+    if not path.exists():
+        _make_corpus().main(["--out", str(folder), "--scale", SCALE, "--only", name])
+    return path
+
+
+class Checkpointed(torch.nn.Module):
+    """A block run under torch.utils.checkpoint: its inside recomputed in backward."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        return checkpoint(self.block, x, use_reentrant=False)
+
+
+def checkpoint_children(net, names) -> None:
+    for child in names:
+        setattr(net, child, Checkpointed(getattr(net, child)))
 
 
 def cnn_sequential(net) -> torch.nn.Sequential:
@@ -185,7 +247,9 @@ def native_step(name, net, make, loss, segments: int | None):
     opt = torch.optim.SGD(net.parameters(), lr=0.01, foreach=True)
     batch = make()
     seq = cnn_sequential(net) if segments and name in CNNS else None
-    if segments and seq is None:
+    if segments and name in CORPUS:
+        checkpoint_children(net, CORPUS[name])
+    elif segments and seq is None:
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def step():
@@ -203,7 +267,8 @@ def native_step(name, net, make, loss, segments: int | None):
 
 def segment_counts(name: str, budget: int | None) -> tuple[int | None, ...]:
     """None: eager. A CNN tries the segment counts its block sequence allows; a transformer
-    has one checkpointed form (HF checkpoints every layer)."""
+    has one checkpointed form (HF checkpoints every layer), so has a corpus model (each of
+    its blocks checkpointed)."""
     if budget is None:
         return (None,)
     if name in CNNS:
@@ -401,15 +466,17 @@ def main() -> int:
                         help="skip our executor's runs (e.g. torch.compile beside plans "
                              "replayed by replay_busy.py in the same call)")
     args = parser.parse_args()
-    global CHANNELS_LAST
+    global CHANNELS_LAST, SCALE
     CHANNELS_LAST = args.channels_last
+    SCALE = "small" if args.small else "gpu"
     configure_cuda(deterministic=False)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in args.models.split(","):
         batch, dims = (SMALL if args.small else SHAPES)[name]
         started = time.perf_counter()
-        graph = api.load_model(name, batch=batch, dims=dims, training=True,
+        source = str(corpus_file(name, args.out / "corpus")) if name in CORPUS else name
+        graph = api.load_model(source, batch=batch, dims=dims, training=True,
                                fuse=not args.no_fuse, channels_last=args.channels_last)
         budgets = {}
         for share in filter(None, args.shares.split(",")):  # --shares "": no budgets
