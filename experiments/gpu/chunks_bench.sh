@@ -7,7 +7,9 @@
 # at shares of the unsplit graph's peak:
 #   1. every splittable kernel split and chunked in each power-of-two count of chunks,
 #      isolated and in context (`autotm profile --in-context --split-conv-grads`, cut at
-#      PROFILE_S), so the plans are priced with their own kernels' times on this GPU;
+#      PROFILE_S; IN_CONTEXT=0 measures them isolated only, which the LSTM's variants need to
+#      end within a call), so the plans are priced with their own kernels' times on this GPU;
+#      the profile cache is copied to OUT_DIR/profiles (to plan with it elsewhere);
 #   2. the unsplit graph all fast beside torch.autograd of it and PyTorch checkpointing
 #      (`autotm bench --ratios 1:0`);
 #   3. per share: `autotm optimize` (auto split) and `autotm run` of its plan, in its arena,
@@ -19,7 +21,8 @@
 # seconds, 60), ITERATIONS (timed iterations of each run, 20), CORPUS (a folder with the
 # export), DEVICE (cuda; cpu with SCALE=small checks the script on a CPU machine).
 # Writes OUT_DIR/bench.{csv,json}, OUT_DIR/plan_<share>.json, OUT_DIR/run_<share>.json
-# and OUT_DIR/chunks.json (one line per share: experiments/gpu/chunks_summary.py).
+# and OUT_DIR/chunks.json (one line per share: experiments/gpu/chunks_summary.py); each
+# run's whole output in OUT_DIR/run_<share>.log.
 set -u
 [ "${DEVICE:-cuda}" = cpu ] || . experiments/gpu/setup.sh
 out=$1
@@ -38,9 +41,12 @@ if [ "$device" = cuda ]; then
   echo "== profile $(date -u +%H:%M:%S)"
   # cut at PROFILE_S: what was measured stays cached (profile resumes), the rest is priced
   # from the whole kernels (k times their time); the log says how far it got
+  context=$([ "${IN_CONTEXT:-1}" = 0 ] || echo "--in-context")
   timeout "${PROFILE_S:-300}" python3 -m autotm_py profile "$model" $opts --device cuda \
-      --in-context --split-conv-grads > "$out/profile.log" 2>&1
+      $context --split-conv-grads > "$out/profile.log" 2>&1
   echo "profile exit $? $(date -u +%H:%M:%S)"; tail -c 600 "$out/profile.log"
+  mkdir -p "$out/profiles" && cp "${AUTOTM_PROFILES:-${XDG_CACHE_HOME:-$HOME/.cache}/autotm/profiles}"/*.json \
+      "$out/profiles/"
 fi
 echo "== all fast, autograd, checkpointing $(date -u +%H:%M:%S)"
 python3 -m autotm_py bench --models "$model" --ratios 1:0 --strategies async+recompute \
@@ -54,6 +60,7 @@ for ratio in ${RATIOS:-1:1 2:3 1:2}; do
       | grep -E "^(budget|result|predicted|note +split)" | cut -c1-240
   [ -f "$out/plan_$tag.json" ] || continue
   python3 -m autotm_py run --plan "$out/plan_$tag.json" --device "$device" \
-      --iterations "${ITERATIONS:-20}" -o "$out/run_$tag.json" 2>&1 | grep -E "^(iteration|fast)"
+      --iterations "${ITERATIONS:-20}" -o "$out/run_$tag.json" > "$out/run_$tag.log" 2>&1
+  grep -E "^(iteration|fast|error)" "$out/run_$tag.log" || tail -n 5 "$out/run_$tag.log"
 done
 python3 experiments/gpu/chunks_summary.py "$out" -o "$out/chunks.json"
