@@ -83,8 +83,7 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
     memory = _memory_system(config)
     budget = user_budget(graph, config, memory)
     if costs is None:
-        costs = load_costs(graph, device=config.device, profiles_dir=profiles_dir,
-                           gpu=config.gpu)
+        costs = load_costs(graph, device=config.device, profiles_dir=profiles_dir, gpu=config.gpu)
     return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights,
                         config.headroom, run=config.run)
 
@@ -472,13 +471,14 @@ def plan_key(graph: TensorGraph, config: PlanConfig, costs: KernelCosts) -> str:
 
 
 def cached_optimize(graph: TensorGraph, config: PlanConfig, costs: KernelCosts,
-                    cache_dir: PathLike, control: SolveControl | None = None) -> PlanResult:
-    """`optimize`, or the plan a previous call solved for the same key (`plan_key`) and kept
-    in `cache_dir` (a verified plan that hit its time limit is kept too; an infeasible result
-    is solved again, in case the costs or the solver changed what fits)."""
+                    cache_dir: PathLike, control: SolveControl | None = None, *,
+                    fresh: bool = False) -> PlanResult:
+    """`optimize`, or the plan kept in `cache_dir` for the same key (`plan_key`) by a previous
+    call (a verified plan that hit its time limit is kept too; an infeasible result is solved
+    again, in case the costs or the solver changed what fits); `fresh`: solve and replace it."""
     stem = f"{graph.name.replace('/', '-')}-{plan_key(graph, config, costs)}"
     path = Path(cache_dir) / f"{stem}.json.gz"
-    if path.is_file():
+    if path.is_file() and not fresh:
         try:
             plan = Plan.load(path)
             planned = planned_graph(graph, plan)

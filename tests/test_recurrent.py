@@ -451,6 +451,42 @@ def test_the_trainer_chunks_recurrent_kernels_a_budget_cannot_hold(tmp_path, mon
     assert split_names(again.run_graph) == split_names(ours_trainer.run_graph)
 
 
+def test_the_trainer_measures_the_chunked_kernels_of_its_split_and_plans_again(tmp_path,
+                                                                              monkeypatch):
+    """With profiling on (a GPU's default; here the CPU's, into a fresh profile cache), the
+    Trainer measures the chunked kernels of the split its first plan chose, which were priced
+    by estimate, and plans again with their times; a second Trainer takes that plan from the
+    cache and measures nothing."""
+    monkeypatch.setenv("AUTOTM_PROFILES", str(tmp_path / "profiles"))
+    data = _batches((16, 10, 4), 5, 1)
+    solves = []
+    cached = pipeline_module.cached_optimize
+
+    def counted(*args, **kwargs):
+        solves.append(kwargs.get("fresh", False))
+        return cached(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline_module, "cached_optimize", counted)
+
+    def trainer() -> Trainer:
+        torch.manual_seed(0)
+        module = DeepClassifier()
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        return Trainer(module, opt, F.cross_entropy, example=data[0], device="cpu",
+                       ratio="1:1", plans_dir=tmp_path / "plans", recompute="off",
+                       profile=True)
+
+    first = trainer()
+    chunked = [k.id for k in first.run_graph.kernels if k.attr(CHUNKS_ATTR, 1) > 1]
+    assert chunked and solves[0] is False and True in solves
+    costs = pipeline_module.device_costs(first.run_graph, "cpu")
+    assert not any(costs.estimated[k] for k in chunked)
+    solves.clear()
+    second = trainer()
+    assert solves == [False]
+    assert split_names(second.run_graph) == split_names(first.run_graph)
+
+
 # ---- recurrent gradient kernels split into batch chunks (`ir.conv_split`) -------------------
 def _chunk_case(kind: str, batch_first: bool, layers: int) -> tuple:
     """A training graph whose recurrent gradient kernels' tapes outweigh their operands, and

@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 # runs eagerly on torch's allocator.
 GPU_MODE = RunMode(arena=True, placed=True, replay=True)
 CPU_MODE = RunMode(placed=False)
+# Plans of a split graph solved again after measuring its split kernels: a pass may choose
+# more chunks than the last (their measured workspace), whose kernels the next one measures
+MEASURE_PASSES = 3
 
 
 def default_mode(device: str) -> RunMode:
@@ -62,6 +65,15 @@ def plan_for(graph: TensorGraph, config: PlanConfig, device: str, *,
     costs = pipeline.device_costs(graph, device, config.gpu, measure=measure)
     where = Path(plans_dir) if plans_dir is not None else pipeline.default_plans_dir()
     result = pipeline.cached_optimize(graph, config, costs, where)
+    for _ in range(MEASURE_PASSES if measure else 0):
+        if result.graph is None:  # not split: every kernel was measured above
+            break
+        # the split's own kernels (parts, chunks) were priced by estimate where no profile had
+        # them: measure those, and plan again with their times and workspace
+        split_costs = pipeline.device_costs(result.graph, device, config.gpu, measure=True)
+        if not split_costs.summary.get("measured_now"):
+            break
+        result = pipeline.cached_optimize(graph, config, costs, where, fresh=True)
     if result.plan is None:
         least = result.smallest if result.status == "infeasible" and \
             result.min_feasible_budget_bytes is not None else None
