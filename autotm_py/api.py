@@ -93,7 +93,8 @@ def split_conv_grads(graph: TensorGraph, names: Sequence[str] | None = None) -> 
 
 def split_variants(graph: TensorGraph) -> list[TensorGraph]:
     """The split graphs of `graph` whose kernels `profile --split-conv-grads` measures: the
-    default split, and its recurrent kernels in each power-of-two count of batch chunks."""
+    default split, its recurrent kernels in each power-of-two count of batch chunks, and its
+    forward convolutions and split backward kernels' parts in 2 to 8 (`PROFILED_CONV_CHUNKS`)."""
     return _split_variants(graph)
 
 
