@@ -124,7 +124,8 @@ class KernelCosts:
         return io_bytes / SLOT_COPY_BYTES_PER_S
 
     def spliced(self, origins: Sequence[tuple[int, bool]], fresh: KernelCosts,
-                chunks: Mapping[int, int] | None = None) -> KernelCosts:
+                chunks: Mapping[int, int] | None = None,
+                factors: Mapping[int, float] | None = None) -> KernelCosts:
         """The costs of a graph whose kernels were split into parts (`ir.conv_split`):
         `origins[k]` is (the kernel here that kernel k is or is a part of, whether a part),
         `fresh` the split graph's costs from the profiles. A kernel kept costs what it did
@@ -134,16 +135,17 @@ class KernelCosts:
         is not measured, take its workspace (an upper bound: the fused call runs them one
         after the other). `chunks[k]`: part k is its kernel (a recurrent kernel), or a part of
         it (a convolution's filter or data gradient), run over that many slices of the batch
-        in turn: unmeasured, it takes that many times its share of the kernel's measured time
-        (each slice at most the whole batch's: a recurrence's steps are sequential, and a
-        slice of a convolution fills less of the GPU) and that share of its measured
-        workspace."""
+        in turn: unmeasured, it takes that share of its measured workspace and `factors[k]`
+        times its share of the kernel's measured time (default: the chunks, each slice at most
+        the whole batch's; `ir.conv_split.chunked_time_factor`: about once for a recurrence
+        over chunks of its sequence)."""
         n = len(origins)
         measured = {o for o, part in origins if part and not self.estimated[o]}
         shares = {o: sum(fresh.times_s[k] for k, (p, part) in enumerate(origins)
                          if part and p == o) for o in measured}
 
         slices = dict(chunks or {})
+        times = dict(factors if factors is not None else slices)
 
         def one(k: int, mine: Sequence[Any], theirs: Sequence[Any], field_: str) -> Any:
             o, part = origins[k]
@@ -157,9 +159,9 @@ class KernelCosts:
             if field_ == "scaled":
                 return mine[o]
             # a part's share of the measured kernel (a chunked recurrent kernel: all of it),
-            # that many times over for its chunks
+            # times the factor of its chunks (k slices of a batch, about once a sequence)
             share = fresh.times_s[k] / shares[o] if shares[o] > 0 else 0.5
-            return mine[o] * share * slices.get(k, 1)
+            return mine[o] * share * times.get(k, 1)
 
         def column(field_: str, default: Any) -> tuple:
             mine, theirs = getattr(self, field_), getattr(fresh, field_)

@@ -19,7 +19,13 @@ from autotm_py.frontend.onnx import import_onnx
 from autotm_py.frontend.onnx_load import check_external_locations
 from autotm_py.frontend.weights import initializer_values
 from autotm_py.frontend.zoo import ZOO, build_graph
-from autotm_py.ir.conv_split import CHUNKS_ATTR, part_origins, split_conv_grads, split_names
+from autotm_py.ir.conv_split import (
+    CHUNKS_ATTR,
+    chunked_time_factor,
+    part_origins,
+    split_conv_grads,
+    split_names,
+)
 from autotm_py.ir.host_updates import offload_updates
 from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.precision import with_precision
@@ -92,9 +98,10 @@ def split_workload(work: Workload, names: Sequence[str] | None = None, *, device
         return work
     fresh = load_costs(split, device=device, profiles_dir=profiles_dir, shipped_dir=shipped_dir,
                        gpu=gpu)
-    chunks = {k.id: int(k.attr(CHUNKS_ATTR)) for k in split.kernels
-              if int(k.attr(CHUNKS_ATTR, 1)) > 1}
-    return Workload(split, work.costs.spliced(part_origins(work.graph, split), fresh, chunks))
+    chunked = [k for k in split.kernels if int(k.attr(CHUNKS_ATTR, 1)) > 1]
+    return Workload(split, work.costs.spliced(
+        part_origins(work.graph, split), fresh, {k.id: int(k.attr(CHUNKS_ATTR)) for k in chunked},
+        {k.id: chunked_time_factor(k) for k in chunked}))
 
 
 

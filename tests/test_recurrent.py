@@ -32,6 +32,7 @@ from autotm_py.frontend.weights import initializer_values
 from autotm_py.ir.conv_split import (
     CHUNKS_ATTR,
     chunked_name,
+    chunked_time_factor,
     part_origins,
     recurrent_chunks,
     split_conv_grads,
@@ -493,7 +494,7 @@ def _chunk_case(kind: str, batch_first: bool, layers: int) -> tuple:
     the same graph split (`split_conv_grads`: each into batch chunks)."""
     torch.manual_seed(11)
     module = RNNNet(kind, layers, batch_first, "every", features=4, hidden=16)
-    x = torch.randn(16, 10, 4) if batch_first else torch.randn(10, 16, 4)
+    x = torch.randn(16, 40, 4) if batch_first else torch.randn(40, 16, 4)
     train = derive_training(import_model(capture_module(module, (x,)).model),
                             optimizer="sgd", learning_rate=LR)
     return train, split_conv_grads(train)
@@ -529,23 +530,42 @@ def test_a_split_list_entry_sets_the_chunks():
     assert split_names(split) == (f"{grad.name}#2",)
 
 
+@pytest.mark.parametrize("op,direction,lbr,bias,states", NODE_CASES)
+def test_chunks_of_the_sequence_train_as_the_whole_layer(op, direction, lbr, bias, states):
+    """A one-directional layer (forward or reverse) and its gradient kernel in 4 chunks of its
+    5 steps (segments of 2, 1, 1, 1, the states handed from one to the next, the gradient
+    back-propagated from the last segment the recurrence visits) train as the whole layer; a
+    bidirectional one runs in chunks of its batch (3 of them) instead."""
+    graph = import_model(_node_model(op, direction, lbr=lbr, bias=bias, states=states))
+    train = derive_training(graph, optimizer="sgd", learning_rate=LR, loss="mse")
+    layers = [k for k in train.kernels if k.op_type in (op, f"{op}Grad")]
+    split = split_conv_grads(train, [chunked_name(k.name, 4) for k in layers])
+    chunked = {k.op_type: k.attr(CHUNKS_ATTR) for k in split.kernels if k.attr(CHUNKS_ATTR)}
+    assert chunked == dict.fromkeys((op, f"{op}Grad"), 3 if direction == "bidirectional" else 4)
+    for got, want in zip(train_steps(split, 2, seed=4), train_steps(train, 2, seed=4),
+                         strict=True):
+        for tid in train.outputs:
+            torch.testing.assert_close(got[tid], want[tid], rtol=RTOL, atol=RTOL)
+
+
 def test_a_profile_measures_every_count_of_chunks():
     """`profile --split-conv-grads` measures the default split, then every recurrent kernel
-    in each power-of-two count of chunks up to the batch (16 here), so that whatever count
-    `auto` fits to a budget is priced by its own times."""
+    in each power-of-two count of chunks up to its sequence's steps (40 here), so that whatever
+    count `auto` fits to a budget is priced by its own times."""
     train, split = _chunk_case("GRU", False, 1)
     variants = split_variants(train)
     assert split_names(variants[0]) == split_names(split)
     counts = [{k.attr(CHUNKS_ATTR) for k in v.kernels if k.attr(CHUNKS_ATTR)}
               for v in variants[1:]]
     default = {k.attr(CHUNKS_ATTR) for k in split.kernels if k.attr(CHUNKS_ATTR)}
-    assert counts == [{c} for c in (2, 4, 8, 16) if {c} != default]
+    assert counts == [{c} for c in (2, 4, 8, 16, 32) if {c} != default]
     assert split_variants(variants[0]) == []  # nothing left to split
 
 
 def test_a_chunked_kernel_is_priced_from_the_measured_whole_one():
-    """Unmeasured, a kernel in k chunks costs k times the whole kernel's measured time (each
-    slice at most the whole batch's: the steps are sequential) and a k-th of its workspace."""
+    """Unmeasured, a recurrent kernel in k chunks of its sequence costs its whole kernel's
+    measured time (the same steps at the same batch; a gradient kernel 4/3 of it, for its
+    forward once more without a tape) and a k-th of its workspace."""
     train, split = _chunk_case("LSTM", True, 2)
     origins = part_origins(train, split)
     chunked = {k.id: k.attr(CHUNKS_ATTR) for k in split.kernels if k.attr(CHUNKS_ATTR)}
@@ -554,9 +574,12 @@ def test_a_chunked_kernel_is_priced_from_the_measured_whole_one():
         (1 << 20) * (k.op_type in ("LSTM", "LSTMGrad")) for k in train.kernels))
     fresh = costs_for(split)
     estimated = replace(fresh, estimated=tuple(part for _, part in origins))
-    costs = measured.spliced(origins, estimated, chunked)
+    factors = {k.id: chunked_time_factor(k) for k in split.kernels if k.attr(CHUNKS_ATTR)}
+    costs = measured.spliced(origins, estimated, chunked, factors)
     for k, chunks in chunked.items():
-        assert costs.times_s[k] == pytest.approx(chunks * measured.times_s[k])
+        grad = split.kernels[k].op_type.endswith("Grad")
+        assert factors[k] == pytest.approx(4 / 3 if grad else 1)
+        assert costs.times_s[k] == pytest.approx(factors[k] * measured.times_s[k])
         theirs = fresh.workspace_bytes[k] if fresh.workspace_bytes else 0
         assert costs.workspace_bytes[k] == max(theirs, -(-(1 << 20) // chunks))
     assert measured.spliced(origins, fresh, chunked).times_s[min(chunked)] == \
@@ -582,7 +605,7 @@ def test_auto_chunks_the_lstm_gradient_a_budget_cannot_hold(monkeypatch, tmp_pat
     result = optimize(train, replace(config, fast_mem_bytes=budget, split_conv_grads="auto"),
                       costs=costs_for(train))
     assert result.plan is not None and result.graph is not None, result.message
-    assert any(n.startswith("split ") and " recurrent kernels into chunks of the batch so "
+    assert any(n.startswith("split ") and " recurrent kernels into chunks of the sequence so "
                "that the budget fits" in n for n in result.plan.header.notes)
     assert result.fast_peak_bytes <= budget
     for got, want in zip(run_steps(result.graph, result.plan, steps=2, seed=4),

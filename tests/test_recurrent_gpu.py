@@ -1,10 +1,11 @@
-"""Recurrent layers in batch chunks on a GPU (marked `gpu`: run on the device machine with
+"""Recurrent layers in chunks on a GPU (marked `gpu`: run on the device machine with
 `bash experiments/gpu/test_gpu.sh`, i.e. `python -m pytest -m gpu`).
 
 On CUDA torch runs the layers with cuDNN; the split graph (`split_conv_grads`: every LSTM and
-LSTMGrad over slices of the batch) trains as the whole-batch graph does, within float rounding
-(the weights' gradients are sums over the slices), and its all-fast plan at planned addresses,
-replayed, computes bitwise what it computes on torch's allocator."""
+LSTMGrad over segments of its sequence, the gradient kernel one segment's tape at a time)
+trains as the whole graph does, within float rounding (the weights' gradients are sums over
+the segments), and its all-fast plan at planned addresses, replayed, computes bitwise what it
+computes on torch's allocator."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class WideClassifier(torch.nn.Module):
         return self.fc(self.rnn(x)[0][:, -1])
 
 
-def test_the_trainer_trains_an_lstm_in_batch_chunks_on_cuda_as_pytorch(tmp_path):
+def test_the_trainer_trains_an_lstm_in_chunks_on_cuda_as_pytorch(tmp_path):
     """The Trainer on a GPU (its default mode: arena, placed outputs or copies into slots,
     replay) at 80% of the peak: the plan chunks recurrent kernels, and 4 steps give cuDNN
     PyTorch's losses and parameters within float rounding (the chunks' summed gradients)."""

@@ -53,7 +53,7 @@ DEVICES = click.Choice(["cpu", "cuda"])
 @click.option("--split-conv-grads", is_flag=True,
               help="Also measure the graph with its fused convolution backward kernels split "
                    "into their filter and data parts and its recurrent kernels in each "
-                   "power-of-two count of batch chunks (`optimize --split-conv-grads`), so "
+                   "power-of-two count of chunks (`optimize --split-conv-grads`), so "
                    "plans that split them are priced with their own times.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--values", "values_out", type=click.Path(dir_okay=False), default=None,

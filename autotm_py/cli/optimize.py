@@ -150,10 +150,11 @@ RATIO_HELP = (
               help="Split a fused convolution backward kernel (ConvGrad: dY, X, W -> dX, dW) "
                    "into ConvGradFilter then ConvGradData, which never hold X and dX together "
                    "(about one launch more on a GPU), and a recurrent layer or its gradient "
-                   "kernel (LSTM, LSTMGrad, GRU, GRUGrad), or a convolution or those parts "
-                   "whose measured workspace is too large, into chunks of the batch run in "
-                   "turn. auto: the ones whose working set the budget cannot hold, with the "
-                   "fewest chunks that fit, where that makes an infeasible budget feasible; on: "
+                   "kernel (LSTM, LSTMGrad, GRU, GRUGrad) into chunks of its sequence run in "
+                   "turn, and a convolution or those parts whose measured workspace is too "
+                   "large into chunks of the batch. auto: the ones whose working set the "
+                   "budget cannot hold, with the fewest chunks that fit, where that makes an "
+                   "infeasible budget feasible; on: "
                    "every one; off: none. The plan's notes say so; run and simulate rebuild "
                    "the split from the plan.")
 @click.option("--pin-weights", is_flag=True,

@@ -237,7 +237,7 @@ def _split(text: str) -> tuple[str, ...]:
               help="How plans price the writes of moved tensors (`optimize --write-pricing`).")
 @click.option("--split-conv-grads", is_flag=True,
               help="Split every fused convolution backward kernel into its filter and data "
-                   "parts, and every recurrent kernel into batch chunks, before "
+                   "parts, and every recurrent kernel into chunks, before "
                    "planning and running (`optimize --split-conv-grads on`); the "
                    "ratios divide the split graph's peak; rows are named +split.")
 @gpu_option

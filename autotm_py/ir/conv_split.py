@@ -1,5 +1,5 @@
 """Split backward kernels that set a budget's floor (`split_conv_grads`): fused convolution
-backward kernels into their parts, recurrent layers and their gradient kernels into batch chunks.
+backward kernels into their parts, recurrent layers and their gradient kernels into chunks.
 
 The training rules (`ir/rules/nn.py`) give a convolution whose input and filter both need
 gradients one `ConvGrad` kernel (dY, X, W -> dX, dW[, dB]), as autograd runs one
@@ -14,11 +14,15 @@ planner splits the kernels that keep a budget infeasible (`pipeline.optimize`,
 A recurrent layer (`LSTM`, `GRU`) computes every step's input gates at once, and its gradient
 kernel (`LSTMGrad`, `GRUGrad`: `ir/rules/recurrent.py`) recomputes the forward of the whole
 sequence inside itself, a tape of 15 (LSTM) or 12 (GRU) times its output Y: temporaries that can
-be most of a model's peak. Their split is the same kernel run over `batch_chunks` slices of the
-batch in turn (`kernels/recurrent.py`): the sequences of a batch are independent, so the
-temporaries shrink by that factor at the price of smaller, slower recurrent products. The chunk
-count is the shapes' default (`recurrent_chunks`) or one the planner fits to a budget, written
-into the split list ("<name>#<chunks>"), so a plan's list rebuilds the same graph.
+be most of a model's peak. Their split is the same kernel run over `batch_chunks` segments of
+its sequence in turn (`kernels/recurrent.py`; `in_sequence_chunks`): each segment starts from
+the last one's final states, and the gradient kernel back-propagates one segment at a time from
+the states at their boundaries, so the temporaries shrink by that factor for one forward more
+in the gradient kernel (`SEQUENCE_GRAD_EXTRA`). A bidirectional layer runs over slices of its
+batch instead (the sequences of a batch are independent), which on a GPU costs about that many
+times the whole: a recurrence's time is its steps' latency. The chunk count is the shapes'
+default (`recurrent_chunks`) or one the planner fits to a budget, written into the split list
+("<name>#<chunks>"), so a plan's list rebuilds the same graph.
 
 A split graph records the names of the kernels it split under `META_KEY`, which
 `options.ModelOptions.of_graph` reads back, so a plan made for it rebuilds it.
@@ -51,7 +55,10 @@ FORWARD_CONVS = ("Conv", "ConvRelu")
 # the most batch chunks of convolutions a profile measures (`split_variants`): more are priced
 # from the whole kernel (`KernelCosts.spliced`)
 PROFILED_CONV_CHUNKS = 8
-CHUNKS_ATTR = "batch_chunks"  # a recurrent kernel's batch slices, run in turn
+CHUNKS_ATTR = "batch_chunks"  # slices of a kernel's batch (or a recurrence's sequence) in turn
+# a recurrent gradient kernel in sequence chunks runs its forward once more, without a tape, for
+# the segments' boundary states: about a third of the whole kernel (a forward and a backward)
+SEQUENCE_GRAD_EXTRA = 1 / 3
 # a split list names a recurrent kernel split into chunks other than its default
 # (`recurrent_chunks`) as "<name>#<chunks>": the planner fits them to a budget
 CHUNKS_SEP = "#"
@@ -74,17 +81,38 @@ def recurrent_chunks(graph: TensorGraph, k: Kernel) -> int:
 def chunks_to_fit(graph: TensorGraph, k: Kernel, tape_bytes: int, room: int) -> int:
     """The fewest batch chunks (a power of two, at most the batch) in which recurrent kernel
     `k`'s temporaries of `tape_bytes` take at most `room` bytes; the batch where none does."""
-    batch = batch_of(graph, k)
+    batch = most_chunks(graph, k)
     chunks = 1
     while chunks < batch and -(-tape_bytes // chunks) > room:
         chunks *= 2
     return min(chunks, batch)
 
 
-def batch_of(graph: TensorGraph, k: Kernel) -> int:
-    """The batch a chunkable kernel `k` runs over (the most chunks it can take)."""
+def in_sequence_chunks(k: Kernel) -> bool:
+    """Whether recurrent kernel `k` chunks its sequence rather than its batch: every
+    one-directional layer (a bidirectional one's two directions run from both ends)."""
+    return k.op_type in RECURRENT_OPS and k.attr("direction", "forward") != "bidirectional"
+
+
+def chunked_time_factor(k: Kernel) -> float:
+    """The multiple of its whole kernel's time at which kernel `k`, in chunks, is priced until
+    measured: a recurrent kernel in sequence chunks does the same steps at the same batch (its
+    gradient kernel one forward more, `SEQUENCE_GRAD_EXTRA`); k slices of a batch take up to k
+    times (a recurrence's steps are sequential, a slice of a convolution fills less of the
+    GPU)."""
+    if not in_sequence_chunks(k):
+        return float(k.attr(CHUNKS_ATTR, 1))
+    return 1 + SEQUENCE_GRAD_EXTRA if k.op_type.endswith("Grad") else 1.0
+
+
+def most_chunks(graph: TensorGraph, k: Kernel) -> int:
+    """The most chunks a chunkable kernel `k` can take: its sequence's steps (a recurrent
+    kernel in sequence chunks) or its batch."""
     x = graph.tensors[k.inputs[0]].shape  # X: (T, B, I), batch first in layout 1; dY (N, C, ...)
-    return x[1] if k.op_type in RECURRENT_OPS and not int(k.attr("layout", 0)) else x[0]
+    if k.op_type not in RECURRENT_OPS:
+        return x[0]
+    layout = int(k.attr("layout", 0))
+    return x[layout] if in_sequence_chunks(k) else x[1 - layout]
 
 
 def split_variants(graph: TensorGraph) -> list[TensorGraph]:
@@ -101,8 +129,8 @@ def split_variants(graph: TensorGraph) -> list[TensorGraph]:
     done = {tuple(sorted(split_names(default)))}
     out = [default]
     chunks = 2
-    while chunkable and chunks <= max(batch_of(graph, k) for k in chunkable):
-        names = tuple(sorted(chunked_name(k.name, min(chunks, batch_of(graph, k)))
+    while chunkable and chunks <= max(most_chunks(graph, k) for k in chunkable):
+        names = tuple(sorted(chunked_name(k.name, min(chunks, most_chunks(graph, k)))
                              for k in chunkable if k.op_type in RECURRENT_OPS or
                              chunks <= PROFILED_CONV_CHUNKS))
         if names and names not in done:
@@ -152,22 +180,25 @@ def splittable_kernels(graph: TensorGraph) -> list[int]:
 
 def describe_split(graph: TensorGraph, names: Iterable[str]) -> str:
     """What splitting the kernels `names` (split list entries) of `graph` does, in words."""
-    by_name = {k.name: k.op_type for k in graph.kernels}
+    by_name = {k.name: k for k in graph.kernels}
     entries = [_parse(n, by_name) for n in names]
-    ops = [by_name[name] for name, _ in entries]
+    ops = [by_name[name].op_type for name, _ in entries]
     conv = sum(op in CONV_GRAD_PARTS for op in ops)
     sliced = sum(op in CONV_GRAD_PARTS and (chunks or 1) > 1
                  for op, (_, chunks) in zip(ops, entries, strict=True))
     forward = sum(op in FORWARD_CONVS for op in ops)
     rnn = len(ops) - conv - forward
+    sequence = sum(in_sequence_chunks(by_name[name]) for name, _ in entries)
     parts = []
     if conv:
         parts.append(f"{conv} convolution backward kernel{'s' if conv > 1 else ''} into "
                      f"{'their' if conv > 1 else 'its'} filter and data parts" +
                      (f" ({sliced} in chunks of the batch)" if sliced else ""))
-    for count, what in ((forward, "convolution"), (rnn, "recurrent kernel")):
+    for count, what, of in ((forward, "convolution", "batch"),
+                            (rnn - sequence, "recurrent kernel", "batch"),
+                            (sequence, "recurrent kernel", "sequence")):
         if count:
-            parts.append(f"{count} {what}{'s' if count > 1 else ''} into chunks of the batch")
+            parts.append(f"{count} {what}{'s' if count > 1 else ''} into chunks of the {of}")
     return " and ".join(parts)
 
 
@@ -208,13 +239,13 @@ def split_conv_grads(graph: TensorGraph, names: Iterable[str] | None = None) -> 
     recorded = []
     for k in graph.kernels:
         if k.name in wanted and k.op_type in (*RECURRENT_OPS, *FORWARD_CONVS):
-            chunks = min(wanted[k.name] or recurrent_chunks(graph, k), batch_of(graph, k))
+            chunks = min(wanted[k.name] or recurrent_chunks(graph, k), most_chunks(graph, k))
             b.add_kernel(k.op_type, k.inputs, k.outputs, name=k.name, domain=k.domain,
                          attrs={**k.attrs_dict, CHUNKS_ATTR: chunks},
                          workspace_bytes=-(-k.workspace_bytes // chunks))
             recorded.append(chunked_name(k.name, chunks))
         elif k.name in wanted:
-            chunks = min(wanted[k.name] or 1, batch_of(graph, k))
+            chunks = min(wanted[k.name] or 1, most_chunks(graph, k))
             _add_parts(b, graph, k, chunks)
             recorded.append(k.name if chunks == 1 else chunked_name(k.name, chunks))
         else:

@@ -20,9 +20,10 @@ the whole sequence from the saved inputs under `torch.enable_grad()` and call
 itself runs for the layer (cuDNN's on CUDA), at the price of a second forward. Their inputs
 are the forward's inputs (X W R B initial_h [initial_c]) followed by the present output
 gradients (`grad_mask`); they output the gradients that `output_mask` asks for. With
-`batch_chunks = k` (`ir.conv_split`, a split for a budget) a layer and its gradient kernel run
-over k slices of the batch in turn, so their temporaries (the gradient's recomputed forward's
-tape) are 1/k as large.
+`batch_chunks = k` (`ir.conv_split`, a split for a budget) a one-directional layer and its
+gradient kernel run over k segments of the sequence in turn (below), a bidirectional one over k
+slices of the batch, so their temporaries (the gradient's recomputed forward's tape) are 1/k
+as large.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from autotm_py.ir.conv_split import CHUNKS_ATTR, in_sequence_chunks
 from autotm_py.ir.graph import Kernel
 from autotm_py.kernels.util import over_batch_chunks, register
 
@@ -126,8 +128,105 @@ def recurrent(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     # gradient kernel's recomputation and nn.LSTM in training would each see other values.
     # Nothing is recorded unless an argument requires grad.
     with torch.enable_grad():
+        if _sequence_chunks(kernel, args) > 1:
+            return _over_segments(kernel.op_type, kernel, args)[0]
         return over_batch_chunks(kernel, args, *_batch_axes(kernel),
                                  lambda part: recurrent_forward(kernel.op_type, kernel, part))
+
+
+# ---- chunks of the sequence -------------------------------------------------------------
+# A one-directional layer in k chunks runs k segments of its sequence in turn, each from the
+# last one's final states: the same steps at the whole batch (on a GPU a recurrence's time is
+# its steps' latency, so k slices of the batch would cost about k times the whole), its input
+# gates' temporaries 1/k. Its gradient kernel runs that forward once without a tape for the
+# states at the segments' boundaries, then from the last segment back to the first
+# recomputes one segment with autograd and back-propagates it, handing its initial states'
+# gradients to the segment before: a tape of 1/k for one forward more.
+def _sequence_chunks(kernel: Kernel, args: Tensors) -> int:
+    """The segments a recurrent kernel runs its sequence in (1: whole, or in batch chunks)."""
+    chunks = int(kernel.attr(CHUNKS_ATTR, 1))
+    if chunks <= 1 or not in_sequence_chunks(kernel):
+        return 1
+    return min(chunks, args[0].shape[int(kernel.attr("layout", 0))])
+
+
+def _segment_order(kernel: Kernel, count: int) -> list[int]:
+    """The segments in the order the recurrence visits them (a reverse layer's from the end)."""
+    order = list(range(count))
+    return order[::-1] if kernel.attr("direction", "forward") == "reverse" else order
+
+
+def _over_segments(op: str, kernel: Kernel, args: Tensors
+                   ) -> tuple[list[torch.Tensor], dict[int, list[torch.Tensor]]]:
+    """Y, Y_h[, Y_c] of the layer over its sequence's segments in turn (Y written into one
+    tensor of the whole sequence), and the states each segment starts from."""
+    axis = int(kernel.attr("layout", 0))  # time: X (T, B, I) / Y (T, D, B, H), or batch first
+    xs = args[0].tensor_split(_sequence_chunks(kernel, args), axis)
+    starts = [0]
+    for x in xs[:-1]:
+        starts.append(starts[-1] + x.shape[axis])
+    states, entering, y = list(args[4:]), {}, None
+    for i in _segment_order(kernel, len(xs)):
+        entering[i] = states
+        part, *states = recurrent_forward(op, kernel, [xs[i], *args[1:4], *states])
+        if y is None:
+            shape = list(part.shape)
+            shape[axis] = args[0].shape[axis]
+            y = part.new_empty(shape)
+        y.narrow(axis, starts[i], part.shape[axis]).copy_(part)
+    return [y, *states], entering  # type: ignore[list-item]
+
+
+def _segments_backward(op: str, kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
+    """`recompute_grad` of a layer in sequence chunks: one segment's tape at a time."""
+    grad_mask = [int(m) for m in kernel.attr("grad_mask")]
+    out_mask = [bool(int(m)) for m in kernel.attr("output_mask")]
+    inputs, dys = list(args[:len(out_mask)]), list(args[len(out_mask):])
+    given = dict(zip([i for i, m in enumerate(grad_mask) if m], dys, strict=True))
+    axis = int(kernel.attr("layout", 0))
+    _, entering = _over_segments(op, kernel, inputs)  # nothing requires grad: no tape
+    xs = inputs[0].tensor_split(len(entering), axis)
+    dy = given[0].tensor_split(len(entering), axis) if 0 in given else None
+    d_states = [given.get(1 + j) for j in range(len(inputs) - 4)]  # the last segment's
+    whole: list[torch.Tensor | None] = [None] * len(inputs)
+    order = _segment_order(kernel, len(xs))
+    for i in reversed(order):
+        first = i == order[0]
+        needs = [out_mask[0], *out_mask[1:4], *((m if first else True) for m in out_mask[4:])]
+        leaves = [a.detach().requires_grad_(n) for a, n in
+                  zip([xs[i], *inputs[1:4], *entering[i]], needs, strict=True)]
+        outs = recurrent_forward(op, kernel, leaves)
+        pairs = [(o, g) for o, g in zip(outs, [None if dy is None else dy[i], *d_states],
+                                        strict=True) if g is not None]
+        wanted = [j for j, n in enumerate(needs) if n]
+        grads = torch.autograd.grad([o for o, _ in pairs], [leaves[j] for j in wanted],
+                                    [g for _, g in pairs], allow_unused=True) if pairs else \
+            [None] * len(wanted)
+        found = dict(zip(wanted, grads, strict=True))
+        d_states = [found.get(4 + j) for j in range(len(inputs) - 4)]
+        _gather(whole, found, i, xs, axis, first, len(inputs))
+    return [g if g is not None else torch.zeros_like(a)
+            for g, a, m in zip(whole, inputs, out_mask, strict=True) if m]
+
+
+def _gather(whole: list[torch.Tensor | None], found: dict[int, torch.Tensor | None], i: int,
+            xs: Sequence[torch.Tensor], axis: int, first: bool, n_in: int) -> None:
+    """Add segment `i`'s gradients into the whole kernel's: X's at the segment's steps, the
+    weights' summed, the initial states' from the first segment the recurrence visits."""
+    dx = found.get(0)
+    if dx is not None:
+        if whole[0] is None:
+            shape = list(dx.shape)
+            shape[axis] = sum(x.shape[axis] for x in xs)
+            whole[0] = dx.new_zeros(shape)
+        whole[0].narrow(axis, sum(x.shape[axis] for x in xs[:i]), dx.shape[axis]).copy_(dx)
+    for j in range(1, 4):
+        g = found.get(j)
+        if g is not None:
+            whole[j] = g if whole[j] is None else whole[j].add_(g)  # type: ignore[union-attr]
+    if first:
+        for j in range(4, n_in):
+            whole[j] = found.get(j)
 
 
 def recompute_grad(kernel: Kernel, args: Tensors,
@@ -171,4 +270,7 @@ def recurrent_backward(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     def grad(part: Tensors) -> list[torch.Tensor]:
         return recompute_grad(kernel, part, lambda leaves: recurrent_forward(op, kernel, leaves))
 
+    if _sequence_chunks(kernel, args) > 1:
+        with torch.enable_grad():
+            return _segments_backward(op, kernel, args)
     return over_batch_chunks(kernel, args, *_batch_axes(kernel), grad)

@@ -29,11 +29,11 @@ from autotm_py.ir.conv_split import (
     CHUNKS_ATTR,
     CONV_GRAD_PARTS,
     RECURRENT_OPS,
-    batch_of,
     chunked_name,
     chunks_to_fit,
     entry_kernel,
     forward_convs,
+    most_chunks,
     part_operands,
     part_origins,
     splittable_kernels,
@@ -158,7 +158,7 @@ def refit_chunks(graph: TensorGraph, names: Sequence[str],
             return names, machine, least
         kernel = machine.graph.kernels[least.kernel]
         chunks = int(kernel.attr(CHUNKS_ATTR, 1))
-        if chunks <= 1 or chunks >= batch_of(machine.graph, kernel):
+        if chunks <= 1 or chunks >= most_chunks(machine.graph, kernel):
             return names, machine, least
         origin = graph.kernels[part_origins(graph, machine.graph)[least.kernel][0]].name
         names = [chunked_name(origin, 2 * chunks) if entry_kernel(n, graph) == origin else n
