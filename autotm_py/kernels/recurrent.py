@@ -129,7 +129,7 @@ def recurrent(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     # Nothing is recorded unless an argument requires grad.
     with torch.enable_grad():
         if _sequence_chunks(kernel, args) > 1:
-            return _over_segments(kernel.op_type, kernel, args)[0]
+            return _over_segments(kernel.op_type, kernel, args)[0]  # type: ignore[return-value]
         return over_batch_chunks(kernel, args, *_batch_axes(kernel),
                                  lambda part: recurrent_forward(kernel.op_type, kernel, part))
 
@@ -156,10 +156,11 @@ def _segment_order(kernel: Kernel, count: int) -> list[int]:
     return order[::-1] if kernel.attr("direction", "forward") == "reverse" else order
 
 
-def _over_segments(op: str, kernel: Kernel, args: Tensors
-                   ) -> tuple[list[torch.Tensor], dict[int, list[torch.Tensor]]]:
+def _over_segments(op: str, kernel: Kernel, args: Tensors, whole_y: bool = True
+                   ) -> tuple[list[torch.Tensor | None], dict[int, list[torch.Tensor]]]:
     """Y, Y_h[, Y_c] of the layer over its sequence's segments in turn (Y written into one
-    tensor of the whole sequence), and the states each segment starts from."""
+    tensor of the whole sequence; None unless `whole_y`: a gradient kernel wants the states
+    only), and the states each segment starts from."""
     axis = int(kernel.attr("layout", 0))  # time: X (T, B, I) / Y (T, D, B, H), or batch first
     xs = args[0].tensor_split(_sequence_chunks(kernel, args), axis)
     starts = [0]
@@ -169,6 +170,8 @@ def _over_segments(op: str, kernel: Kernel, args: Tensors
     for i in _segment_order(kernel, len(xs)):
         entering[i] = states
         part, *states = recurrent_forward(op, kernel, [xs[i], *args[1:4], *states])
+        if not whole_y:
+            continue
         if y is None:
             shape = list(part.shape)
             shape[axis] = args[0].shape[axis]
@@ -184,7 +187,7 @@ def _segments_backward(op: str, kernel: Kernel, args: Tensors) -> list[torch.Ten
     inputs, dys = list(args[:len(out_mask)]), list(args[len(out_mask):])
     given = dict(zip([i for i, m in enumerate(grad_mask) if m], dys, strict=True))
     axis = int(kernel.attr("layout", 0))
-    _, entering = _over_segments(op, kernel, inputs)  # nothing requires grad: no tape
+    _, entering = _over_segments(op, kernel, inputs, whole_y=False)  # no grad: no tape
     xs = inputs[0].tensor_split(len(entering), axis)
     dy = given[0].tensor_split(len(entering), axis) if 0 in given else None
     d_states = [given.get(1 + j) for j in range(len(inputs) - 4)]  # the last segment's
