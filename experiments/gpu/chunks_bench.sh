@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Corpus models below the floor of their whole kernels, in batch chunks (issue 45 item 4): the
-# LSTM classifier, whose LSTMGrad kernels' recomputed tape is most of its peak, and the U-Net,
-# whose top-level convolution needs half its peak with cuDNN's measured workspace. With
-# `--split-conv-grads auto` (optimize's default) the planner runs those kernels over batch
-# chunks, as few as the budget allows (docs/planning.md, sections 7b and 7c). This measures,
+# Corpus models below the floor of their whole kernels, in chunks (issue 45 item 4): the LSTM
+# classifier, whose LSTMGrad kernels' recomputed tape is most of its peak (its layers chunk
+# their sequence), and the U-Net, whose top-level convolution needs half its peak with cuDNN's
+# measured workspace (its convolutions chunk their batch). With `--split-conv-grads auto`
+# (optimize's default) the planner runs those kernels over chunks, as few as the budget allows
+# (docs/planning.md, sections 7c and 7d). This measures,
 # at shares of the unsplit graph's peak:
 #   1. every splittable kernel split and chunked in each power-of-two count of chunks,
 #      isolated and in context (`autotm profile --in-context --split-conv-grads`, cut at
