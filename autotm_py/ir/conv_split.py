@@ -79,13 +79,14 @@ def recurrent_chunks(graph: TensorGraph, k: Kernel) -> int:
 
 
 def chunks_to_fit(graph: TensorGraph, k: Kernel, tape_bytes: int, room: int) -> int:
-    """The fewest batch chunks (a power of two, at most the batch) in which recurrent kernel
-    `k`'s temporaries of `tape_bytes` take at most `room` bytes; the batch where none does."""
-    batch = most_chunks(graph, k)
+    """The fewest chunks (a power of two, at most `most_chunks`: the sequence's steps or the
+    batch) in which recurrent kernel `k`'s temporaries of `tape_bytes` take at most `room`
+    bytes; the most it can take where none does."""
+    most = most_chunks(graph, k)
     chunks = 1
-    while chunks < batch and -(-tape_bytes // chunks) > room:
+    while chunks < most and -(-tape_bytes // chunks) > room:
         chunks *= 2
-    return min(chunks, batch)
+    return min(chunks, most)
 
 
 def in_sequence_chunks(k: Kernel) -> bool:

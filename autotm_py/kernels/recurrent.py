@@ -128,7 +128,7 @@ def recurrent(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     # gradient kernel's recomputation and nn.LSTM in training would each see other values.
     # Nothing is recorded unless an argument requires grad.
     with torch.enable_grad():
-        if _sequence_chunks(kernel, args) > 1:
+        if _sequence_chunks(kernel) > 1:
             return _over_segments(kernel.op_type, kernel, args)[0]  # type: ignore[return-value]
         return over_batch_chunks(kernel, args, *_batch_axes(kernel),
                                  lambda part: recurrent_forward(kernel.op_type, kernel, part))
@@ -142,12 +142,20 @@ def recurrent(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
 # states at the segments' boundaries, then from the last segment back to the first
 # recomputes one segment with autograd and back-propagates it, handing its initial states'
 # gradients to the segment before: a tape of 1/k for one forward more.
-def _sequence_chunks(kernel: Kernel, args: Tensors) -> int:
-    """The segments a recurrent kernel runs its sequence in (1: whole, or in batch chunks)."""
-    chunks = int(kernel.attr(CHUNKS_ATTR, 1))
-    if chunks <= 1 or not in_sequence_chunks(kernel):
-        return 1
-    return min(chunks, args[0].shape[int(kernel.attr("layout", 0))])
+def _sequence_chunks(kernel: Kernel) -> int:
+    """The segments a recurrent kernel runs its sequence in (1: whole, or in batch chunks);
+    at most its steps (`ir.conv_split.most_chunks` bounds the count)."""
+    return int(kernel.attr(CHUNKS_ATTR, 1)) if in_sequence_chunks(kernel) else 1
+
+
+def _segments(kernel: Kernel, x: torch.Tensor) -> tuple[list[torch.Tensor], list[int]]:
+    """X's segments (along its time axis, the layout's) and the step each starts at."""
+    axis = int(kernel.attr("layout", 0))
+    pieces = list(x.tensor_split(_sequence_chunks(kernel), axis))
+    starts = [0]
+    for piece in pieces[:-1]:
+        starts.append(starts[-1] + piece.shape[axis])
+    return pieces, starts
 
 
 def _segment_order(kernel: Kernel, count: int) -> list[int]:
@@ -162,10 +170,7 @@ def _over_segments(op: str, kernel: Kernel, args: Tensors, whole_y: bool = True
     tensor of the whole sequence; None unless `whole_y`: a gradient kernel wants the states
     only), and the states each segment starts from."""
     axis = int(kernel.attr("layout", 0))  # time: X (T, B, I) / Y (T, D, B, H), or batch first
-    xs = args[0].tensor_split(_sequence_chunks(kernel, args), axis)
-    starts = [0]
-    for x in xs[:-1]:
-        starts.append(starts[-1] + x.shape[axis])
+    xs, starts = _segments(kernel, args[0])
     states, entering, y = list(args[4:]), {}, None
     for i in _segment_order(kernel, len(xs)):
         entering[i] = states
@@ -186,10 +191,9 @@ def _segments_backward(op: str, kernel: Kernel, args: Tensors) -> list[torch.Ten
     out_mask = [bool(int(m)) for m in kernel.attr("output_mask")]
     inputs, dys = list(args[:len(out_mask)]), list(args[len(out_mask):])
     given = dict(zip([i for i, m in enumerate(grad_mask) if m], dys, strict=True))
-    axis = int(kernel.attr("layout", 0))
     _, entering = _over_segments(op, kernel, inputs, whole_y=False)  # no grad: no tape
-    xs = inputs[0].tensor_split(len(entering), axis)
-    dy = given[0].tensor_split(len(entering), axis) if 0 in given else None
+    xs, starts = _segments(kernel, inputs[0])
+    dy = _segments(kernel, given[0])[0] if 0 in given else None  # Y's time axis is X's
     d_states = [given.get(1 + j) for j in range(len(inputs) - 4)]  # the last segment's
     whole: list[torch.Tensor | None] = [None] * len(inputs)
     order = _segment_order(kernel, len(xs))
@@ -207,28 +211,27 @@ def _segments_backward(op: str, kernel: Kernel, args: Tensors) -> list[torch.Ten
             [None] * len(wanted)
         found = dict(zip(wanted, grads, strict=True))
         d_states = [found.get(4 + j) for j in range(len(inputs) - 4)]
-        _gather(whole, found, i, xs, axis, first, len(inputs))
+        _gather(whole, found, inputs[0], starts[i], int(kernel.attr("layout", 0)), first)
     return [g if g is not None else torch.zeros_like(a)
             for g, a, m in zip(whole, inputs, out_mask, strict=True) if m]
 
 
-def _gather(whole: list[torch.Tensor | None], found: dict[int, torch.Tensor | None], i: int,
-            xs: Sequence[torch.Tensor], axis: int, first: bool, n_in: int) -> None:
-    """Add segment `i`'s gradients into the whole kernel's: X's at the segment's steps, the
-    weights' summed, the initial states' from the first segment the recurrence visits."""
+def _gather(whole: list[torch.Tensor | None], found: dict[int, torch.Tensor | None],
+            x: torch.Tensor, start: int, axis: int, first: bool) -> None:
+    """Add a segment's gradients into the whole kernel's: X's at the segment's steps (from
+    `start` along `axis` of the whole `x`), the weights' summed, the initial states' from the
+    first segment the recurrence visits."""
     dx = found.get(0)
     if dx is not None:
         if whole[0] is None:
-            shape = list(dx.shape)
-            shape[axis] = sum(x.shape[axis] for x in xs)
-            whole[0] = dx.new_zeros(shape)
-        whole[0].narrow(axis, sum(x.shape[axis] for x in xs[:i]), dx.shape[axis]).copy_(dx)
+            whole[0] = torch.zeros_like(x)
+        whole[0].narrow(axis, start, dx.shape[axis]).copy_(dx)
     for j in range(1, 4):
         g = found.get(j)
         if g is not None:
             whole[j] = g if whole[j] is None else whole[j].add_(g)  # type: ignore[union-attr]
     if first:
-        for j in range(4, n_in):
+        for j in range(4, len(whole)):
             whole[j] = found.get(j)
 
 
@@ -273,7 +276,7 @@ def recurrent_backward(kernel: Kernel, args: Tensors) -> list[torch.Tensor]:
     def grad(part: Tensors) -> list[torch.Tensor]:
         return recompute_grad(kernel, part, lambda leaves: recurrent_forward(op, kernel, leaves))
 
-    if _sequence_chunks(kernel, args) > 1:
+    if _sequence_chunks(kernel) > 1:
         with torch.enable_grad():
             return _segments_backward(op, kernel, args)
     return over_batch_chunks(kernel, args, *_batch_axes(kernel), grad)
