@@ -586,10 +586,15 @@ def test_repredict_beyond_plans_and_predicts_the_trainers_graph(tmp_path):
     assert done.returncode == 1 and "no plan of this graph" in done.stdout
 
 
-def test_native_checkpointing_of_the_corpus_unet_gives_eager_gradients(monkeypatch):
-    """native_compare.py's reference for the corpus U-Net (the torch module the corpus
-    exports): with each double convolution under torch.utils.checkpoint, one SGD step gives
-    the eager step's parameters, and the labels are one class per output pixel."""
+@pytest.mark.parametrize("name, block, shapes, classes", [
+    ("unet_small", "dec1", ((2, 3, 32, 32), (2, 32, 32)), 3),
+    ("lstm_classifier", "lstm", ((4, 12), (4,)), 5)])
+def test_native_checkpointing_of_a_corpus_model_gives_eager_gradients(
+        monkeypatch, name, block, shapes, classes):
+    """native_compare.py's reference for a corpus model (the torch module the corpus exports):
+    with its blocks under torch.utils.checkpoint (the U-Net's double convolutions, the LSTM's
+    recurrent layers), one SGD step gives the eager step's parameters, and the labels are one
+    class per output position."""
     import torch
 
     native = _script("native_compare")
@@ -597,15 +602,15 @@ def test_native_checkpointing_of_the_corpus_unet_gives_eager_gradients(monkeypat
     monkeypatch.setattr(native, "SCALE", "small")
     stepped = []
     for segments in (None, 1):
-        net, make, loss = native.native_model("unet_small", 2, {})
+        net, make, loss = native.native_model(name, shapes[0][0], {})
         torch.manual_seed(3)
-        native.native_step("unet_small", net, make, loss, segments)()
+        native.native_step(name, net, make, loss, segments)()
         stepped.append(net)
     eager, checkpointed = stepped
-    assert isinstance(checkpointed.dec1, native.Checkpointed)
-    assert not isinstance(eager.dec1, native.Checkpointed)
+    assert isinstance(getattr(checkpointed, block), native.Checkpointed)
+    assert not isinstance(getattr(eager, block), native.Checkpointed)
     for a, b in zip(eager.parameters(), checkpointed.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    x, labels = native.native_model("unet_small", 2, {})[1]()
-    assert x.shape == (2, 3, 32, 32) and labels.shape == (2, 32, 32)
-    assert int(labels.max()) < 3
+    x, labels = native.native_model(name, shapes[0][0], {})[1]()
+    assert (tuple(x.shape), tuple(labels.shape)) == shapes
+    assert int(labels.max()) < classes

@@ -4,12 +4,13 @@ For each model (same shapes, fp32, SGD, one training iteration):
 - native eager: torchvision ResNet-200 / DenseNet-264 / VGG19 / ResNet-50, HF BertForMaskedLM /
   GPT2LMHeadModel (SDPA attention), built from config with random weights, and the corpus
   U-Net (`unet_small`: the torch module models/corpus/make_corpus.py exports, per-pixel
-  cross-entropy as our `--loss auto` gives it; our side loads the exported file, written into
+  cross-entropy as our `--loss auto` gives it) and LSTM classifier (`lstm_classifier`, token
+  ids in, cross-entropy on its classes), whose exported files our side loads (written into
   OUT_DIR/corpus at the benchmark scale if absent);
 - native activation checkpointing under a cap of budget + 64 MiB (expandable segments), at the
   fewest segments that fit: `checkpoint_sequential` over the CNN's blocks, HF
   `gradient_checkpointing_enable()` for the transformers, `torch.utils.checkpoint` around each
-  of the U-Net's five double convolutions;
+  of the U-Net's five double convolutions and around the LSTM classifier's `nn.LSTM`;
 - ours: the all-fast plan through the executor (the graph as imported, fused by default), the
   same plan replayed as a CUDA graph (`--replay --no-cap`: static inputs, kernels' outputs from
   the graph's pool) and at planned addresses replayed (`--replay --arena`), our kernels under torch
@@ -59,8 +60,9 @@ SHAPES = {"resnet200": (32, {}), "densenet264": (32, {}), "inception_v4": (64, {
           "vgg19": (64, {}), "resnet50": (32, {}),
           "bert_base": (16, {"seq": 512}), "gpt2_small": (8, {"seq": 1024})}
 SHAPES["unet_small"] = (32, {})
+SHAPES["lstm_classifier"] = (64, {})
 SMALL = {"resnet200": (2, {}), "densenet264": (2, {}), "inception_v4": (2, {}), "vgg19": (2, {}),
-         "resnet50": (2, {}), "unet_small": (2, {}),
+         "resnet50": (2, {}), "unet_small": (2, {}), "lstm_classifier": (4, {}),
          "bert_base": (2, {"seq": 64}), "gpt2_small": (2, {"seq": 64})}
 SEGMENTS = (2, 3, 4, 6, 8, 12, 16, 24, 33, 48)
 # torchvision models: native checkpointing with checkpoint_sequential
@@ -69,7 +71,7 @@ SLACK = 64 << 20
 DEV = "cuda:0"
 # corpus models (models/corpus/make_corpus.py): the torch module is the native model, the
 # exported file ours; the checkpointed blocks are the module's children of these names
-CORPUS = {"unet_small": ("enc1", "enc2", "mid", "dec2", "dec1")}
+CORPUS = {"unet_small": ("enc1", "enc2", "mid", "dec2", "dec1"), "lstm_classifier": ("lstm",)}
 SCALE = "gpu"  # the corpus's scale: --small exports and builds them small
 CHANNELS_LAST = False  # --channels-last: the CNNs stored N, H, W, C on both sides
 
@@ -131,18 +133,22 @@ def _make_corpus():
 
 def corpus_model(name: str, batch: int):
     """The corpus model's torch module at SCALE, its input shape with the batch replaced, and
-    the loss our training graph appends (per-pixel cross-entropy over the class axis)."""
+    the loss our training graph appends (cross-entropy over the class axis, per position)."""
     make_corpus = _make_corpus()
     spec = next(s for s in make_corpus.SPECS if s.name == name)
     torch.manual_seed(0)
     net = spec.build(SCALE)
-    ((shape, _, _),) = spec.inputs(SCALE).values()
+    ((shape, dtype, high),) = spec.inputs(SCALE).values()
+
+    def inputs(count: int, device=DEV):
+        if dtype.is_floating_point:
+            return torch.randn(count, *shape[1:], device=device)
+        return torch.randint(0, high, (count, *shape[1:]), device=device)  # token ids
     with torch.no_grad():  # the output's classes and positions, for the labels
-        _, classes, *positions = net(torch.zeros(1, *shape[1:])).shape
+        _, classes, *positions = net(inputs(1, "cpu")).shape
 
     def make():
-        return (torch.randn(batch, *shape[1:], device=DEV),
-                torch.randint(0, classes, (batch, *positions), device=DEV))
+        return inputs(batch), torch.randint(0, classes, (batch, *positions), device=DEV)
 
     def loss(m, b):
         return torch.nn.functional.cross_entropy(m(b[0]), b[1])
