@@ -90,8 +90,10 @@ def test_device_times_come_from_the_kernel_ranges():
     from autotm_py.profiling.in_context import kernel_device_times, per_signature_median
     from autotm_py.runtime.executor import KERNEL_RANGE
 
-    def event(name, device, us):
-        return SimpleNamespace(name=name, device_type=device, device_time_total=us)
+    def event(name, device, us, start=0.0, end=0.0, thread=1, parent=None):
+        return SimpleNamespace(name=name, device_type=device, device_time_total=us,
+                               time_range=SimpleNamespace(start=start, end=end),
+                               thread=thread, cpu_parent=parent)
 
     events = [event(f"{KERNEL_RANGE}0", DeviceType.CPU, 30.0),
               event(f"{KERNEL_RANGE}0", DeviceType.CUDA, 30.0),  # the device-side copy
@@ -108,6 +110,34 @@ def test_device_times_come_from_the_kernel_ranges():
                                                    sum(sorted(times[i] for i in ids)
                                                        [len(ids) // 2 - 1:len(ids) // 2 + 1]) / 2)
     assert per_signature_median(graph, []) == {}
+
+
+def test_device_times_count_what_autograds_device_thread_ran_inside_a_kernel():
+    """A recurrent gradient kernel calls torch.autograd.grad, whose engine launches the
+    backward from its own device thread: that work (top-level engine events of another
+    thread, inside the kernel's range in time) is the kernel's; the engine's events of the
+    kernel's own thread are already under its range, and other threads' work outside every
+    range belongs to no kernel."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from autotm_py.profiling.in_context import ENGINE_EVENT, kernel_device_times
+    from autotm_py.runtime.executor import KERNEL_RANGE
+
+    def event(name, us, start, end, thread, parent=None):
+        return SimpleNamespace(name=name, device_type=DeviceType.CPU, device_time_total=us,
+                               time_range=SimpleNamespace(start=start, end=end),
+                               thread=thread, cpu_parent=parent)
+
+    grad = event(f"{KERNEL_RANGE}1", 4300.0, 100.0, 900.0, thread=1)
+    events = [event(f"{KERNEL_RANGE}0", 50.0, 0.0, 90.0, thread=1), grad,
+              event(f"{ENGINE_EVENT}: CudnnRnnBackward0", 9600.0, 300.0, 880.0, thread=7),
+              event(f"{ENGINE_EVENT}: MulBackward0", 20.0, 150.0, 160.0, thread=1,
+                    parent=grad),  # on the kernel's own thread: inside its range already
+              event(f"{ENGINE_EVENT}: AddBackward0", 70.0, 950.0, 990.0, thread=7),
+              event("aten::copy_", 500.0, 400.0, 410.0, thread=9)]
+    assert kernel_device_times(events, 2) == pytest.approx([50e-6, 13900e-6])
 
 
 def test_kernel_ranges_wrap_every_kernel():

@@ -91,3 +91,31 @@ def test_the_trainer_trains_an_lstm_in_chunks_on_cuda_as_pytorch(tmp_path):
                                  strict=True):
         torch.testing.assert_close(p.detach().cpu(), q.detach().cpu(), rtol=1e-4, atol=1e-5,
                                    msg=name)
+
+
+def test_a_recurrent_gradient_kernels_device_time_counts_its_backward(tmp_path):
+    """LSTMGrad runs its backward through torch's autograd engine, which launches it from its
+    own device thread: the device times the simulator prices a replayed plan with, measured
+    in context (profiler ranges) and alone (a CUDA graph of the kernel), count that work. A
+    cuDNN LSTM's backward costs about twice its forward, so a gradient kernel (forward and
+    backward) takes well over one forward's time; counted from the range alone it had taken
+    one forward's (2026-12-02, H200: 4.3 of 13.9 ms)."""
+    from autotm_py.frontend.capture import capture_module
+    from autotm_py.frontend.onnx import import_model
+    from autotm_py.ir.training import derive_training
+    from autotm_py.profiling.in_context import profile_in_context
+    from autotm_py.profiling.profile import profile
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 256, 256)
+    graph = derive_training(import_model(capture_module(WideClassifier(), (x,)).model),
+                            optimizer="sgd", learning_rate=0.05)
+    alone = profile(graph, device="cuda", profiles_dir=tmp_path / "alone", progress=False)
+    in_context = profile_in_context(graph, device="cuda", profiles_dir=tmp_path / "context")
+    for costs in (alone, in_context):
+        times = {k.op_type: (t, d) for k, t, d in zip(graph.kernels, costs.times_s,
+                                                      costs.device_s, strict=True)
+                 if k.op_type in ("LSTM", "LSTMGrad")}
+        (forward, _), (grad_time, grad_device) = times["LSTM"], times["LSTMGrad"]
+        assert grad_time > 2 * forward, times
+        assert grad_device > 0.6 * grad_time, times

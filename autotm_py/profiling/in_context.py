@@ -124,20 +124,46 @@ def measure_device_times(graph: TensorGraph, plan: Plan, device: str,
     return kernel_device_times(prof.events(), len(graph.kernels))
 
 
+# What torch's autograd engine runs on a GPU's behalf: on its own device thread, not under
+# the range of the kernel that called `torch.autograd.grad` (the recurrent gradient kernels)
+ENGINE_EVENT = "autograd::engine::evaluate_function"
+
+
 def kernel_device_times(events, n_kernels: int) -> list[float]:
     """Seconds of device work under each kernel's range (host-side range events only: the
-    device-side copy of a range spans the same work)."""
+    device-side copy of a range spans the same work), plus the work autograd's engine ran for
+    it on its device thread: a recurrent gradient kernel's backward (`kernels/recurrent.py`)
+    is launched there, outside the range, while the kernel's thread waits in it (the H200's
+    in-context profile of 2026-12-02 gave LSTMGrad 4.3 ms of device time for a 13.9 ms
+    kernel: its recomputed forward only)."""
     from torch.autograd import DeviceType
 
     from autotm_py.runtime.executor import KERNEL_RANGE
 
     seconds = [0.0] * n_kernels
+    ranges: list[tuple[float, float, int, int]] = []  # start, end, thread, kernel
+    engine = []
     for event in events:
-        if event.name.startswith(KERNEL_RANGE) and event.device_type == DeviceType.CPU:
-            total = getattr(event, "device_time_total", None)  # torch < 2.4: cuda_time_total
-            total = event.cuda_time_total if total is None else total
-            seconds[int(event.name[len(KERNEL_RANGE):])] += total / 1e6
+        if event.device_type != DeviceType.CPU:
+            continue
+        if event.name.startswith(KERNEL_RANGE):
+            index = int(event.name[len(KERNEL_RANGE):])
+            seconds[index] += _device_us(event) / 1e6
+            ranges.append((event.time_range.start, event.time_range.end, event.thread, index))
+        elif event.name.startswith(ENGINE_EVENT) and event.cpu_parent is None:
+            engine.append(event)
+    for event in engine:  # on another thread, inside a kernel's range in time
+        at = event.time_range.start
+        for start, end, thread, index in ranges:
+            if thread != event.thread and start <= at <= end:
+                seconds[index] += _device_us(event) / 1e6
+                break
     return seconds
+
+
+def _device_us(event) -> float:
+    total = getattr(event, "device_time_total", None)  # torch < 2.4: cuda_time_total
+    return event.cuda_time_total if total is None else total
 
 
 def per_signature_median(graph: TensorGraph, per_kernel: Sequence[float]) -> dict[str, float]:
