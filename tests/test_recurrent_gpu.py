@@ -96,14 +96,15 @@ def test_the_trainer_trains_an_lstm_in_chunks_on_cuda_as_pytorch(tmp_path):
 def test_a_recurrent_gradient_kernels_device_time_counts_its_backward(tmp_path):
     """LSTMGrad runs its backward through torch's autograd engine, which launches it from its
     own device thread: the device times the simulator prices a replayed plan with, measured
-    in context (profiler ranges) and alone (a CUDA graph of the kernel), count that work. A
-    cuDNN LSTM's backward costs about twice its forward, so a gradient kernel (forward and
-    backward) takes well over one forward's time; counted from the range alone it had taken
-    one forward's (2026-12-02, H200: 4.3 of 13.9 ms)."""
+    in context (profiler ranges) and alone (a CUDA graph of the kernel), count that work: a
+    gradient kernel (a forward and cuDNN's backward) takes over twice a forward's device
+    time (an H200, this model: 8.0 against 2.3 ms alone, 7.0 against 2.0 ms in context);
+    counted from the range alone it had been one forward's (2026-12-02, H200: 4.3 ms of a
+    13.9 ms kernel)."""
     from autotm_py.frontend.capture import capture_module
     from autotm_py.frontend.onnx import import_model
     from autotm_py.ir.training import derive_training
-    from autotm_py.profiling.in_context import profile_in_context
+    from autotm_py.pipeline import profile_in_context
     from autotm_py.profiling.profile import profile
 
     torch.manual_seed(0)
@@ -116,6 +117,6 @@ def test_a_recurrent_gradient_kernels_device_time_counts_its_backward(tmp_path):
         times = {k.op_type: (t, d) for k, t, d in zip(graph.kernels, costs.times_s,
                                                       costs.device_s, strict=True)
                  if k.op_type in ("LSTM", "LSTMGrad")}
-        (forward, _), (grad_time, grad_device) = times["LSTM"], times["LSTMGrad"]
-        assert grad_time > 2 * forward, times
-        assert grad_device > 0.6 * grad_time, times
+        (forward, forward_device), (grad_time, grad_device) = times["LSTM"], times["LSTMGrad"]
+        assert grad_time > 1.5 * forward, times
+        assert grad_device > 2 * forward_device, times
