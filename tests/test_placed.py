@@ -144,6 +144,30 @@ def test_requests_beyond_the_region_are_kept_with_their_tags_largest_first(lib):
     assert lib.misses() == []  # read once
 
 
+def test_overflow_is_kept_while_a_graph_may_use_it_and_freed_when_the_last_hold_goes(lib):
+    # A capture in CUDA's global mode forbids cudaMalloc and cudaFree on every thread (the
+    # LSTM's chunked gradient, whose backward autograd runs on its own thread, overflowed the
+    # region during a capture, 2026-12-06): while a graph is held, overflow is allocated in
+    # relaxed mode (here: two counted switches) and its frees wait for the last hold to go.
+    switches = lib.use_host_overflow()
+    assert lib.alloc(64 * MIB) == BASE
+    first = lib.alloc(MIB)  # beyond the region: from the (here: host) heap
+    assert first and lib.stats().overflow_bytes == MIB
+    lib.free(first, MIB)  # no graph: freed at once, and no capture-mode switch
+    assert lib.stats().overflow_bytes == 0 and lib.use_host_overflow() == switches
+    assert lib.hold_overflow(True) == 0  # a capture begins
+    during = lib.alloc(2 * MIB)
+    assert during and lib.use_host_overflow() == switches + 2  # relaxed, then back
+    lib.free(during, 2 * MIB)  # the graph's replays may write it: kept
+    assert lib.stats().overflow_bytes == 2 * MIB
+    assert lib.hold_overflow(True) == 1  # a second graph is captured
+    assert lib.hold_overflow(False) == 1  # the first is gone: the second still holds
+    assert lib.stats().overflow_bytes == 2 * MIB
+    assert lib.hold_overflow(False) == 0  # none left: the waiting free happens
+    assert lib.stats().overflow_bytes == 0
+    assert lib.hold_overflow(False) == 0  # an unmatched release holds nothing
+
+
 def test_build_names_a_missing_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     with pytest.raises(OSError, match="could not build the placed allocator"):

@@ -56,6 +56,46 @@ def test_scratch_windows_serve_kernels_and_compute_what_the_caching_allocator_co
     assert windowed["digests"] == plain["digests"]
 
 
+def test_a_capture_that_overflows_the_region_replays_what_the_caching_allocator_computes():
+    """Autograd's device thread allocates a chunked LSTMGrad's tape (the layer's backward);
+    in a region too small for it those requests overflow to cudaMalloc during the capture,
+    which a capture in CUDA's global mode forbids on every thread: the LSTM classifier's 50%
+    plan failed its capture so, and its eager run after it with the stale error (H200,
+    2026-12-06). Overflow while a graph is held is allocated in relaxed mode and kept."""
+    held = in_own_process("tests.test_placed_gpu", "overflow_digests", True)
+    plain = in_own_process("tests.test_placed_gpu", "overflow_digests", False)
+    assert held["installed"] and not plain["installed"]
+    assert held["overflow"] > 0, held
+    assert held["digests"] == plain["digests"]
+
+
+def overflow_digests(use_placed: bool) -> dict:
+    """sha256 of the outputs of 3 steps (eager, captured, replayed) of the sequence-chunked
+    LSTM graph's all-fast plan in its arena, under the placed allocator with a 4 MiB region
+    (everything else overflows), or on the caching allocator."""
+    import torch
+
+    from autotm_py.options import RunMode
+    from autotm_py.pipeline import all_fast_plan, with_arena
+    from autotm_py.runtime import placed
+    from autotm_py.runtime.execute import run_steps
+    from tests.graphs import costs_for
+    from tests.test_recurrent import _chunk_case
+
+    if use_placed:
+        assert placed.install(4 << 20) is None
+    _, split = _chunk_case("LSTM", True, 2)
+    plan = with_arena(split, all_fast_plan(split), costs_for(split))
+    steps = run_steps(split, plan, steps=3, seed=4, device="cuda",
+                      mode=RunMode(arena=True, placed=use_placed, replay=True))
+    lib = placed.active()
+    return {"installed": lib is not None,
+            "overflow": 0 if lib is None else lib.stats().overflow_allocations,
+            "digests": [hashlib.sha256(b"".join(
+                s[t].reshape(-1).view(torch.uint8).numpy().tobytes() for t in split.outputs)
+            ).hexdigest() for s in steps]}
+
+
 def test_kernels_are_measured_under_the_placed_allocator():
     """A Trainer installs the placed allocator before it measures the kernels no profile has;
     measuring workspaces there reads the allocator's own statistics (torch's raise under a

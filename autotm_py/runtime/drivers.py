@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from autotm_py.errors import ExecutionError
+from autotm_py.runtime import placed
 from autotm_py.runtime.device import (
     cuda_index,
     eager_work_queues_note,
@@ -147,6 +149,7 @@ class ReplayDriver(EagerDriver):
         Returns why it failed (the record and the error), None if not."""
         ex = self.executor
         ex.prepare()
+        _hold_overflow(True)
         graph = GraphReplay(ex.run, ex.where, self.stream)
         self._events = ex.take_captured_events()
         if graph.failed is not None:
@@ -155,8 +158,10 @@ class ReplayDriver(EagerDriver):
             # iterations that follow
             ex.state = State()
             give_back(ex.device)
+            _hold_overflow(False)
             ex.prepare()
             return graph.failed
+        weakref.finalize(graph, _hold_overflow, False)  # the hold lasts as long as the graph
         self._graph, self._end = graph, (ex.state, ex.carry)
         ex.memory.fence(True)
         return None
@@ -172,6 +177,14 @@ class ReplayDriver(EagerDriver):
     def release(self) -> None:
         self._graph = self._end = None
         self._events = []  # after the graph that records them
+
+
+def _hold_overflow(on: bool) -> None:
+    """Under the placed allocator, keep what overflows its region for a graph about to be
+    captured (True), or let it go with that graph (False): `PlacedLib.hold_overflow`."""
+    lib = placed.active()
+    if lib is not None:
+        lib.hold_overflow(on)
 
 
 def give_back(device: torch.device | None) -> None:

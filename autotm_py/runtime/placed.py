@@ -17,8 +17,10 @@ there. Everything else torch allocates (the arena, cuBLAS's workspaces, anything
 window) comes first-fit from one region reserved once, of the cap's size under a cap, with no
 CUDA call per allocation; a CUDA graph captures through it, and after a capture the region is
 fenced so nothing outside the graph lands in its scratch. What does not fit goes to cudaMalloc
-and is reported as overflow. torch's own statistics (`max_memory_allocated`...) do not exist under a
-pluggable allocator; `runtime.device` asks `stats()` instead.
+and is reported as overflow; while a graph may use it (from its capture until it is gone) it
+is allocated in CUDA's relaxed capture mode and not freed (`PlacedLib.hold_overflow`), as
+torch's own allocator treats a capture's blocks. torch's statistics (`max_memory_allocated`...)
+do not exist under a pluggable allocator; `runtime.device` asks `stats()` instead.
 
 It must be installed before the process first uses CUDA (`install`); `autotm run --arena`
 does that. The shim is compiled at first use with the system's C compiler (`cc`, or `$CC`)
@@ -99,6 +101,8 @@ class PlacedLib:
                 ("autotm_tag", [ctypes.c_long], None),
                 ("autotm_misses", [ctypes.POINTER(ctypes.c_int64),
                                    ctypes.POINTER(ctypes.c_uint64)], ctypes.c_int),
+                ("autotm_hold_overflow", [ctypes.c_int], ctypes.c_int),
+                ("autotm_use_host_overflow", [], ctypes.c_long),
                 ("autotm_stats", [ctypes.POINTER(ctypes.c_uint64)], None)):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, res
@@ -152,6 +156,13 @@ class PlacedLib:
     def fence(self, on: bool) -> None:
         self.lib.autotm_fence(int(on))
 
+    def hold_overflow(self, on: bool) -> int:
+        """From before a CUDA graph's capture (True) until no graph is left (False): what
+        overflows the region is allocated in CUDA's relaxed capture mode and kept (the graph's
+        replays may use it; a capture forbids cudaFree), its frees done when the hold is
+        lifted. Returns the frees still waiting."""
+        return int(self.lib.autotm_hold_overflow(int(on)))
+
     def reset_peaks(self) -> None:
         self.lib.autotm_reset_peaks()
 
@@ -161,6 +172,11 @@ class PlacedLib:
         return PlacedStats(*(int(v) for v in out))
 
     # ---- the bookkeeping without a GPU (tests) ----------------------------------------------
+    def use_host_overflow(self) -> int:
+        """Tests: overflow from the C heap instead of cudaMalloc, the capture-mode switches
+        counted; returns how many there were so far."""
+        return int(self.lib.autotm_use_host_overflow())
+
     def use_region(self, start: int, nbytes: int) -> None:
         self.lib.autotm_use_region(start, nbytes)
 

@@ -11,6 +11,15 @@
  * and freed is offered again until `autotm_expect_clear`). When the region has no room, the
  * request goes to cudaMalloc and is counted as overflow (the run reports it).
  *
+ * Overflow and CUDA graphs: while the executor holds a graph (`autotm_hold_overflow`, from
+ * before its capture until the graph is gone), overflow is allocated in CUDA's relaxed capture
+ * mode (a capture in global mode forbids cudaMalloc, on every thread: autograd's device thread
+ * allocates too) and no overflow block is cudaFree'd: the graph's replays may use its
+ * addresses, and a cudaFree during a capture would end it. torch's caching allocator does the
+ * same for its private pools. The frees wait until the hold is lifted. A failed cudaMalloc's
+ * error is cleared: CUDA keeps it per thread, and torch's next kernel-launch check on that
+ * thread would raise it as that kernel's.
+ *
  * Scratch windows: a plan may give a kernel's scratch (its workspace, the outputs it allocates
  * beside its slots) a window of its own inside the arena, free of tensors while that kernel
  * runs. While the executor holds a window open (`autotm_window_open`), every allocation that
@@ -110,6 +119,17 @@ static long placed_count, overflow_count;
 static int (*cuda_malloc)(void **, size_t);
 static int (*cuda_free)(void *);
 static int (*cuda_mem_get_info)(size_t *, size_t *);
+static int (*cuda_get_last_error)(void);
+static int (*cuda_exchange_capture_mode)(int *);
+#define CAPTURE_MODE_RELAXED 2 /* cudaStreamCaptureModeRelaxed */
+
+/* overflow frees waiting for the hold on graphs to be lifted (`autotm_hold_overflow`) */
+#define MAX_DEFERRED 65536
+static int holding; /* graphs (and captures) that may use overflow blocks */
+static void *deferred_ptr[MAX_DEFERRED];
+static size_t deferred_size[MAX_DEFERRED];
+static int n_deferred;
+static long lost_deferred; /* frees beyond MAX_DEFERRED: those blocks stay allocated */
 
 static size_t round_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
@@ -124,6 +144,8 @@ static int load_cudart(void) {
     cuda_malloc = (int (*)(void **, size_t))dlsym(lib, "cudaMalloc");
     cuda_free = (int (*)(void *))dlsym(lib, "cudaFree");
     cuda_mem_get_info = (int (*)(size_t *, size_t *))dlsym(lib, "cudaMemGetInfo");
+    cuda_get_last_error = (int (*)(void))dlsym(lib, "cudaGetLastError");
+    cuda_exchange_capture_mode = (int (*)(int *))dlsym(lib, "cudaThreadExchangeStreamCaptureMode");
     if (cuda_malloc && cuda_free && cuda_mem_get_info) return 1;
     cuda_malloc = 0;
   }
@@ -226,6 +248,30 @@ static void give_to_region(uintptr_t lo, size_t size) {
   give(&region_free, lo, size);
 }
 
+/* cudaMalloc for a request beyond the region: in relaxed capture mode while graphs are held
+ * (a capture may be under way, here or on another thread), its error cleared if it fails. */
+static int overflow_malloc(void **p, size_t size) {
+  int mode = CAPTURE_MODE_RELAXED, ok;
+  int relax = holding && cuda_exchange_capture_mode;
+  if (relax) cuda_exchange_capture_mode(&mode);
+  ok = cuda_malloc(p, size) == 0;
+  if (relax) cuda_exchange_capture_mode(&mode);
+  if (!ok && cuda_get_last_error) cuda_get_last_error();
+  return ok;
+}
+
+static void overflow_free(void *ptr, size_t size) {
+  if (!holding) {
+    overflow_bytes -= size;
+    cuda_free(ptr);
+  } else if (n_deferred < MAX_DEFERRED) {
+    deferred_ptr[n_deferred] = ptr;
+    deferred_size[n_deferred++] = size;
+  } else {
+    lost_deferred++;
+  }
+}
+
 void *autotm_alloc(size_t size, int device, stream_t stream) {
   (void)device;
   (void)stream;
@@ -255,7 +301,7 @@ void *autotm_alloc(size_t size, int device, stream_t stream) {
   trace(p ? "region" : "beyond", size, (uintptr_t)p);
   if (p) return p;
   note_miss(size);
-  if (load_cudart() && cuda_malloc(&p, size) == 0) {
+  if (load_cudart() && overflow_malloc(&p, size)) {
     overflow_bytes += size;
     overflow_count++;
     return p;
@@ -283,8 +329,7 @@ void autotm_free(void *ptr, size_t size, int device, stream_t stream) {
   if (p >= region_lo && p < region_hi) {
     give_to_region(p, round_up(size));
   } else if (cuda_free) {
-    overflow_bytes -= size;
-    cuda_free(ptr);
+    overflow_free(ptr, size);
   }
 }
 
@@ -351,6 +396,37 @@ void autotm_fence(int on) {
   note_top();
   graph_extent = on ? peak_top : 0;
   fence = on ? region_lo + peak_top : 0;
+}
+
+/* Hold (1) overflow blocks for a CUDA graph about to be captured, or lift that graph's hold
+ * (0) when it is gone: holds count, and when none is left the frees that waited happen (a
+ * graph released during the next one's capture frees nothing then). Returns how many frees
+ * wait (after the call). */
+int autotm_hold_overflow(int on) {
+  holding += on ? 1 : (holding > 0 ? -1 : 0);
+  if (!holding) {
+    for (int i = 0; i < n_deferred; i++) {
+      overflow_bytes -= deferred_size[i];
+      cuda_free(deferred_ptr[i]);
+    }
+    n_deferred = 0;
+  }
+  return n_deferred;
+}
+
+/* Tests on a machine without a GPU: overflow from the C heap, with a counter standing for the
+ * capture-mode switch, so that the bookkeeping of `autotm_hold_overflow` can be checked. */
+static long mode_switches;
+static int host_malloc(void **p, size_t size) { return (*p = malloc(size)) ? 0 : 2; }
+static int host_free(void *p) { free(p); return 0; }
+static int host_exchange(int *mode) { (void)mode; mode_switches++; return 0; }
+static int host_mem_get_info(size_t *f, size_t *t) { *f = *t = 0; return 0; }
+long autotm_use_host_overflow(void) {
+  cuda_malloc = host_malloc;
+  cuda_free = host_free;
+  cuda_exchange_capture_mode = host_exchange;
+  cuda_mem_get_info = host_mem_get_info;
+  return mode_switches;
 }
 
 void autotm_reset_peaks(void) {
