@@ -166,7 +166,7 @@ def test_attention_variants_fuse_and_compute_the_same(variant):
     graph = attention_graph(**FUSED_VARIANTS[variant])
     fused = fuse_graph(graph)
     assert fused.meta["fusion"] == {"attention": 1, "gelu": 0, "linear": 0, "conv_relu": 0,
-                                    "rms_norm": 0, "silu": 0, "rotary": 0}
+                                    "rms_norm": 0, "silu": 0, "rotary": 0, "heads_last": 0}
     (k,) = attention_kernels(fused)
     assert not {"Softmax", "Where", "Div"} & set(ops(fused))
     assert ops(fused)["MatMul"] == 4  # projections only
@@ -277,7 +277,7 @@ def test_gelu_forms_fuse_and_compute_the_same(form, approximate):
     graph = gelu_graph(form)
     fused = fuse_graph(graph)
     assert fused.meta["fusion"] == {"attention": 0, "gelu": 1, "linear": 1, "conv_relu": 0,
-                                    "rms_norm": 0, "silu": 0, "rotary": 0}
+                                    "rms_norm": 0, "silu": 0, "rotary": 0, "heads_last": 0}
     (gelu,) = [k for k in fused.kernels if k.op_type == "Gelu"]
     assert gelu.attr("approximate") == approximate and gelu.domain == ""
     assert set(ops(fused)) == {"Linear", "MatMul", "Gelu"}  # the layer before has a bias
@@ -291,7 +291,7 @@ def test_gelu_near_misses_stay_unfused(form):
     graph = gelu_graph(form)
     fused = fuse_graph(graph)
     assert fused.meta["fusion"] == {"attention": 0, "gelu": 0, "linear": 1, "conv_relu": 0,
-                                    "rms_norm": 0, "silu": 0, "rotary": 0}
+                                    "rms_norm": 0, "silu": 0, "rotary": 0, "heads_last": 0}
     # only the layer before the GELU (MatMul + bias) became one kernel
     assert ops(fused) == ops(graph) - Counter({"MatMul": 1, "Add": 1}) + Counter({"Linear": 1})
 
@@ -305,7 +305,8 @@ def test_zoo_models_fuse_every_block(name, attention, gelu, approximate, linear)
     plain = build_graph(name, batch=1, dims={"seq": 8}, fuse=False)
     assert "fusion" not in plain.meta and "Linear" not in ops(plain)
     assert fused.meta["fusion"] == {"attention": attention, "gelu": gelu, "linear": linear,
-                                    "conv_relu": 0, "rms_norm": 0, "silu": 0, "rotary": 0}
+                                    "conv_relu": 0, "rms_norm": 0, "silu": 0, "rotary": 0,
+                                    "heads_last": 0}
     counts = ops(fused)
     assert counts[SDPA] == attention and counts["Gelu"] == gelu and counts["Linear"] == linear
     # every projection with a bias, and the tied output embedding (its Transpose absorbed)
@@ -331,7 +332,7 @@ def test_committed_tiny_gpt_fixture_fuses_causal_attention():
     path = f"{FIXTURES}/tiny_gpt_opset17.onnx"
     fused = import_onnx(path, dims={"batch": 2, "seq": 4})
     assert fused.meta["fusion"] == {"attention": 2, "gelu": 2, "linear": 8, "conv_relu": 0,
-                                    "rms_norm": 0, "silu": 0, "rotary": 0}
+                                    "rms_norm": 0, "silu": 0, "rotary": 0, "heads_last": 0}
     for k in attention_kernels(fused):
         assert k.attr("is_causal") == 1 and len(k.inputs) == 3  # the folded mask is dropped
         assert k.attr("scale") == 0.25
@@ -347,7 +348,7 @@ def test_exported_gpt_fuses_at_every_opset(tmp_path, opset, mask):
     # x - mean: that second half fuses (3 norms: two per block and the final one)
     rms = 3 if opset < 17 else 0
     assert fused.meta["fusion"] == {"attention": 1, "gelu": 1, "linear": 4, "conv_relu": 0,
-                                    "rms_norm": rms, "silu": 0, "rotary": 0}
+                                    "rms_norm": rms, "silu": 0, "rotary": 0, "heads_last": 0}
     assert [k.attr("is_causal") for k in attention_kernels(fused)] == [1]
     assert_same_outputs(import_onnx(path, batch=2, dims={"seq": 5}, fuse=False), fused)
 

@@ -66,7 +66,7 @@ def test_conv_relu_variants_fuse_and_compute_the_same(variant):
     graph = conv_relu_graph(**FUSED[variant])
     fused = fuse_graph(graph)
     assert fused.meta["fusion"] == {"attention": 0, "gelu": 0, "linear": 0, "conv_relu": 2,
-                                    "rms_norm": 0, "silu": 0, "rotary": 0}
+                                    "rms_norm": 0, "silu": 0, "rotary": 0, "heads_last": 0}
     assert ops(fused) == ops(graph) - Counter({"Conv": 2, "Relu": 2}) + Counter({CONV_RELU: 2})
     for k in (k for k in fused.kernels if k.op_type == CONV_RELU):
         assert k.domain == "autotm" and len(k.inputs) == 2 + FUSED[variant].get("bias", True)

@@ -73,7 +73,7 @@ def test_linear_variants_fuse_and_compute_the_same(variant):
     graph = linear_graph(**spec)
     fused = fuse_graph(graph)
     assert fused.meta["fusion"] == {"attention": 0, "gelu": 0, "linear": 1, "conv_relu": 0,
-                                    "rms_norm": 0, "silu": 0, "rotary": 0}
+                                    "rms_norm": 0, "silu": 0, "rotary": 0, "heads_last": 0}
     (k,) = [k for k in fused.kernels if k.op_type == LINEAR]
     transposed = spec.get("weight") == "transposed"
     assert k.domain == "autotm" and k.attr("transB") == int(transposed)

@@ -17,7 +17,16 @@ from autotm_py.cli import main
 from autotm_py.frontend import fuse
 from autotm_py.frontend.fuse import fuse_graph
 from autotm_py.ir import Role, TensorGraph
-from autotm_py.ir.rules.fused import RMS_NORM, RMS_NORM_GRAD, SILU, SILU_GRAD
+from autotm_py.ir.rules.fused import (
+    BLHE,
+    RMS_NORM,
+    RMS_NORM_GRAD,
+    ROTARY,
+    ROTARY_GRAD,
+    SDPA,
+    SILU,
+    SILU_GRAD,
+)
 from autotm_py.ir.training import derive_training
 from autotm_py.profiling.costmodel import H100_SXM, OpShape, flops_of, numel
 from tests.fixtures.checks import assert_canonical
@@ -192,8 +201,8 @@ def test_silu_near_misses_stay_unfused(variant):
 def _without_llama_fusions(monkeypatch) -> TensorGraph:
     """The corpus Llama as the pass imported it before these two fusions."""
     find = fuse.find_rewrites
-    monkeypatch.setattr(fuse, "find_rewrites", lambda g: [
-        r for r in find(g) if r.kind not in ("rms_norm", "silu")])
+    monkeypatch.setattr(fuse, "find_rewrites", lambda g, *round_: [
+        r for r in find(g, *round_) if r.kind not in ("rms_norm", "silu")])
     return api.import_onnx(LLAMA)
 
 
@@ -217,6 +226,38 @@ def test_the_corpus_llama_computes_and_trains_like_its_unfused_import():
     fused = api.import_onnx(LLAMA)
     assert_same_outputs(unfused, fused)
     compare_with_unfused(unfused, fused, steps=2)
+
+
+def test_the_corpus_llamas_attention_runs_heads_last_through_rotary_and_repeated_heads():
+    """`fuse_heads`: q and k rotated and k and v repeated (GQA) after the heads' Transposes;
+    rewritten in (B, L, H, E), no Transpose is left forward or backward (the numbers: the
+    test above and tests/test_fuse_rotary.py's transformers Llama)."""
+    fused = api.import_onnx(LLAMA)
+    assert fused.meta["fusion"]["heads_last"] == 2
+    got = ops(fused)
+    assert "Transpose" not in got and got["Unsqueeze"] == 4
+    by_op = {op: [k for k in fused.kernels if k.op_type == op] for op in (SDPA, ROTARY)}
+    assert all(k.attr("layout") == BLHE for k in by_op[SDPA] + by_op[ROTARY])
+    for k in by_op[ROTARY]:  # (B, L, H, E) in and out, the tables as they were
+        _, length, heads, _ = fused.tensors[k.outputs[0]].shape
+        assert length == 16 and heads in (2, 4)  # k's 2 heads before they are repeated
+        assert fused.tensors[k.inputs[1]].shape == (16, 8)
+    train = derive_training(fused)
+    assert not {"Transpose", "TransposeGrad"} & set(ops(train))
+    assert all(k.attr("layout") == BLHE for k in train.kernels if k.op_type == ROTARY_GRAD)
+
+
+def test_a_head_transpose_read_elsewhere_keeps_its_layer_as_it_was(tmp_path):
+    import onnx
+
+    model = onnx.load(str(LLAMA))
+    first = next(n for n in model.graph.node if n.op_type == "Transpose")
+    model.graph.output.append(onnx.helper.make_empty_tensor_value_info(first.output[0]))
+    path = tmp_path / "leak.onnx"
+    onnx.save(model, str(path))
+    fused = api.import_onnx(path)
+    assert fused.meta["fusion"]["heads_last"] == 1  # the other layer's
+    assert ops(fused)["Transpose"] == 4
 
 
 def test_inspect_names_the_llama_fusions(capsys):

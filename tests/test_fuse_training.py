@@ -95,7 +95,7 @@ def test_fused_tiny_decoder_trains_like_autograd(optimizer):
     graph = tiny_decoder()
     fused = fuse_graph(graph)
     assert fused.meta["fusion"] == {"attention": 1, "gelu": 1, "linear": 2, "conv_relu": 0,
-                                    "rms_norm": 0, "silu": 0, "rotary": 0}
+                                    "rms_norm": 0, "silu": 0, "rotary": 0, "heads_last": 0}
     if optimizer == "sgd":
         compare_with_unfused(graph, fused)
     compare_training(fused, steps=3, optimizer=optimizer)
@@ -225,7 +225,7 @@ def test_inspect_shows_what_was_fused(capsys):
     assert main(["inspect", "bert_base", "--batch", "1", "--dim", "seq=8", "--json"]) == 0
     fused = json.loads(capsys.readouterr().out)
     assert fused["fused"] == {"attention": 12, "gelu": 13, "linear": 74, "conv_relu": 0,
-                              "rms_norm": 0, "silu": 0, "rotary": 0}
+                              "rms_norm": 0, "silu": 0, "rotary": 0, "heads_last": 0}
     assert fused["ops"][SDPA] == 12 and "Softmax" not in fused["ops"]
     assert main(["inspect", "bert_base", "--batch", "1", "--dim", "seq=8", "--no-fuse",
                  "--json"]) == 0

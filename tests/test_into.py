@@ -46,8 +46,16 @@ def _fused(make):
 fused_cnn, fused_decoder = _fused(small_cnn), _fused(tiny_decoder)
 
 
-@pytest.mark.parametrize("make", [small_cnn, tiny_decoder, fused_cnn, fused_decoder],
-                         ids=lambda m: m.__name__)
+def corpus_llama():
+    """The corpus Llama, fused: rotary embeddings in the heads-last layout (`fuse_heads`)."""
+    from autotm_py import api
+    from tests.test_fuse_llama import LLAMA
+
+    return api.import_onnx(LLAMA)
+
+
+@pytest.mark.parametrize("make", [small_cnn, tiny_decoder, fused_cnn, fused_decoder,
+                                  corpus_llama], ids=lambda m: m.__name__)
 def test_direct_outputs_are_bitwise_the_kernels(make):
     graph = derive_training(make(), optimizer="sgd")
     values = _every_value(graph)
@@ -72,6 +80,8 @@ def test_direct_outputs_are_bitwise_the_kernels(make):
         if make in (small_cnn, fused_cnn) \
         else {"Add", "MatMul", "MatMulGradA", "MatMulGradB", "SGDUpdate",
               "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad"}
+    if make is corpus_llama:  # (B, L, H, E) operands, tables read with two axes swapped
+        must |= {"RotaryEmbedding", "RotaryEmbeddingGrad"}
     if make is fused_decoder:  # the MLP's products (with a bias) and the tied embedding's
         must |= {"Linear", "LinearGrad"}
         transposed = [k for k in graph.kernels if k.op_type == "Linear" and k.attr("transB", 0)]

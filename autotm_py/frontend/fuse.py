@@ -24,7 +24,10 @@ Patterns (each in its own module; docs/fusion.md has the exact forms):
 - rotary position embedding (`fuse_rotary`): X * COS + Concat(-X[h:], X[:h]) * SIN
   (transformers' apply_rotary_pos_emb: Slice, Slice, Neg, Concat, Mul, Mul, Add) becomes
   `RotaryEmbedding` (domain "autotm"): three launches forward, one three-launch
-  `RotaryEmbeddingGrad` backward.
+  `RotaryEmbeddingGrad` backward;
+- then, on the fused graph (`fuse_heads`): attention whose heads are split off before a
+  rotary embedding or a repetition of key/value heads (Llama-style decoders) runs with those
+  steps in the heads-last layout, without the four head Transposes.
 
 A pattern matches only when the fused op computes the same function (constants checked,
 softmax over the last axis, K^T really the transpose of K, intermediate tensors read by
@@ -39,7 +42,7 @@ ran, i.e. where the producer of its output ran, so a pattern may read the output
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from autotm_py.errors import GraphError
@@ -47,29 +50,35 @@ from autotm_py.frontend.fuse_attention import match_attention
 from autotm_py.frontend.fuse_base import Matcher, NewKernel, Ref, Rewrite
 from autotm_py.frontend.fuse_conv_relu import match_conv_relu
 from autotm_py.frontend.fuse_gelu import match_gelu
+from autotm_py.frontend.fuse_heads import match_heads_last
 from autotm_py.frontend.fuse_linear import match_linear
 from autotm_py.frontend.fuse_rms_norm import match_rms_norm
 from autotm_py.frontend.fuse_rotary import match_rotary
 from autotm_py.frontend.fuse_silu import match_silu
 from autotm_py.ir.builder import GraphBuilder
-from autotm_py.ir.graph import TensorGraph
+from autotm_py.ir.graph import Kernel, TensorGraph
 
 log = logging.getLogger(__name__)
 
 FUSION_META_KEY = "fusion"
-KINDS = ("attention", "gelu", "linear", "conv_relu", "rms_norm", "silu", "rotary")
+KINDS = ("attention", "gelu", "linear", "conv_relu", "rms_norm", "silu", "rotary", "heads_last")
+Matcher_ = Callable[[Matcher, Kernel], Rewrite | None]  # a pattern: a rewrite anchored at a kernel
+FIRST_ROUND = (match_attention, match_gelu, match_linear, match_conv_relu, match_rms_norm,
+               match_silu, match_rotary)
+SECOND_ROUND = (match_heads_last,)  # over the first round's fused kernels
 
 
 # ---- the pass ---------------------------------------------------------------------------------
-def find_rewrites(graph: TensorGraph) -> list[Rewrite]:
-    """Every accepted, mutually disjoint rewrite of the graph: attention, GELU, Linear,
-    convolution + ReLU, RMSNorm, SiLU, then the rotary embedding."""
+def find_rewrites(graph: TensorGraph, matchers: Sequence[Matcher_] = FIRST_ROUND
+                  ) -> list[Rewrite]:
+    """Every accepted, mutually disjoint rewrite of the graph by `matchers`, in order (the
+    first round's: attention, GELU, Linear, convolution + ReLU, RMSNorm, SiLU, then the
+    rotary embedding)."""
     m = Matcher(graph)
     accepted: list[Rewrite] = []
     removed: set[int] = set()
     produced: set[int] = set()  # existing tensors that accepted rewrites produce again
-    for matcher in (match_attention, match_gelu, match_linear, match_conv_relu, match_rms_norm,
-                    match_silu, match_rotary):
+    for matcher in matchers:
         for k in graph.kernels:
             rewrite = matcher(m, k)
             if rewrite is not None and _disjoint(graph, rewrite, removed, produced):
@@ -99,13 +108,15 @@ def fuse_graph(graph: TensorGraph) -> TensorGraph:
     if "training" in graph.meta:
         raise GraphError(f"graph {graph.name!r} is a training graph; fuse the forward graph, "
                          "then derive training")
-    rewrites = find_rewrites(graph)
+    fused, rewrites = graph, []
+    for matchers in (FIRST_ROUND, SECOND_ROUND):
+        found = find_rewrites(fused, matchers)
+        fused = apply_rewrites(fused, found) if found else fused
+        rewrites += found
     counts = {kind: sum(1 for r in rewrites if r.kind == kind) for kind in KINDS}
-    if not rewrites:
-        return _with_meta(graph, counts)
-    fused = apply_rewrites(graph, rewrites)
-    log.info("fused %s of %s: %d kernels -> %d", ", ".join(f"{n} {k}" for k, n in
-             counts.items()), graph.name, len(graph.kernels), len(fused.kernels))
+    if rewrites:
+        log.info("fused %s of %s: %d kernels -> %d", ", ".join(f"{n} {k}" for k, n in
+                 counts.items()), graph.name, len(graph.kernels), len(fused.kernels))
     return _with_meta(fused, counts)
 
 

@@ -12,8 +12,10 @@ product and two `addcmul_` into the halves of Y (the unfused Slices' copies, Mul
 Mul and Add were seven); `RotaryEmbeddingGrad` the same three for dX (the unfused backward's
 MulGrads, concat split, negation, two zero-filled slice gradients and their sums were eleven).
 COS and SIN may broadcast (e.g. (1, 1, S, D) against (B, H, S, D)): their halves are taken on
-their own last axis. Under torch.autograd (the eager baselines) the forward is an autograd
-Function whose backward is that gradient kernel.
+their own last axis. With `layout` "blhe" (`frontend/fuse_heads.py`) X and Y are (B, S, H, D)
+while COS and SIN keep the shapes they broadcast with in (B, H, S, D): the kernels read them as
+views with those two axes swapped. Under torch.autograd (the eager baselines) the forward is an
+autograd Function whose backward is that gradient kernel.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.fused import (
+    BLHE,
     RMS_NORM,
     RMS_NORM_GRAD,
     ROTARY,
@@ -168,9 +171,23 @@ class _Rotary(torch.autograd.Function):
         return dx.to(ctx.x_dtype), None, None
 
 
+def rotary_tables(kernel: Kernel, cos: torch.Tensor, sin: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """COS and SIN as they broadcast into X: with `layout` "blhe" views of them padded to four
+    axes with axes 1 and 2 swapped (given for (B, H, S, D), read for (B, S, H, D))."""
+    if kernel.attr("layout") != BLHE:
+        return cos, sin
+    return _heads_swapped(cos), _heads_swapped(sin)
+
+
+def _heads_swapped(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).transpose(1, 2)
+
+
 @register(ROTARY)
 def rotary(kernel: Kernel, args: Tensors) -> torch.Tensor:
-    x, cos, sin = args
+    x = args[0]
+    cos, sin = rotary_tables(kernel, args[1], args[2])
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         h = x.shape[-1] // 2  # the composite form, differentiable in every operand
         return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
@@ -181,5 +198,6 @@ def rotary(kernel: Kernel, args: Tensors) -> torch.Tensor:
 
 @register(ROTARY_GRAD)
 def rotary_grad(kernel: Kernel, args: Tensors) -> torch.Tensor:
-    dy, cos, sin = args
+    dy = args[0]
+    cos, sin = rotary_tables(kernel, args[1], args[2])
     return _rotated(rotary_grad_into, dy, cos, sin)

@@ -26,7 +26,7 @@ import torch
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import torch_avg_pool_ok, window
 from autotm_py.kernels.batch_norm import batch_norm_training_into
-from autotm_py.kernels.decoder import rotary_grad_into, rotary_into
+from autotm_py.kernels.decoder import rotary_grad_into, rotary_into, rotary_tables
 from autotm_py.kernels.grad_tensor import decayed_grad, descend, learning_rate
 from autotm_py.kernels.loss_grad import fused_softmax_grad
 from autotm_py.kernels.nn import cudnn_window
@@ -308,7 +308,8 @@ def linear_grad(k: Kernel, args: Tensors, outs: Tensors) -> bool:
 def rotary(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     """The product and the two addcmul_ of `kernels.decoder` straight into the slot (operands
     and output of one dtype, the output of the broadcast shape)."""
-    a, cos, sin = args
+    a = args[0]
+    cos, sin = rotary_tables(k, args[1], args[2])
     out = outs[0]
     if len({a.dtype, cos.dtype, sin.dtype, out.dtype}) != 1 or \
             tuple(out.shape) != tuple(torch.broadcast_shapes(a.shape, cos.shape, sin.shape)):

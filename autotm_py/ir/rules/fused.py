@@ -89,6 +89,9 @@ Neg, Concat, two Muls and an Add:
 
 Nothing is saved for the backward but COS and SIN (as for the unfused Muls); the halves, their
 negation, the rotated copy and the two products are no tensors any more.
+Attribute `layout` "blhe" (`frontend/fuse_heads.py`, rank 4): X, Y, dY and dX are (B, S, H, D)
+while COS and SIN keep the shapes that broadcast into (B, H, S, D) (the kernels read them with
+those two axes swapped).
 
 `LinearCrossEntropy` (domain "autotm") is made by the training derivation, not the fusion pass:
 with `--loss-chunks N` (N > 1) a softmax cross-entropy over the last axis of a `Linear`'s
@@ -357,7 +360,8 @@ def rotary_backward(tape: Tape, k: KernelDraft, dys: Grads, needs: list[bool]) -
     if not needs[0]:
         return [None] * len(k.inputs)
     g = tape.new_grad(k.inputs[0])
-    tape.emit(ROTARY_GRAD, [dy, *k.inputs[1:3]], [g], grad_name(k, "grad"))
+    tape.emit(ROTARY_GRAD, [dy, *k.inputs[1:3]], [g], grad_name(k, "grad"),
+              **({"layout": BLHE} if k.attr("layout") == BLHE else {}))
     return [g, None, None]
 
 
