@@ -292,10 +292,15 @@ def _heads_split(m: Matcher, t: int, inside: tuple[int, ...]) -> Kernel | None:
     """The Transpose (perm 0, 2, 1, 3) that made `t` from a (B, L, H, E) tensor, when only the
     pattern's kernels read `t`."""
     k = m.producer(t)
-    if k is None or k.op_type != "Transpose" or k.domain != "" or \
-            list(k.attr("perm") or ()) != HEADS or not m.read_only_by(t, inside):
+    if not is_heads_transpose(k) or not m.read_only_by(t, inside):
         return None
     return k
+
+
+def is_heads_transpose(k: Kernel | None) -> bool:
+    """`k` is a Transpose (0, 2, 1, 3): heads split off a (B, L, H, E) tensor, or merged back."""
+    return k is not None and k.op_type == "Transpose" and k.domain == "" and \
+        list(k.attr("perm") or ()) == HEADS
 
 
 def _heads_last(m: Matcher, removed: tuple[int, ...], key_src: int, perm: list[int],
@@ -307,8 +312,7 @@ def _heads_last(m: Matcher, removed: tuple[int, ...], key_src: int, perm: list[i
     none of the four transposed copies is made."""
     g = m.graph
     out_tr = m.sole_user(mm2.outputs[0])
-    if len(g.tensors[qv[0]].shape) != 4 or out_tr is None or out_tr.op_type != "Transpose" \
-            or out_tr.domain != "" or list(out_tr.attr("perm") or ()) != HEADS:
+    if len(g.tensors[qv[0]].shape) != 4 or out_tr is None or not is_heads_transpose(out_tr):
         return None
     q_tr, v_tr = (_heads_split(m, t, removed) for t in qv)
     if q_tr is None or v_tr is None:

@@ -35,11 +35,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotm_py.frontend.fuse_attention import is_heads_transpose
 from autotm_py.frontend.fuse_base import Matcher, NewKernel, NewTensor, Ref, Rewrite
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.fused import BLHE, ROTARY, SDPA, sdpa_workspace
-
-HEADS = [0, 2, 1, 3]  # (B, L, H, E) <-> (B, H, L, E)
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ def match_heads_last(m: Matcher, sdpa: Kernel) -> Rewrite | None:
             len(m.graph.tensors[sdpa.inputs[0]].shape) != 4:
         return None
     out_tr = m.sole_user(sdpa.outputs[0])
-    if not _is_heads_transpose(out_tr):
+    if not is_heads_transpose(out_tr):
         return None
     chains = [_walk(m, t) for t in sdpa.inputs[:3]]
     if any(c is None for c in chains) or \
@@ -85,11 +84,6 @@ def match_heads_last(m: Matcher, sdpa: Kernel) -> Rewrite | None:
     return Rewrite("heads_last", frozenset(removed), tuple(placed))
 
 
-def _is_heads_transpose(k: Kernel | None) -> bool:
-    return k is not None and k.op_type == "Transpose" and k.domain == "" and \
-        list(k.attr("perm") or ()) == HEADS
-
-
 def _walk(m: Matcher, t: int) -> _Chain | None:
     """The chain that makes attention operand `t`, walking back to its heads Transpose."""
     steps: list[tuple[Kernel, ...]] = []
@@ -97,7 +91,7 @@ def _walk(m: Matcher, t: int) -> _Chain | None:
         k = m.producer(t)
         if k is None or m.sole_user(t) is None:
             return None
-        if _is_heads_transpose(k):
+        if is_heads_transpose(k):
             return _Chain(k.inputs[0], k, tuple(reversed(steps)))
         step = _rotary_step(m, k) or _repeat_step(m, k)
         if step is None:

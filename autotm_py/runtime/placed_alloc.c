@@ -129,7 +129,6 @@ static int holding; /* graphs (and captures) that may use overflow blocks */
 static void *deferred_ptr[MAX_DEFERRED];
 static size_t deferred_size[MAX_DEFERRED];
 static int n_deferred;
-static long lost_deferred; /* frees beyond MAX_DEFERRED: those blocks stay allocated */
 
 static size_t round_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
@@ -267,9 +266,7 @@ static void overflow_free(void *ptr, size_t size) {
   } else if (n_deferred < MAX_DEFERRED) {
     deferred_ptr[n_deferred] = ptr;
     deferred_size[n_deferred++] = size;
-  } else {
-    lost_deferred++;
-  }
+  } /* else: beyond MAX_DEFERRED the block stays allocated (counted as overflow) */
 }
 
 void *autotm_alloc(size_t size, int device, stream_t stream) {
