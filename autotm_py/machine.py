@@ -58,6 +58,7 @@ from autotm_py.config import GPU_DEVICE_BYTES
 from autotm_py.costs import REPLAY_TO_FAST_SLOWDOWN, REPLAY_TO_SLOW_SLOWDOWN
 from autotm_py.errors import ConfigError
 from autotm_py.ir.host_updates import drained_tensors, fed_tensors
+from autotm_py.ir.rerun import rerun_kernel, rerun_share
 from autotm_py.memory import accounting
 from autotm_py.memory.scratch import allocated_outputs, copied_outputs
 from autotm_py.memory.tiers import FAST, SLOW
@@ -66,7 +67,7 @@ from autotm_py.units import format_bytes
 
 if TYPE_CHECKING:
     from autotm_py.costs import KernelCosts
-    from autotm_py.ir.graph import TensorGraph
+    from autotm_py.ir.graph import Kernel, TensorGraph
     from autotm_py.memory.tiers import MemorySystem
 
 
@@ -376,6 +377,23 @@ class MachineModel:
 
     def fast_time(self, kid: int) -> float:
         return self.costs.times_s[kid]
+
+    def rerun(self, kid: int) -> Kernel:
+        """The kernel a `Recompute` of kernel `kid` runs (`ir.rerun`)."""
+        return rerun_kernel(self.graph.kernels[kid])
+
+    def rerun_time(self, kid: int) -> float:
+        """Seconds a re-run of kernel `kid` takes: its time, or the share of it that a batch
+        norm re-run from its saved statistics takes (`ir.rerun.rerun_share`)."""
+        return self.fast_time(kid) * self._rerun_shares[kid]
+
+    def rerun_device_time(self, kid: int) -> float:
+        """`device_time` of a re-run of kernel `kid`, priced as `rerun_time`."""
+        return self.device_time(kid) * self._rerun_shares[kid]
+
+    @cached_property
+    def _rerun_shares(self) -> tuple[float, ...]:
+        return tuple(rerun_share(self.graph, k, gpu=self.gpu) for k in self.graph.kernels)
 
     @cached_property
     def copying(self) -> MemorySystem:

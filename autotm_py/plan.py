@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotm_py.errors import PlanError
 from autotm_py.fileio import atomic_write_bytes
+from autotm_py.ir.rerun import rerun_kernel
 from autotm_py.options import ModelOptions, RunMode
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -429,7 +430,7 @@ def costs_drift(header: PlanHeader, digest: str, predicted_now_s: float | None =
 
 
 def _check_recompute(rec: Recompute, i: int, graph: TensorGraph, seen: set[int]) -> None:
-    kernel = graph.kernels[rec.kernel]
+    kernel = rerun_kernel(graph.kernels[rec.kernel])
     if rec.kernel not in seen:
         raise PlanError(f"record #{i}: recompute of kernel #{rec.kernel} before it first ran")
     if kernel.op_type in NON_REPRODUCIBLE_OPS:
@@ -440,7 +441,7 @@ def _check_recompute(rec: Recompute, i: int, graph: TensorGraph, seen: set[int])
     stray = [t for t in rec.outputs if t not in kernel.outputs]
     if stray:
         raise PlanError(f"record #{i}: tensor #{stray[0]} is not an output of kernel "
-                        f"#{rec.kernel}")
+                        f"#{rec.kernel}'s re-run ({kernel.op_type}: {list(kernel.outputs)})")
     if rec.before in seen:
         raise PlanError(f"record #{i}: recompute before kernel #{rec.before}, which already ran")
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from autotm_py.ir.graph import Kernel, freeze_attrs
 from autotm_py.kernels import batch_norm, run_kernel
+from autotm_py.kernels.into import run_kernel_into
 from tests.test_training_ops import assert_close
 
 pytestmark = pytest.mark.gpu
@@ -94,3 +95,46 @@ def test_cudnn_disabled_takes_the_native_path():
     with torch.backends.cudnn.flags(enabled=False):
         assert not batch_norm.cudnn_batch_norm(x, scale, 1e-5)
     assert batch_norm.cudnn_batch_norm(x, scale, 1e-5)
+
+
+APPLY_CASES = [  # (shape, dtype of X, memory format): the native kernel and cuDNN's
+    ((8, 16, 12, 12), torch.bfloat16, torch.channels_last),
+    ((8, 16, 12, 12), torch.bfloat16, torch.contiguous_format),
+    ((8, 16, 12, 12), torch.float32, torch.channels_last),
+    ((8, 16, 12, 12), torch.float32, torch.contiguous_format),
+    ((16, 12), torch.float32, torch.contiguous_format),
+]
+
+
+@pytest.mark.parametrize(("shape", "dtype", "fmt"), APPLY_CASES,
+                         ids=["bf16-channels-last", "bf16", "channels-last", "4d", "2d"])
+def test_a_re_run_from_saved_statistics_is_the_first_runs_y_bit_for_bit(shape, dtype, fmt):
+    """`BatchNormApply` (a batch norm's re-run, `ir.rerun`) on CUDA: Y of the first run bit
+    for bit, returned and written into a slot, on whichever kernel the first run took; on the
+    native one it is one elementwise kernel (`batch_norm_elemt`)."""
+    from dataclasses import replace
+
+    from autotm_py.ir.rerun import rerun_kernel
+
+    gen = torch.Generator().manual_seed(1)
+    c = shape[1]
+    x = (torch.randn(shape, generator=gen) * 2 + 0.5).to("cuda", dtype).contiguous(
+        memory_format=fmt)
+    params = [t.to("cuda") for t in (torch.rand(c, generator=gen) + 0.5,
+                                     torch.randn(c, generator=gen),
+                                     torch.randn(c, generator=gen) * 0.1,
+                                     torch.rand(c, generator=gen) + 0.5)]
+    fwd, _ = _kernels(1e-5)
+    if fmt == torch.channels_last:  # Y stored as the executor stores it (`ir.layout`)
+        fwd = replace(fwd, channels_last=(0,))
+    y, _, _, save_mean, save_invstd = run_kernel(fwd, [x, *params])
+    again = rerun_kernel(fwd)
+    args = [x, params[0], params[1], save_mean, save_invstd]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        (regenerated,) = run_kernel(again, args)
+    native = not batch_norm.cudnn_batch_norm(x, params[0], 1e-5)
+    assert ("aten::batch_norm_elemt" in {e.name for e in prof.events()}) == native
+    assert torch.equal(regenerated, y)
+    slot = torch.full_like(y, float("nan"))
+    assert run_kernel_into(again, args, [slot])
+    assert torch.equal(slot, y)

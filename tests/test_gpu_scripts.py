@@ -78,6 +78,24 @@ def test_numa_probe_reads_nodes_and_their_cpus(tmp_path):
     assert out.returncode == 0 and "NUMA node" in out.stdout
 
 
+def test_bn_rerun_probe_times_each_batch_norm_shape_once(tmp_path):
+    """experiments/gpu/bn_rerun_probe.py on the CPU (a smoke test, not a measurement): one row
+    per distinct batch norm of the graph, with its count, each re-run checked bit for bit
+    against its first run's Y; the summary weighs the rows by their counts."""
+    out = tmp_path / "bn.json"
+    done = subprocess.run([sys.executable, "experiments/gpu/bn_rerun_probe.py", str(out),
+                           "--model", "resnet50", "--batch", "1", "--device", "cpu",
+                           "--iterations", "2"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    rows, total = result["rows"], result["summary"]
+    assert total["batch_norms"] == 53 == sum(r["count"] for r in rows)
+    assert len(rows) < 53 and all(r["dtype"] == "bfloat16" and r["channels_last"] for r in rows)
+    assert total["again_ms"] == pytest.approx(sum(r["again_ms"] * r["count"] for r in rows))
+    assert total["share"] == pytest.approx(total["again_ms"] / total["first_ms"])
+
+
 def _bench_doc(times: dict[str, float]) -> dict:
     row = {"model": "m", "batch": 1, "dims": "", "training": True, "device": "cuda",
            "memory": "h100", "ratio": "1:1", "strategy": "sync", "solver": "highs"}

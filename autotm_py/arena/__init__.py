@@ -31,11 +31,11 @@ Lifetimes, in half-steps (record i spans [2i, 2i + 2)):
   finds it there. Where W' is made by the kernel that last reads W (the optimizer update), W'
   takes W's slot *in place*: the executor writes it through scratch and copies it into the slot
   after the kernel and its overlapped copies have finished (`in_place_outputs`). Where W is
-  still read after W' is made (a batch norm's running statistics, when a plan re-runs the batch
-  norm in the backward pass, or a weight freed a kernel after its update), the two live at
-  once and cannot share a slot: W's slot is then held to the end of the iteration, W' keeps a
-  slot of its own, and the executor copies W' into W's slot when the iteration ends (inside the
-  timed and captured iteration, `Executor.finish`; `Lifetimes.boundary`);
+  still read after W' is made (a weight freed a kernel after its update; a batch norm's re-run
+  reads no running statistic, `ir.rerun`), the two live at once and cannot share a slot: W's
+  slot is then held to the end of the iteration, W' keeps a slot of its own, and the executor
+  copies W' into W's slot when the iteration ends (inside the timed and captured iteration,
+  `Executor.finish`; `Lifetimes.boundary`);
 - a view of its input's bytes (a reshape, `SAME_BYTES_VIEWS`) whose input dies at it takes
   the input's slot in place too (`_alias_views`): the executor finds it there, uncopied;
 

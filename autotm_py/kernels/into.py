@@ -25,7 +25,7 @@ import torch
 
 from autotm_py.ir.graph import Kernel
 from autotm_py.ir.rules.geometry import torch_avg_pool_ok, window
-from autotm_py.kernels.batch_norm import batch_norm_training_into
+from autotm_py.kernels.batch_norm import batch_norm_apply, batch_norm_training_into
 from autotm_py.kernels.decoder import rotary_grad_into, rotary_into, rotary_tables
 from autotm_py.kernels.grad_tensor import decayed_grad, descend, learning_rate
 from autotm_py.kernels.loss_grad import fused_softmax_grad
@@ -356,6 +356,15 @@ def batch_norm(k: Kernel, args: Tensors, outs: Tensors) -> bool:
     buffers = tuple(s if s is not None else torch.empty_like(ref)
                     for s, ref in zip(slots, (x, mean, var, mean, mean), strict=True))
     batch_norm_training_into(x, scale, bias, mean, var, 1.0 - momentum, eps, buffers)
+    return True
+
+
+@into("BatchNormApply")
+def batch_norm_again(k: Kernel, args: Tensors, outs: Tensors) -> bool:
+    """A training-mode batch norm's re-run (`ir.rerun`) into its slot."""
+    if any(overlaps(outs[0], arg) for arg in args):
+        return False
+    batch_norm_apply(*args, eps=float(k.attr("epsilon", 1e-5)), out=outs[0])
     return True
 
 

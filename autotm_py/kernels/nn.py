@@ -18,7 +18,7 @@ from autotm_py.ir.rules.geometry import (
     torch_pool_ok,
     window,
 )
-from autotm_py.kernels.batch_norm import batch_norm_training
+from autotm_py.kernels.batch_norm import batch_norm_apply, batch_norm_training
 from autotm_py.kernels.util import (
     attrs,
     conv_padding,
@@ -122,6 +122,13 @@ def batch_norm(k: Kernel, args: Tensors) -> tuple[torch.Tensor, ...]:
     if not k.attr("training_mode", 0):
         return (F.batch_norm(x, mean, var, scale, bias, False, 0.0, eps),)
     return batch_norm_training(x, scale, bias, mean, var, 1.0 - momentum, eps)[:n_out]
+
+
+@register("BatchNormApply")
+def batch_norm_again(k: Kernel, args: Tensors) -> torch.Tensor:
+    """A training-mode batch norm's re-run (`ir.rerun`): Y from X, the scale, the bias and the
+    saved mean and invstd of its first run."""
+    return batch_norm_apply(*args, eps=float(k.attr("epsilon", 1e-5)))
 
 
 @register("LayerNormalization")

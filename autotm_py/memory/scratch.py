@@ -37,7 +37,7 @@ DIRECT_OPS = frozenset({
     "Gelu", "GeluGrad", "MatMul", "MatMulGradA", "MatMulGradB", "BatchNormalization", "Conv",
     "SGDUpdate", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad", "Linear", "LinearGrad",
     "Concat", "AveragePool", "RotaryEmbedding", "RotaryEmbeddingGrad", "Silu", "SiluGrad",
-    "MulGrad", "Cast", "CastGrad",
+    "MulGrad", "Cast", "CastGrad", "BatchNormApply",
 })
 # Elementwise ops whose torch kernels (`kernels.into`) may write their output over the inputs
 # at these positions, each element read before it is written (Sum: the first two only, which

@@ -151,7 +151,7 @@ def effective_users(f: Formulation, regens: Mapping[tuple[int, int], list[int]]
     graph = f.machine.graph
     extra: dict[int, set[int]] = {}
     for pid, u in regens:
-        for i in graph.kernels[pid].inputs:
+        for i in f.machine.rerun(pid).inputs:
             extra.setdefault(i, set()).add(u)
     return {t.id: tuple(sorted(set(t.users) | extra.get(t.id, set()))) for t in graph.tensors}
 

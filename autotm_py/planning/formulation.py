@@ -497,13 +497,13 @@ def add_regeneration(f: Formulation) -> None:
         _regeneration_inputs(f, pid, u, zexpr)
         _regeneration_memory(f, pid, u, zexpr, kept)
         for v, c in zexpr.items():
-            _add(f.objective, v, c * machine.fast_time(pid) * MS)
+            _add(f.objective, v, c * machine.rerun_time(pid) * MS)
 
 
 def _regeneration_inputs(f: Formulation, pid: int, u: int, z: Expr) -> None:
-    """D'(i, u) - z >= 0 for every input i of p that has decision points, where D' is D
-    without an overlapped read at u (that copy runs beside kernel u, after the re-run)."""
-    for i in set(f.machine.graph.kernels[pid].inputs):
+    """D'(i, u) - z >= 0 for every input i of p's re-run that has decision points, where D'
+    is D without an overlapped read at u (that copy runs beside kernel u, after the re-run)."""
+    for i in set(f.machine.rerun(pid).inputs):
         p = f.paths[i]
         if p is None:
             continue  # pinned, or fixed in fast memory over its extended range
@@ -523,7 +523,7 @@ def _regeneration_memory(f: Formulation, pid: int, u: int, z: Expr,
     machine = f.machine
     if machine.tensor_budget is None:
         return
-    outputs = machine.graph.kernels[pid].outputs
+    outputs = machine.rerun(pid).outputs
     worst = int(machine.workspace[pid]) + sum(int(machine.sizes[o]) for o in outputs
                                               if len(kept) > 1 or o not in kept)
     if worst <= int(machine.workspace[u]):

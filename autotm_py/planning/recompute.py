@@ -8,15 +8,17 @@ filters that keep the joint ILP small:
 - **candidates**: t is an activation that dies within the iteration, its producer p is a
   forward kernel (an ONNX op or a fused forward op, never a backward or optimizer kernel) whose
   outputs are reproducible bit for bit (`plan.NON_REPRODUCIBLE_OPS` never), and p is cheap:
-  ``t_p <= ratio * (copy out + copy back of p's candidate outputs)`` (overlapped copies), i.e.
-  re-running costs no more than moving would;
+  ``t_p <= ratio * (copy out + copy back of p's candidate outputs)`` (t_p the re-run's time,
+  overlapped copies), i.e. re-running costs no more than moving would;
 - **regeneration points**: t is regenerated only right before a *backward* use (a user that
   is not a forward kernel: a backward, loss or optimizer kernel), level 0;
-- **chains**: a regeneration of t at u needs every input of p in fast memory at u. An input
-  that is itself a candidate may be regenerated at u too (level 1), and so on while the level
-  stays below `depth`. An input that must be held for a regeneration past its last use has
-  its live range extended to u (its *conditional use* at u), where the ILP may keep it, read
-  it back, regenerate it or leave it absent if no regeneration needs it.
+- **chains**: a regeneration of t at u needs every input of p's re-run in fast memory at u
+  (`ir.rerun`: a training-mode batch norm reads X, its scale and bias and its saved statistics,
+  and regenerates only Y). An input that is itself a candidate may be regenerated at u too
+  (level 1), and so on while the level stays below `depth`. An input that must be held for a
+  regeneration past its last use has its live range extended to u (its *conditional use* at
+  u), where the ILP may keep it, read it back, regenerate it or leave it absent if no
+  regeneration needs it.
 
 `RecomputeSpec.none(machine)` is the spec without recomputation (move-only plans).
 """
@@ -100,7 +102,7 @@ def candidates(machine: MachineModel, *, ratio: float | None,
     for kernel in graph.kernels:
         if not (is_forward(kernel) and reproducible(kernel)):
             continue
-        mine = [t for t in kernel.outputs if t not in skip
+        mine = [t for t in machine.rerun(kernel.id).outputs if t not in skip
                 and graph.tensors[t].role == Role.ACTIVATION and graph.tensors[t].users]
         if mine and (ratio is None or _cheap(machine, kernel.id, mine, ratio)):
             out.update(mine)
@@ -111,7 +113,7 @@ def _cheap(machine: MachineModel, kid: int, outputs: list[int], ratio: float) ->
     """Re-running kernel `kid` costs at most `ratio` x copying `outputs` out and back."""
     move = sum(machine.copy_time(t, SLOW, "async") + machine.copy_time(t, FAST, "async")
                for t in outputs)
-    return machine.fast_time(kid) <= ratio * move
+    return machine.rerun_time(kid) <= ratio * move
 
 
 # Early points per tensor at most: beyond it they lie on a grid (`early_points`).
@@ -178,7 +180,7 @@ def recompute_spec(machine: MachineModel, *, depth: int, ratio: float | None,
     needs: dict[int, set[int]] = defaultdict(set)
     while frontier:
         t, u, level = frontier.pop()
-        producer = graph.kernels[graph.tensors[t].producer]  # type: ignore[index]
+        producer = machine.rerun(graph.tensors[t].producer)  # type: ignore[arg-type]
         for i in set(producer.inputs):
             needs[i].add(u)
             if i in cands and level + 1 < depth and regen[i].get(u, depth) > level + 1:

@@ -148,7 +148,7 @@ def to_plan(machine: MachineModel, builder: ScheduleBuilder, strategy: str, *,
         # the GPU time the re-runs hold the compute stream, as the simulator counts it
         # (`simulate`'s and `report`'s recomputed time; on a GPU the host's share of a kernel's
         # profiled time overlaps the device's work)
-        counts["recompute_s"] = sum(machine.device_time(r.kernel) for r in records
+        counts["recompute_s"] = sum(machine.rerun_device_time(r.kernel) for r in records
                                     if isinstance(r, Recompute))
     device = str(config.get("device") or machine.costs.device)
     header = PlanHeader(

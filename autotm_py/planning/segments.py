@@ -130,7 +130,8 @@ class _Segments:
             u = max((p for p in spec.regen[t] if p <= min(points)), default=None)
             if u is not None and (first is None or self.pos[first] - self.pos[u] <= self.span):
                 self.at[t] = u
-                for i in set(graph.kernels[graph.tensors[t].producer].inputs):  # type: ignore
+                producer = graph.tensors[t].producer
+                for i in set(self.f.machine.rerun(producer).inputs):  # type: ignore[arg-type]
                     self.need[i].add(u)
         # not regenerated but needed after the forward pass: kept, or written out (step 3)
         self.boundaries = frozenset(t for t in self.cands if t not in self.at
@@ -195,7 +196,7 @@ class _Segments:
         room = np.array([u.upBound for u in f.capacity]) - EPS_MIB
         saved: dict[int, tuple[float, int, int]] = {}  # tensor -> (ms saved, first, last)
         for t, u in self.at.items():
-            saved[t] = (machine.fast_time(machine.graph.tensors[t].producer),  # type: ignore
+            saved[t] = (machine.rerun_time(machine.graph.tensors[t].producer),  # type: ignore
                         self._last_forward(t) + 1, u)
         for t in self.written & self.boundaries:
             saved[t] = (machine.copy_time(t, SLOW, "sync") + machine.copy_time(t, FAST, "sync"),

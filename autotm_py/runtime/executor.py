@@ -35,6 +35,7 @@ import torch
 
 from autotm_py.errors import ExecutionError
 from autotm_py.interpreter import PlanInterpreter
+from autotm_py.ir.rerun import rerun_kernel
 from autotm_py.kernels.util import empty_like_tensor, in_layout
 from autotm_py.memory.tiers import FAST, SLOW
 from autotm_py.plan import INITIAL, Compute, Fill, Free, Move, Plan, Recompute
@@ -363,7 +364,7 @@ class Executor(PlanInterpreter):
 
     def _run_recompute(self, record: Recompute) -> None:
         self.state.enqueued += 1
-        kernel = self.graph.kernels[record.kernel]
+        kernel = rerun_kernel(self.graph.kernels[record.kernel])
         args = [self.read(tid, FAST) for tid in kernel.inputs]
         # at fixed addresses, the kept outputs go to the slots this record gives them; the
         # dropped ones are the re-run's scratch, as the packing counts them

@@ -303,7 +303,7 @@ class Simulator(PlanInterpreter):
         self.mark(start)
 
     def recompute(self, rec: Recompute) -> None:
-        kid, kernel = rec.kernel, self.graph.kernels[rec.kernel]
+        kid, kernel = rec.kernel, self.machine.rerun(rec.kernel)
         if kernel.op_type in NON_REPRODUCIBLE_OPS:
             self.violate(f"kernel #{kid} ({kernel.op_type}) is random: a re-run would not "
                          "reproduce its outputs")
@@ -311,7 +311,8 @@ class Simulator(PlanInterpreter):
             self._check_readable(tid, FAST, "recompute input")
         for tid in rec.outputs:
             if tid not in kernel.outputs:
-                self.violate(f"tensor {self.name(tid)} is not an output of kernel #{kid}")
+                self.violate(f"tensor {self.name(tid)} is not an output of kernel #{kid}'s "
+                             "re-run")
             elif not self.produced[tid]:
                 self.violate(f"tensor {self.name(tid)} is regenerated before kernel #{kid} "
                              "first produced it")
@@ -324,9 +325,9 @@ class Simulator(PlanInterpreter):
             self._check_window(self.scratch[self.index])
         self._await_inputs(kernel, overwrites=False)
         dropped = sum(self.size(t) for t in kernel.outputs if t not in rec.outputs)
-        profiled = self.machine.fast_time(kid)
+        profiled = self.machine.rerun_time(kid)
         self.host += profiled
-        duration = self.machine.device_time(kid) if self.machine.gpu else profiled
+        duration = self.machine.rerun_device_time(kid) if self.machine.gpu else profiled
         start = max(self.clock, self.host - duration)
         self.mark(start, extra=dropped + int(self.machine.workspace[kid]))
         self.clock = start + duration
