@@ -55,6 +55,24 @@ def test_the_re_run_gives_the_first_runs_y_bit_for_bit(dtype, fmt):
     assert run_kernel_into(again, args, [slot]) and torch.equal(slot, y)
 
 
+def test_on_cudnns_path_the_re_run_is_the_first_runs_call_again(monkeypatch):
+    """Where cuDNN's pair runs the batch norm (forced here; its ops run their CPU kernels) the
+    re-run calls it again on throwaway running statistics: the same Y, the real running
+    statistics untouched."""
+    from autotm_py.kernels import batch_norm
+
+    monkeypatch.setattr(batch_norm, "cudnn_batch_norm", lambda x, scale, eps: True)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 6, 5, 5, generator=gen)
+    scale, bias = torch.rand(6, generator=gen) + 0.5, torch.randn(6, generator=gen)
+    mean, var = torch.randn(6, generator=gen), torch.rand(6, generator=gen) + 0.5
+    y, new_mean, new_var, saved_mean, saved_invstd = run_kernel(BN, [x, scale, bias, mean, var])
+    kept = (new_mean.clone(), new_var.clone())
+    (regenerated,) = run_kernel(rerun_kernel(BN), [x, scale, bias, saved_mean, saved_invstd])
+    assert torch.equal(regenerated, y)
+    assert torch.equal(new_mean, kept[0]) and torch.equal(new_var, kept[1])
+
+
 def test_a_batch_norm_is_re_run_from_its_saved_statistics_and_other_kernels_as_they_ran():
     again = rerun_kernel(BN)
     assert (again.op_type, again.id, again.name) == (BN_APPLY, BN.id, BN.name)

@@ -12,8 +12,8 @@ them) and regenerates only Y: the saved statistics are not recomputed, they stay
 plan keeps them for the batch norm's gradient (a few KiB each). Y is the first run's bit for
 bit: on CUDA where torch runs its native batch norm, that kernel's last step is this very
 elementwise kernel on the same saved statistics (`torch.batch_norm_elemt`); elsewhere (the CPU,
-cuDNN's batch norm) the re-run is the first run's kernel without the running statistics,
-whose Y does not depend on them (`kernels.batch_norm.batch_norm_apply`).
+cuDNN's batch norm) the re-run is the first run's own call again on throwaway running
+statistics, which Y does not depend on (`kernels.batch_norm.batch_norm_apply`).
 
 `rerun_share` prices it: where it runs as the elementwise kernel it streams X once and writes
 Y, where the first run streams X twice (the statistics, then the normalization) and writes Y:

@@ -130,23 +130,15 @@ def batch_norm_apply(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
 
     Where the first run was torch's native CUDA kernel, whose last step is `batch_norm_elemt`
     on the saved statistics, it is that step alone: one pass over X. Elsewhere (cuDNN's pair,
-    the CPU) it is the first run's kernel again without the running statistics, which Y does
-    not depend on; the statistics it recomputes go to temporaries."""
+    the CPU) it is the first run's own call again (`batch_norm_training[_into]`: the same
+    kernel choice), on throwaway running statistics, which Y does not depend on."""
     if x.device.type == "cuda" and not cudnn_batch_norm(x, scale, eps):
         if out is None:
             return torch.batch_norm_elemt(x, scale, bias, mean, invstd, eps)
         return torch.ops.aten.batch_norm_elemt.out(x, scale, bias, mean, invstd, eps, out=out)
-    if cudnn_batch_norm(x, scale, eps):
-        if out is None:
-            return torch.cudnn_batch_norm(x, scale, bias, None, None, True, 0.0, eps)[0]
-        torch.cudnn_batch_norm(x, scale, bias, None, None, True, 0.0, eps,
-                               out=(out, torch.empty_like(mean), torch.empty_like(invstd),
-                                    torch.empty(0, dtype=torch.uint8, device=x.device)))
-        return out
+    running = (torch.zeros_like(mean), torch.ones_like(mean))
     if out is None:
-        return torch.ops.aten._native_batch_norm_legit.no_stats(x, scale, bias, True, 0.0,
-                                                                eps)[0]
-    torch.ops.aten._native_batch_norm_legit.no_stats_out(
-        x, scale, bias, True, 0.0, eps, out=out, save_mean=torch.empty_like(mean),
-        save_invstd=torch.empty_like(invstd))
+        return batch_norm_training(x, scale, bias, *running, 0.0, eps)[0]
+    batch_norm_training_into(x, scale, bias, *running, 0.0, eps,
+                             (out, *running, torch.empty_like(mean), torch.empty_like(invstd)))
     return out
