@@ -380,7 +380,12 @@ class MachineModel:
 
     def rerun(self, kid: int) -> Kernel:
         """The kernel a `Recompute` of kernel `kid` runs (`ir.rerun`)."""
-        return rerun_kernel(self.graph.kernels[kid])
+        return self._reruns[kid]
+
+    @cached_property
+    def _reruns(self) -> tuple[Kernel, ...]:
+        # built once: the formulation and the recompute spec ask for them in their inner loops
+        return tuple(rerun_kernel(k) for k in self.graph.kernels)
 
     def rerun_time(self, kid: int) -> float:
         """Seconds a re-run of kernel `kid` takes: its time, or the share of it that a batch
