@@ -84,6 +84,13 @@ def profile(graph: TensorGraph, *, device: str = "cpu", profiles_dir: PathLike |
     return _profiling.profile(graph, device=device, profiles_dir=profiles_dir, **options)
 
 
+def planned_graph(graph: TensorGraph, plan: Plan) -> TensorGraph:
+    """The graph `plan` was made for, from the graph of its model: with the optimizer updates
+    early and the kernels split as its header records (`optimize` may plan a reordered or
+    split graph: `PlanConfig.update_order`, `split_conv_grads`)."""
+    return pipeline.planned_graph(graph, plan)
+
+
 def split_conv_grads(graph: TensorGraph, names: Sequence[str] | None = None) -> TensorGraph:
     """`graph` with its fused convolution backward kernels `names` (None: all) split into
     their filter and data parts, and its recurrent kernels named into batch chunks

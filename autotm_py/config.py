@@ -75,6 +75,7 @@ READ_PRICINGS: tuple[str, ...] = ("step", "spread")
 WRITE_PRICINGS: tuple[str, ...] = ("step", "spread")
 # --split-conv-grads: when the planner splits fused convolution backward kernels (`PlanConfig`)
 SPLIT_MODES: tuple[str, ...] = ("auto", "on", "off")
+UPDATE_ORDERS: tuple[str, ...] = ("auto", "early", "end")  # --update-order
 DEFAULT_READ_PRICING = "step"
 DEFAULT_WRITE_PRICING = "step"
 # The plan names of the three families, as headers, `autotm bench --strategies` and reports
@@ -138,12 +139,18 @@ class PlanConfig:
     # for the split graph (`PlanResult.graph`); "off" here, as the Trainer and the benchmark
     # run a plan on the graph they gave; `autotm optimize` defaults to "auto".
     split_conv_grads: str = "off"
+    # Where a training graph's optimizer updates run (`ir.update_order`, docs/planning.md
+    # section 2c): "end", after the whole backward pass, as torch.optim's step() runs them;
+    # "early", in groups as soon as their gradients are final; "auto" (UPDATE_ORDERS):
+    # early under a budget below the graph's peak, at the end otherwise. An early plan is for
+    # the reordered graph (`PlanResult.graph`): "end" here, as the benchmark and API callers
+    # run a plan on the graph they gave; `autotm optimize`, `autotm train` and the Trainer
+    # default to "auto".
+    update_order: str = "end"
 
     def __post_init__(self) -> None:
         self._coerce()
-        if self.split_conv_grads not in SPLIT_MODES:
-            raise ConfigError(f"--split-conv-grads {self.split_conv_grads!r}: choose one of "
-                              f"{', '.join(SPLIT_MODES)}")
+        self._check_choices()
         self._check_recompute()
         if self.ratio is not None and self.fast_mem_bytes is not None:
             raise ConfigError("give either --ratio or --fast-mem, not both")
@@ -157,12 +164,6 @@ class PlanConfig:
             raise ConfigError(f"--time-limit {self.time_limit_s}: must be positive seconds")
         if self.async_window < 0:
             raise ConfigError(f"--async-window {self.async_window}: must be >= 0")
-        if self.read_pricing not in READ_PRICINGS:
-            raise ConfigError(f"--read-pricing {self.read_pricing!r}: choose one of "
-                              f"{', '.join(READ_PRICINGS)}")
-        if self.write_pricing not in WRITE_PRICINGS:
-            raise ConfigError(f"--write-pricing {self.write_pricing!r}: choose one of "
-                              f"{', '.join(WRITE_PRICINGS)}")
         if self.async_candidates is not None and self.async_candidates < 1:
             raise ConfigError(f"--async-candidates {self.async_candidates}: must be >= 1 "
                               "(or 'all')")
@@ -170,6 +171,15 @@ class PlanConfig:
             object.__setattr__(self, "run", default_run_mode(self.device))
         if not isinstance(self.run, RunMode):
             raise ConfigError(f"run {self.run!r}: give an autotm_py.options.RunMode")
+
+    def _check_choices(self) -> None:
+        """The options that take one of a few words, each named as its flag when it does not."""
+        for flag, value, choices in (("--update-order", self.update_order, UPDATE_ORDERS),
+                                     ("--split-conv-grads", self.split_conv_grads, SPLIT_MODES),
+                                     ("--read-pricing", self.read_pricing, READ_PRICINGS),
+                                     ("--write-pricing", self.write_pricing, WRITE_PRICINGS)):
+            if value not in choices:
+                raise ConfigError(f"{flag} {value!r}: choose one of {', '.join(choices)}")
 
     def _check_device(self) -> None:
         if self.device not in DEFAULT_MEMORY:

@@ -182,6 +182,11 @@ class KernelCosts:
             scaled=column("scaled", False), workspace_bytes=column("workspace_bytes", 0),
             device_s=column("device_s", 0.0))
 
+    def reordered(self, order: Sequence[int]) -> KernelCosts:
+        """These costs for the same kernels in another order: kernel k of the result is kernel
+        `order[k]` here (`ir.update_order`)."""
+        return self.spliced([(o, False) for o in order], self)
+
     @property
     def total_s(self) -> float:
         return sum(self.times_s)

@@ -46,6 +46,9 @@ SPLIT_KEY = "conv_grad_split"
 HOST_UPDATES_KEY = "host_updates"
 # graph.meta's key of the share of the parameters the host updates in a split graph
 HOST_SHARE_KEY = "host_share"
+# graph.meta's key of a graph whose optimizer updates run as early as their gradients allow
+# (`ir.update_order` sets it; read here from the meta alone)
+UPDATES_EARLY_KEY = "updates_early"
 OPTIMIZER_PLACES: tuple[str, ...] = ("gpu", "host", "split")  # --optimizer-on
 
 # TensorGraph.meta key of the model a graph was loaded from (an ONNX file's absolute path or a
@@ -80,6 +83,9 @@ class ModelOptions:
     # --optimizer-on split --host-share F: with host_updates, the host updates about this
     # share of the parameters and the GPU the rest (None: the host all of them)
     host_share: float | None = None
+    # the optimizer updates moved to just after their gradients (`ir.update_order`): the
+    # planner's `update_order`, recorded so a plan rebuilds that order
+    updates_early: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_conv_grads", tuple(self.split_conv_grads or ()))
@@ -117,14 +123,15 @@ class ModelOptions:
                    precision=str(meta.get(PRECISION_KEY, "fp32")),
                    split_conv_grads=tuple(meta.get(SPLIT_KEY) or ()),
                    host_updates=bool(meta.get(HOST_UPDATES_KEY)),
-                   host_share=meta.get(HOST_SHARE_KEY))
+                   host_share=meta.get(HOST_SHARE_KEY),
+                   updates_early=bool(meta.get(UPDATES_EARLY_KEY)))
 
     def differences(self, other: ModelOptions) -> list[str]:
         """In words, the options where `other` differs from this one."""
         out = []
         for name in ("batch", "dims", "training", "optimizer", "fuse", "loss", "loss_chunks",
                      "channels_last", "precision", "split_conv_grads", "host_updates",
-                     "host_share"):
+                     "host_share", "updates_early"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if dict(mine or {}) != dict(theirs or {}) if name == "dims" else mine != theirs:
                 out.append(f"{name} {theirs!r} (the plan's: {mine!r})")

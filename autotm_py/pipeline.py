@@ -24,17 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotm_py import arena
-from autotm_py.config import default_memory
 from autotm_py.costs import KernelCosts
 from autotm_py.errors import AutoTMError, PlanError, SolverError
 from autotm_py.ir.conv_split import describe_split, splittable_kernels
 from autotm_py.machine import MachineModel, over_device_note
-from autotm_py.memory import accounting
 from autotm_py.memory.accounting import ALIGN_BYTES
 from autotm_py.memory.tiers import (
     MemorySystem,
     cpu_run_note,
-    load_memory_system,
     preset,
     simulated_tier_note,
 )
@@ -48,7 +45,6 @@ from autotm_py.planning.control import SolveControl
 from autotm_py.planning.feasibility import refit_chunks, smallest_budget, splits_for_budget
 from autotm_py.planning.solve import PlanResult
 from autotm_py.profiling.cache import user_profiles_dir
-from autotm_py.profiling.fingerprint import detected_gpu
 from autotm_py.profiling.in_context import profile_in_context as _profile
 from autotm_py.profiling.profile import load_costs
 from autotm_py.runtime.simulate import Simulator
@@ -58,12 +54,16 @@ from autotm_py.units import format_bytes
 # the models as workloads (`workload`), part of what the pipeline offers its callers
 from autotm_py.workload import (  # noqa: F401
     Workload,
+    _memory_system,
     device_costs,
+    for_this_gpu,
     initial_values,
     load_graph,
     load_workload,
+    ordered_updates,
     planned_graph,
     split_workload,
+    user_budget,
 )
 
 if TYPE_CHECKING:
@@ -113,8 +113,25 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
     `config.split_conv_grads`: "on" plans the graph with its fused convolution backward
     kernels split into their parts (`ir.conv_split`); "auto" does so where the budget is
     infeasible because of them and the split makes it feasible (the plan's notes say so). The
-    result's `graph` is then the split graph, the one the plan is for."""
+    result's `graph` is then the split graph, the one the plan is for. Likewise
+    `config.update_order` (`ordered_updates`): a plan with the updates early is for the
+    reordered graph."""
     control = control or SolveControl(time_limit_s=config.time_limit_s)
+    given = graph
+    graph, costs = ordered_updates(graph, config, costs)
+    if graph is given:
+        return _optimize_split(graph, config, costs, profiles_dir, baselines, control)
+    # a ratio is of the graph as given (the reordered one's peak may differ), as for a split
+    in_bytes = replace(config, ratio=None, fast_mem_bytes=user_budget(given, config))
+    result = _optimize_split(graph, in_bytes, costs, profiles_dir, baselines, control)
+    plan = None if result.plan is None else result.plan.with_header(config=config.to_dict())
+    return replace(result, graph=result.graph or graph, plan=plan)
+
+
+def _optimize_split(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | None,
+                    profiles_dir: PathLike | None, baselines: bool | Sequence[str],
+                    control: SolveControl) -> PlanResult:
+    """`optimize` of `graph` as given, split where `config.split_conv_grads` says so."""
     machine = machine_for(graph, config, costs, profiles_dir=profiles_dir)
     mode, fused = config.split_conv_grads, splittable_kernels(graph)
     if mode == "on" and fused:
@@ -533,34 +550,6 @@ def prepare_cuda(device: str, mode: RunMode, budget_bytes: int | None) -> list[s
     if mode.places_outputs:  # no GPU here: say so, before the allocator fails to compile
         notes.append(install_placed(budget_bytes, check_device(device), budget_bytes is not None))
     return [note for note in notes if note]
-
-
-def for_this_gpu(config: PlanConfig) -> PlanConfig:
-    """`config` for the GPU the plan runs on: in GPU mode without `--gpu` or `--memory`, the
-    link of this machine's GPU where it has one. (Its kernel times come from this GPU's
-    profiles already: `profiling.fingerprint.target_fingerprint`.)"""
-    if config.device != "cuda" or config.gpu is not None or config.memory is not None:
-        return config
-    gpu = detected_gpu()
-    return config if gpu is None else replace(config, memory=default_memory("cuda", gpu))
-
-
-def _memory_system(config: PlanConfig) -> MemorySystem:
-    memory = load_memory_system(config.memory_name)
-    if config.reserve_bytes is not None:
-        memory = replace(memory, runtime_reserve_bytes=int(config.reserve_bytes))
-    return memory
-
-
-def user_budget(graph: TensorGraph, config: PlanConfig,
-                memory: MemorySystem | None = None) -> int | None:
-    """The budget `config` gives `graph`, in bytes (its ratio resolved against the graph's
-    peak), without loading any costs."""
-    memory = memory or _memory_system(config)
-    pinned = accounting.pinned_tensors(graph, config.pin_weights)
-    return accounting.resolve_budget(graph, ratio=config.ratio,
-                                     fast_mem_bytes=config.fast_mem_bytes, pinned=pinned,
-                                     memory=memory)
 
 
 def default_plans_dir() -> Path:

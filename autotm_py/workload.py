@@ -1,8 +1,9 @@
 """Models as workloads: an ONNX file or zoo model built into the training graph its options
 describe (`load_graph`), priced with the profiles of a device (`load_workload`,
-`device_costs`), with its convolution backward kernels split (`split_workload`), and the values
-a run starts from (`initial_values`). The composition floor's first unit: `pipeline` plans and
-runs what these build (docs/developer.md, "Layers").
+`device_costs`), with its convolution backward kernels split (`split_workload`), the values
+a run starts from (`initial_values`), the budget a config gives it (`user_budget`) and the
+order of its updates under that budget (`ordered_updates`). The composition floor's first
+unit: `pipeline` plans and runs what these build (docs/developer.md, "Layers").
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotm_py.config import default_memory
 from autotm_py.costs import KernelCosts
 from autotm_py.errors import ConfigError
 from autotm_py.frontend.onnx import import_onnx
@@ -30,11 +32,16 @@ from autotm_py.ir.host_updates import offload_updates
 from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import derive_training
-from autotm_py.options import SOURCE_META_KEY, ModelOptions
+from autotm_py.ir.update_order import early_order, updates_early
+from autotm_py.memory import accounting
+from autotm_py.memory.tiers import MemorySystem, load_memory_system
+from autotm_py.options import HOST_UPDATES_KEY, SOURCE_META_KEY, UPDATES_EARLY_KEY, ModelOptions
+from autotm_py.profiling.fingerprint import detected_gpu
 from autotm_py.profiling.profile import load_costs
 from autotm_py.profiling.profile import profile as profile_kernels
 
 if TYPE_CHECKING:
+    from autotm_py.config import PlanConfig
     from autotm_py.ir.graph import TensorGraph
     from autotm_py.plan import Plan
 
@@ -61,6 +68,8 @@ def load_graph(model: PathLike, options: ModelOptions | None = None) -> TensorGr
         graph = derive_training(graph, optimizer=options.optimizer or "sgd",
                                 loss=options.loss or "auto", loss_chunks=options.loss_chunks)
     graph = to_channels_last(graph) if options.channels_last else graph
+    # a plan made for a graph with its updates moved early (`ir.update_order`) rebuilds that
+    graph = updates_early(graph) if options.updates_early else graph
     # a plan made for a graph with its convolution backward kernels split rebuilds them
     graph = split_conv_grads(graph, options.split_conv_grads) \
         if options.split_conv_grads else graph
@@ -151,9 +160,60 @@ def _missing_data_files(path: Path) -> list[str]:
 
 
 def planned_graph(graph: TensorGraph, plan: Plan) -> TensorGraph:
-    """The graph `plan` is for, made from `graph`: with the kernels the plan's model options
-    split (`--split-conv-grads`: `optimize` may plan a split of the graph it was given)."""
-    recorded = plan.header.model.split_conv_grads if plan.header.model else ()
+    """The graph `plan` is for, made from `graph`: with its updates early and the kernels
+    split as the plan's model options say (`optimize` may plan a reordered or split graph of
+    the one it was given: `PlanConfig.update_order`, `--split-conv-grads`)."""
+    model = plan.header.model
+    if model is not None and model.updates_early and not graph.meta.get(UPDATES_EARLY_KEY):
+        graph = updates_early(graph)
+    recorded = model.split_conv_grads if model else ()
     if not recorded or split_names(graph):
         return graph
     return split_conv_grads(graph, recorded)
+
+
+# ---- budgets and the graph a budget plans ------------------------------------------------
+def for_this_gpu(config: PlanConfig) -> PlanConfig:
+    """`config` for the GPU the plan runs on: in GPU mode without `--gpu` or `--memory`, the
+    link of this machine's GPU where it has one. (Its kernel times come from this GPU's
+    profiles already: `profiling.fingerprint.target_fingerprint`.)"""
+    if config.device != "cuda" or config.gpu is not None or config.memory is not None:
+        return config
+    gpu = detected_gpu()
+    return config if gpu is None else replace(config, memory=default_memory("cuda", gpu))
+
+
+def _memory_system(config: PlanConfig) -> MemorySystem:
+    memory = load_memory_system(config.memory_name)
+    if config.reserve_bytes is not None:
+        memory = replace(memory, runtime_reserve_bytes=int(config.reserve_bytes))
+    return memory
+
+
+def user_budget(graph: TensorGraph, config: PlanConfig,
+                memory: MemorySystem | None = None) -> int | None:
+    """The budget `config` gives `graph`, in bytes (its ratio resolved against the graph's
+    peak), without loading any costs."""
+    memory = memory or _memory_system(config)
+    pinned = accounting.pinned_tensors(graph, config.pin_weights)
+    return accounting.resolve_budget(graph, ratio=config.ratio,
+                                     fast_mem_bytes=config.fast_mem_bytes, pinned=pinned,
+                                     memory=memory)
+
+
+def ordered_updates(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | None
+                    ) -> tuple[TensorGraph, KernelCosts | None]:
+    """The graph to plan and its costs: with the optimizer updates early where
+    `config.update_order` says so ("auto": under a budget below the graph's peak; never for a
+    graph whose updates run on the host), else `graph` and `costs` as given."""
+    mode = config.update_order
+    if mode == "end" or graph.meta.get(HOST_UPDATES_KEY):
+        return graph, costs
+    if mode == "auto":
+        budget = user_budget(graph, config)
+        if budget is None or budget >= graph.peak_live_bytes:
+            return graph, costs
+    order = early_order(graph)
+    if order is None:
+        return graph, costs
+    return updates_early(graph), None if costs is None else costs.reordered(order)

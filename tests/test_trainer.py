@@ -337,10 +337,10 @@ def test_a_plan_priced_with_another_gpus_kernel_times_says_so_in_the_trainers_no
                       example=data[0], device="cpu", ratio="2:1", plans_dir=tmp_path)
     borrowed = f"{BORROWED_NOTE}3 of 40 kernel times come from profiles of the NVIDIA H100"
     plan = trainer.plan.with_header(notes=(*trainer.plan.header.notes, borrowed))
-    loop = Loop(trainer.graph, plan, "cpu", trainer.mode, dict(trainer.loop.executor.masters))
+    loop = Loop(trainer.run_graph, plan, "cpu", trainer.mode, dict(trainer.loop.executor.masters))
     assert loop.notes == [borrowed]
     assert not any(n.startswith(BORROWED_NOTE) for n in trainer.notes)
     moves = sum(1 for _ in trainer.plan.moves())
     assert trainer.describe().startswith("budget ") and \
-        f"({trainer.plan.header.budget_bytes / trainer.graph.peak_live_bytes:.0%}): " \
+        f"({trainer.plan.header.budget_bytes / trainer.run_graph.peak_live_bytes:.0%}): " \
         f"{moves} moves, " in trainer.describe()

@@ -373,7 +373,8 @@ def load_model_from_cli(args: ModelArgs, plan: Plan | None = None, *,
     if dropped and plan is None:  # said once, where the graph is made for a new plan
         warn(f"training on the logits: the model's final {dropped['op']} "
              f"{dropped['name']!r} is left out of the training graph (docs/training.md)")
-    if plan is not None:
+    if plan is not None:  # the order and split it was made for (`optimize`'s defaults)
+        graph = api.planned_graph(graph, plan)
         plan.validate(graph)
     return graph
 

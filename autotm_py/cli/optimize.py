@@ -48,6 +48,7 @@ from autotm_py.config import (
     READ_PRICINGS,
     RECOMPUTE_MODES,
     SPLIT_MODES,
+    UPDATE_ORDERS,
     WRITE_PRICINGS,
     PlanConfig,
 )
@@ -157,6 +158,13 @@ RATIO_HELP = (
                    "infeasible budget feasible; on: "
                    "every one; off: none. The plan's notes say so; run and simulate rebuild "
                    "the split from the plan.")
+@click.option("--update-order", type=click.Choice(UPDATE_ORDERS), default="auto",
+              show_default=True,
+              help="Where a training graph's optimizer updates run. end: after the whole "
+                   "backward pass, as torch.optim's step() runs them; early: in groups as soon "
+                   "as their gradients are final, so gradients and optimizer state need not "
+                   "all be in fast memory at the end; auto: early under a budget below the "
+                   "peak. run and simulate rebuild the order from the plan (docs/planning.md).")
 @click.option("--pin-weights", is_flag=True,
               help="The paper's rule: inputs, weights and optimizer state stay in fast "
                    "memory, outside the budget.")
@@ -180,7 +188,8 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
                  time_limit: float | None, async_window: int,
                  async_candidates: int | None, recompute: str, recompute_depth: int,
                  recompute_ratio: float, recompute_early: int, read_pricing: str,
-                 write_pricing: str, split_conv_grads: str, pin_weights: bool,
+                 write_pricing: str, split_conv_grads: str, update_order: str,
+                 pin_weights: bool,
                  threads: int | None, headroom: float, reserve: str | None, mode: RunModeArgs,
                  gpu: str | None, profiles_dir: str | None, no_baselines: bool,
                  values_path: str | None, output: str | None, as_json: bool) -> int:
@@ -208,6 +217,7 @@ def optimize_cmd(model: ModelArgs, ratio: str | None, fast_mem: str | None, stra
         write_pricing=write_pricing,
         reserve_bytes=parse_bytes(reserve, flag="--reserve") if reserve is not None else None,
         run=mode.for_device(device), gpu=gpu, split_conv_grads=split_conv_grads,
+        update_order=update_order,
         fills=api.value_fills(api.load_values(values_path)) if values_path else ())
     config = api.for_this_gpu(config)  # the link of the GPU here, if any
     control = SolveControl(time_limit_s=time_limit)

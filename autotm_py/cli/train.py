@@ -82,7 +82,8 @@ def train_cmd(model: str, data: str, steps: int, output: str, batch: int | None,
 
     config = PlanConfig(ratio=parse_ratio(ratio) if ratio else None,
                         fast_mem_bytes=parse_bytes(fast_mem) if fast_mem else None, gpu=gpu,
-                        split_conv_grads="auto")  # as `optimize` plans by default
+                        # as `optimize` plans by default
+                        split_conv_grads="auto", update_order="auto")
     spec = Optimizer(optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
     given = mode.over(default_run_mode(device)) if mode.given else None
     result = train_file(model, data, steps=steps, optimizer=spec, config=config,

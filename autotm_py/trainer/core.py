@@ -132,7 +132,7 @@ class Trainer:
                             device="cuda", recompute=recompute, run=self.mode,
                             gpu=gpu or gpu_name(self.device),
                             reserve_bytes=None if cuda else 0, time_limit_s=time_limit_s,
-                            **{"split_conv_grads": "auto", **more})
+                            **{"split_conv_grads": "auto", "update_order": "auto", **more})
         # what the GPU runs: the training graph, or its part without the optimizer's updates
         self.optimizer_on, self.run_graph, self.plan = self._plan_updates(
             config, optimizer_on, plans_dir, cuda if profile is None else profile, host_share)
