@@ -159,11 +159,11 @@ def test_on_a_gpu_machine_plans_cross_its_link_without_gpu_or_memory(resnet50, t
     """Detected here: optimize, the API and bench take the link of this machine's GPU (issue
     45 item 6); `--gpu` and `--memory` still decide where given. (No GPU on CI: the
     detection is stood in for.)"""
-    from autotm_py import pipeline
+    from autotm_py import pipeline, workload
     from autotm_py.bench.spec import BenchSpec
     from autotm_py.config import PlanConfig
 
-    monkeypatch.setattr(pipeline, "detected_gpu", lambda: H200)
+    monkeypatch.setattr(workload, "detected_gpu", lambda: H200)
     machine = pipeline.machine_for(resnet50, PlanConfig(device="cuda", ratio="1:1"))
     assert machine.memory.name == "h200-pcie5"
     assert api.for_this_gpu(PlanConfig(device="cuda", memory="h100-pcie5")).memory == \
@@ -174,7 +174,7 @@ def test_on_a_gpu_machine_plans_cross_its_link_without_gpu_or_memory(resnet50, t
     assert header["memory_system"]["name"] == "h200-pcie5"
     assert BenchSpec(models=("resnet50",), ratios=("1:1",), device="cuda").memory_name == \
         "h200-pcie5"
-    monkeypatch.setattr(pipeline, "detected_gpu", lambda: None)
+    monkeypatch.setattr(workload, "detected_gpu", lambda: None)
     assert pipeline.machine_for(resnet50, PlanConfig(device="cuda", ratio="1:1")) \
         .memory.name == "h100-pcie5"
 
