@@ -165,11 +165,12 @@ def test_schema_header_fields_are_the_dataclass_fields() -> None:
                       ("runMode", RunMode)):
         fields = {f.name for f in dataclasses.fields(cls)}
         assert set(defs[name]["properties"]) == fields
-        # loss_chunks, channels_last, precision, split_conv_grads, host_updates and
-        # host_share came later: plans written before them lack them (read as 1, false, fp32,
-        # none split, false, none)
+        # loss_chunks, channels_last, precision, split_conv_grads, host_updates, host_share
+        # and updates_early came later: plans written before them lack them (read as 1, false,
+        # fp32, none split, false, none, false)
         optional = {"loss_chunks", "channels_last", "precision", "split_conv_grads",
-                    "host_updates", "host_share"} if name == "modelOptions" else set()
+                    "host_updates", "host_share", "updates_early"} \
+            if name == "modelOptions" else set()
         assert set(defs[name]["required"]) == fields - optional
 
 

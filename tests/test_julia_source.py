@@ -192,7 +192,7 @@ def test_reader_reads_exactly_the_schema_fields() -> None:
     assert keys["_opt"] == {"overlaps", "tensors", "kernels", "kernel_io", "graph", "arena",
                             "placed", "scratch", "loss_chunks", "channels_last", "precision",
                             "split_conv_grads", "host_updates", "host_share",
-                            "gpu", "source"}
+                            "updates_early", "gpu", "source"}
     assert "run" in keys["_req"]
 
 

@@ -257,6 +257,7 @@ function _optmodel(x, ctx)
         _opt(_strings, x, "split_conv_grads", String[], ctx),
         _opt(_bool, x, "host_updates", false, ctx),
         _opt(_optfloat, x, "host_share", nothing, ctx),
+        _opt(_bool, x, "updates_early", false, ctx),
     )
 end
 

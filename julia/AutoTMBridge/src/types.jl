@@ -134,6 +134,8 @@ struct ModelOptions
     # older plans)
     host_share::Union{Float64,Nothing}  # --optimizer-on split: the host's share of the
     # parameters (nothing: all of them, or absent in older plans)
+    updates_early::Bool  # --update-order: the optimizer updates run just after their
+    # gradients (false: after the backward pass, or absent in older plans)
 end
 
 """The kernel costs the plan was solved with: `digest` (a hash over every kernel's time,
