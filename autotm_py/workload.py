@@ -32,7 +32,7 @@ from autotm_py.ir.host_updates import offload_updates
 from autotm_py.ir.layout import to_channels_last
 from autotm_py.ir.precision import with_precision
 from autotm_py.ir.training import derive_training
-from autotm_py.ir.update_order import early_order, updates_early
+from autotm_py.ir.update_order import early_order, in_early_order, updates_early
 from autotm_py.memory import accounting
 from autotm_py.memory.tiers import MemorySystem, load_memory_system
 from autotm_py.options import HOST_UPDATES_KEY, SOURCE_META_KEY, UPDATES_EARLY_KEY, ModelOptions
@@ -216,4 +216,4 @@ def ordered_updates(graph: TensorGraph, config: PlanConfig, costs: KernelCosts |
     order = early_order(graph)
     if order is None:
         return graph, costs
-    return updates_early(graph), None if costs is None else costs.reordered(order)
+    return in_early_order(graph, order), None if costs is None else costs.reordered(order)

@@ -41,8 +41,11 @@ def updates_early(graph: TensorGraph, groups: int = UPDATE_GROUPS) -> TensorGrap
     """`graph` with its trailing updates moved early (module docstring); `graph` itself where
     nothing moves (`early_order`)."""
     order = early_order(graph, groups)
-    if order is None:
-        return graph
+    return graph if order is None else in_early_order(graph, order)
+
+
+def in_early_order(graph: TensorGraph, order: list[int]) -> TensorGraph:
+    """`graph` in `order`, an `early_order` of it, marked as such in its meta."""
     moved = reorder_kernels(graph, order)
     return replace(moved, meta={**moved.meta, UPDATES_EARLY_KEY: True})
 
@@ -59,16 +62,18 @@ def early_order(graph: TensorGraph, groups: int = UPDATE_GROUPS) -> list[int] | 
     threshold = sum(_grad_bytes(graph, k) for k in tail) / max(groups, 1)
     order: list[int] = []
     pending = [k for k in tail if ready[k] < 0]
+    pending_bytes = sum(_grad_bytes(graph, k) for k in pending)
     waiting = sorted((k for k in tail if ready[k] >= 0), key=lambda k: (ready[k], k))
     nxt = 0
     for kid in range(start):
         order.append(kid)
         while nxt < len(waiting) and ready[waiting[nxt]] == kid:
             pending.append(waiting[nxt])
+            pending_bytes += _grad_bytes(graph, waiting[nxt])
             nxt += 1
-        if pending and sum(_grad_bytes(graph, k) for k in pending) >= threshold:
+        if pending and pending_bytes >= threshold:
             order += sorted(pending)
-            pending = []
+            pending, pending_bytes = [], 0
     return order + sorted(pending)
 
 
