@@ -49,7 +49,9 @@
 # plans stopped at 60 s, the 25% one 7.2% from its bound, H200 2026-12-04), COMPILE (0.1:
 # activation_memory_budget fractions, each a compile; COMPILE= empty: none, for a rerun whose
 # compile rows an earlier run of the same code measured), LOSS_CHUNKS (16 for BERT and GPT-2, 1 for ResNet-200),
-# ALL_FAST_REGION (bytes, 48 GiB), PROC_S (540), EXTRA (more trainer_bench options; the copies
+# ALL_FAST_REGION (bytes, 48 GiB), PROC_S (540), PROFILE_FIRST (1: the kernels profiled by a
+# process of their own before the others start, out of the way of their captures; 0: by ours_1;
+# PROFILE_ONLY=1: that stage alone), EXTRA (more trainer_bench options; the copies
 # priced where they run, docs/planning.md: EXTRA="--plan-option read_pricing=spread
 # --plan-option write_pricing=spread --plan-option async_window=60"), SHARES (the capped
 # budgets, "0.5 0.333 0.25"; SHARES=0.25 with and without EXTRA in two calls is the spread
@@ -63,7 +65,8 @@ set -u
 model=$2
 out=$1/$model
 mkdir -p "$out"
-rm -rf "$out/budgets.json" "$out/profiled" "$out/gpu.lock" "$out/ready"
+rm -rf "$out/budgets.json" "$out/profiled" "$out/gpu.lock" "$out/ready" "$out/ready_first" \
+       "$out/profiled_first" "$out/gpu_first.lock"
 case $model in
   resnet200) cfg=(--model resnet200 --batch 64); small=(--batch 2 --image 64); chunks=1
              limit=180 ;;
@@ -80,6 +83,21 @@ bench=(timeout "${PROC_S:-540}" python3 experiments/gpu/trainer_bench.py "${cfg[
        --loss-chunks "${LOSS_CHUNKS:-$chunks}" --lock "$out/gpu.lock" --wait-s 480
        --ready-dir "$out/ready" --parties $(( 2 + ${#shares[@]} * ${#tags[@]} )) ${EXTRA:-})
 echo "== $model bf16 $(date -u +%H:%M:%S)"
+if [ "${PROFILE_FIRST:-1}" = 1 ]; then
+  # the kernels profiled alone first, in a process of their own (four steps all fast, not
+  # counted), so the bench's processes find every profile cached: in the twenty-fourth
+  # session's first calls on fresh H100s the process that had profiled beside the others'
+  # captures timed its all fast 19% slow, and one such profile priced every kernel 11% high
+  "${bench[@]}" "$out/profile_first.json" --shares 1 --loss-chunks 1 --no-eager --steps 4 \
+      --profile-chunks "${LOSS_CHUNKS:-$chunks}" --signal "$out/profiled_first" \
+      --ready-dir "$out/ready_first" --parties 1 --lock "$out/gpu_first.lock" \
+      --region "${ALL_FAST_REGION:-51539607552}" >"$out/profile_first.log" 2>&1 \
+    || echo "profiling first failed (see $out/profile_first.log); the bench profiles itself"
+  echo "profiled first $(date -u +%H:%M:%S)"
+  # PROFILE_ONLY=1: this call only profiles (a ResNet-200 call with its profiling may not end
+  # within a device command's 10 minutes; the next call on the warm machine finds the cache)
+  [ -z "${PROFILE_ONLY:-}" ] || exit 0
+fi
 # all fast: the loss unchunked (chunking recomputes the head's product, which only pays under a
 # cap), so the budgets are shares of the peak of the model as users run it
 "${bench[@]}" "$out/ours_1.json" --shares 1 --loss-chunks 1 --no-eager \
