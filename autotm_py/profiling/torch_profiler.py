@@ -168,8 +168,9 @@ def time_kernel(kernel: Kernel, args: Sequence[torch.Tensor], *, device: str = "
 
 
 # A kernel's device time is timed over replays of a CUDA graph of several runs of it, enough to
-# keep the GPU busy this long a replay: the gap between two graph launches, a few microseconds,
-# is then a small share of it (a replayed plan pays `costs.REPLAY_GAP_S` between nodes).
+# keep the GPU busy this long a replay: the latency of a graph's start on the GPU, a few
+# microseconds, is then a small share of it (a replayed plan pays `costs.REPLAY_GAP_S` between
+# nodes).
 DEVICE_TIME_GRAPH_S = 200e-6
 DEVICE_TIME_MAX_RUNS = 16
 
@@ -179,11 +180,11 @@ def graph_device_time(kernel: Kernel, args: Sequence[torch.Tensor], run: Runner,
     """The GPU time of one run of the kernel without launch gaps, as a replayed plan pays it
     (`ProfileEntry.device_s`, the simulator's GPU clock): the run captured in a CUDA graph
     (the executor's own capture, `runtime.drivers.GraphReplay`) up to DEVICE_TIME_MAX_RUNS
-    times, the graph replayed `replays` times back to back. Timed alone, a small kernel's
-    `median_s` is mostly the host's dispatch of it: bf16 plans priced so were predicted 11-76%
-    high on the H200 (2026-12-03), where the fp32 plans' shipped in-context device times kept
-    them within 5%. None where the kernel cannot be captured (it synchronises with the host):
-    a replayed plan runs such a kernel eagerly too."""
+    times, the graph replayed `replays` times, the median replay over its runs. Timed alone,
+    a small kernel's `median_s` is mostly the host's dispatch of it: bf16 plans priced so were
+    predicted 11-76% high on the H200 (2026-12-03), where the fp32 plans' shipped in-context
+    device times kept them within 5%. None where the kernel cannot be captured (it
+    synchronises with the host): a replayed plan runs such a kernel eagerly too."""
     import torch
 
     from autotm_py.runtime.drivers import GraphReplay
@@ -203,16 +204,20 @@ def graph_device_time(kernel: Kernel, args: Sequence[torch.Tensor], run: Runner,
         capture = GraphReplay(body, lambda: kernel.name, stream)
     if capture.failed is not None:
         return None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # each replay timed between its own events: the GPU's idle time between two replays (the
+    # host late to launch the next, as beside other processes' work: a fresh H100's profile
+    # taken so priced ResNet-200's kernels 11% high, 2026-12-07) is in no replay's time
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(max(replays, 1))]
     with torch.cuda.stream(stream):
         capture.replay()  # the first replay uploads the graph
-        start.record()
-        for _ in range(max(replays, 1)):
+        for start, end in events:
+            start.record()
             capture.replay()
-        end.record()
-    end.synchronize()
+            end.record()
+    events[-1][1].synchronize()
     torch.cuda.current_stream().wait_stream(stream)
-    return start.elapsed_time(end) / 1e3 / (max(replays, 1) * runs)
+    return float(np.median([start.elapsed_time(end) for start, end in events])) / 1e3 / runs
 
 
 def measure_workspace(kernel: Kernel, args: Sequence[torch.Tensor], *, device: str,
