@@ -266,6 +266,11 @@ class PlanConfig:
     def with_ratio(self, text: str) -> PlanConfig:
         return replace(self, ratio=parse_ratio(text), fast_mem_bytes=None)
 
+    def in_bytes(self, budget_bytes: int | None) -> PlanConfig:
+        """This config with its budget given in bytes (a ratio resolved against the graph as
+        the user gave it, before it was rewritten: split, reordered or planned elsewhere)."""
+        return replace(self, ratio=None, fast_mem_bytes=budget_bytes)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ratio"] = None if self.ratio is None else str(self.ratio)

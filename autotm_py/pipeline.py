@@ -122,10 +122,17 @@ def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | Non
     if graph is given:
         return _optimize_split(graph, config, costs, profiles_dir, baselines, control)
     # a ratio is of the graph as given (the reordered one's peak may differ), as for a split
-    in_bytes = replace(config, ratio=None, fast_mem_bytes=user_budget(given, config))
-    result = _optimize_split(graph, in_bytes, costs, profiles_dir, baselines, control)
-    plan = None if result.plan is None else result.plan.with_header(config=config.to_dict())
+    result = _optimize_split(graph, config.in_bytes(user_budget(given, config)), costs,
+                             profiles_dir, baselines, control)
+    plan = None if result.plan is None else _as_asked(result.plan, config)
     return replace(result, graph=result.graph or graph, plan=plan)
+
+
+def _as_asked(plan: Plan, config: PlanConfig, note: str | None = None) -> Plan:
+    """`plan` of a rewritten graph, planned at its budget in bytes, with the config the user
+    asked for in its header (a ratio stays a ratio) and `note` (why it was rewritten)."""
+    notes = plan.header.notes if note is None else (*plan.header.notes, note)
+    return plan.with_header(config=config.to_dict(), notes=notes)
 
 
 def _optimize_split(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | None,
@@ -157,8 +164,7 @@ def _split_and_plan(machine: MachineModel, config: PlanConfig, costs: KernelCost
     `infeasible` (the unsplit graph's result, `--split-conv-grads auto`): that result, its
     message saying so, unless the split graph's smallest budget fits and it gets a plan."""
     graph = machine.graph
-    split_config = replace(config, ratio=None, fast_mem_bytes=machine.user_budget,
-                           split_conv_grads="off")
+    split_config = replace(config.in_bytes(machine.user_budget), split_conv_grads="off")
     whole = Workload(graph, costs or load_costs(graph, device=config.device,
                                                 profiles_dir=profiles_dir, gpu=config.gpu))
 
@@ -182,9 +188,7 @@ def _split_and_plan(machine: MachineModel, config: PlanConfig, costs: KernelCost
     why = "so that the budget fits" if infeasible is not None else "(--split-conv-grads on)"
     note = (f"split {what} {why}: smallest feasible budget {format_bytes(before)} -> "
             f"{format_bytes(after)} (docs/planning.md)")
-    plan = result.plan.with_header(config=config.to_dict(),
-                                   notes=(*result.plan.header.notes, note))
-    return replace(result, plan=plan, graph=split)
+    return replace(result, plan=_as_asked(result.plan, config, note), graph=split)
 
 
 def _optimize(machine: MachineModel, config: PlanConfig, costs: KernelCosts | None,

@@ -26,7 +26,6 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import fields as dataclass_fields
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -166,7 +165,7 @@ class Trainer:
                   "split": ["host", "split"] if host_share is None else ["split"],
                   }.get(optimizer_on, [optimizer_on])
         if places != ["gpu"] and budget is not None:
-            config = replace(config, ratio=None, fast_mem_bytes=budget)
+            config = config.in_bytes(budget)
         plans: dict[str, tuple[Any, Any]] = {}
         failed: dict[str, ConfigError] = {}
         for place in places:
