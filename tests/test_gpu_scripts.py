@@ -451,6 +451,24 @@ def test_bf16_bench_processes_coordinate_and_summarize(tmp_path):
     assert lines[0].startswith("25%: 2.000x")
 
 
+def test_bf16_bench_can_profile_alone_before_the_bench(tmp_path):
+    """bf16_bench.sh's first stage (PROFILE_FIRST, the default): one process of its own runs
+    the Trainer all fast (its kernels profiled with the capped graph's chunked loss, four
+    steps) before the bench's processes start; PROFILE_ONLY=1 stops after it. On the CPU at
+    toy sizes (SMOKE=1)."""
+    env = {**os.environ, "SMOKE": "1", "PROFILE_ONLY": "1", "LIMIT": "5", "STEPS": "4"}
+    done = subprocess.run(["bash", "experiments/gpu/bf16_bench.sh", str(tmp_path), "gpt2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "profiled first" in done.stdout and "failed" not in done.stdout
+    out = tmp_path / "gpt2"
+    first = json.loads((out / "profile_first.json").read_text())
+    (row,) = first["rows"]
+    assert row["share"] == 1 and len(row["ours"]["losses"]) == 4
+    assert first["args"]["profile_chunks"] == 16 and (out / "profiled_first").exists()
+    assert not list(out.glob("ours_*.json")) and not (out / "native.json").exists()
+
+
 def test_trainer_bench_times_nothing_before_every_process_is_ready(tmp_path, capsys):
     """bf16_bench.sh's processes share a GPU and a host: none times a step while another still
     captures, profiles, solves or compiles (`--ready-dir`, `--parties`), and one that ends,
