@@ -372,11 +372,12 @@ def test_a_kernels_device_time_leaves_out_the_host_late_between_replays(monkeypa
     """The device time is the median replay between its own events: a host that launches the
     next replay late (another process's work on the machine) leaves the GPU idle between
     replays, which no replay's time counts. Timed over all replays back to back, a 2 ms sleep
-    after each replay of a ~0.2 ms graph priced the kernel about ten times its time."""
+    after each replay of a graph of about 0.2 ms priced the kernel about ten times its time;
+    timed each, a replay after the idle GPU may start a little slower, not several times."""
     from autotm_py.profiling import torch_profiler
     from autotm_py.runtime.drivers import GraphReplay
 
-    g = chain(1, 1 << 20)
+    g = chain(1, 1 << 24)  # a ReLU over 64 MiB: tens of microseconds a run
     args = torch_profiler.make_inputs(g, g.kernels[0], "cuda")
 
     def device_s() -> float:
@@ -392,7 +393,7 @@ def test_a_kernels_device_time_leaves_out_the_host_late_between_replays(monkeypa
 
     monkeypatch.setattr(GraphReplay, "replay", late)
     hurried = min(device_s() for _ in range(3))
-    assert unhurried > 0 and hurried < 1.5 * unhurried, (unhurried, hurried)
+    assert unhurried > 0 and hurried < 3 * unhurried, (unhurried, hurried)
 
 
 def test_threads_option_is_part_of_the_fingerprint_and_restored(dirs):
