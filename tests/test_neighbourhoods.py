@@ -56,6 +56,20 @@ def test_a_search_of_neighbourhoods_improves_a_plan_and_keeps_every_row():
     assert whole.status == "optimal" and whole.objective <= found.objective * (1 + 1e-9)
 
 
+def test_a_round_that_gains_less_than_its_solves_gap_is_the_last(monkeypatch, caplog):
+    """Rounds go on while a round gains at least `ROUND_MIN_GAIN` (relative): asked for a gain
+    no round can make, the search stops after its first round, one solve per neighbourhood."""
+    f = _async_model_started_from_sync()
+    start = warmstart.objective_value(f)
+    areas = neighbourhoods.neighbourhoods(f, 300)
+    monkeypatch.setattr(local_search, "ROUND_MIN_GAIN", 0.99)
+    with caplog.at_level("INFO", logger="autotm_py.planning.local_search"):
+        found = improve_in_neighbourhoods(f.prob, areas, gap=0.0, time_limit=120, each_s=20)
+    (line,) = [r.getMessage() for r in caplog.records if "neighbourhood search:" in r.message]
+    assert line.startswith(f"neighbourhood search: {len(areas)} solves")
+    assert found.objective < start * (1 - 1e-3)  # the first round improved it
+
+
 def test_one_neighbourhood_of_every_variable_is_the_whole_search():
     f = _async_model_started_from_sync(3)
     everything = [v for v in f.prob.variables() if v.cat == pulp.LpInteger]
