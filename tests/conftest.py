@@ -18,6 +18,10 @@ import pytest
 
 from autotm_py.memory import tiers
 from tests.fixtures.cli import net  # noqa: F401  (the CLI tests' small graph, by name)
+from tests.fixtures.profiles import (  # noqa: F401  (bf16 priced from fp32, by name)
+    fp32_only_shipped,
+    fp32_only_shipped_module,
+)
 from tests.randomized import register_and_load
 
 _REAL_PRESETS = dict(tiers.PRESETS)

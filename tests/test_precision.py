@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -34,8 +33,6 @@ from tests.test_trainer import (
 )
 from tests.test_training_models import small_cnn, tiny_decoder
 from tests.test_training_ops import compare_training
-
-ROOT = Path(__file__).resolve().parents[1]
 
 BF16, FP32_DTYPE = "bfloat16", "float32"
 # Loss of each of 20 Trainer steps in bf16 against PyTorch's own autocast training of the same
@@ -196,19 +193,7 @@ def _optimize(tmp_path, capsys, precision: str) -> dict:
     return {**json.loads(capsys.readouterr().out), "plan": json.loads(plan.read_text())}
 
 
-def _fp32_only_shipped(tmp_path, monkeypatch) -> None:
-    """The shipped H100 profile without its bf16 entries, as the only shipped profile."""
-    doc = json.loads((ROOT / "profiles" / "h100-80gb-hbm3.json").read_text())
-    for pset in doc["sets"].values():
-        pset["entries"] = {sig: e for sig, e in pset["entries"].items() if "bfloat16" not in sig}
-    shipped = tmp_path / "shipped"
-    shipped.mkdir()
-    (shipped / "h100-80gb-hbm3.json").write_text(json.dumps(doc))
-    monkeypatch.setenv("AUTOTM_SHIPPED_PROFILES", str(shipped))
-
-
-def test_precision_through_the_cli(tmp_path, capsys, monkeypatch):
-    _fp32_only_shipped(tmp_path, monkeypatch)
+def test_precision_through_the_cli(tmp_path, capsys, fp32_only_shipped):
     fp32, bf16 = _optimize(tmp_path, capsys, "fp32"), _optimize(tmp_path, capsys, "bf16")
     assert bf16["plan"]["header"]["model"]["precision"] == "bf16"
     # priced with fp32 profiles only: the plan says so (and the fp32 plan does not)
@@ -374,13 +359,12 @@ def test_auto_precision_is_the_devices_default_from_one_place(monkeypatch, tmp_p
 
 
 def test_bf16_kernels_are_priced_from_their_fp32_profiles_by_the_roofline_ratio(
-        tmp_path, monkeypatch):
+        fp32_only_shipped):
     """Issue 46, acceptance 3: a bf16 kernel without a bf16 profile entry whose fp32 form has
     one is priced from it, times the roofline's bf16/fp32 ratio of the two kernels' work (the
     launch cost kept), not by a bare roofline estimate; such kernels are counted and the costs
     carry a note that a plan priced with them repeats. The shipped H100 profile has bf16
     entries of this model since 2026-12-07: the test takes them out (and the H200's file)."""
-    _fp32_only_shipped(tmp_path, monkeypatch)
     from autotm_py import api
     from autotm_py.costs import BORROWED_NOTE
     from autotm_py.profiling.costmodel import OpShape, Roofline
@@ -408,7 +392,7 @@ def test_bf16_kernels_are_priced_from_their_fp32_profiles_by_the_roofline_ratio(
         assert fp32_signature(low.signature) == \
             next(k for k in fp32.kernels if k.op_type == op).signature, op
         assert c16.n_precision_scaled and not c16.estimated[low.id], op
-    (h100,) = json.loads((tmp_path / "shipped" / "h100-80gb-hbm3.json").read_text())[
+    (h100,) = json.loads((fp32_only_shipped / "h100-80gb-hbm3.json").read_text())[
         "sets"].values()
     roofline = Roofline.from_dict(h100["roofline"])
     checked = set()
