@@ -17,16 +17,18 @@ from autotm_py.profiling.sources import FROM_FP32, fp32_signature, graph_batch
 # profiles measured each convolution backward kernel's parts (ConvGradData, ConvGradFilter)
 # and the whole ConvGrad at batch 32 only.
 OPTIONS = {"batch": 256, "training": True}
+# priced with the shipped H100 profile without its bf16 entries, which would serve these kernels
+pytestmark = pytest.mark.usefixtures("fp32_only_shipped_module")
 
 
 @pytest.fixture(scope="module")
-def twins(fp32_only_shipped_module):  # the shipped H100's bf16 entries would serve them
+def twins(fp32_only_shipped_module):
     fp32 = api.load_model("resnet50", ModelOptions(**OPTIONS))
     bf16 = api.load_model("resnet50", ModelOptions(**OPTIONS, precision="bf16"))
     return fp32, bf16, api.load_costs(fp32, device="cuda"), api.load_costs(bf16, device="cuda")
 
 
-def test_bf16_kernels_are_priced_from_their_fp32_twins_entries(twins, fp32_only_shipped_module):
+def test_bf16_kernels_are_priced_from_their_fp32_twins_entries(twins):
     """Every bf16 kernel with an fp32 twin (the kernel of the same name in the fp32 graph) is
     priced from what prices that twin, scaled by the roofline's work ratio, its workspace by
     the bytes ratio. Before the fix the bf16 ConvGrad skipped its fp32 parts (measured at 256)
@@ -55,8 +57,7 @@ def test_bf16_kernels_are_priced_from_their_fp32_twins_entries(twins, fp32_only_
     assert max(c16.workspace_bytes[k.id] for k in grads) < 2**20
 
 
-def test_the_bf16_capacity_rows_count_no_workspace_the_fp32_ones_do_not(
-        twins, fp32_only_shipped_module):
+def test_the_bf16_capacity_rows_count_no_workspace_the_fp32_ones_do_not(twins):
     """What the pricing gives the ILP: at the quick start's budget (1:4, an arena with scratch
     windows), a bf16 kernel has a scratch window of its own only where its fp32 twin has one,
     or where it is a cast (torch allocates a cast's output outside its slot). Before the fix

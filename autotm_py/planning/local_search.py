@@ -187,9 +187,9 @@ def improve_in_neighbourhoods(prob: pulp.LpProblem, neighbourhoods: Sequence[Seq
     variables), each solve at most `each_s` seconds and warm-started from the incumbent, which a
     better solution replaces. The neighbourhoods are taken in turn, round after round, until a
     round improves the plan by less than ROUND_MIN_GAIN, `time_limit` is spent or `control`
-    asks to stop. HiGHS gets the model
-    once; only its column bounds change between solves. Ends ``time_limit`` (or
-    ``interrupted``) with the best point on the variables and no bound."""
+    asks to stop. HiGHS gets the model once; only its column bounds change between solves.
+    Ends ``time_limit`` (or ``interrupted``) with the best point on the variables and no
+    bound."""
     import pulp
 
     from autotm_py.planning.solvers import (

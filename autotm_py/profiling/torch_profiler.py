@@ -204,9 +204,9 @@ def graph_device_time(kernel: Kernel, args: Sequence[torch.Tensor], run: Runner,
         capture = GraphReplay(body, lambda: kernel.name, stream)
     if capture.failed is not None:
         return None
-    # each replay timed between its own events: the GPU's idle time between two replays (the
-    # host late to launch the next, as beside other processes' work: a fresh H100's profile
-    # taken so priced ResNet-200's kernels 11% high, 2026-12-07) is in no replay's time
+    # each replay timed between its own events, the median kept: a replay the host launched
+    # late (as beside other processes' work: a fresh H100's profile taken so priced
+    # ResNet-200's kernels 11% high, 2026-12-07) is one slow sample, not a share of the total
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(max(replays, 1))]
     with torch.cuda.stream(stream):
