@@ -451,12 +451,42 @@ def test_bf16_bench_processes_coordinate_and_summarize(tmp_path):
     assert lines[0].startswith("25%: 2.000x")
 
 
-def test_bf16_bench_can_profile_alone_before_the_bench(tmp_path):
+def test_bf16_summary_of_an_fp32_run_checks_issue_44s_targets(tmp_path):
+    """`PRECISION=fp32 bash experiments/gpu/bf16_bench.sh` (issue 44 item 6): the natives are
+    named without autocast, and every budget of ours is held to within 1.15x of native eager and
+    faster than each native option that fits its cap."""
+    summary = _script("bf16_summary")
+    native = {"model": "gpt2", "args": {"precision": "fp32"}, "eager": {"step_s": 0.100},
+              "native": {"checkpoint": {"0.5": {"median_s": 0.150, "cap": 10},
+                                        "0.25": {"median_s": None, "out_of_memory": True}},
+                         "compile": {"0.1": {"0.5": {"median_s": 0.105, "cap": 10}}}}}
+    (tmp_path / "native.json").write_text(json.dumps(native))
+    for share, step in ((1, 0.101), (0.5, 0.110), (0.25, 0.120)):
+        ours = {"model": "gpt2", "rows": [{"share": share, "ours": {
+            "step_s": step, "predicted_s": step * 1.02, "budget_bytes": 100,
+            "reserved_peak_bytes": 90}}]}
+        (tmp_path / f"ours_{share}.json").write_text(json.dumps(ours))
+    rows = summary.rows_of(tmp_path)
+    assert {r["option"] for r in rows} == {"eager", "ours", "checkpointing",
+                                           "torch.compile amb 0.1"}
+    lines = summary.targets(rows)
+    assert lines[:5] == [
+        "all fast: 101.00 ms, 1.010x eager 100.00 ms (met: within 1.15x)",
+        "50%: 110.00 ms, 1.100x eager 100.00 ms (met: within 1.15x)",
+        "50%: native options that fit: 2 checkpointing 150.00 ms, torch.compile amb 0.1 "
+        "105.00 ms (missed: faster than each)",
+        "25%: 120.00 ms, 1.200x eager 100.00 ms (missed: within 1.15x)",
+        "25%: native options that fit: 0  (met: faster than each)"]
+    assert lines[5].startswith("prediction error median 2.0% over 3 (met")
+
+
+@pytest.mark.parametrize("more", [{}, {"PRECISION": "fp32", "BATCH": "3"}])
+def test_bf16_bench_can_profile_alone_before_the_bench(tmp_path, more):
     """bf16_bench.sh's first stage (PROFILE_FIRST, the default): one process of its own runs
     the Trainer all fast (its kernels profiled with the capped graph's chunked loss, four
     steps) before the bench's processes start; PROFILE_ONLY=1 stops after it. On the CPU at
-    toy sizes (SMOKE=1)."""
-    env = {**os.environ, "SMOKE": "1", "PROFILE_ONLY": "1", "LIMIT": "5", "STEPS": "4"}
+    toy sizes (SMOKE=1); PRECISION and BATCH reach every process (issue 44's fp32 runs)."""
+    env = {**os.environ, "SMOKE": "1", "PROFILE_ONLY": "1", "LIMIT": "5", "STEPS": "4", **more}
     done = subprocess.run(["bash", "experiments/gpu/bf16_bench.sh", str(tmp_path), "gpt2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -466,6 +496,8 @@ def test_bf16_bench_can_profile_alone_before_the_bench(tmp_path):
     (row,) = first["rows"]
     assert row["share"] == 1 and len(row["ours"]["losses"]) == 4
     assert first["args"]["profile_chunks"] == 16 and (out / "profiled_first").exists()
+    assert (first["args"]["precision"], first["args"]["batch"]) == \
+        (more.get("PRECISION", "bf16"), int(more.get("BATCH", 2)))
     assert not list(out.glob("ours_*.json")) and not (out / "native.json").exists()
 
 

@@ -36,8 +36,9 @@ Lifetimes, in half-steps (record i spans [2i, 2i + 2)):
   slot is then held to the end of the iteration, W' keeps a slot of its own, and the executor
   copies W' into W's slot when the iteration ends (inside the timed and captured iteration,
   `Executor.finish`; `Lifetimes.boundary`);
-- a view of its input's bytes (a reshape, `SAME_BYTES_VIEWS`) whose input dies at it takes
-  the input's slot in place too (`_alias_views`): the executor finds it there, uncopied;
+- a view of its input's bytes (a reshape, `SAME_BYTES_VIEWS`) takes the input's slot too
+  (`_alias_views`), shared read-only while either lives: the executor finds it there,
+  uncopied;
 
 Packing (`arena.packing`): every item (a buffer, or the two pieces of a steady pair) gets an
 offset where it meets no item live at the same time, as tight as the search finds; offsets are
@@ -47,6 +48,7 @@ multiples of `ALIGN_BYTES`, as sizes are.
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -185,27 +187,40 @@ class Lifetimes:
 
     def live_peak(self) -> int:
         """The largest sum of tensor buffers live at once (what the ILP's rows bound), which
-        no packing can beat. A steady pair's two pieces share one slot: counted once."""
+        no packing can beat. The spans of a group share one slot: it is counted once while
+        any of them lives (a steady pair that left fast memory and came back: two pieces; an
+        in-place update or a view: one)."""
         events: dict[int, int] = {}
-        shared = {self.spans[z] for _, z in self.groups}
-        for s in self.spans:
-            if s in shared:  # the tail of a steady pair: its head's slot (a wrapped piece)
-                continue
-            events[s.start] = events.get(s.start, 0) + s.nbytes
-            events[s.end] = events.get(s.end, 0) - s.nbytes
-        for a, z in self.groups:
-            head, tail = self.spans[a], self.spans[z]
-            if tail.start >= head.end:  # W left fast memory and came back: two pieces
-                events[tail.start] = events.get(tail.start, 0) + tail.nbytes
-                events[tail.end] = events.get(tail.end, 0) - tail.nbytes
-            else:  # in place: the slot is held from the head's start to the tail's end
-                events[head.end] = events.get(head.end, 0) + head.nbytes
-                events[tail.end] = events.get(tail.end, 0) - head.nbytes
+
+        def hold(start: int, end: int, nbytes: int) -> None:
+            events[start] = events.get(start, 0) + nbytes
+            events[end] = events.get(end, 0) - nbytes
+
+        grouped = {i for group in self.groups for i in group}
+        for i, s in enumerate(self.spans):
+            if i not in grouped:
+                hold(s.start, s.end, s.nbytes)
+        for group in self.groups:
+            nbytes = self.spans[group[0]].nbytes
+            for start, end in _union(sorted((self.spans[i].start, self.spans[i].end)
+                                            for i in group)):
+                hold(start, end, nbytes)
         live, peak = 0, 0
         for time in sorted(events):
             live += events[time]
             peak = max(peak, live)
         return peak
+
+
+def _union(intervals: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted half-open intervals merged where they meet or overlap."""
+    merged: list[tuple[int, int]] = []
+    for start, end in intervals:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def lifetimes(machine: MachineModel, plan: Plan) -> Lifetimes:
@@ -254,17 +269,25 @@ SAME_BYTES_VIEWS = VIEW_OPS - {"Transpose", "TransposeGrad"}
 
 def _alias_views(machine: MachineModel, plan: Plan, spans: list[Span],
                  groups: list[tuple[int, ...]], in_place: set[tuple[int, int]]) -> None:
-    """A view whose input dies at it takes the input's slot in place: its output is the
-    input's bytes already (`SAME_BYTES_VIEWS`, row-major, one dtype and size), so the
-    executor finds it in its slot and copies nothing (`Executor._in_slot`: `same_place`).
-    Before, every such view was copied into a slot of its own (reshapes into and out of
-    attention heads and their gradients: 7 a layer in GPT-2 small, whose step on an H200 made
-    184 device-to-device copies, 16 a layer in a Llama, 354 copies and 448 copy kernels;
-    counted on the CPU in the Trainer's arena plans). Only where the input's fast copy is
-    freed right after the view (`frees_after`: nothing reads it again) and ends no later than
-    the view's, and neither is in a group already (one pair per slot, as an in-place update)."""
+    """A view of its input's bytes (`SAME_BYTES_VIEWS`, row-major, one dtype and size) takes
+    the input's slot: its output is those bytes already, so the executor finds it in its slot
+    and copies nothing (`Executor._in_slot`: `same_place`). Before, every such view was copied
+    into a slot of its own (reshapes into and out of attention heads and their gradients: 7 a
+    layer in GPT-2 small, whose step on an H200 made 184 device-to-device copies, 16 a layer in
+    a Llama, 354 copies and 448 copy kernels; counted on the CPU in the Trainer's arena plans).
+
+    The slot is shared read-only, so it holds as long as either lives (`Lifetimes.live_peak`
+    counts the union once): where the input dies at the view (freed right after it, nothing
+    reads it again: `frees_after`), and also where it lives on (the attention's output, which
+    its backward reads, reshaped back to (B, L, H E)), as autograd's views share their base's
+    storage. A chain of views (Reshape, Unsqueeze; a gradient's ReshapeGrad of a ReshapeGrad)
+    is one group, all in one slot. Never in the slot of a steady pair's piece (whose slot the
+    update writes in place, or the next iteration's value is copied into at the boundary), and
+    a live input only where neither tensor is carried."""
     graph = machine.graph
-    grouped = {i for group in groups for i in group}
+    steady = {i for group in groups for i in group}
+    carried = {t for pair in machine.steady_pairs for t in pair}
+    group_of: dict[int, int] = {}  # a span in a view group -> that group's index in `groups`
     live: dict[tuple[int, int], int] = {(s.record, s.tensor): i for i, s in enumerate(spans)}
     by_tensor: dict[int, list[int]] = {}
     for i, s in enumerate(spans):
@@ -279,18 +302,23 @@ def _alias_views(machine: MachineModel, plan: Plan, spans: list[Span],
         src, out = kernel.inputs[0], kernel.outputs[0]
         a_in, b_out = graph.tensors[src], graph.tensors[out]
         if a_in.channels_last or b_out.channels_last or a_in.dtype != b_out.dtype or \
-                a_in.nbytes != b_out.nbytes or not frees_after(plan.records, index, src):
+                a_in.nbytes != b_out.nbytes:
+            continue
+        if not frees_after(plan.records, index, src) and (src in carried or out in carried):
             continue
         z = live.get((index, out))
         a = next((i for i in by_tensor.get(src, ())
                   if spans[i].start <= 2 * index < spans[i].end), None)
-        if a is None or z is None or a in grouped or z in grouped:
+        if a is None or z is None or a in steady or z in steady or z in group_of:
             continue
-        head, tail = spans[a], spans[z]
-        if head.nbytes != tail.nbytes or head.end > tail.end or tail.start != 2 * index:
+        if spans[a].nbytes != spans[z].nbytes or spans[z].start != 2 * index:
             continue
-        groups.append((a, z))
-        grouped.update((a, z))
+        if a in group_of:
+            groups[group_of[a]] += (z,)
+        else:
+            group_of[a] = len(groups)
+            groups.append((a, z))
+        group_of[z] = group_of[a]
         in_place.add((index, out))
 
 
@@ -345,7 +373,8 @@ def overlapping(layout: ArenaLayout, life: Lifetimes) -> tuple[Span, Span] | Non
     check for tests and reports; the strict simulator checks the same rule as it walks the
     plan."""
     offsets = {(b.record, b.tensor): b.offset for b in layout.buffers}  # windows included
-    together = {frozenset((life.spans[a], life.spans[z])) for a, z in life.groups}
+    together = {frozenset((life.spans[a], life.spans[z]))
+                for group in life.groups for a, z in itertools.combinations(group, 2)}
     spans = sorted(life.spans, key=lambda s: s.start)
     for i, s in enumerate(spans):
         lo = offsets[(s.record, s.tensor)]

@@ -205,13 +205,16 @@ class Simulator(PlanInterpreter):
         self.slots.add(offset, high, tid)
 
     def _takes_slot_of(self, tid: int, holders: set[int]) -> bool:
-        """An output may take the slot of an input its kernel reads for the last time."""
+        """An output may take the slot of an input its kernel reads for the last time, and a
+        view of its input's bytes the slot of that input, live or not (shared read-only,
+        `arena._alias_views`)."""
         record = self.plan.records[self.index] if self.index >= 0 else None
         if not isinstance(record, Compute):
             return False
         kernel = self.graph.kernels[record.kernel]
+        view = kernel.op_type in arena.SAME_BYTES_VIEWS
         return tid in kernel.outputs and any(
-            h in kernel.inputs and arena.frees_after(self.plan.records, self.index, h)
+            h in kernel.inputs and (view or arena.frees_after(self.plan.records, self.index, h))
             for h in holders)
 
     def mark(self, time_s: float, extra: int = 0) -> None:

@@ -37,6 +37,10 @@
 #   resnet200  torchvision ResNet-200 b64 224x224, channels-last   expected ~7-8 min of GPU time
 #   bert       HF BertForMaskedLM (BertConfig(), SDPA) b32 s512    expected ~7-8 min
 #   gpt2       in-code GPT-2 small b16 s1024, tied head            expected ~6-7 min
+#   resnet50   torchvision ResNet-50 b64 224x224, channels-last
+# PRECISION=fp32 runs the same processes in fp32 (issue 44 item 6: the Trainer's fp32 plans
+# beside native eager, checkpointing and torch.compile, one process each, profiled first);
+# BATCH overrides the model's batch (issue 44's GPT-2 is b8).
 # BERT and GPT-2 train with the output layer and its loss in 16 blocks of tokens (LOSS_CHUNKS,
 # `Trainer(loss_chunks=16)`: without it the bf16 logits' loss kernel alone needs 63% of GPT-2's
 # peak, so 50/33/25% have no plan) under the caps, and unchunked all fast, whose graph's peak
@@ -72,17 +76,20 @@ case $model in
              limit=180 ;;
   bert) cfg=(--model bert --batch 32 --seq 512); small=(--batch 2 --seq 32); chunks=16; limit=60 ;;
   gpt2) cfg=(--model gpt2 --batch 16 --seq 1024); small=(--batch 2 --seq 32); chunks=16; limit=60 ;;
-  *) echo "model: resnet200, bert or gpt2" >&2; exit 2 ;;
+  resnet50) cfg=(--model resnet50 --batch 64); small=(--batch 2 --image 64); chunks=1; limit=75 ;;
+  *) echo "model: resnet200, bert, gpt2 or resnet50" >&2; exit 2 ;;
 esac
+precision=${PRECISION:-bf16}
 [ -z "${SMOKE:-}" ] || cfg+=("${small[@]}" --small --device cpu)
+[ -z "${BATCH:-}" ] || cfg+=(--batch "$BATCH")  # the last --batch counts
 read -r -a shares <<< "${SHARES:-0.5 0.333 0.25}"
 tags=("")  # the capped runs of a share: ours_<share>.json, and ours_<share>_alt.json with ALT
 [ -z "${ALT:-}" ] || tags+=(_alt)
 bench=(timeout "${PROC_S:-540}" python3 experiments/gpu/trainer_bench.py "${cfg[@]}"
-       --precision bf16 --steps "${STEPS:-20}" --time-limit "${LIMIT:-$limit}"
+       --precision "$precision" --steps "${STEPS:-20}" --time-limit "${LIMIT:-$limit}"
        --loss-chunks "${LOSS_CHUNKS:-$chunks}" --lock "$out/gpu.lock" --wait-s 480
        --ready-dir "$out/ready" --parties $(( 2 + ${#shares[@]} * ${#tags[@]} )) ${EXTRA:-})
-echo "== $model bf16 $(date -u +%H:%M:%S)"
+echo "== $model $precision $(date -u +%H:%M:%S)"
 if [ "${PROFILE_FIRST:-1}" = 1 ]; then
   # the kernels profiled alone first, in a process of their own (four steps all fast, not
   # counted), so the bench's processes find every profile cached: in the twenty-fourth
