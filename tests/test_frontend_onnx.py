@@ -199,3 +199,29 @@ def test_local_functions_are_inlined():
     model.functions.append(fn)
     g = import_model(model)
     assert [k.op_type for k in g.kernels] == ["Erf"]
+
+
+def test_equal_constant_tables_are_one_tensor_and_small_constants_stay_apart():
+    """An exporter's per-layer copies of one table (transformers' Llama: each layer's rotary
+    cos and sin) import as one constant, uploaded once per replay and held in one buffer;
+    equal scalars keep tensors of their own, and unequal tables are never merged."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = np.arange(256, dtype=np.float32).reshape(16, 16)
+    consts = {"t1": table, "t2": table.copy(), "t3": table + 1, "s1": np.float32(2.0),
+              "s2": np.float32(2.0)}
+    nodes = [helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
+        np.asarray(value), name)) for name, value in consts.items()]
+    nodes += [helper.make_node("Add", ["x", "t1"], ["a"]),
+              helper.make_node("Add", ["a", "t2"], ["b"]),
+              helper.make_node("Add", ["b", "t3"], ["c"]),
+              helper.make_node("Mul", ["c", "s1"], ["d"]),
+              helper.make_node("Mul", ["d", "s2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "tables", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 16])])
+    g = import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    constants = [t for t in g.tensors if t.role == Role.CONSTANT]
+    assert sorted(t.shape for t in constants) == [(), (), (16, 16), (16, 16)]
+    adds = [k for k in g.kernels if k.op_type == "Add"]
+    assert adds[0].inputs[1] == adds[1].inputs[1] != adds[2].inputs[1]

@@ -33,6 +33,8 @@ WEIGHT_SLOTS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul
                 "BatchNormalization": (1, 2, 3, 4), "LayerNormalization": (1, 2),
                 "Gather": (0,), "LSTM": (1, 2, 3), "GRU": (1, 2, 3)}
 LABEL_SLOTS = {"SoftmaxCrossEntropyLoss": (1,)}
+# constants of at least this many bytes that are equal are one tensor (`Emitter._constant`)
+SHARED_CONSTANT_MIN_BYTES = 1024
 
 
 @dataclass
@@ -185,7 +187,7 @@ class Emitter:
         if self.builder.has(name):
             return self.builder.id_of(name)
         if name in self.lowered.constants:
-            return self.builder.add_constant(name, self.lowered.constants[name])
+            return self._constant(name, self.lowered.constants[name])
         if name in self.graph.inputs:
             role = Role.LABEL if name in self.label_uses else Role.INPUT
             tid = self.builder.add_tensor(name, self.ctx.shape(name), self.ctx.dtype(name), role)
@@ -202,7 +204,15 @@ class Emitter:
             return self.builder.add_tensor(name, self.ctx.shape(name), self.ctx.dtype(name),
                                            Role.WEIGHT)
         self.ctx.dtype(name)  # reject unsupported dtypes with a clear message
-        return self.builder.add_constant(name, self.ctx.load(name))
+        return self._constant(name, self.ctx.load(name))
+
+    def _constant(self, name: str, value: np.ndarray) -> int:
+        """A constant; a table equal to one the graph holds already is that one (an exporter's
+        per-layer copies: `GraphBuilder.shared_constant`). Scalars and small index vectors
+        keep tensors of their own."""
+        if np.asarray(value).nbytes >= SHARED_CONSTANT_MIN_BYTES:
+            return self.builder.shared_constant(name, value)
+        return self.builder.add_constant(name, value)
 
     def _kernel(self, k: KernelSpec) -> None:
         inputs = [self._tensor(i) for i in k.inputs]

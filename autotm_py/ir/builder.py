@@ -57,6 +57,8 @@ class GraphBuilder:
     outputs: list[int] = field(default_factory=list)
     carried: list[tuple[int, int]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    # the constants `shared_constant` made, by (dtype, shape, bytes)
+    _by_value: dict[tuple[str, tuple[int, ...], bytes], int] = field(default_factory=dict)
 
     def add_tensor(self, name: str, shape: Sequence[int], dtype: str, role: Role) -> int:
         if name in self._ids:
@@ -74,6 +76,23 @@ class GraphBuilder:
         value = np.asarray(value)
         tid = self.add_tensor(name, value.shape, str(value.dtype), role)
         self.constants[tid] = value
+        return tid
+
+    def shared_constant(self, name: str, value: np.ndarray) -> int:
+        """The constant of `value`: one the graph already holds under another name (equal
+        dtype, shape and bytes), `name` now naming it too, else a new one. Exporters repeat
+        tables per layer (transformers' Llama as torch exports it: each layer's rotary cos and
+        sin folded into constants of their own, 32 in 16 layers), each of them uploaded before
+        every replay and each a buffer of its own."""
+        value = np.asarray(value)
+        key = (str(value.dtype), value.shape, value.tobytes())
+        tid = self._by_value.get(key)
+        if tid is None:
+            tid = self._by_value[key] = self.add_constant(name, value)
+        elif name not in self._ids:
+            self._ids[name] = tid
+        else:
+            raise GraphError(f"tensor name {name!r} is defined twice in graph {self.name!r}")
         return tid
 
     def id_of(self, name: str) -> int:
