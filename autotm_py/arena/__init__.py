@@ -309,7 +309,7 @@ def _alias_views(machine: MachineModel, plan: Plan, spans: list[Span],
         z = live.get((index, out))
         a = next((i for i in by_tensor.get(src, ())
                   if spans[i].start <= 2 * index < spans[i].end), None)
-        if a is None or z is None or a in steady or z in steady or z in group_of:
+        if a is None or z is None or a in steady or z in steady:
             continue
         if spans[a].nbytes != spans[z].nbytes or spans[z].start != 2 * index:
             continue

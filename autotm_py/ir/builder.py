@@ -6,6 +6,7 @@ execution order, then call `build()`; the builder fills producers and users and 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,12 +58,11 @@ class GraphBuilder:
     outputs: list[int] = field(default_factory=list)
     carried: list[tuple[int, int]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
-    # the constants `shared_constant` made, by (dtype, shape, bytes)
+    # the constants `shared_constant` made, by (dtype, shape, digest of their bytes)
     _by_value: dict[tuple[str, tuple[int, ...], bytes], int] = field(default_factory=dict)
 
     def add_tensor(self, name: str, shape: Sequence[int], dtype: str, role: Role) -> int:
-        if name in self._ids:
-            raise GraphError(f"tensor name {name!r} is defined twice in graph {self.name!r}")
+        self._check_new_name(name)
         if dtype not in DTYPE_SIZES:
             raise GraphError(f"tensor {name!r} has unsupported dtype {dtype!r}; supported: "
                              f"{', '.join(DTYPE_SIZES)}")
@@ -85,15 +85,21 @@ class GraphBuilder:
         sin folded into constants of their own, 32 in 16 layers), each of them uploaded before
         every replay and each a buffer of its own."""
         value = np.asarray(value)
-        key = (str(value.dtype), value.shape, value.tobytes())
+        # keyed by a digest, not the bytes: a key of bytes would hold a second copy of every
+        # table for the whole import; equal digests are compared element by element
+        digest = hashlib.sha256(np.ascontiguousarray(value)).digest()
+        key = (str(value.dtype), value.shape, digest)
         tid = self._by_value.get(key)
-        if tid is None:
+        if tid is None or not np.array_equal(self.constants[tid], value):
             tid = self._by_value[key] = self.add_constant(name, value)
-        elif name not in self._ids:
-            self._ids[name] = tid
         else:
-            raise GraphError(f"tensor name {name!r} is defined twice in graph {self.name!r}")
+            self._check_new_name(name)
+            self._ids[name] = tid
         return tid
+
+    def _check_new_name(self, name: str) -> None:
+        if name in self._ids:
+            raise GraphError(f"tensor name {name!r} is defined twice in graph {self.name!r}")
 
     def id_of(self, name: str) -> int:
         try:

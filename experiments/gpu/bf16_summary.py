@@ -165,12 +165,17 @@ def _capped_targets(rows: list[dict[str, Any]], ours: dict[float, dict[str, Any]
                    f"({'met' if quarter <= 1.25 * fast else 'missed'}: within 1.25x)"
                    + _stopped(ours[0.25]))
     if quarter:
-        natives = [r for r in rows if r["share"] == 0.25 and _is_native(r) and r.get("step_s")]
-        beaten = all(quarter < r["step_s"] for r in natives)
-        out.append(f"{label}25%: native options that fit: {len(natives)} "
-                   + ", ".join(f"{r['option']} {_ms(r['step_s'])}" for r in natives)
-                   + f" ({'met' if beaten else 'missed'}: faster than each)")
+        out.append(f"{label}{_natives_beaten(rows, 0.25, quarter, '25%')}")
     return out + _checks(ours, label)
+
+
+def _natives_beaten(rows: list[dict[str, Any]], share: float, step: float, name: str) -> str:
+    """Whether `step` at `share` is faster than every native option that fits that cap."""
+    natives = [r for r in rows if r["share"] == share and _is_native(r) and r.get("step_s")]
+    beaten = all(step < r["step_s"] for r in natives)
+    return (f"{name}: native options that fit: {len(natives)} "
+            + ", ".join(f"{r['option']} {_ms(r['step_s'])}" for r in natives)
+            + f" ({'met' if beaten else 'missed'}: faster than each)")
 
 
 def _fp32_targets(rows: list[dict[str, Any]], ours: dict[float, dict[str, Any]],
@@ -185,13 +190,8 @@ def _fp32_targets(rows: list[dict[str, Any]], ours: dict[float, dict[str, Any]],
             out.append(f"{name}: {_ms(row['step_s'])}, {ratio:.3f}x eager {_ms(eager)} "
                        f"({'met' if ratio <= 1.15 else 'missed'}: within 1.15x)"
                        + _stopped(row))
-        if share == 1.0:
-            continue
-        natives = [r for r in rows if r["share"] == share and _is_native(r) and r.get("step_s")]
-        beaten = all(row["step_s"] < r["step_s"] for r in natives)
-        out.append(f"{name}: native options that fit: {len(natives)} "
-                   + ", ".join(f"{r['option']} {_ms(r['step_s'])}" for r in natives)
-                   + f" ({'met' if beaten else 'missed'}: faster than each)")
+        if share != 1.0:
+            out.append(_natives_beaten(rows, share, row["step_s"], name))
     return out + _checks(ours, "")
 
 
