@@ -451,6 +451,41 @@ def test_bf16_bench_processes_coordinate_and_summarize(tmp_path):
     assert lines[0].startswith("25%: 2.000x")
 
 
+def test_bf16_bench_budgets_share_the_plain_loss_whatever_loss_the_process_trains(tmp_path):
+    """bf16_bench.sh's all fast trains with the Trainer's default loss (in blocks on a GPU) but
+    writes budgets that are shares of the plain loss's graph, the model as users run it: the
+    peak in budgets.json is that graph's, not the chunked graph the process planned."""
+    out = tmp_path / "gpt2"
+    out.mkdir()
+    done = subprocess.run(
+        [sys.executable, "experiments/gpu/trainer_bench.py", str(out / "ours_1.json"),
+         "--model", "gpt2", "--small", "--batch", "2", "--seq", "32", "--steps", "4", "--device",
+         "cpu", "--shares", "1", "--precision", "bf16", "--time-limit", "10", "--no-eager",
+         "--loss-chunks", "2",
+         "--budgets-out", str(out / "budgets.json"), "--budget-shares", "0.5",
+         "--profile-chunks", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # the chunked graph is the one profiled: priced once, not again as another process's
+    priced = re.findall(r"(\d+) kernels of GPT2/train have no profile",
+                        done.stdout + done.stderr)
+    assert len(set(priced)) == 1, priced
+    bench = _script("trainer_bench")
+    net, loss_fn, data = bench.model_and_data("gpt2", 2, 32, 1, small=True)
+    from autotm_py.ir.training import derive_training
+    from autotm_py.trainer.core import capture_training
+    from autotm_py.trainer.spec import split_example
+    forward, rule, spec, _ = capture_training(net, bench.sgd(net.parameters()), loss_fn,
+                                              split_example(data[0]), "bf16")
+    plain, chunked = (derive_training(forward, optimizer=spec, loss=rule, loss_chunks=n)
+                      for n in (1, 2))
+    assert plain.peak_live_bytes != chunked.peak_live_bytes
+    budgets = json.loads((out / "budgets.json").read_text())
+    assert budgets["peak_bytes"] == plain.peak_live_bytes
+    (row,) = json.loads((out / "ours_1.json").read_text())["rows"]
+    assert row["ours"]["peak_bytes"] == chunked.peak_live_bytes
+
+
 def test_bf16_summary_of_an_fp32_run_checks_issue_44s_targets(tmp_path):
     """`PRECISION=fp32 bash experiments/gpu/bf16_bench.sh` (issue 44 item 6): the natives are
     named without autocast, and every budget of ours is held to within 1.15x of native eager and

@@ -314,15 +314,20 @@ def coordinate_planning(args) -> None:
     real_costs = pipeline.device_costs
     written: dict[str, int | None] = {}
     others: list[Any] = []  # graphs whose kernels this process measures before its own plan
+    plain: list[Any] = []  # the graph with the plain loss, whose peak the budgets share
 
     def capture(self, loss_fn, channels_last, loss_chunks, precision="fp32"):
         graph, captured = real_capture(self, loss_fn, channels_last, loss_chunks, precision)
+        chunks = loss_chunks_of(graph)
         if args.budgets_out:  # the Trainer's PlanConfig as far as a budget depends on it
             cuda = self.device.startswith("cuda")
             config = PlanConfig(device="cuda", gpu=core.gpu_name(self.device),
                                 reserve_bytes=None if cuda else 0)
-            written.update(write_budgets(args, graph, config))
-        if args.profile_chunks > 1 and args.profile_chunks != loss_chunks:
+            # shares of the model as users run it, whatever loss this process trains with
+            plain.append(graph if chunks == 1 else
+                         real_capture(self, loss_fn, channels_last, 1, precision)[0])
+            written.update(write_budgets(args, plain[0], config))
+        if args.profile_chunks > 1 and args.profile_chunks != chunks:
             # the capped processes' graph (their loss in chunks): its kernels measured here,
             # in this process's large region and before any capped process plans
             others.append(real_capture(self, loss_fn, channels_last, args.profile_chunks,
@@ -330,7 +335,7 @@ def coordinate_planning(args) -> None:
         return graph, captured
 
     def plan_for(graph, config, device, **kw):
-        if args.budgets_out and write_budgets(args, graph, config) != written:
+        if args.budgets_out and write_budgets(args, plain[0], config) != written:
             print(f"budgets rewritten with the Trainer's own config: {written} before",
                   flush=True)
         if args.after:
@@ -680,6 +685,11 @@ def caps_reader(args) -> Callable[[], dict[float, int]]:
         return {r["share"]: r["ours"]["budget_bytes"] for r in rows
                 if r["ours"]["budget_bytes"] is not None}
     return caps
+
+
+def loss_chunks_of(graph) -> int:
+    """The blocks of `graph`'s loss (1: the plain loss), as the Trainer resolved them."""
+    return int((graph.meta.get("training") or {}).get("loss_chunks", 1))
 
 
 def loss_chunks_arg(text: str) -> int | str:
