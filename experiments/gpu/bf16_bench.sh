@@ -9,7 +9,8 @@
 #   - ours_1: all fast; writes the three budgets (budgets.json) as soon as its graph exists, then
 #     profiles the bf16 kernels into the profile cache (the GPU held: gpu.lock), its own and
 #     those of the capped processes' chunked-loss graph (--profile-chunks), and touches
-#     `profiled`; its placed allocator's region is ALL_FAST_REGION bytes (default 48 GiB);
+#     `profiled`; its placed allocator's region is ALL_FAST_REGION bytes (default 48 GiB, at
+#     most 30% of the GPU's memory);
 #   - ours_0.5, ours_0.333, ours_0.25: start once the budgets exist, each planned under its
 #     budget in bytes from budgets.json (the natives' caps: before 2026-12-03's fix they took
 #     their share of their own chunked graph's peak, half the bytes) with the placed
@@ -54,7 +55,7 @@
 # plans stopped at 60 s, the 25% one 7.2% from its bound, H200 2026-12-04), COMPILE (0.1:
 # activation_memory_budget fractions, each a compile; COMPILE= empty: none, for a rerun whose
 # compile rows an earlier run of the same code measured), LOSS_CHUNKS (16 for BERT and GPT-2, 1 for ResNet-200),
-# ALL_FAST_REGION (bytes, 48 GiB), PROC_S (540), PROFILE_FIRST (1: the kernels profiled by a
+# ALL_FAST_REGION (bytes; 48 GiB, at most 30% of the GPU's memory), PROC_S (540), PROFILE_FIRST (1: the kernels profiled by a
 # process of their own before the others start, out of the way of their captures; 0: by ours_1;
 # PROFILE_ONLY=1: that stage alone), EXTRA (more trainer_bench options; the copies
 # priced where they run, docs/planning.md: EXTRA="--plan-option read_pricing=spread
@@ -81,6 +82,15 @@ case $model in
   *) echo "model: resnet200, bert, gpt2 or resnet50" >&2; exit 2 ;;
 esac
 precision=${PRECISION:-bf16}
+# the all-fast processes' placed region: 48 GiB left GPT-2's natives and its 25% process out of
+# memory on an 80 GB H100 (2026-12-07), so at most 30% of the card (H100 23.8 GiB, H200 42 GiB;
+# GPT-2 b16's all fast holds 7 GiB, ResNet-200 b64's 8.2)
+region_1=${ALL_FAST_REGION:-51539607552}
+if [ -z "${ALL_FAST_REGION:-}" ] && [ -z "${SMOKE:-}" ]; then
+  total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+  [ -z "$total_mib" ] || region_1=$(( total_mib * 1048576 * 3 / 10 < region_1 ?
+                                      total_mib * 1048576 * 3 / 10 : region_1 ))
+fi
 [ -z "${SMOKE:-}" ] || cfg+=("${small[@]}" --small --device cpu)
 [ -z "${BATCH:-}" ] || cfg+=(--batch "$BATCH")  # the last --batch counts
 read -r -a shares <<< "${SHARES:-0.5 0.333 0.25}"
@@ -99,7 +109,7 @@ if [ "${PROFILE_FIRST:-1}" = 1 ]; then
   "${bench[@]}" "$out/profile_first.json" --shares 1 --loss-chunks auto --no-eager --steps 4 \
       --profile-chunks "${LOSS_CHUNKS:-$chunks}" --signal "$out/profiled_first" \
       --ready-dir "$out/ready_first" --parties 1 --lock "$out/gpu_first.lock" \
-      --region "${ALL_FAST_REGION:-51539607552}" >"$out/profile_first.log" 2>&1 \
+      --region "$region_1" >"$out/profile_first.log" 2>&1 \
     || echo "profiling first failed (see $out/profile_first.log); the bench profiles itself"
   echo "profiled first $(date -u +%H:%M:%S)"
   # PROFILE_ONLY=1: this call only profiles (a ResNet-200 call with its profiling may not end
@@ -112,7 +122,7 @@ fi
 "${bench[@]}" "$out/ours_1.json" --shares 1 --loss-chunks auto --no-eager \
     --budgets-out "$out/budgets.json" --profile-chunks "${LOSS_CHUNKS:-$chunks}" \
     --budget-shares "$(IFS=,; echo "${shares[*]}")" --signal "$out/profiled" \
-    --region "${ALL_FAST_REGION:-51539607552}" >"$out/ours_1.log" 2>&1 &
+    --region "$region_1" >"$out/ours_1.log" 2>&1 &
 first=$!
 # the planning of the others waits for the profiles: if ours_1 ends without them, they go on
 (wait_first() { while kill -0 "$first" 2>/dev/null; do sleep 1; done; touch "$out/profiled"; }
