@@ -54,8 +54,9 @@
 # Variables: STEPS (20), LIMIT (the solver's seconds: 60, ResNet-200 180, whose 33% and 25%
 # plans stopped at 60 s, the 25% one 7.2% from its bound, H200 2026-12-04), COMPILE (0.1:
 # activation_memory_budget fractions, each a compile; COMPILE= empty: none, for a rerun whose
-# compile rows an earlier run of the same code measured), LOSS_CHUNKS (16 for BERT and GPT-2, 1 for ResNet-200),
-# ALL_FAST_REGION (bytes; 48 GiB, at most 30% of the GPU's memory), PROC_S (540), PROFILE_FIRST (1: the kernels profiled by a
+# compile rows an earlier run of the same code measured), LOSS_CHUNKS (16 for BERT and GPT-2, 1
+# for ResNet-200), ALL_FAST_REGION (bytes; 48 GiB, at most 30% of the GPU's memory), PROC_S
+# (540), PROFILE_FIRST (1: the kernels profiled by a
 # process of their own before the others start, out of the way of their captures; 0: by ours_1;
 # PROFILE_ONLY=1: that stage alone), EXTRA (more trainer_bench options; the copies
 # priced where they run, docs/planning.md: EXTRA="--plan-option read_pricing=spread
@@ -88,8 +89,8 @@ precision=${PRECISION:-bf16}
 region_1=${ALL_FAST_REGION:-51539607552}
 if [ -z "${ALL_FAST_REGION:-}" ] && [ -z "${SMOKE:-}" ]; then
   total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
-  [ -z "$total_mib" ] || region_1=$(( total_mib * 1048576 * 3 / 10 < region_1 ?
-                                      total_mib * 1048576 * 3 / 10 : region_1 ))
+  share=$(( ${total_mib:-0} * 1048576 * 3 / 10 ))
+  [ "$share" -eq 0 ] || [ "$share" -ge "$region_1" ] || region_1=$share
 fi
 [ -z "${SMOKE:-}" ] || cfg+=("${small[@]}" --small --device cpu)
 [ -z "${BATCH:-}" ] || cfg+=(--batch "$BATCH")  # the last --batch counts
