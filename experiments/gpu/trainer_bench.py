@@ -311,10 +311,16 @@ def coordinate_planning(args) -> None:
     from autotm_py.trainer import core
 
     real_capture, real_plan_for = core.Trainer._capture, core.plan_for
-    real_costs = pipeline.device_costs
+    real_costs, real_pieces = pipeline.device_costs, core.capture_training
     written: dict[str, int | None] = {}
     others: list[Any] = []  # graphs whose kernels this process measures before its own plan
     plain: list[Any] = []  # the graph with the plain loss, whose peak the budgets share
+    forwards: list[Any] = []  # (forward, loss rule, optimizer spec) of each capture
+
+    def capture_training(*given, **named):
+        pieces = real_pieces(*given, **named)
+        forwards.append(pieces[:3])  # not the capture itself: it holds the weights again
+        return pieces
 
     def capture(self, loss_fn, channels_last, loss_chunks, precision="fp32"):
         graph, captured = real_capture(self, loss_fn, channels_last, loss_chunks, precision)
@@ -323,9 +329,11 @@ def coordinate_planning(args) -> None:
             cuda = self.device.startswith("cuda")
             config = PlanConfig(device="cuda", gpu=core.gpu_name(self.device),
                                 reserve_bytes=None if cuda else 0)
-            # shares of the model as users run it, whatever loss this process trains with
+            # shares of the model as users run it, whatever loss this process trains with:
+            # the plain loss derived from the same forward (no second export)
+            forward, rule, spec = forwards[-1]
             plain.append(graph if chunks == 1 else
-                         real_capture(self, loss_fn, channels_last, 1, precision)[0])
+                         core.derive_training(forward, optimizer=spec, loss=rule))
             written.update(write_budgets(args, plain[0], config))
         if args.profile_chunks > 1 and args.profile_chunks != chunks:
             # the capped processes' graph (their loss in chunks): its kernels measured here,
@@ -356,6 +364,7 @@ def coordinate_planning(args) -> None:
             return real_costs(graph, device, gpu, measure=measure)
 
     core.Trainer._capture = capture
+    core.capture_training = capture_training
     core.plan_for = plan_for
     pipeline.device_costs = device_costs
 
