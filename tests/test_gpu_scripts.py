@@ -421,6 +421,7 @@ def test_bf16_bench_processes_coordinate_and_summarize(tmp_path):
     (row,) = ours["rows"]
     assert ours["eager"] is None and row["ours"]["precision"] == "bf16"
     assert len(row["ours"]["losses"]) == 5 and row["ours"]["step_s"] > 0
+    assert len(row["ours"]["step_times_s"]) == 5  # each step's, beside the median
     losses = row["ours"]["losses"]
     native = {"model": "tiny", "eager": {"losses": losses, "step_s": 2 * row["ours"]["step_s"]},
               "native": {"checkpoint": {"0.9": {"median_s": 1.0, "cap": 10}},
