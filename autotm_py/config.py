@@ -28,7 +28,7 @@ DEFAULT_GAP = 0.01
 # returned, marked `time_limit` (None: no limit). HiGHS plans every zoo model in GPU mode at
 # 1:4 within it (docs/planning.md, section 12).
 DEFAULT_TIME_LIMIT_S = 300.0
-# A plan packed into an arena may be solved again (`pipeline.fit_arena`, the default on a GPU):
+# A plan packed into an arena may be solved again (`fitting.fit_arena`, the default on a GPU):
 # the re-solves share the time limit of the first, each getting what is left of it and at least
 # this share of it (`PlanConfig.time_left`), so that a search that used its whole limit is not
 # repeated whole up to 4 times.

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 from autotm_py import arena
 from autotm_py.costs import KernelCosts
 from autotm_py.errors import AutoTMError, PlanError, SolverError
+from autotm_py.fitting import fit_arena, noted
 from autotm_py.ir.conv_split import describe_split, splittable_kernels
 from autotm_py.machine import MachineModel, over_device_note
-from autotm_py.memory.accounting import ALIGN_BYTES
 from autotm_py.memory.tiers import (
     MemorySystem,
     cpu_run_note,
@@ -38,7 +38,7 @@ from autotm_py.memory.tiers import (
 from autotm_py.options import Measure, RunMode
 from autotm_py.plan import Plan
 from autotm_py.planning import baselines as baseline_plans
-from autotm_py.planning import local_search, solve
+from autotm_py.planning import solve
 from autotm_py.planning.baselines import BASELINES, BaselineResult
 from autotm_py.planning.bounds import transfer_bound
 from autotm_py.planning.control import SolveControl
@@ -87,18 +87,6 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
     return MachineModel(graph, memory.with_budget(budget), costs, config.pin_weights,
                         config.headroom, run=config.run)
 
-
-# The fit loop: solves at most this many times; each retry holds back the last packing's excess
-# plus this share of the arena's limit.
-ARENA_SOLVES = 4
-ARENA_SLACK = 0.002
-# Graphs of this many kernels or more are first planned with this share of the arena held back
-# (a re-solve of theirs repeats minutes of search; docs/planning.md, "Neighbourhood search").
-# 3% until the skyline packing (`arena.packing.skyline`) packed such plans within 0.02% of
-# their live peak: 0.5% gave a 3.3B decoder's plan at 24 GiB 2.5% less predicted time
-# (docs/planning.md, "The skyline packing").
-FIRST_FIT_MARGIN_KERNELS = 1000
-FIRST_FIT_MARGIN = 0.005
 
 
 def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | None = None,
@@ -213,7 +201,7 @@ def _optimize(machine: MachineModel, config: PlanConfig, costs: KernelCosts | No
         result = replace(result, baselines=run_baselines(machine, names, control))
     notes = [n for n in (*machine.costs.notes(), over_device_note(machine),
                          simulated_tier_note(machine.memory)) if n]
-    return _noted(result, machine, notes)[0]
+    return noted(result, machine, notes)[0]
 
 
 def run_tier_note(plan: Plan, device: str) -> str | None:
@@ -236,83 +224,9 @@ def _with_region_instead(graph: TensorGraph, config: PlanConfig, costs: KernelCo
     result, region_machine = fit_arena(region_machine, region_config, control)
     if result.plan is None or result.plan.arena is None:
         return windowed, machine
-    return _noted(result, region_machine, [
+    return noted(result, region_machine, [
         "scratch windows: their packing never fitted the budget; planned with the scratch "
         "region instead"])
-
-
-def fit_arena(machine: MachineModel, config: PlanConfig, control: SolveControl | None = None
-              ) -> tuple[PlanResult, MachineModel]:
-    """Solve, pack the plan's buffers (`arena.pack`) and, while the arena exceeds the budget
-    (tensors beyond their live sum: the packing's holes), solve again with the excess held
-    back (`MachineModel.arena_margin`); at most `ARENA_SOLVES` solves, none after a stop
-    request (`control`). The result's plan has its arena, unverified; a plan that never fits
-    keeps none and runs on torch's allocator (a note says why). Returns the result and the
-    machine of its last solve."""
-    limit = machine.arena_limit
-    notes: list[str] = []
-    last: tuple[PlanResult, MachineModel] | None = None
-    if limit is not None and len(machine.graph.kernels) >= FIRST_FIT_MARGIN_KERNELS:
-        machine = replace(machine, arena_margin=machine.arena_margin +
-                          int(FIRST_FIT_MARGIN * limit) // ALIGN_BYTES * ALIGN_BYTES)
-    for attempt in range(1, ARENA_SOLVES + 1):
-        if last is not None and control is not None and control.stop_requested:
-            notes.append("no arena: stopped before the packing fitted; the plan runs on "
-                         "torch's caching allocator")
-            return _noted(*last, notes)
-        result = solve.plan(machine, config if last is None or control is None else
-                            config.time_left(control.progress.elapsed_s), control,
-                            local=False)
-        if result.plan is None:
-            if last is None:
-                return result, machine
-            notes.append(solve.packing_note(result))
-            return _noted(*last, notes)
-        try:
-            layout = arena.pack(machine, result.plan, limit=limit)
-        except arena.ArenaError as exc:
-            return _noted(result, machine, [*notes, f"no arena: {exc}"])
-        excess = 0 if limit is None else layout.nbytes - limit
-        if excess <= 0:
-            result, layout = local_search.improve_packed(machine, config, result, layout,
-                                                         control, notes)
-            notes.append(_arena_note(layout, machine, attempt))
-            plan = result.plan.with_arena(layout).with_header(counts={
-                **result.plan.header.counts, "arena_bytes": layout.nbytes,
-                "arena_scratch_bytes": layout.scratch_bytes})
-            return _noted(replace(result, plan=plan, local=None), machine, notes)
-        assert limit is not None and machine.tensor_budget is not None
-        notes.append(f"arena: packed {format_bytes(layout.nbytes)} over the "
-                     f"{format_bytes(limit)} it may use; solved again")
-        last = (result, machine)
-        # the next plan's live bytes must fall by the excess (the packing's holes) below this
-        # plan's, which may lie under the budget already
-        live = arena.lifetimes(machine, result.plan).live_peak()
-        target = live - excess - max(int(limit * ARENA_SLACK), ALIGN_BYTES)
-        machine = replace(machine, arena_margin=machine.arena_margin + max(
-            machine.tensor_budget - target, excess))
-    notes.append(f"no arena: the packing did not fit in {ARENA_SOLVES} solves; the plan runs "
-                 "on torch's caching allocator")
-    assert last is not None
-    return _noted(*last, notes)
-
-
-def _arena_note(layout: arena.ArenaLayout, machine: MachineModel, solves: int) -> str:
-    windows = len(layout.windows())
-    among = f" and {windows} scratch windows" if windows else ""
-    return (f"arena: {format_bytes(layout.nbytes)} (tensors{among} "
-            f"{format_bytes(layout.scratch_offset)}, scratch {format_bytes(layout.scratch_bytes)})"
-            f" of {format_bytes(machine.arena_limit or 0)}"
-            + (f", after {solves} solves holding back {format_bytes(machine.arena_margin)}"
-               if solves > 1 else ""))
-
-
-def _noted(result: PlanResult, machine: MachineModel, notes: list[str]
-           ) -> tuple[PlanResult, MachineModel]:
-    if result.plan is None or not notes:
-        return result, machine
-    return replace(result, plan=result.plan.with_header(
-        notes=(*result.plan.header.notes, *notes))), machine
 
 
 def with_arena(graph: TensorGraph, plan: Plan, costs: KernelCosts | None = None, *,

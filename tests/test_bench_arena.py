@@ -158,7 +158,7 @@ def test_a_plan_read_back_is_priced_against_the_same_all_fast(onnx_path, tmp_pat
 
 
 def test_an_arena_row_says_when_its_plan_has_no_arena(onnx_path, tmp_path):
-    # a packing that never fits leaves the plan without an arena (`pipeline.fit_arena`): it
+    # a packing that never fits leaves the plan without an arena (`fitting.fit_arena`): it
     # runs on torch's caching allocator, and the row, whose options say arena, says so
     plans = tmp_path / "plans"
     spec = arena_spec(onnx_path, plans_dir=str(plans))

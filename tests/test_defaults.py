@@ -200,7 +200,7 @@ def test_optimize_says_which_layout_it_took(tmp_path, capsys):
 
 
 def test_the_fit_loops_solves_share_one_time_limit(monkeypatch):
-    """An arena plan whose packing does not fit is solved again (`pipeline.fit_arena`): the
+    """An arena plan whose packing does not fit is solved again (`fitting.fit_arena`): the
     re-solve gets what is left of --time-limit, at least a quarter of it, not the whole again
     (the first packing leaves holes: `first_packing_leaves_holes`)."""
     import time

@@ -385,7 +385,9 @@ def test_transformer_compare_runs_small_and_ranks_kernels_ours_is_slower_on(tmp_
     (row,) = json.loads((tmp_path / "transformer_compare.json").read_text())
     assert row["fusion_problems"] == [] and row["forward_ops"]["ScaledDotProductAttention"] == 2
     assert row["ours_first_loss"] == pytest.approx(row["native_first_loss"], rel=1e-4)
-    assert all(row[k]["median_s"] > 0 for k in ("native", "ours", "autograd"))
+    assert all(row[k]["median_s"] > 0 and row[k]["loop_s"] > 0
+               for k in ("native", "ours", "autograd"))
+    assert row["loop_ours_over_autograd"] > 0 and "back to back: ours" in out.stdout
     assert "gpt2 fusion: as intended" in out.stdout
 
 

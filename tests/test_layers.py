@@ -35,7 +35,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("values", ("ir", "memory", "costs", "plan", "interpreter", "machine", "arena")),
     ("kernels", ("kernels",)),
     ("stages", ("frontend", "runtime", "profiling", "planning", "report", "julia")),
-    ("composition", ("workload", "pipeline")),
+    ("composition", ("workload", "fitting", "pipeline")),
     ("api", ("api", "trainer")),
     ("faces", ("bench", "cli", "__main__")),
 )

@@ -122,14 +122,51 @@ def test_optimize_ends_with_a_local_search_where_the_whole_search_stops_short(mo
     assert res.local is None  # the search's model is not kept with the result
 
 
-def test_a_local_search_plan_that_does_not_pack_keeps_the_fitted_one(monkeypatch):
-    import autotm_py.arena as arena_module
+def test_a_better_point_the_search_refuses_is_passed_over():
+    """`accept` (the arena's packing check, `local_search.packs`): a point it refuses never
+    becomes the incumbent; the search goes on from the incumbent and takes the next better
+    point it accepts. Refusing all, the search ends at its start."""
+    f = _async_model_started_from_sync()
+    start = warmstart.objective_value(f)
+    areas = neighbourhoods.neighbourhoods(f, 300)
+    asked: list[float] = []
 
+    def refuse_all(point):
+        asked.append(float(point.sum()))
+        return False
+
+    found = improve_in_neighbourhoods(f.prob, areas, gap=0.0, time_limit=120, each_s=20,
+                                      accept=refuse_all)
+    assert asked and found.objective == pytest.approx(start, rel=1e-9)
+    assert warmstart.objective_value(f) == pytest.approx(start, rel=1e-9)
+    assert warmstart.holds(f)
+    f = _async_model_started_from_sync()
+    refused: list[int] = []
+
+    def refuse_first(point):
+        refused.append(1)
+        return len(refused) > 1
+
+    found = improve_in_neighbourhoods(f.prob, areas, gap=0.0, time_limit=120, each_s=20,
+                                      accept=refuse_first)
+    assert len(refused) >= 2 and found.objective < start * (1 - 1e-3)
+    assert warmstart.holds(f)
+
+
+def _arena_case(monkeypatch):
+    """A layered net at a third of its peak in an arena, whose whole searches find nothing
+    (the neighbourhoods do)."""
     g = layered_net(4, width=3, kib=256)
     costs = costs_for(g, "cuda")
     peak = MachineModel(g, preset("h100-pcie5"), costs).peak[0]
-    config = _config(fast_mem_bytes=peak // 3, run=RunMode(arena=True, replay=True))
     _whole_search_finds_nothing(monkeypatch)
+    return g, costs, _config(fast_mem_bytes=peak // 3, run=RunMode(arena=True, replay=True))
+
+
+def test_a_local_search_plan_that_does_not_pack_keeps_the_fitted_one(monkeypatch):
+    import autotm_py.arena as arena_module
+
+    g, costs, config = _arena_case(monkeypatch)
     monkeypatch.setattr(local_search, "NEIGHBOURHOOD_MIN_S", 1.0)
     real_pack, packs = arena_module.pack, []
 
@@ -140,7 +177,32 @@ def test_a_local_search_plan_that_does_not_pack_keeps_the_fitted_one(monkeypatch
 
     monkeypatch.setattr(arena_module, "pack", first_packs_only)
     res = optimize(g, config, costs=costs)
-    assert len(packs) == 2  # the fitted plan, then the local search's
-    assert any("did not pack; the plan before it is kept" in n for n in res.plan.header.notes)
+    # the fitted plan, then each better point of the local search, refused (`packs`)
+    assert len(packs) >= 2
     assert not any("neighbourhoods improved it" in n for n in res.plan.header.notes)
     assert res.plan.arena is not None
+    assert res.plan.records == packs[0].records  # the fitted plan
+
+
+def test_a_local_search_plan_the_simulator_predicts_slower_keeps_the_packed_one(monkeypatch):
+    """The ILP's objective only models the time: the local search's packed plan replaces the
+    plan it started from only where the simulator predicts it faster (`fitting.
+    _predicted_faster`), else a note says which was kept."""
+    import autotm_py.fitting as fitting
+
+    g, costs, config = _arena_case(monkeypatch)
+    monkeypatch.setattr(local_search, "NEIGHBOURHOOD_MIN_S", 1e9)
+    without = optimize(g, config, costs=costs)
+    monkeypatch.setattr(local_search, "NEIGHBOURHOOD_MIN_S", 1.0)
+    asked: list[int] = []
+
+    def the_second_slower(machine, plan):
+        asked.append(1)
+        return float(len(asked))  # the packed plan first, then the local search's
+
+    monkeypatch.setattr(fitting, "_predicted_s", the_second_slower)
+    res = optimize(g, config, costs=costs)
+    assert len(asked) == 2
+    assert any("predicted at 2000.000 ms, the plan before it 1000.000 ms; that one is kept" in n
+               for n in res.plan.header.notes)
+    assert res.plan.records == without.plan.records

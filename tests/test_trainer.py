@@ -230,12 +230,28 @@ def test_auto_loss_chunks_chunk_a_large_vocabulary_on_a_gpu_only():
     share = [g.tensors[g.kernels[g.meta["training"]["loss_kernel"]].inputs[0]].nbytes
              / g.peak_live_bytes for g in (large, small)]
     assert share[0] > AUTO_CHUNK_SHARE > share[1], share
-    assert auto_loss_chunks(large, "cuda") == auto_loss_chunks(large, "cuda:1") == \
-        AUTO_LOSS_CHUNKS
-    assert auto_loss_chunks(large, "cpu") == 1 and auto_loss_chunks(small, "cuda") == 1
+    assert auto_loss_chunks(large, "cuda", "bf16") == \
+        auto_loss_chunks(large, "cuda:1", "bf16") == AUTO_LOSS_CHUNKS
+    assert auto_loss_chunks(large, "cpu", "bf16") == 1 and \
+        auto_loss_chunks(small, "cuda", "bf16") == 1
     chunked = derive_training(fuse_graph(tiny_decoder(batch=4, seq=65, vocab=4096, d=16,
                                                        heads=2)), loss_chunks=4)
-    assert auto_loss_chunks(chunked, "cuda") == 1  # already chunked: nothing to choose
+    assert auto_loss_chunks(chunked, "cuda", "bf16") == 1  # already chunked: nothing to choose
+    # fp32: the plain loss where the plain graph fits (no budget, or one of its peak), the
+    # chunks under a smaller budget
+    peak = large.peak_live_bytes
+    assert auto_loss_chunks(large, "cuda", "fp32") == 1
+    assert auto_loss_chunks(large, "cuda", "fp32", peak) == 1
+    assert auto_loss_chunks(large, "cuda", "fp32", peak // 2) == AUTO_LOSS_CHUNKS
+    assert auto_loss_chunks(large, "cuda", "bf16", peak) == AUTO_LOSS_CHUNKS
+
+
+def test_the_trainers_budget_for_the_loss_chunks_choice_is_none_all_fast():
+    """`_budget_of`: the budget `auto_loss_chunks` weighs, from the Trainer's arguments."""
+    from autotm_py.trainer.core import _budget_of
+
+    assert _budget_of(None, None) is None and _budget_of(None, "1:0") is None
+    assert _budget_of(None, "1:3")(1000) == 250 and _budget_of(4096, None)(10) == 4096
 
 
 def test_loss_chunks_take_a_whole_number_or_auto(tmp_path):

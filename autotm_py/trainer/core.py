@@ -51,7 +51,7 @@ from autotm_py.trainer.host import HostSide, RunMasters
 from autotm_py.trainer.loop import Loop, default_mode, gpu_name, plan_for, precision_on
 from autotm_py.trainer.spec import Example, loss_rule, optimizer_of, split_example
 from autotm_py.trainer.state import Masters, StateMap
-from autotm_py.units import format_bytes, parse_bytes
+from autotm_py.units import format_bytes, parse_bytes, parse_ratio
 
 # where a Trainer's optimizer updates may run (`optimizer_on`): the command line's places, or
 # the planner's choice
@@ -71,8 +71,9 @@ class Trainer:
     one kernel over that many blocks of tokens, so the logits never exist whole (as
     `--loss-chunks`; the loss function must be a cross-entropy over the last axis); 1: the
     plain loss; "auto" (default): `AUTO_LOSS_CHUNKS` on a GPU where the loss can be chunked
-    and its logits are at least `AUTO_CHUNK_SHARE` of the iteration's peak, else 1
-    (`auto_loss_chunks`; docs/training-loop.md says why).
+    and its logits are at least `AUTO_CHUNK_SHARE` of the iteration's peak (in fp32 only
+    under a budget below that peak), else 1 (`auto_loss_chunks`; docs/training-loop.md says
+    why).
     `precision`: "fp32", "bf16" (the step as `torch.autocast("cuda", torch.bfloat16)` runs
     it, with fp32 weights and optimizer state: docs/precision.md) or "auto" (default): the
     device's (`options.default_precision`: bf16 on a GPU with bf16 arithmetic, else
@@ -122,7 +123,7 @@ class Trainer:
         self.example = split_example(example)
         self.precision = precision_on(precision, self.device)
         self.graph, captured = self._capture(loss_fn, channels_last, loss_chunks,
-                                             self.precision)
+                                             self.precision, _budget_of(budget, ratio))
         self.map = StateMap.of(self.graph, captured, module)
         del captured  # the exported file, the module's weights again: no longer read
         # GPU mode on either device: kernels read fast memory, copies cross the link. On the
@@ -255,8 +256,10 @@ class Trainer:
         return self.loop.steps if self.loop is not None else self._synced
 
     def _capture(self, loss_fn: Callable[..., Any], channels_last: bool | None,
-                 loss_chunks: int | str, precision: str = "fp32") -> tuple[Any, Any]:
-        """The training graph of the module's forward at the example, and the capture."""
+                 loss_chunks: int | str, precision: str = "fp32",
+                 budget: Callable[[int], int | None] | None = None) -> tuple[Any, Any]:
+        """The training graph of the module's forward at the example, and the capture.
+        `budget`: the budget in bytes for a plain graph's peak (None: no budget)."""
         chunks = _chunks_option(loss_chunks)
         forward, rule, spec, captured = capture_training(
             self.module, self.optimizer, loss_fn, self.example, precision)
@@ -264,7 +267,8 @@ class Trainer:
         try:
             graph = derive_training(forward, optimizer=spec, loss=rule, loss_chunks=chunks or 1)
             if chunks is None:  # "auto": the plain graph says whether chunks pay
-                chunks = auto_loss_chunks(graph, self.device)
+                chunks = auto_loss_chunks(graph, self.device, precision, None if budget is None
+                                          else budget(graph.peak_live_bytes))
                 if chunks > 1:
                     graph = derive_training(forward, optimizer=spec, loss=rule,
                                             loss_chunks=chunks)
@@ -371,9 +375,21 @@ class Trainer:
 # peak (H200, bf16, 2026-12-04: GPT-2 small b16 s1024, bf16 logits 11% of a 14.3 GiB peak,
 # all fast 50.7 ms in 16 chunks against 71.9 plain; BERT-base b32 s512, 8%, its plan at 50% of
 # the plain peak in chunks faster than the plain loss all fast), and costs one more product of
-# the head where they are small.
+# the head where they are small. In fp32 the plain loss is the faster one all fast (H100,
+# 2026-12-08: GPT-2 small b8 s1024 fp32 in 16 chunks 178.04 ms, plain 159.79 ms, native eager
+# 160.05-160.30), so there the chunks come only with a budget under the plain graph's peak.
 AUTO_LOSS_CHUNKS = 16
 AUTO_CHUNK_SHARE = 1 / 16
+
+
+def _budget_of(budget: int | None, ratio: str | None) -> Callable[[int], int | None] | None:
+    """The Trainer's budget as a function of a graph's peak (bytes), None for no budget."""
+    if budget is not None:
+        return lambda peak: budget
+    if ratio is None:
+        return None
+    share = parse_ratio(ratio, flag="Trainer: ratio")
+    return None if share.fast_fraction >= 1 else share.budget
 
 
 def _run_ids(graph: Any, run: Any) -> dict[int, int]:
@@ -445,12 +461,17 @@ def _chunks_option(loss_chunks: int | str) -> int | None:
     return loss_chunks
 
 
-def auto_loss_chunks(graph: Any, device: str) -> int:
+def auto_loss_chunks(graph: Any, device: str, precision: str,
+                     budget_bytes: int | None = None) -> int:
     """What loss_chunks="auto" chooses for the plain training graph `graph` on `device`:
     `AUTO_LOSS_CHUNKS` on a GPU where the loss can be chunked (`chunkable_logits_bytes`) and
     its logits are at least `AUTO_CHUNK_SHARE` of the peak, else 1 (on the CPU the chunks only
-    add the head's product again: no padded classes, no aligned kernels to win)."""
+    add the head's product again: no padded classes, no aligned kernels to win). In fp32 also
+    1 where the plain graph fits (`budget_bytes` None, no budget, or at least its peak): the
+    plain fp32 loss is the faster all fast."""
     if not device.startswith("cuda"):
+        return 1
+    if precision == "fp32" and (budget_bytes is None or budget_bytes >= graph.peak_live_bytes):
         return 1
     loss_kernel = (graph.meta.get("training") or {}).get("loss_kernel")
     logits = None if loss_kernel is None else chunkable_logits_bytes(graph, int(loss_kernel))

@@ -45,8 +45,9 @@
 # BERT and GPT-2 train with the output layer and its loss in 16 blocks of tokens (LOSS_CHUNKS,
 # `Trainer(loss_chunks=16)`: without it the bf16 logits' loss kernel alone needs 63% of GPT-2's
 # peak, so 50/33/25% have no plan) under the caps, and all fast as the Trainer's default
-# chooses (16 blocks on a GPU too, since 2026-12-07); the budgets are shares of the peak of the
-# plain loss's graph (the model as users run it); the natives compute the logits whole.
+# chooses (16 blocks on a GPU in bf16, since 2026-12-07; the plain loss in fp32, since
+# 2026-12-08); the budgets are shares of the peak of the plain loss's graph (the model as
+# users run it); the natives compute the logits whole.
 # (expected from the fp32 calls of 2026-12-02, not measured yet: capture 20-60 s, the bf16
 # kernels' profiling 1-2 min, solves at LIMIT, torch.compile 1-3 min.)
 # Writes OUT_DIR/MODEL/{ours_*.json,native.json,*.log,budgets.json} and, at the end,

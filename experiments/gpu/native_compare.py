@@ -243,6 +243,29 @@ def measure_step(step: Callable[[], Any], iterations: int, warmup: int = 2,
             "alloc_retries": _alloc_retries() - retries}
 
 
+def measure_loop(step: Callable[[], Any], iterations: int, device: str | None = None
+                 ) -> float:
+    """Seconds per step of `iterations` steps run back to back, as a training loop runs them:
+    one pair of CUDA events around them all and one wait at the end, so that the host's work
+    before a step overlaps the GPU's work of the step before (`measure_step` waits after each
+    step, and the host's work before a step then counts in full: a replay's uploads, a
+    compiled graph's guards). Wall seconds on the CPU."""
+    device = device or DEV
+    if not device.startswith("cuda"):
+        started = time.perf_counter()
+        for _ in range(iterations):
+            step()
+        return (time.perf_counter() - started) / iterations
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iterations):
+        step()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / 1e3 / iterations
+
+
 def timed(step: Callable[[], None], iterations: int, warmup: int = 2) -> tuple[float, int]:
     """Median seconds of `step` (CUDA events) and the peak allocated bytes over the runs."""
     measured = measure_step(step, iterations, warmup)

@@ -322,8 +322,9 @@ def coordinate_planning(args) -> None:
         forwards.append(pieces[:3])  # not the capture itself: it holds the weights again
         return pieces
 
-    def capture(self, loss_fn, channels_last, loss_chunks, precision="fp32"):
-        graph, captured = real_capture(self, loss_fn, channels_last, loss_chunks, precision)
+    def capture(self, loss_fn, channels_last, loss_chunks, precision="fp32", budget=None):
+        graph, captured = real_capture(self, loss_fn, channels_last, loss_chunks, precision,
+                                       budget)
         chunks = loss_chunks_of(graph)
         if args.budgets_out:  # the Trainer's PlanConfig as far as a budget depends on it
             cuda = self.device.startswith("cuda")

@@ -12,6 +12,9 @@ item 3), each model in one process on one GPU, fp32, plain SGD (lr 0.01, no mome
   capture;
 - autograd: torch.autograd over our kernels of the same imported graph
   (`runtime.eager.measure_autograd`, as native_compare.py runs it);
+- back to back: each side's `--iterations` steps again with one wait at the end
+  (native_compare.measure_loop), as a training loop runs them: the host's work before a
+  step (a replay's uploads) overlaps the step before;
 - copies: the outputs ours' first (eager) step copies into their slots, by op
   (`trainer_kernels.slot_copies`; a replay repeats them);
 - per op: the CUDA kernels of `--profiled` steps of native and ours, by kind and by name
@@ -238,6 +241,7 @@ def run_model(name: str, args: argparse.Namespace, device: str) -> dict[str, Any
     row["native_first_loss"] = float(step(x, y))
     row["native"] = nc.measure_step(lambda: step(x, y), args.iterations, warmup=1,
                                     device=device)
+    row["native"]["loop_s"] = nc.measure_loop(lambda: step(x, y), args.iterations, device)
     if cuda and not args.no_ops:
         row["ops"] = {"native": tk.profiled(step, [(x, y)] * args.profiled)}
     step = module = None  # the native model's memory back before ours
@@ -268,6 +272,8 @@ def run_model(name: str, args: argparse.Namespace, device: str) -> dict[str, Any
         f"{op} {n}" for op, n in row["ours_slot_copies"].items()) or "none"), flush=True)
     row["ours"] = nc.measure_step(lambda: trainer.step(x, y), args.iterations, warmup=2,
                                   device=device)  # the capture, then replays
+    row["ours"]["loop_s"] = nc.measure_loop(lambda: trainer.step(x, y), args.iterations,
+                                            device)
     row["ours_replayed"] = bool(getattr(trainer.loop.driver, "replayed", False))
     row["ours_describe"] = trainer.describe()
     row["ours_notes"] = list(trainer.notes)
@@ -282,19 +288,22 @@ def run_model(name: str, args: argparse.Namespace, device: str) -> dict[str, Any
     auto = eager.measure_autograd(graph, device=device, iterations=args.iterations, warmup=2)
     row["autograd"] = {"median_s": auto.median_s, "times_s": list(auto.iteration_times_s),
                        "peak_bytes": auto.peak_fast_bytes, "host_median_s": auto.host_median_s}
+    step = eager.autograd_step(graph, device=device)
+    step()  # warm: the loop and the profiled steps do not allocate the gradients first
+    row["autograd"]["loop_s"] = nc.measure_loop(step, args.iterations, device)
     if cuda and not args.no_ops:  # where ours is slower than autograd of the same graph
-        step = eager.autograd_step(graph, device=device)
-        step()  # warm: the profiled steps do not allocate the gradients for the first time
         row["ops"]["autograd"] = tk.profiled(lambda x, y: step(), [(x, y)] * args.profiled)
         row["slower_than_autograd"] = slower(row["ops"]["autograd"], row["ops"]["ours"],
                                              args.top)
-        step = None
-    graph = None
+    step = graph = None
     free(device)
 
     ours_s, native_s, auto_s = (row[k]["median_s"] for k in ("ours", "native", "autograd"))
     row["ours_over_native"] = ours_s / native_s
     row["ours_over_autograd"] = ours_s / auto_s
+    # back to back, as a training loop runs (`measure_loop`): the host's work before a replay
+    # overlaps the step before
+    row["loop_ours_over_autograd"] = row["ours"]["loop_s"] / row["autograd"]["loop_s"]
     row["at_native_speed"] = ours_s <= min(native_s, auto_s)
     row["wall_s"] = time.perf_counter() - started
     return row
@@ -306,7 +315,10 @@ def summary(row: dict[str, Any]) -> str:
             f"native {ms['native']:.2f} ms, ours all-fast {ms['ours']:.2f} ms "
             f"(replayed {row['ours_replayed']}), autograd of our graph {ms['autograd']:.2f} ms; "
             f"ours / native {row['ours_over_native']:.3f}, ours / autograd "
-            f"{row['ours_over_autograd']:.3f}; first loss native {row['native_first_loss']:.4f}"
+            f"{row['ours_over_autograd']:.3f} (back to back: ours "
+            f"{row['ours']['loop_s'] * 1e3:.2f} ms, autograd {row['autograd']['loop_s'] * 1e3:.2f}"
+            f" ms, {row['loop_ours_over_autograd']:.3f}); first loss native "
+            f"{row['native_first_loss']:.4f}"
             f" ours {row['ours_first_loss']:.4f}; {row['wall_s']:.0f} s")
 
 
