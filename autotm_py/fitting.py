@@ -128,7 +128,8 @@ def _arena_note(layout: arena.ArenaLayout, machine: MachineModel, solves: int) -
 
 
 def noted(result: PlanResult, machine: MachineModel, notes: list[str]
-           ) -> tuple[PlanResult, MachineModel]:
+          ) -> tuple[PlanResult, MachineModel]:
+    """`result` with `notes` added to its plan's header (as it is where it has no plan)."""
     if result.plan is None or not notes:
         return result, machine
     return replace(result, plan=result.plan.with_header(

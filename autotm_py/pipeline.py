@@ -88,7 +88,6 @@ def machine_for(graph: TensorGraph, config: PlanConfig, costs: KernelCosts | Non
                         config.headroom, run=config.run)
 
 
-
 def optimize(graph: TensorGraph, config: PlanConfig, *, costs: KernelCosts | None = None,
              profiles_dir: PathLike | None = None,
              baselines: bool | Sequence[str] = False,
