@@ -123,7 +123,7 @@ def test_optimize_ends_with_a_local_search_where_the_whole_search_stops_short(mo
 
 
 def test_a_better_point_the_search_refuses_is_passed_over():
-    """`accept` (the arena's packing check, `local_search.packs`): a point it refuses never
+    """`accept` (the arena's packing check, `local_search.Packs`): a point it refuses never
     becomes the incumbent; the search goes on from the incumbent and takes the next better
     point it accepts. Refusing all, the search ends at its start."""
     f = _async_model_started_from_sync()
@@ -177,7 +177,7 @@ def test_a_local_search_plan_that_does_not_pack_keeps_the_fitted_one(monkeypatch
 
     monkeypatch.setattr(arena_module, "pack", first_packs_only)
     res = optimize(g, config, costs=costs)
-    # the fitted plan, then each better point of the local search, refused (`packs`)
+    # the fitted plan, then each better point of the local search, refused (`Packs`)
     assert len(packs) >= 2
     assert not any("neighbourhoods improved it" in n for n in res.plan.header.notes)
     assert res.plan.arena is not None
@@ -206,3 +206,22 @@ def test_a_local_search_plan_the_simulator_predicts_slower_keeps_the_packed_one(
     assert any("predicted at 2000.000 ms, the plan before it 1000.000 ms; that one is kept" in n
                for n in res.plan.header.notes)
     assert res.plan.records == without.plan.records
+
+
+def test_the_local_search_plan_kept_is_packed_once(monkeypatch):
+    """`Packs` keeps the packing of the point it accepted last, the search's incumbent: the fit
+    loop does not pack that plan again."""
+    import autotm_py.arena as arena_module
+
+    g, costs, config = _arena_case(monkeypatch)
+    monkeypatch.setattr(local_search, "NEIGHBOURHOOD_MIN_S", 1.0)
+    real_pack, packed = arena_module.pack, []
+
+    def counted(machine, plan, limit=None):
+        packed.append(plan.records)
+        return real_pack(machine, plan, limit=limit)
+
+    monkeypatch.setattr(arena_module, "pack", counted)
+    res = optimize(g, config, costs=costs)
+    assert any("neighbourhoods improved it" in n for n in res.plan.header.notes)
+    assert packed.count(res.plan.records) == 1
